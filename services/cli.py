@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 # Each entry is a module under services/commands exposing `register(subparsers)`.
 COMMAND_MODULES: tuple[str, ...] = (
+    "bench_cmd",
 )
 
 

@@ -1,0 +1,345 @@
+"""apply(state, seq, event) -> State: the pure fold over SHOAL_EVENTS (DESIGN.md §5).
+
+One small function per event kind, dispatched by an exhaustive `match`; the most frequent kinds
+(progress, chunks) are matched first. Errors are named:
+- `SequenceGap`: the caller skipped or repeated a sequence number;
+- `UnknownTask` / `UnknownInstance` / `UnknownNode`: an event about an id never introduced;
+- `InvalidEvent`: an event that contradicts the State (a rank outside the instance).
+Late events about an ended task (a slow rank's progress after the watchdog failed the task, a
+second terminal event) are legitimate races: they advance `last_seq` and change nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import assert_never
+
+import msgspec
+
+from events.catalogue import (
+    ChunkGenerated,
+    InstancePlaced,
+    InstanceRetired,
+    LogEvent,
+    NodeJoined,
+    NodeLeft,
+    NodeTimedOut,
+    PrefillProgress,
+    PrefillStarted,
+    RunnerStatusChanged,
+    TaskAssigned,
+    TaskCancelled,
+    TaskCompleted,
+    TaskCreated,
+    TaskFailed,
+    TaskStalled,
+)
+from events.ids import InstanceId, NodeId, TaskId
+from events.state import InstanceInfo, NodeInfo, RankPrefill, RankProgress, RunnerInfo, State, TaskInfo
+
+replace = msgspec.structs.replace
+
+
+class ApplyError(Exception):
+    """An event that cannot be folded into the State."""
+
+
+class SequenceGap(ApplyError):
+    def __init__(self, expected: int, got: int) -> None:
+        super().__init__(f"sequence gap: expected seq {expected}, got {got}")
+        self.expected = expected
+        self.got = got
+
+
+class UnknownTask(ApplyError):
+    def __init__(self, task_id: str, kind: str) -> None:
+        super().__init__(f"{kind} refers to unknown task {task_id!r}")
+        self.task_id = task_id
+
+
+class UnknownInstance(ApplyError):
+    def __init__(self, instance_id: str, kind: str) -> None:
+        super().__init__(f"{kind} refers to unknown instance {instance_id!r}")
+        self.instance_id = instance_id
+
+
+class UnknownNode(ApplyError):
+    def __init__(self, node_id: str, kind: str) -> None:
+        super().__init__(f"{kind} refers to unknown node {node_id!r}")
+        self.node_id = node_id
+
+
+class InvalidEvent(ApplyError):
+    """An event that contradicts the State."""
+
+
+def apply(state: State, seq: int, event: LogEvent) -> State:
+    if seq != state.last_seq + 1:
+        raise SequenceGap(state.last_seq + 1, seq)
+    match event:
+        case PrefillProgress():
+            return _prefill_progress(state, seq, event)
+        case ChunkGenerated():
+            return _chunk_generated(state, seq, event)
+        case PrefillStarted():
+            return _prefill_started(state, seq, event)
+        case TaskCreated():
+            return _task_created(state, seq, event)
+        case TaskAssigned():
+            return _task_assigned(state, seq, event)
+        case TaskCancelled():
+            return _task_cancelled(state, seq, event)
+        case TaskCompleted():
+            return _task_completed(state, seq, event)
+        case TaskFailed():
+            return _task_failed(state, seq, event)
+        case TaskStalled():
+            return _task_stalled(state, seq, event)
+        case NodeJoined():
+            return _node_joined(state, seq, event)
+        case NodeLeft():
+            return _node_gone(state, seq, event.node_id, "left", event.reason, event.env.wall_time, "node_left")
+        case NodeTimedOut():
+            reason = f"no heartbeat since {event.last_seen}"
+            return _node_gone(state, seq, event.node_id, "timed_out", reason, event.env.wall_time, "node_timed_out")
+        case InstancePlaced():
+            return _instance_placed(state, seq, event)
+        case RunnerStatusChanged():
+            return _runner_status_changed(state, seq, event)
+        case InstanceRetired():
+            return _instance_retired(state, seq, event)
+        case _:
+            assert_never(event)
+
+
+def fold(events: Iterable[tuple[int, LogEvent]], state: State | None = None) -> State:
+    """Fold (seq, event) pairs onto `state` (an empty State by default)."""
+    current = state if state is not None else State()
+    for seq, event in events:
+        current = apply(current, seq, event)
+    return current
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _task(state: State, task_id: TaskId, kind: str) -> TaskInfo:
+    task = state.tasks.get(task_id)
+    if task is None:
+        raise UnknownTask(task_id, kind)
+    return task
+
+
+def _instance(state: State, instance_id: InstanceId, kind: str) -> InstanceInfo:
+    instance = state.instances.get(instance_id)
+    if instance is None:
+        raise UnknownInstance(instance_id, kind)
+    return instance
+
+
+def _with_task(state: State, seq: int, task: TaskInfo) -> State:
+    return replace(state, last_seq=seq, tasks=state.tasks.set(task.task_id, task))
+
+
+def _advance(state: State, seq: int) -> State:
+    return replace(state, last_seq=seq)
+
+
+def _dequeue(state: State, task: TaskInfo) -> State:
+    if task.instance_id is None:
+        return state
+    instance = state.instances.get(task.instance_id)
+    if instance is None or task.task_id not in instance.queue:
+        return state
+    queue = tuple(t for t in instance.queue if t != task.task_id)
+    return replace(state, instances=state.instances.set(instance.instance_id, replace(instance, queue=queue)))
+
+
+def _end_task(state: State, seq: int, task: TaskInfo, at: int) -> State:
+    ended = replace(task, ended_at=at, ended_seq=seq, last_activity_at=at)
+    return _dequeue(_with_task(state, seq, ended), ended)
+
+
+# --- task lifecycle --------------------------------------------------------------------------
+
+
+def _prefill_progress(state: State, seq: int, event: PrefillProgress) -> State:
+    task = _task(state, event.task_id, "prefill_progress")
+    if task.ended:
+        return _advance(state, seq)
+    at = event.env.wall_time
+    position = RankProgress(processed=event.processed, total=event.total, iteration=event.iteration, at=at)
+    progress = dict(task.progress)
+    progress[event.rank] = position
+    return _with_task(state, seq, replace(task, progress=progress, last_activity_at=at))
+
+
+def _chunk_generated(state: State, seq: int, event: ChunkGenerated) -> State:
+    task = _task(state, event.task_id, "chunk_generated")
+    if task.ended:
+        return _advance(state, seq)
+    at = event.env.wall_time
+    updated = replace(
+        task,
+        status="decoding",
+        first_token_at=task.first_token_at or at,
+        completion_tokens=task.completion_tokens + len(event.token_ids),
+        chunks=task.chunks + 1,
+        text=task.text + event.text,
+        last_activity_at=at,
+    )
+    return _with_task(state, seq, updated)
+
+
+def _prefill_started(state: State, seq: int, event: PrefillStarted) -> State:
+    task = _task(state, event.task_id, "prefill_started")
+    if task.ended:
+        return _advance(state, seq)
+    at = event.env.wall_time
+    started = RankPrefill(
+        path=event.path, prompt_tokens=event.prompt_tokens, chunks=event.chunks, step=event.step, started_at=at
+    )
+    prefill = dict(task.prefill)
+    prefill[event.rank] = started
+    status = "prefilling" if task.status in ("created", "assigned") else task.status
+    return _with_task(state, seq, replace(task, prefill=prefill, status=status, last_activity_at=at))
+
+
+def _task_created(state: State, seq: int, event: TaskCreated) -> State:
+    if event.task_id in state.tasks:
+        raise InvalidEvent(f"task {event.task_id!r} was already created")
+    at = event.env.wall_time
+    task = TaskInfo(
+        task_id=event.task_id,
+        model=event.model,
+        messages=event.messages,
+        params=event.params,
+        created_seq=seq,
+        created_at=at,
+        last_activity_at=at,
+    )
+    return _with_task(state, seq, task)
+
+
+def _task_assigned(state: State, seq: int, event: TaskAssigned) -> State:
+    task = _task(state, event.task_id, "task_assigned")
+    instance = _instance(state, event.instance_id, "task_assigned")
+    if task.ended:
+        return _advance(state, seq)
+    if task.instance_id is not None:
+        raise InvalidEvent(f"task {task.task_id!r} is already assigned to {task.instance_id!r}")
+    at = event.env.wall_time
+    assigned = replace(task, status="assigned", instance_id=instance.instance_id, assigned_at=at, last_activity_at=at)
+    queued = replace(instance, queue=(*instance.queue, task.task_id))
+    return replace(
+        state,
+        last_seq=seq,
+        tasks=state.tasks.set(task.task_id, assigned),
+        instances=state.instances.set(instance.instance_id, queued),
+    )
+
+
+def _task_cancelled(state: State, seq: int, event: TaskCancelled) -> State:
+    task = _task(state, event.task_id, "task_cancelled")
+    if task.ended or task.cancel_reason is not None:
+        return _advance(state, seq)
+    at = event.env.wall_time
+    return _with_task(state, seq, replace(task, cancel_reason=event.reason, cancelled_at=at, last_activity_at=at))
+
+
+def _task_completed(state: State, seq: int, event: TaskCompleted) -> State:
+    task = _task(state, event.task_id, "task_completed")
+    if task.ended:
+        return _advance(state, seq)
+    status = "cancelled" if event.finish_reason == "cancelled" else "completed"
+    done = replace(task, status=status, finish_reason=event.finish_reason, usage=event.usage)
+    return _end_task(state, seq, done, event.env.wall_time)
+
+
+def _task_failed(state: State, seq: int, event: TaskFailed) -> State:
+    task = _task(state, event.task_id, "task_failed")
+    if task.ended:
+        return _advance(state, seq)
+    failed = replace(task, status="failed", error=event.error, failed_rank=event.rank)
+    return _end_task(state, seq, failed, event.env.wall_time)
+
+
+def _task_stalled(state: State, seq: int, event: TaskStalled) -> State:
+    task = _task(state, event.task_id, "task_stalled")
+    if task.ended:
+        return _advance(state, seq)
+    return _with_task(state, seq, replace(task, stalled=event.diagnosis))
+
+
+# --- cluster ---------------------------------------------------------------------------------
+
+
+def _node_joined(state: State, seq: int, event: NodeJoined) -> State:
+    node = NodeInfo(
+        node_id=event.node_id,
+        host=event.host,
+        cores=event.cores,
+        memory_bytes=event.memory_bytes,
+        backend=event.backend,
+        version=event.version,
+        changed_at=event.env.wall_time,
+    )  # a node that rejoins (restart) is up again with its new facts
+    return replace(state, last_seq=seq, nodes=state.nodes.set(node.node_id, node))
+
+
+def _node_gone(state: State, seq: int, node_id: NodeId, status: str, reason: str, at: int, kind: str) -> State:
+    node = state.nodes.get(node_id)
+    if node is None:
+        raise UnknownNode(node_id, kind)
+    gone = replace(node, status=status, reason=reason, changed_at=at)
+    return replace(state, last_seq=seq, nodes=state.nodes.set(node_id, gone))
+
+
+def _instance_placed(state: State, seq: int, event: InstancePlaced) -> State:
+    if event.instance_id in state.instances:
+        raise InvalidEvent(f"instance {event.instance_id!r} was already placed")
+    ranks = sorted(shard.rank for shard in event.shards)
+    if ranks != list(range(len(event.shards))) or len(event.ring_hosts) != len(event.shards):
+        raise InvalidEvent(
+            f"instance {event.instance_id!r}: shards must have ranks 0..{len(event.shards) - 1} "
+            f"and one ring host each, got ranks {ranks} and {len(event.ring_hosts)} hosts"
+        )
+    for shard in event.shards:
+        if shard.node_id not in state.nodes:
+            raise UnknownNode(shard.node_id, "instance_placed")
+    shards = tuple(sorted(event.shards, key=lambda s: s.rank))
+    at = event.env.wall_time
+    instance = InstanceInfo(
+        instance_id=event.instance_id,
+        model=event.model,
+        shards=shards,
+        ring_hosts=tuple(event.ring_hosts),
+        prefill_step_size=event.prefill_step_size,
+        kv_bits=event.kv_bits,
+        kv_group_size=event.kv_group_size,
+        runners=tuple(RunnerInfo(rank=s.rank, node_id=s.node_id, changed_at=at) for s in shards),
+        placed_seq=seq,
+        placed_at=at,
+    )
+    return replace(state, last_seq=seq, instances=state.instances.set(instance.instance_id, instance))
+
+
+def _runner_status_changed(state: State, seq: int, event: RunnerStatusChanged) -> State:
+    instance = _instance(state, event.instance_id, "runner_status_changed")
+    if not 0 <= event.rank < len(instance.runners):
+        raise InvalidEvent(
+            f"runner_status_changed: rank {event.rank} outside instance {instance.instance_id!r} "
+            f"of {len(instance.runners)} ranks"
+        )
+    runner = replace(
+        instance.runners[event.rank], status=event.status, detail=event.detail, changed_at=event.env.wall_time
+    )
+    runners = (*instance.runners[: event.rank], runner, *instance.runners[event.rank + 1 :])
+    updated = replace(instance, runners=runners)
+    return replace(state, last_seq=seq, instances=state.instances.set(instance.instance_id, updated))
+
+
+def _instance_retired(state: State, seq: int, event: InstanceRetired) -> State:
+    instance = _instance(state, event.instance_id, "instance_retired")
+    retired = replace(instance, retired=True, retire_reason=event.reason)
+    return replace(state, last_seq=seq, instances=state.instances.set(instance.instance_id, retired))

@@ -1,0 +1,230 @@
+"""The event catalogue (DESIGN.md §3): every fact about the cluster as a typed, frozen struct.
+
+Rules for changing this file without breaking the wire or old logs:
+- tags are explicit snake_case strings: renaming a class never changes the wire;
+- new fields get defaults; a field's type never changes;
+- `LogEvent` (stream SHOAL_EVENTS) and `TelemetryEvent` (stream SHOAL_TELEMETRY) are closed
+  unions: adding a kind means adding it to the union, to `subjects.subject_for` and to
+  `state.apply` (basedpyright and `assert_never` point at every place).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from events.ids import EventId, InstanceId, NodeId, TaskId
+
+
+class Origin(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Who published an event: a service on a node, and the rank for runner events."""
+
+    service: str
+    node: str = ""
+    rank: int | None = None
+
+
+class Envelope(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Carried by every event. The stream sequence is attached on read, never stored here."""
+
+    event_id: EventId  # also the Nats-Msg-Id, so a retried publish is stored once
+    origin: Origin
+    wall_time: int  # unix ns
+    mono_ns: int  # publisher's monotonic clock, for durations within one process
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", gc=False):
+    env: Envelope
+
+
+# --- shared value types ---------------------------------------------------------------------
+
+RunnerStatus = Literal["loading", "warming_up", "ready", "running", "failed", "stopped"]
+PrefillPath = Literal["pipeline", "sequential"]
+CancelReason = Literal["client_disconnect", "api", "deadline", "shutdown"]
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+class Shard(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    node_id: NodeId
+    rank: int
+    start_layer: int  # inclusive
+    end_layer: int  # exclusive
+
+
+class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str
+
+
+class TaskParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = msgspec.field(default_factory=list)
+    stream_progress: bool = False
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_ms: float = 0.0
+    prefill_tps: float = 0.0
+    decode_tps: float = 0.0
+
+
+# --- cluster --------------------------------------------------------------------------------
+
+
+class NodeJoined(Event, tag="node_joined", frozen=True, kw_only=True):
+    node_id: NodeId
+    host: str
+    cores: int
+    memory_bytes: int
+    backend: str  # "cpu", "metal", "cuda"
+    version: str
+
+
+class NodeLeft(Event, tag="node_left", frozen=True, kw_only=True):
+    node_id: NodeId
+    reason: str
+
+
+class NodeTimedOut(Event, tag="node_timed_out", frozen=True, kw_only=True):
+    node_id: NodeId
+    last_seen: int  # unix ns of the last heartbeat the master saw
+
+
+class InstancePlaced(Event, tag="instance_placed", frozen=True, kw_only=True):
+    instance_id: InstanceId
+    model: str
+    shards: list[Shard]
+    ring_hosts: list[str]  # "host:port" of each rank, index = rank
+    prefill_step_size: int
+    kv_bits: int | None = None
+    kv_group_size: int = 64
+
+
+class RunnerStatusChanged(Event, tag="runner_status_changed", frozen=True, kw_only=True):
+    instance_id: InstanceId
+    rank: int
+    status: RunnerStatus
+    detail: str = ""
+
+
+class InstanceRetired(Event, tag="instance_retired", frozen=True, kw_only=True):
+    instance_id: InstanceId
+    reason: str
+
+
+# --- task lifecycle -------------------------------------------------------------------------
+
+
+class TaskCreated(Event, tag="task_created", frozen=True, kw_only=True):
+    task_id: TaskId
+    model: str
+    messages: list[ChatMessage]
+    params: TaskParams = msgspec.field(default_factory=TaskParams)
+
+
+class TaskAssigned(Event, tag="task_assigned", frozen=True, kw_only=True):
+    task_id: TaskId
+    instance_id: InstanceId
+
+
+class PrefillStarted(Event, tag="prefill_started", frozen=True, kw_only=True):
+    task_id: TaskId
+    rank: int
+    path: PrefillPath
+    prompt_tokens: int
+    chunks: int
+    step: int
+
+
+class PrefillProgress(Event, tag="prefill_progress", frozen=True, kw_only=True):
+    task_id: TaskId
+    rank: int
+    processed: int
+    total: int
+    iteration: int
+
+
+class ChunkGenerated(Event, tag="chunk_generated", frozen=True, kw_only=True):
+    task_id: TaskId
+    index: int  # index of the first token of this chunk in the completion
+    text: str
+    token_ids: list[int]
+
+
+class TaskCancelled(Event, tag="task_cancelled", frozen=True, kw_only=True):
+    task_id: TaskId
+    reason: CancelReason
+
+
+class TaskCompleted(Event, tag="task_completed", frozen=True, kw_only=True):
+    task_id: TaskId
+    finish_reason: FinishReason
+    usage: Usage = msgspec.field(default_factory=Usage)
+
+
+class TaskFailed(Event, tag="task_failed", frozen=True, kw_only=True):
+    task_id: TaskId
+    error: str
+    rank: int | None = None
+
+
+class TaskStalled(Event, tag="task_stalled", frozen=True, kw_only=True):
+    task_id: TaskId
+    diagnosis: str
+
+
+# --- flight recorder (stream SHOAL_TELEMETRY) ------------------------------------------------
+
+
+class RunnerHeartbeat(Event, tag="runner_heartbeat", frozen=True, kw_only=True):
+    instance_id: InstanceId
+    rank: int
+    phase: str
+    task_id: TaskId | None = None
+    iteration: int = 0
+    phase_age_ms: int = 0
+    stack: str | None = None
+
+
+class NodeHeartbeat(Event, tag="node_heartbeat", frozen=True, kw_only=True):
+    node_id: NodeId
+    free_memory_bytes: int = 0
+    runners: int = 0
+
+
+LogEvent = (
+    NodeJoined
+    | NodeLeft
+    | NodeTimedOut
+    | InstancePlaced
+    | RunnerStatusChanged
+    | InstanceRetired
+    | TaskCreated
+    | TaskAssigned
+    | PrefillStarted
+    | PrefillProgress
+    | ChunkGenerated
+    | TaskCancelled
+    | TaskCompleted
+    | TaskFailed
+    | TaskStalled
+)
+TelemetryEvent = RunnerHeartbeat | NodeHeartbeat
+AnyEvent = LogEvent | TelemetryEvent
+
+TERMINAL_TASK_EVENTS = (TaskCompleted, TaskFailed)
+
+
+def tag_of(event: AnyEvent) -> str:
+    """The wire tag of an event (`task_created`, ...); also the last token of its subject."""
+    tag = type(event).__struct_config__.tag
+    if not isinstance(tag, str):  # pragma: no cover - every concrete event has a str tag
+        raise TypeError(f"{type(event).__name__} has no string tag")
+    return tag

@@ -1,0 +1,152 @@
+"""The cluster State: what every process folds from the log (DESIGN.md §5).
+
+State and its parts are frozen. Maps are persistent (`immutables.Map`, a HAMT), so one event
+costs O(log n) however many tasks the log holds — folding a million events stays fast.
+`canonical_bytes` encodes a State with every map sorted by key, so two processes that folded
+the same events produce identical bytes whatever their hash seeds.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import immutables
+import msgspec
+
+from events.catalogue import (
+    CancelReason,
+    ChatMessage,
+    FinishReason,
+    PrefillPath,
+    RunnerStatus,
+    Shard,
+    TaskParams,
+    Usage,
+)
+from events.ids import InstanceId, NodeId, TaskId
+
+NodeStatus = Literal["up", "left", "timed_out"]
+TaskStatus = Literal["created", "assigned", "prefilling", "decoding", "completed", "cancelled", "failed"]
+ENDED_STATUSES: frozenset[str] = frozenset({"completed", "cancelled", "failed"})
+
+
+class NodeInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    node_id: NodeId
+    host: str
+    cores: int
+    memory_bytes: int
+    backend: str
+    version: str
+    status: NodeStatus = "up"
+    reason: str = ""
+    changed_at: int = 0  # wall ns of the last status change
+
+
+class RunnerInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    rank: int
+    node_id: NodeId
+    status: RunnerStatus | Literal["placed"] = "placed"
+    detail: str = ""
+    changed_at: int = 0
+
+
+class InstanceInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    instance_id: InstanceId
+    model: str
+    shards: tuple[Shard, ...]
+    ring_hosts: tuple[str, ...]
+    prefill_step_size: int
+    kv_bits: int | None
+    kv_group_size: int
+    runners: tuple[RunnerInfo, ...]  # index = rank
+    placed_seq: int
+    placed_at: int
+    queue: tuple[TaskId, ...] = ()  # assigned tasks not yet ended, in assignment order
+    retired: bool = False
+    retire_reason: str = ""
+
+    @property
+    def world_size(self) -> int:
+        return len(self.shards)
+
+    @property
+    def ready(self) -> bool:
+        """Every rank warmed up (a running rank is also ready for the next task)."""
+        return not self.retired and all(r.status in ("ready", "running") for r in self.runners)
+
+    @property
+    def failed(self) -> bool:
+        return any(r.status in ("failed", "stopped") for r in self.runners)
+
+
+class RankProgress(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    processed: int
+    total: int
+    iteration: int
+    at: int  # wall ns of the event
+
+
+class RankPrefill(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    path: PrefillPath
+    prompt_tokens: int
+    chunks: int
+    step: int
+    started_at: int
+
+
+class TaskInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    task_id: TaskId
+    model: str
+    messages: list[ChatMessage]
+    params: TaskParams
+    status: TaskStatus = "created"
+    created_seq: int = 0
+    created_at: int = 0
+    instance_id: InstanceId | None = None
+    assigned_at: int = 0
+    prefill: dict[int, RankPrefill] = msgspec.field(default_factory=dict)  # by rank
+    progress: dict[int, RankProgress] = msgspec.field(default_factory=dict)  # by rank
+    first_token_at: int = 0
+    completion_tokens: int = 0
+    chunks: int = 0
+    text: str = ""
+    cancel_reason: CancelReason | None = None
+    cancelled_at: int = 0
+    stalled: str = ""
+    error: str = ""
+    failed_rank: int | None = None
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    ended_at: int = 0
+    ended_seq: int = 0
+    last_activity_at: int = 0  # wall ns of the newest event about this task
+
+    @property
+    def ended(self) -> bool:
+        return self.status in ENDED_STATUSES
+
+
+class State(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    last_seq: int = 0
+    nodes: immutables.Map[NodeId, NodeInfo] = immutables.Map()
+    instances: immutables.Map[InstanceId, InstanceInfo] = immutables.Map()
+    tasks: immutables.Map[TaskId, TaskInfo] = immutables.Map()
+
+    @classmethod
+    def starting_before(cls, seq: int) -> State:
+        """An empty State that expects `seq` next (a stream whose head was trimmed by retention)."""
+        return cls(last_seq=seq - 1)
+
+
+def _sorted_maps(obj: Any) -> Any:
+    if isinstance(obj, immutables.Map):
+        return {key: obj[key] for key in sorted(obj.keys())}  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType, reportUnknownMemberType]
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+_canonical = msgspec.json.Encoder(enc_hook=_sorted_maps, order="sorted")
+
+
+def canonical_bytes(state: State) -> bytes:
+    """Byte-stable JSON of a State: equal folds give equal bytes in any process."""
+    return _canonical.encode(state)

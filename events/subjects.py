@@ -1,0 +1,95 @@
+"""Subject naming (DESIGN.md §4). One function maps every event to its subject."""
+
+from __future__ import annotations
+
+from typing import assert_never
+
+from events.catalogue import (
+    AnyEvent,
+    ChunkGenerated,
+    InstancePlaced,
+    InstanceRetired,
+    NodeHeartbeat,
+    NodeJoined,
+    NodeLeft,
+    NodeTimedOut,
+    PrefillProgress,
+    PrefillStarted,
+    RunnerHeartbeat,
+    RunnerStatusChanged,
+    TaskAssigned,
+    TaskCancelled,
+    TaskCompleted,
+    TaskCreated,
+    TaskFailed,
+    TaskStalled,
+    tag_of,
+)
+
+PREFIX = "shoal"
+EVENTS_STREAM = "SHOAL_EVENTS"
+TELEMETRY_STREAM = "SHOAL_TELEMETRY"
+EVENTS_SUBJECTS = f"{PREFIX}.ev.>"
+TELEMETRY_SUBJECTS = f"{PREFIX}.hb.>"
+ALL_CANCELS = f"{PREFIX}.ev.task.*.cancelled"
+
+
+def task_subject(task_id: str, kind: str = "*") -> str:
+    return f"{PREFIX}.ev.task.{task_id}.{kind}"
+
+
+def task_events(task_id: str) -> str:
+    """Everything about one task (what the API subscribes to before publishing TaskCreated)."""
+    return f"{PREFIX}.ev.task.{task_id}.>"
+
+
+def cancel_subject(task_id: str) -> str:
+    return task_subject(task_id, "cancelled")
+
+
+def node_subject(node_id: str, kind: str = "*") -> str:
+    return f"{PREFIX}.ev.node.{node_id}.{kind}"
+
+
+def instance_subject(instance_id: str, kind: str = "*") -> str:
+    return f"{PREFIX}.ev.instance.{instance_id}.{kind}"
+
+
+def is_telemetry_subject(subject: str) -> bool:
+    return subject.startswith(f"{PREFIX}.hb.")
+
+
+def subject_kind(event: AnyEvent) -> str:
+    """The last subject token: the tag without its family prefix (`task_cancelled` -> `cancelled`)."""
+    tag = tag_of(event)
+    for family in ("task_", "node_", "instance_"):
+        if tag.startswith(family):
+            return tag.removeprefix(family)
+    return tag
+
+
+def subject_for(event: AnyEvent) -> str:
+    kind = subject_kind(event)
+    match event:
+        case (
+            TaskCreated()
+            | TaskAssigned()
+            | PrefillStarted()
+            | PrefillProgress()
+            | ChunkGenerated()
+            | TaskCancelled()
+            | TaskCompleted()
+            | TaskFailed()
+            | TaskStalled()
+        ):
+            return task_subject(event.task_id, kind)
+        case NodeJoined() | NodeLeft() | NodeTimedOut():
+            return node_subject(event.node_id, kind)
+        case InstancePlaced() | RunnerStatusChanged() | InstanceRetired():
+            return instance_subject(event.instance_id, kind)
+        case RunnerHeartbeat():
+            return f"{PREFIX}.hb.runner.{event.instance_id}.{event.rank}"
+        case NodeHeartbeat():
+            return f"{PREFIX}.hb.node.{event.node_id}"
+        case _:
+            assert_never(event)
