@@ -1,0 +1,82 @@
+"""The runner's seams: where cancels come from, where results go, and what phase it is in.
+
+The services issue plugs NATS into `CancelSource` and `RunnerSink`; tests plug in lists.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+PHASES: tuple[str, ...] = (
+    "idle",
+    "loading",
+    "warming_up",
+    "agree_start",
+    "prefill",
+    "decode",
+    "agree_cancel",
+)
+
+
+class CancelSource(Protocol):
+    def is_cancelled(self, task_id: str) -> bool:
+        """Non-blocking: has anyone asked to stop `task_id`? Called at every prefill iteration."""
+        ...
+
+
+class RunnerSink(Protocol):
+    def prefill_started(self, task_id: str, path: str, prompt_tokens: int, chunks: int, step: int) -> None: ...
+
+    def prefill_progress(self, task_id: str, processed: int, total: int, iteration: int) -> None: ...
+
+    def tokens(self, task_id: str, index: int, text: str, token_ids: list[int]) -> None:
+        """Sampling rank only; `index` is the position of token_ids[0] in the completion."""
+        ...
+
+
+class NeverCancelled:
+    def is_cancelled(self, task_id: str) -> bool:
+        return False
+
+
+class NullSink:
+    def prefill_started(self, task_id: str, path: str, prompt_tokens: int, chunks: int, step: int) -> None:
+        pass
+
+    def prefill_progress(self, task_id: str, processed: int, total: int, iteration: int) -> None:
+        pass
+
+    def tokens(self, task_id: str, index: int, text: str, token_ids: list[int]) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseSnapshot:
+    phase: str
+    task_id: str | None
+    iteration: int
+    since_ns: int  # time.monotonic_ns() when the phase was entered
+
+
+class PhaseTracker:
+    """Where the main thread is, readable from a heartbeat thread.
+
+    The engine calls `enter` at every phase change and every prefill iteration; a reader that
+    sees an old `since_ns` knows the main thread is stuck inside that phase.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current = PhaseSnapshot("idle", None, 0, time.monotonic_ns())
+
+    def enter(self, phase: str, task_id: str | None = None, iteration: int = 0) -> None:
+        snapshot = PhaseSnapshot(phase, task_id, iteration, time.monotonic_ns())
+        with self._lock:
+            self._current = snapshot
+
+    def snapshot(self) -> PhaseSnapshot:
+        with self._lock:
+            return self._current

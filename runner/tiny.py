@@ -1,0 +1,117 @@
+"""`shoal model make-tiny`: a small random-weight llama in a standard mlx-lm directory.
+
+Deterministic from its parameters (same bytes on every run), no download. It is the default
+model of the tests and of `shoal up`; the `tiny` keyword resolves to a cached copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# Bump when the generated files change, so cached copies under the data dir are rebuilt.
+TINY_FORMAT_VERSION = 2
+
+# mlx's default init makes a random llama collapse onto one repeated token whatever the prompt;
+# a larger spread in the projections makes the output depend on the context, so "same tokens
+# as 1 rank" is a meaningful test.
+PROJECTION_GAIN = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class TinySpec:
+    layers: int = 8
+    hidden: int = 256
+    vocab: int = 1024
+    seed: int = 0
+    context: int = 4096
+
+    def params_hash(self) -> str:
+        blob = json.dumps({"v": TINY_FORMAT_VERSION, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def model_config(spec: TinySpec, eos_ids: list[int]) -> dict[str, object]:
+    heads = max(1, spec.hidden // 64)
+    return {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": spec.hidden,
+        "num_hidden_layers": spec.layers,
+        "intermediate_size": spec.hidden * 3,
+        "num_attention_heads": heads,
+        "num_key_value_heads": max(1, heads // 2),
+        "rms_norm_eps": 1e-5,
+        "vocab_size": spec.vocab,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": spec.context,
+        "tie_word_embeddings": True,
+        "eos_token_id": eos_ids,
+        "torch_dtype": "float32",
+    }
+
+
+def make_tiny(out_dir: Path, spec: TinySpec) -> Path:
+    """Write the model into `out_dir` (created if needed); returns `out_dir`."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+
+    from runner.tiny_tokenizer import EOS_TOKEN, write_tokenizer
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    special_ids = write_tokenizer(out_dir, spec.vocab)
+    config = model_config(spec, [special_ids[EOS_TOKEN]])
+    mx.random.seed(spec.seed)
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    weights = {
+        name: value * PROJECTION_GAIN if "proj" in name else value
+        for name, value in sorted(tree_flatten(model.parameters()))
+    }
+    mx.eval(weights)
+    mx.save_safetensors(str(out_dir / "model.safetensors"), weights)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return out_dir
+
+
+def data_dir() -> Path:
+    configured = os.environ.get("SHOAL_DATA_DIR")
+    if configured:
+        return Path(configured)
+    return Path.home() / ".cache" / "shoal"
+
+
+def cached_tiny(spec: TinySpec | None = None) -> Path:
+    """The `tiny` keyword: the cached make-tiny directory, built on first use.
+
+    Built in a sibling temp dir and renamed into place, so concurrent first uses never see a
+    half-written model.
+    """
+    spec = spec or TinySpec()
+    target = data_dir() / "models" / f"tiny-{spec.params_hash()}"
+    if (target / "model.safetensors").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
+    try:
+        make_tiny(staging, spec)
+        try:
+            staging.rename(target)
+        except OSError:  # another process won the race; its copy is identical
+            pass
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def resolve_model(reference: str) -> Path:
+    """`tiny` -> the cached tiny model; anything else is a directory path."""
+    if reference == "tiny":
+        return cached_tiny()
+    return Path(reference).expanduser()
