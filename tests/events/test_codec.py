@@ -1,0 +1,67 @@
+"""Every event kind survives msgpack and JSON round trips unchanged; bad bytes are named errors."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from events import codec
+from events.catalogue import AnyEvent, LogEvent, TelemetryEvent
+from events.subjects import is_telemetry_subject, subject_for
+from tests.events.strategies import event_strategy
+
+
+def _kinds(union: object) -> set[type]:
+    info = msgspec.inspect.type_info(union)  # pyright: ignore[reportArgumentType]
+    assert isinstance(info, msgspec.inspect.UnionType)
+    return {t.cls for t in info.types if isinstance(t, msgspec.inspect.StructType)}
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(event_strategy())
+def test_msgpack_round_trip(event: AnyEvent) -> None:
+    assert codec.decode_any_event(codec.encode(event)) == event
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(event_strategy())
+def test_json_round_trip(event: AnyEvent) -> None:
+    assert codec.from_json(codec.to_json(event)) == event
+    record = codec.ExportRecord(stream="events", seq=7, event=event)
+    assert codec.decode_record(codec.encode_record(record)) == record
+
+
+def test_the_strategy_covers_every_kind() -> None:
+    assert len(_kinds(AnyEvent)) == len(_kinds(LogEvent)) + len(_kinds(TelemetryEvent)) == 17
+
+
+@settings(max_examples=100)
+@given(event_strategy())
+def test_log_and_telemetry_decoders_are_separate(event: AnyEvent) -> None:
+    data = codec.encode(event)
+    if type(event) in _kinds(LogEvent):
+        assert codec.decode_log_event(data) == event
+        with pytest.raises(codec.MalformedEvent):
+            codec.decode_telemetry_event(data)
+    else:
+        assert codec.decode_telemetry_event(data) == event
+        with pytest.raises(codec.MalformedEvent):
+            codec.decode_log_event(data)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"\xc1", msgspec.msgpack.encode({"type": "no_such_event"}), msgspec.msgpack.encode({"type": "task_created"})],
+)
+def test_malformed_bytes_raise_a_named_error(data: bytes) -> None:
+    with pytest.raises(codec.MalformedEvent):
+        codec.decode_log_event(data)
+
+
+@settings(max_examples=200)
+@given(event_strategy())
+def test_subjects_route_telemetry_and_log_to_their_streams(event: AnyEvent) -> None:
+    subject = subject_for(event)
+    assert is_telemetry_subject(subject) == (type(event) in _kinds(TelemetryEvent))
+    assert subject.startswith("shoal.")
