@@ -1,0 +1,207 @@
+"""The runner engine: one object per rank, loaded once, reused for every task.
+
+Every rank calls the same methods with the same arguments in the same order (the services
+deliver tasks from one ordered log). From there the engine keeps the invariant that stops
+hangs: every rank issues the same sequence of collectives and sends/recvs, and every branch
+that could change it is taken on agreed data (the request, the world size, an all-reduce).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import mlx.core as mx
+import msgspec
+from mlx_lm.sample_utils import make_sampler
+
+from runner.chat import encode_chat
+from runner.collectives import Collectives
+from runner.decode import DecodeSpec, run_decode
+from runner.errors import RequestError
+from runner.plan import PathChoice, choose_path, chunk_sizes, effective_step, rank_schedule
+from runner.prefill import run_prefill
+from runner.protocols import CancelSource, NeverCancelled, NullSink, PhaseTracker, RunnerSink
+from runner.shard import LoadedShard, ShardCache
+from runner.task_run import TaskRun
+
+__all__ = ["Engine", "EngineSettings", "GenerationOutcome", "GenerationRequest", "encode_chat"]
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+class EngineSettings(msgspec.Struct, frozen=True, kw_only=True):
+    prefill_step_size: int = 4096
+    kv_bits: int | None = None
+    kv_group_size: int = 64
+    decode_cancel_interval: int = 4  # poll the cancel source every N decode tokens
+
+
+class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
+    task_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = msgspec.field(default_factory=list)
+    prefill_path: PathChoice = "auto"  # benchmarks and tests force a path; services leave auto
+
+
+class GenerationOutcome(msgspec.Struct, kw_only=True):
+    task_id: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    token_ids: list[int]
+    text: str
+    path: str
+    ttft_ms: float | None
+    prefill_tps: float | None
+    decode_tps: float | None
+    prefill_iterations: int
+    cancelled_at: str | None  # "prefill:<iteration>" or "decode:<step>": where the ranks agreed to stop
+    progress: list[tuple[int, int]]
+
+
+class Engine:
+    def __init__(
+        self, group: mx.distributed.Group | None, shard: LoadedShard, settings: EngineSettings | None = None
+    ) -> None:
+        self.shard = shard
+        self.settings = settings or EngineSettings()
+        self.collectives = Collectives(group)
+        if self.collectives.world != shard.placement.world:
+            raise ValueError(f"group has {self.collectives.world} ranks, placement {shard.placement.world}")
+
+    @property
+    def rank(self) -> int:
+        return self.collectives.rank
+
+    @property
+    def is_sampling_rank(self) -> bool:
+        return self.shard.placement.is_last
+
+    @property
+    def tokenizer(self):  # mlx_lm TokenizerWrapper
+        return self.shard.tokenizer
+
+    def agree_start(self, task_id: str, cancel: CancelSource, phases: PhaseTracker | None = None) -> bool:
+        """Every rank, before each task: False on all ranks if any rank saw it cancelled."""
+        (phases or PhaseTracker()).enter("agree_start", task_id, 0)
+        return not self.collectives.any(cancel.is_cancelled(task_id))
+
+    def warm_up(self, phases: PhaseTracker | None = None) -> None:
+        """A tiny task through every path so the first real one does not pay for setup."""
+        phases = phases or PhaseTracker()
+        phases.enter("warming_up")
+        request = GenerationRequest(task_id="warmup", prompt_token_ids=[0, 1, 2, 3], max_tokens=2)
+        self.generate(request, NeverCancelled(), NullSink(), phases)
+
+    def validate(self, request: GenerationRequest) -> None:
+        check_request(request, self.shard.context_length)
+
+    def generate(
+        self, request: GenerationRequest, cancel: CancelSource, sink: RunnerSink, phases: PhaseTracker
+    ) -> GenerationOutcome:
+        self.validate(request)
+        try:
+            return self._generate(request, cancel, sink, phases)
+        finally:
+            phases.enter("idle")
+
+    def _generate(
+        self, request: GenerationRequest, cancel: CancelSource, sink: RunnerSink, phases: PhaseTracker
+    ) -> GenerationOutcome:
+        started = time.perf_counter()
+        placement, settings = self.shard.placement, self.settings
+        prompt_len = len(request.prompt_token_ids)
+        path = choose_path(prompt_len, settings.prefill_step_size, placement.world, request.prefill_path)
+        step = effective_step(settings.prefill_step_size, placement.world)
+        chunks = chunk_sizes(prompt_len, step)
+        schedule = rank_schedule(placement.rank, placement.world, len(chunks), path)
+        run = self._task_run(request.task_id, cancel, sink, phases)
+        sink.prefill_started(request.task_id, path, prompt_len, len(chunks), step)
+        prompt = mx.array(request.prompt_token_ids, dtype=mx.int32)
+        prefill = run_prefill(run, prompt, chunks, schedule, path)
+        if prefill.cancelled:
+            return _outcome(request, run, path, "cancelled", [], "", prefill.iterations, started, None, None)
+        if request.seed is not None:
+            mx.random.seed(request.seed)
+        spec = DecodeSpec(
+            first_input=request.prompt_token_ids[-1],
+            prompt_len=prompt_len,
+            max_tokens=request.max_tokens,
+            stop=list(request.stop),
+            sampler=make_sampler(temp=request.temperature, top_p=request.top_p),
+            eos_ids=frozenset(int(i) for i in self.tokenizer.eos_token_ids),
+            cancel_interval=max(1, settings.decode_cancel_interval),
+            prefill_iterations=prefill.iterations,
+        )
+        decoded = run_decode(run, spec, self.tokenizer)
+        if not self.shard.outbox.is_empty():
+            raise RuntimeError("internal error: a send was left pending after decode")
+        return _outcome(
+            request, run, path, decoded.finish_reason, decoded.token_ids, decoded.text,
+            prefill.iterations, started, decoded.first_token_at, decoded.steps,
+        )  # fmt: skip
+
+    def _task_run(self, task_id: str, cancel: CancelSource, sink: RunnerSink, phases: PhaseTracker) -> TaskRun:
+        return TaskRun(
+            task_id=task_id,
+            model=self.shard.model,
+            placement=self.shard.placement,
+            caches=ShardCache(self.shard.model, self.shard.placement),
+            outbox=self.shard.outbox,
+            collectives=self.collectives,
+            cancel=cancel,
+            sink=sink,
+            phases=phases,
+            kv_bits=self.settings.kv_bits,
+            kv_group_size=self.settings.kv_group_size,
+        )
+
+
+def check_request(request: GenerationRequest, context_length: int | None) -> None:
+    """Bad input a user can cause, as one-line errors (same verdict on every rank)."""
+    if not request.prompt_token_ids:
+        raise RequestError("empty prompt: give at least one prompt token")
+    if request.max_tokens <= 0:
+        raise RequestError(f"max_tokens must be > 0, got {request.max_tokens}")
+    if context_length is not None and len(request.prompt_token_ids) > context_length:
+        raise RequestError(
+            f"prompt has {len(request.prompt_token_ids)} tokens but the model's context is {context_length}"
+        )
+
+
+def _outcome(
+    request: GenerationRequest,
+    run: TaskRun,
+    path: str,
+    finish_reason: FinishReason,
+    token_ids: list[int],
+    text: str,
+    prefill_iterations: int,
+    started: float,
+    first_token_at: float | None,
+    decode_steps: int | None,
+) -> GenerationOutcome:
+    now = time.perf_counter()
+    ttft = None if first_token_at is None else first_token_at - started
+    decode_time = None if first_token_at is None else now - first_token_at
+    prompt_len = len(request.prompt_token_ids)
+    return GenerationOutcome(
+        task_id=request.task_id,
+        finish_reason=finish_reason,
+        prompt_tokens=prompt_len,
+        completion_tokens=len(token_ids),
+        token_ids=token_ids,
+        text=text,
+        path=path,
+        ttft_ms=None if ttft is None else ttft * 1000,
+        prefill_tps=None if not ttft else prompt_len / ttft,
+        decode_tps=(len(token_ids) - 1) / decode_time if decode_time and len(token_ids) > 1 else None,
+        prefill_iterations=prefill_iterations,
+        cancelled_at=run.cancelled_at,
+        progress=list(run.progress),
+    )

@@ -1,0 +1,52 @@
+"""What can be checked about a model directory without MLX, before any rank starts."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from runner.errors import ModelDirError
+
+_LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layers", "num_layers", "n_layer")
+_CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    path: Path
+    model_type: str
+    n_layers: int
+    context_length: int | None
+
+
+def read_model_info(model_dir: Path) -> ModelInfo:
+    if not model_dir.exists():
+        raise ModelDirError(f"model directory {model_dir} does not exist")
+    if not model_dir.is_dir():
+        raise ModelDirError(f"{model_dir} is not a directory")
+    config_path = model_dir / "config.json"
+    if not config_path.exists():
+        raise ModelDirError(f"{model_dir} is not an mlx-lm model: no config.json")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise ModelDirError(f"{config_path} is not valid JSON: {err}") from err
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ModelDirError(f"{model_dir} is not an mlx-lm model: config.json has no model_type")
+    if not any(model_dir.glob("*.safetensors")):
+        raise ModelDirError(f"{model_dir} is not an mlx-lm model: no *.safetensors weights")
+    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    n_layers = _first_int(config, text_config, _LAYER_COUNT_KEYS)
+    if n_layers is None or n_layers < 1:
+        raise ModelDirError(f"{model_dir} has no `layers` (config.json gives no layer count)")
+    return ModelInfo(model_dir, str(config["model_type"]), n_layers, _first_int(config, text_config, _CONTEXT_KEYS))
+
+
+def _first_int(config: dict, text_config: dict, keys: tuple[str, ...]) -> int | None:
+    for source in (config, text_config):
+        for key in keys:
+            value = source.get(key)
+            if isinstance(value, int):
+                return value
+    return None

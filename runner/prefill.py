@@ -1,0 +1,60 @@
+"""The two prefill paths. Both process the first L-1 prompt tokens and report progress exactly
+like mlx-lm's `generate_step`; the last token goes through the first decode step.
+
+Sequential: one chunk travels through every rank (recv, compute, send at once), then the
+ranks agree on cancel. Pipeline: the GPipe schedule from `plan.rank_schedule`; a rank's sends
+of an iteration start only after that iteration's agreement, so on an agreed stop no receiver
+is left waiting and no send is left unreceived.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+
+import mlx.core as mx
+
+from runner.plan import PrefillPath
+from runner.task_run import TaskRun
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillResult:
+    iterations: int  # iterations this rank ran, idle ones and a cancelled one included
+    cancelled: bool
+
+
+def run_prefill(
+    run: TaskRun, prompt: mx.array, chunks: list[int], schedule: list[int | None], path: PrefillPath
+) -> PrefillResult:
+    total = int(prompt.shape[0])
+    starts = [0, *accumulate(chunks)]
+    run.report_progress(0, total, 0)
+    try:
+        for iteration, chunk in enumerate(schedule):
+            run.phases.enter("prefill", run.task_id, iteration)
+            if chunk is not None:
+                _compute_chunk(run, prompt[starts[chunk] : starts[chunk + 1]], path)
+            if run.agree_to_stop("prefill", iteration):
+                run.outbox.discard_queued()
+                return PrefillResult(iteration + 1, cancelled=True)
+            run.outbox.flush()
+            if chunk is not None:
+                run.report_progress(starts[chunk + 1], total, iteration + 1)
+        run.outbox.complete()
+    except BaseException:
+        # A failed collective leaves the group unusable anyway; drop our side so nothing of
+        # this task is started later by accident.
+        run.outbox.discard_queued()
+        raise
+    return PrefillResult(len(schedule), cancelled=False)
+
+
+def _compute_chunk(run: TaskRun, piece: mx.array, path: PrefillPath) -> None:
+    run.forward(piece[None])
+    if path == "sequential":
+        # The next rank needs this chunk before anyone can reach the agreement collective.
+        mx.eval([*run.caches.states(), *run.outbox.take_all()])
+    else:
+        mx.eval([*run.caches.states(), *run.outbox.activations()])
+    mx.clear_cache()

@@ -1,0 +1,109 @@
+"""Stage boundaries of a pipeline shard, and the object that owns their pending sends.
+
+The last owned layer of a non-final rank hands its output to `PendingSends` instead of sending
+it at once. The engine decides when those sends go out (right away on the sequential path and
+in decode; only after the iteration's agreement collective on the pipeline path) and makes
+sure none is left queued or in flight when a path ends, cancel and error included.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+class PendingSends:
+    """Sends produced by one rank, from creation to completion. Owned by one Engine."""
+
+    def __init__(self) -> None:
+        self._queued: list[tuple[mx.array, mx.array]] = []  # (activation, send op), not started
+        self._in_flight: list[mx.array] = []  # send ops started with async_eval
+
+    def add(self, activation: mx.array, send_op: mx.array) -> None:
+        self._queued.append((activation, send_op))
+
+    def activations(self) -> list[mx.array]:
+        """What to compute in this iteration, without starting any transfer."""
+        return [activation for activation, _ in self._queued]
+
+    def take_all(self) -> list[mx.array]:
+        """Activations and send ops, for a synchronous eval that computes and sends at once."""
+        taken = [array for pair in self._queued for array in pair]
+        self._queued.clear()
+        return taken
+
+    def flush(self) -> None:
+        """Start the queued sends (pipeline path, after the agreement said "continue")."""
+        if self._queued:
+            sends = [send_op for _, send_op in self._queued]
+            mx.async_eval(sends)
+            self._in_flight.extend(sends)
+            self._queued.clear()
+
+    def complete(self) -> None:
+        """Wait for every started send. Their receivers are committed to them by agreement."""
+        if self._in_flight:
+            mx.eval(self._in_flight)
+            self._in_flight.clear()
+
+    def discard_queued(self) -> None:
+        """Drop sends the group agreed not to make (cancel), then finish the started ones."""
+        self._queued.clear()
+        self.complete()
+
+    def is_empty(self) -> bool:
+        return not self._queued and not self._in_flight
+
+
+class PassThroughLayer(nn.Module):
+    """Stands in for a layer another rank owns: no weights, hands its input on unchanged.
+
+    Keeps the original layer's plain attributes (e.g. llama's `use_sliding`), because model
+    code reads them to choose masks.
+    """
+
+    def __init__(self, original: nn.Module) -> None:
+        super().__init__()
+        for name, value in vars(original).items():
+            if not name.startswith("_") and isinstance(value, (bool, int, float, str, type(None))):
+                object.__setattr__(self, name, value)
+
+    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        return x
+
+
+class StageBoundaryLayer(nn.Module):
+    """Wraps the first and/or last owned layer of a rank with the recv / send to its neighbours."""
+
+    def __init__(
+        self,
+        inner: nn.Module,
+        *,
+        recv_from: int | None,
+        send_to: int | None,
+        group: mx.distributed.Group,
+        outbox: PendingSends,
+    ) -> None:
+        super().__init__()
+        self.inner = inner
+        self._recv_from = recv_from
+        self._send_to = send_to
+        self._group = group
+        self._outbox = outbox
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self["inner"], name)
+
+    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        if self._recv_from is not None:
+            # Shape and dtype come from the local embedding, the values from the previous rank.
+            x = mx.distributed.recv_like(x, self._recv_from, group=self._group)
+        output = self.inner(x, *args, **kwargs)
+        if self._send_to is not None:
+            self._outbox.add(output, mx.distributed.send(output, self._send_to, group=self._group))
+        return output

@@ -1,0 +1,152 @@
+"""Load one rank's shard of an mlx-lm model: its layers [start, end) and the stage boundaries.
+
+The full layer list keeps its length (layers owned elsewhere become weightless pass-throughs),
+so model code that indexes layers or caches by position (sliding-window patterns, mask
+sources) keeps working for every family. Caches of layers owned elsewhere alias an owned
+cache of the same kind, so masks built from them see the right offset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
+
+from runner.errors import ModelDirError
+from runner.model_info import read_model_info
+from runner.plan import validate_split
+from runner.sends import PassThroughLayer, PendingSends, StageBoundaryLayer
+
+
+@dataclass(frozen=True, slots=True)
+class ShardPlacement:
+    rank: int
+    world: int
+    layer_ranges: tuple[tuple[int, int], ...]
+
+    @property
+    def start(self) -> int:
+        return self.layer_ranges[self.rank][0]
+
+    @property
+    def end(self) -> int:
+        return self.layer_ranges[self.rank][1]
+
+    @property
+    def is_first(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.rank == self.world - 1
+
+
+@dataclass(slots=True)
+class LoadedShard:
+    model: nn.Module
+    tokenizer: Any  # mlx_lm TokenizerWrapper
+    placement: ShardPlacement
+    n_layers: int
+    context_length: int | None
+    outbox: PendingSends  # the boundary layer sends into it; the engine decides when they go
+
+
+def model_layers(model: nn.Module) -> list[nn.Module]:
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, list) or not layers:
+        raise ModelDirError(f"{type(model).__module__} has no `layers` list; shoal needs one to shard it")
+    return layers
+
+
+def load_shard(
+    model_dir: Path,
+    placement: ShardPlacement,
+    group: mx.distributed.Group | None,
+) -> LoadedShard:
+    from mlx_lm.utils import load_model, load_tokenizer
+
+    info = read_model_info(model_dir)
+    validate_split(list(placement.layer_ranges), info.n_layers)
+    outbox = PendingSends()
+    model, config = load_model(model_dir, lazy=True)
+    layers = model_layers(model)
+    for index in range(len(layers)):
+        if not placement.start <= index < placement.end:
+            layers[index] = PassThroughLayer(layers[index])
+    if placement.world > 1:
+        if group is None:
+            raise ValueError("a multi-rank placement needs a distributed group")
+        _add_boundaries(layers, placement, group, outbox)
+    mx.eval(model.parameters())  # materialises only the owned layers (and embeddings / head)
+    tokenizer = load_tokenizer(model_dir, eos_token_ids=_config_eos(config))
+    return LoadedShard(model, tokenizer, placement, len(layers), info.context_length, outbox)
+
+
+def _add_boundaries(
+    layers: list[nn.Module], placement: ShardPlacement, group: mx.distributed.Group, outbox: PendingSends
+) -> None:
+    first, last = placement.start, placement.end - 1
+    recv_from = None if placement.is_first else placement.rank - 1
+    send_to = None if placement.is_last else placement.rank + 1
+    if first == last:
+        layers[first] = StageBoundaryLayer(
+            layers[first], recv_from=recv_from, send_to=send_to, group=group, outbox=outbox
+        )
+        return
+    layers[first] = StageBoundaryLayer(layers[first], recv_from=recv_from, send_to=None, group=group, outbox=outbox)
+    layers[last] = StageBoundaryLayer(layers[last], recv_from=None, send_to=send_to, group=group, outbox=outbox)
+
+
+def _config_eos(config: dict[str, Any]) -> list[int] | None:
+    eos = config.get("eos_token_id")
+    if eos is None:
+        return None
+    return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
+
+
+class ShardCache:
+    """The per-task KV cache of one shard: full-length slot list, owned slots real, others aliases."""
+
+    def __init__(self, model: nn.Module, placement: ShardPlacement) -> None:
+        self.slots: list[Any] = make_prompt_cache(model)
+        self._owned = list(range(placement.start, placement.end))
+        self._realias()
+
+    def _realias(self) -> None:
+        by_kind = {}
+        for index in self._owned:
+            by_kind.setdefault(_cache_kind(self.slots[index]), index)
+        for index in range(len(self.slots)):
+            if index not in self._owned:
+                source = by_kind.get(_cache_kind(self.slots[index]))
+                if source is not None:
+                    self.slots[index] = self.slots[source]
+
+    def states(self) -> list[Any]:
+        return [self.slots[index].state for index in self._owned]
+
+    def maybe_quantize(self, kv_bits: int | None, kv_group_size: int) -> None:
+        """Quantize owned KV caches (from the first token, the same on every path and rank)."""
+        if kv_bits is None:
+            return
+        changed = False
+        for index in self._owned:
+            cache = self.slots[index]
+            if hasattr(cache, "to_quantized"):
+                self.slots[index] = cache.to_quantized(group_size=kv_group_size, bits=kv_bits)
+                changed = True
+        if changed:
+            self._realias()
+
+
+def _cache_kind(cache: Any) -> tuple[str, Any, Any]:
+    # After quantization an alias must follow the quantized cache, so kinds compare the
+    # unquantized family: a QuantizedKVCache stands for the KVCache it replaced.
+    name = type(cache).__name__
+    if name == "QuantizedKVCache":
+        name = "KVCache"
+    return name, getattr(cache, "max_size", None), getattr(cache, "keep", None)

@@ -1,0 +1,49 @@
+"""Everything one task's prefill and decode share on one rank, passed around as one object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.nn as nn
+
+from runner.collectives import Collectives
+from runner.protocols import CancelSource, PhaseTracker, RunnerSink
+from runner.sends import PendingSends
+from runner.shard import ShardCache, ShardPlacement
+
+
+@dataclass(slots=True)
+class TaskRun:
+    task_id: str
+    model: nn.Module
+    placement: ShardPlacement
+    caches: ShardCache
+    outbox: PendingSends
+    collectives: Collectives
+    cancel: CancelSource
+    sink: RunnerSink
+    phases: PhaseTracker
+    kv_bits: int | None
+    kv_group_size: int
+    progress: list[tuple[int, int]] = field(default_factory=list)
+    cancelled_at: str | None = None
+
+    def report_progress(self, processed: int, total: int, iteration: int) -> None:
+        self.progress.append((processed, total))
+        self.sink.prefill_progress(self.task_id, processed, total, iteration)
+
+    def agree_to_stop(self, phase: str, iteration: int, poll: bool = True) -> bool:
+        """Poll the local cancel source, then agree with every rank (one scalar all-reduce)."""
+        self.phases.enter("agree_cancel", self.task_id, iteration)
+        wants_stop = poll and self.cancel.is_cancelled(self.task_id)
+        stop = self.collectives.any(wants_stop)
+        if stop:
+            self.cancelled_at = f"{phase}:{iteration}"
+        return stop
+
+    def forward(self, tokens: Any) -> Any:
+        """Run this rank's part of the model on a [1, n] token array (lazily); returns logits."""
+        logits = self.model(tokens, cache=self.caches.slots)
+        self.caches.maybe_quantize(self.kv_bits, self.kv_group_size)
+        return logits
