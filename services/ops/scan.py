@@ -1,0 +1,141 @@
+"""One pass over a log: fold the State, index heartbeats, feed optional observers.
+
+`diagnose` and `replay` both need the same pass, and it must stay cheap on a million events:
+the State is folded once (apply is O(log n) per event) and, of the telemetry stream, only the
+newest heartbeat per (instance, rank) and per (task, rank) is kept — never the whole log.
+
+Records may come from an export file (`ExportReader`, with line numbers) or from JetStream
+(`(seq, event)` pairs); a record that cannot be folded (a sequence gap, an unknown id) ends the
+pass at that point and is reported, like a corrupt line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+import msgspec
+
+from events.apply import ApplyError, apply
+from events.catalogue import AnyEvent, LogEvent, NodeHeartbeat, RunnerHeartbeat
+from events.codec import ExportRecord, StreamName
+from events.ids import InstanceId, TaskId
+from events.state import State
+from services.ops.load import SkippedLines
+
+
+class Cutoff(msgspec.Struct, frozen=True, kw_only=True):
+    """Where `--at` stops the fold: after event sequence `seq`, or at wall time `wall_ns`."""
+
+    seq: int | None = None
+    wall_ns: int | None = None
+
+    def excludes(self, stream: StreamName, seq: int, wall_ns: int) -> bool:
+        if self.wall_ns is not None and wall_ns > self.wall_ns:
+            return True
+        return stream == "events" and self.seq is not None and seq > self.seq
+
+
+class HeartbeatIndex:
+    """The newest heartbeat of each rank, and of each rank about each task."""
+
+    def __init__(self) -> None:
+        self.latest: dict[tuple[InstanceId, int], RunnerHeartbeat] = {}
+        self.by_task: dict[tuple[TaskId, int], RunnerHeartbeat] = {}
+        self.count = 0
+
+    def add(self, beat: RunnerHeartbeat) -> None:
+        self.count += 1
+        key = (beat.instance_id, beat.rank)
+        previous = self.latest.get(key)
+        # Exports may interleave streams in any order: keep the newest by wall time, not by position.
+        if previous is None or previous.env.wall_time <= beat.env.wall_time:
+            self.latest[key] = beat
+        if beat.task_id is not None:
+            task_key = (beat.task_id, beat.rank)
+            previous = self.by_task.get(task_key)
+            if previous is None or previous.env.wall_time <= beat.env.wall_time:
+                self.by_task[task_key] = beat
+
+
+class EventObserver(Protocol):
+    def observe(self, seq: int, event: AnyEvent) -> None: ...
+
+
+class Abandon(Protocol):
+    def __call__(self, line: int, reason: str) -> None: ...
+
+
+class ScanResult:
+    """What one pass learned. Mutable while scanning; read it after `scan` returns."""
+
+    def __init__(self) -> None:
+        self.state = State()
+        self.heartbeats = HeartbeatIndex()
+        self.newest_wall_ns = 0
+        self.events_folded = 0
+        self.records_read = 0
+        self.fold_error: SkippedLines | None = None
+
+
+def scan(
+    records: Iterable[tuple[int, ExportRecord]],
+    *,
+    cutoff: Cutoff | None = None,
+    observers: Iterable[EventObserver] = (),
+    abandon: Abandon | None = None,
+) -> ScanResult:
+    """Fold `(line_or_position, record)` pairs. `abandon(line, reason)` is told where folding stopped."""
+    result = ScanResult()
+    watchers = tuple(observers)
+    for line, record in records:
+        event = record.event
+        wall = event.env.wall_time
+        if cutoff is not None and cutoff.excludes(record.stream, record.seq, wall):
+            continue
+        result.records_read += 1
+        if isinstance(event, RunnerHeartbeat):
+            result.heartbeats.add(event)
+        elif not isinstance(event, NodeHeartbeat):
+            error = _fold(result, record.seq, event)
+            if error is not None:
+                result.fold_error = SkippedLines(line=line, reason=error, lines_not_used=1)
+                if abandon is not None:
+                    abandon(line, error)
+                break
+        result.newest_wall_ns = max(result.newest_wall_ns, wall)
+        for watcher in watchers:
+            watcher.observe(record.seq, event)
+    return result
+
+
+def _fold(result: ScanResult, seq: int, event: LogEvent) -> str | None:
+    state = result.state
+    if state.last_seq == 0 and seq != 1:
+        state = State.starting_before(seq)  # the stream's head was trimmed by retention
+    try:
+        result.state = apply(state, seq, event)
+    except ApplyError as exc:
+        return f"cannot fold event seq {seq}: {exc}"
+    result.events_folded += 1
+    return None
+
+
+def numbered(
+    pairs: Iterable[tuple[int, AnyEvent]], stream_of: Callable[[AnyEvent], StreamName]
+) -> Iterable[tuple[int, ExportRecord]]:
+    """Adapt live `(seq, event)` pairs to `scan`'s input; the position stands in for a line number."""
+    for position, (seq, event) in enumerate(pairs, 1):
+        yield position, ExportRecord(stream=stream_of(event), seq=seq, event=event)
+
+
+def stream_of(event: AnyEvent) -> StreamName:
+    return "telemetry" if isinstance(event, RunnerHeartbeat | NodeHeartbeat) else "events"
+
+
+def wall_time_of_seq(records: Iterable[tuple[int, ExportRecord]], seq: int) -> int | None:
+    """The wall time of event `seq`, so `--at SEQ` can also cut the telemetry stream in time."""
+    for _, record in records:
+        if record.stream == "events" and record.seq == seq:
+            return record.event.env.wall_time
+    return None
