@@ -94,10 +94,13 @@ class StageBoundaryLayer(nn.Module):
         self._outbox = outbox
 
     def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self["inner"], name)
+        # Model code reads per-layer attributes (e.g. `use_sliding`); answer for the inner layer.
+        if name in self:
+            return self[name]
+        inner = self.get("inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
 
     def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
         if self._recv_from is not None:

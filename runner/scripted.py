@@ -1,0 +1,50 @@
+"""Cancel sources and sinks for local runs and tests (no MLX).
+
+`ScriptedCancel` counts the engine's polls of one task: poll i of a task is prefill iteration
+i while prefill lasts (the engine polls exactly once per iteration, idle ones included), then
+decode polls. A test can therefore cancel "at prefill iteration 3 on rank 1" exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class ScriptedCancel:
+    fire_at_poll: int | None = None  # None: never
+    die_at_poll: int | None = None  # fault injection: SIGKILL this process at that poll
+    polls: int = 0
+
+    def is_cancelled(self, task_id: str) -> bool:
+        poll = self.polls
+        self.polls += 1
+        if self.die_at_poll is not None and poll >= self.die_at_poll:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.fire_at_poll is not None and poll >= self.fire_at_poll
+
+
+@dataclass(slots=True)
+class FixedCancel:
+    cancelled: bool
+
+    def is_cancelled(self, task_id: str) -> bool:
+        return self.cancelled
+
+
+@dataclass(slots=True)
+class RecordingSink:
+    started: list[dict[str, object]] = field(default_factory=list)
+    progress: list[tuple[int, int, int]] = field(default_factory=list)
+    chunks: list[tuple[int, str, list[int]]] = field(default_factory=list)
+
+    def prefill_started(self, task_id: str, path: str, prompt_tokens: int, chunks: int, step: int) -> None:
+        self.started.append({"path": path, "prompt_tokens": prompt_tokens, "chunks": chunks, "step": step})
+
+    def prefill_progress(self, task_id: str, processed: int, total: int, iteration: int) -> None:
+        self.progress.append((processed, total, iteration))
+
+    def tokens(self, task_id: str, index: int, text: str, token_ids: list[int]) -> None:
+        self.chunks.append((index, text, list(token_ids)))
