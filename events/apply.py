@@ -145,19 +145,21 @@ def _advance(state: State, seq: int) -> State:
     return replace(state, last_seq=seq)
 
 
-def _dequeue(state: State, task: TaskInfo) -> State:
+def _dequeue(state: State, task: TaskInfo, at: int) -> State:
     if task.instance_id is None:
         return state
     instance = state.instances.get(task.instance_id)
     if instance is None or task.task_id not in instance.queue:
         return state
     queue = tuple(t for t in instance.queue if t != task.task_id)
-    return replace(state, instances=state.instances.set(instance.instance_id, replace(instance, queue=queue)))
+    head_since = at if instance.queue[0] == task.task_id else instance.head_since
+    updated = replace(instance, queue=queue, head_since=head_since)
+    return replace(state, instances=state.instances.set(instance.instance_id, updated))
 
 
 def _end_task(state: State, seq: int, task: TaskInfo, at: int) -> State:
     ended = replace(task, ended_at=at, ended_seq=seq, last_activity_at=at)
-    return _dequeue(_with_task(state, seq, ended), ended)
+    return _dequeue(_with_task(state, seq, ended), ended, at)
 
 
 # --- task lifecycle --------------------------------------------------------------------------
@@ -230,7 +232,8 @@ def _task_assigned(state: State, seq: int, event: TaskAssigned) -> State:
         raise InvalidEvent(f"task {task.task_id!r} is already assigned to {task.instance_id!r}")
     at = event.env.wall_time
     assigned = replace(task, status="assigned", instance_id=instance.instance_id, assigned_at=at, last_activity_at=at)
-    queued = replace(instance, queue=(*instance.queue, task.task_id))
+    head_since = instance.head_since if instance.queue else at
+    queued = replace(instance, queue=(*instance.queue, task.task_id), head_since=head_since)
     return replace(
         state,
         last_seq=seq,
@@ -336,6 +339,8 @@ def _runner_status_changed(state: State, seq: int, event: RunnerStatusChanged) -
     )
     runners = (*instance.runners[: event.rank], runner, *instance.runners[event.rank + 1 :])
     updated = replace(instance, runners=runners)
+    if updated.ready and not updated.became_ready_at:
+        updated = replace(updated, became_ready_at=event.env.wall_time)
     return replace(state, last_seq=seq, instances=state.instances.set(instance.instance_id, updated))
 
 

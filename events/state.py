@@ -62,8 +62,10 @@ class InstanceInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     placed_seq: int
     placed_at: int
     queue: tuple[TaskId, ...] = ()  # assigned tasks not yet ended, in assignment order
+    head_since: int = 0  # wall ns when queue[0] became the task the ranks are running
     retired: bool = False
     retire_reason: str = ""
+    became_ready_at: int = 0  # wall ns when every rank first reported ready; 0 = never
 
     @property
     def world_size(self) -> int:

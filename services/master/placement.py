@@ -1,0 +1,102 @@
+"""Placement as a pure function: which nodes host which layers, and on which ring ports.
+
+Layers are split in proportion to each node's memory, with at least one layer per node, so a
+bigger node carries more of the model. Ports are the lowest free ones at or above the base on
+each host, given the instances still alive there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import msgspec
+
+from events.catalogue import Shard
+from events.ids import InstanceId, NodeId
+from events.state import NodeInfo, State
+
+
+class PlacementError(Exception):
+    """A model cannot be placed on the nodes that are up; the message says why and what to do."""
+
+
+class PlannedInstance(msgspec.Struct, frozen=True, kw_only=True):
+    instance_id: InstanceId
+    shards: list[Shard]
+    ring_hosts: list[str]
+
+
+def split_layers(layers: int, weights: list[int]) -> list[tuple[int, int]]:
+    """Contiguous [start, end) ranges, one per weight, sizes proportional to weight, each >= 1."""
+    if not weights:
+        raise PlacementError("no nodes to place on")
+    if layers < len(weights):
+        raise PlacementError(f"the model has {layers} layers, fewer than the {len(weights)} nodes to split it over")
+    total = sum(max(w, 1) for w in weights)
+    sizes = [1] * len(weights)
+    spare = layers - len(weights)
+    # Largest-remainder apportionment of the spare layers (deterministic: ties go to the lower rank).
+    quotas = [spare * max(w, 1) / total for w in weights]
+    for i, q in enumerate(quotas):
+        sizes[i] += int(q)
+    leftover = layers - sum(sizes)
+    by_remainder = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - int(quotas[i])), i))
+    for i in by_remainder[:leftover]:
+        sizes[i] += 1
+    ranges: list[tuple[int, int]] = []
+    start = 0
+    for size in sizes:
+        ranges.append((start, start + size))
+        start += size
+    return ranges
+
+
+def model_slug(model: str) -> str:
+    """A subject-safe, stable token for a model name or path."""
+    tail = re.sub(r"[^A-Za-z0-9_-]+", "-", model.rstrip("/").split("/")[-1]).strip("-")[:24] or "model"
+    digest = hashlib.sha1(model.encode()).hexdigest()[:6]
+    return f"{tail}-{digest}"
+
+
+def generation(state: State, model: str) -> int:
+    """How many instances of this model were ever placed (the next one's number)."""
+    return sum(1 for inst in state.instances.values() if inst.model == model)
+
+
+def used_ports(state: State) -> dict[str, set[int]]:
+    used: dict[str, set[int]] = {}
+    for inst in state.instances.values():
+        if inst.retired:
+            continue
+        for host_port in inst.ring_hosts:
+            host, _, port = host_port.rpartition(":")
+            used.setdefault(host, set()).add(int(port))
+    return used
+
+
+def nodes_up(state: State) -> list[NodeInfo]:
+    return sorted((n for n in state.nodes.values() if n.status == "up"), key=lambda n: n.node_id)
+
+
+def plan_instance(state: State, model: str, layers: int, *, base_port: int, max_nodes: int) -> PlannedInstance:
+    nodes = nodes_up(state)[:max_nodes]
+    if not nodes:
+        raise PlacementError("no worker node has joined: start one with `shoal worker` (or `shoal up`)")
+    nodes = nodes[: min(len(nodes), layers)]
+    ranges = split_layers(layers, [n.memory_bytes for n in nodes])
+    taken = used_ports(state)
+    ring_hosts: list[str] = []
+    for node in nodes:
+        host_taken = taken.setdefault(node.host, set())
+        port = base_port
+        while port in host_taken:
+            port += 1
+        host_taken.add(port)
+        ring_hosts.append(f"{node.host}:{port}")
+    shards = [
+        Shard(node_id=NodeId(node.node_id), rank=rank, start_layer=start, end_layer=end)
+        for rank, (node, (start, end)) in enumerate(zip(nodes, ranges, strict=True))
+    ]
+    instance_id = InstanceId(f"inst-{model_slug(model)}-{generation(state, model)}")
+    return PlannedInstance(instance_id=instance_id, shards=shards, ring_hosts=ring_hosts)

@@ -1,0 +1,114 @@
+"""The master's clock-driven rules: node timeouts and stalled tasks. Pure: `now_ns` is passed in.
+
+A hang never lasts forever: the task at the head of an instance's queue whose ranks report
+nothing for `task_stall_seconds` gets a `TaskStalled` naming each rank's last position, then a
+`TaskFailed`. A waiting task that no instance serves within `assign_timeout_seconds` fails too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from events.catalogue import LogEvent, NodeTimedOut, TaskFailed, TaskStalled
+from events.ids import NodeId
+from events.stamp import Stamper
+from events.state import InstanceInfo, State, TaskInfo
+from services.master.core import MasterPolicy
+
+NS = 1_000_000_000
+
+
+def tick(
+    state: State, now_ns: int, node_last_seen: Mapping[NodeId, int], policy: MasterPolicy, stamper: Stamper
+) -> list[LogEvent]:
+    return [
+        *_node_timeouts(state, now_ns, node_last_seen, policy, stamper),
+        *_stalled_tasks(state, now_ns, policy, stamper),
+        *_unserved_tasks(state, now_ns, policy, stamper),
+    ]
+
+
+def _node_timeouts(
+    state: State, now_ns: int, node_last_seen: Mapping[NodeId, int], policy: MasterPolicy, stamper: Stamper
+) -> list[LogEvent]:
+    timed_out: list[LogEvent] = []
+    for node in state.nodes.values():
+        if node.status != "up":
+            continue
+        last = max(node_last_seen.get(node.node_id, 0), node.changed_at)
+        if now_ns - last > policy.node_timeout_seconds * NS:
+            env = stamper.stamp(f"timeout-{node.node_id}-{last}")
+            timed_out.append(NodeTimedOut(env=env, node_id=node.node_id, last_seen=last))
+    return timed_out
+
+
+def _stalled_tasks(state: State, now_ns: int, policy: MasterPolicy, stamper: Stamper) -> list[LogEvent]:
+    decisions: list[LogEvent] = []
+    for instance in state.instances.values():
+        if instance.retired or not instance.queue:
+            continue
+        task = state.tasks[instance.queue[0]]
+        since = max(task.last_activity_at, instance.head_since)
+        if now_ns - since <= policy.task_stall_seconds * NS:
+            continue
+        diagnosis = describe_positions(task, instance, now_ns)
+        laggard = _laggard_rank(task, instance)
+        decisions.append(
+            TaskStalled(env=stamper.stamp(f"stall-{task.task_id}"), task_id=task.task_id, diagnosis=diagnosis)
+        )
+        error = f"stalled: no progress for {policy.task_stall_seconds:g}s ({diagnosis})"
+        decisions.append(
+            TaskFailed(
+                env=stamper.stamp(f"master-fail-{task.task_id}"), task_id=task.task_id, error=error, rank=laggard
+            )
+        )
+    return decisions
+
+
+def _unserved_tasks(state: State, now_ns: int, policy: MasterPolicy, stamper: Stamper) -> list[LogEvent]:
+    failed: list[LogEvent] = []
+    for task in state.tasks.values():
+        if task.ended or task.instance_id is not None:
+            continue
+        if now_ns - task.created_at > policy.assign_timeout_seconds * NS:
+            error = f"no ready instance of model {task.model!r} within {policy.assign_timeout_seconds:g}s"
+            failed.append(
+                TaskFailed(env=stamper.stamp(f"master-fail-{task.task_id}"), task_id=task.task_id, error=error)
+            )
+    return failed
+
+
+def describe_positions(task: TaskInfo, instance: InstanceInfo, now_ns: int) -> str:
+    """One line per rank: where it last was and how long ago; plus an unacted cancel."""
+    parts: list[str] = []
+    for runner in instance.runners:
+        position = task.progress.get(runner.rank)
+        if position is None:
+            where = "no prefill progress" if runner.rank in task.prefill else "never started this task"
+            parts.append(f"rank {runner.rank} ({runner.status}): {where}")
+            continue
+        ago = (now_ns - position.at) / NS
+        parts.append(
+            f"rank {runner.rank} ({runner.status}): prefill iteration {position.iteration} "
+            f"({position.processed}/{position.total} tokens) {ago:.1f}s ago"
+        )
+    if task.first_token_at:
+        parts.append(f"decoding: {task.completion_tokens} tokens generated")
+    if task.cancel_reason is not None:
+        parts.append(
+            f"cancel ({task.cancel_reason}) requested {(now_ns - task.cancelled_at) / NS:.1f}s ago, not acted on"
+        )
+    return "; ".join(parts)
+
+
+def _laggard_rank(task: TaskInfo, instance: InstanceInfo) -> int | None:
+    """The rank most likely stuck: a failed runner, else one that never reported, else the one furthest behind."""
+    for runner in instance.runners:
+        if runner.status in ("failed", "stopped"):
+            return runner.rank
+    missing = [r.rank for r in instance.runners if r.rank not in task.progress]
+    if missing and task.progress:
+        return missing[0]
+    if not task.progress:
+        return None
+    return min(task.progress, key=lambda rank: (task.progress[rank].iteration, task.progress[rank].at))

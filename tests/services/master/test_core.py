@@ -1,0 +1,235 @@
+"""Table tests for the master core: placement, assignment order, failures, restarts, watchdog."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from events.apply import apply, fold
+from events.catalogue import (
+    InstancePlaced,
+    InstanceRetired,
+    LogEvent,
+    NodeTimedOut,
+    TaskAssigned,
+    TaskCancelled,
+    TaskCompleted,
+    TaskFailed,
+    TaskStalled,
+)
+from events.ids import TaskId
+from events.state import State
+from services.master.core import MasterCore, MasterPolicy, UnknownModel
+from services.master.watchdog import tick
+from tests.events.builders import Events, FakeClock, fake_stamper
+
+
+class Catalog:
+    def layers_of(self, model: str) -> int:
+        if model != "tiny":
+            raise UnknownModel(f"unknown model {model!r}; known models: tiny")
+        return 8
+
+
+class Cluster:
+    """Folds events like the master shell does and feeds every event to the core."""
+
+    def __init__(self, policy: MasterPolicy | None = None) -> None:
+        self.clock = FakeClock()
+        self.ev = Events(fake_stamper("test", self.clock))
+        self.policy = policy or MasterPolicy()
+        self.core = MasterCore(self.policy, Catalog(), fake_stamper("master", self.clock))
+        self.state = State()
+        self.decided: list[LogEvent] = []
+        self.stored_ids: set[str] = set()
+
+    def feed(self, *events: LogEvent, echo: bool = True) -> list[LogEvent]:
+        """Append events; with `echo`, the master's decisions are appended too, like the log would.
+
+        Like JetStream with Nats-Msg-Id, an event whose id is already stored is dropped."""
+        out: list[LogEvent] = []
+        queue = list(events)
+        while queue:
+            event = queue.pop(0)
+            if event.env.event_id in self.stored_ids:
+                continue
+            self.stored_ids.add(event.env.event_id)
+            self.state = apply(self.state, self.state.last_seq + 1, event)
+            decisions = self.core.decide(self.state, event)
+            out += decisions
+            if echo:  # like the shell: its own decisions are folded before it decides on the next event
+                queue = decisions + queue
+        self.decided += out
+        return out
+
+    def ready_instance(self, nodes: Sequence[str] = ("n1", "n2")) -> str:
+        self.feed(*(self.ev.node(n) for n in nodes))
+        self.feed(self.ev.created("warm"))
+        instance = next(e for e in self.decided if isinstance(e, InstancePlaced))
+        self.feed(*(self.ev.runner(s.rank, "ready", instance.instance_id) for s in instance.shards))
+        return instance.instance_id
+
+
+def _kinds(events: Sequence[LogEvent]) -> list[str]:
+    return [type(e).__name__ for e in events]
+
+
+def test_first_task_places_then_assigns_once_ready() -> None:
+    c = Cluster()
+    c.feed(c.ev.node("n1"), c.ev.node("n2"))
+    placed = c.feed(c.ev.created("t1"))
+    assert _kinds(placed) == ["InstancePlaced"]
+    instance = placed[0]
+    assert isinstance(instance, InstancePlaced) and len(instance.shards) == 2
+    assert c.feed(c.ev.created("t2")) == []  # still loading: wait, don't place twice
+    assert c.feed(c.ev.runner(0, "ready", instance.instance_id)) == []
+    assigned = c.feed(c.ev.runner(1, "ready", instance.instance_id))
+    assert [(e.task_id, e.instance_id) for e in assigned if isinstance(e, TaskAssigned)] == [
+        ("t1", instance.instance_id),
+        ("t2", instance.instance_id),
+    ]
+
+
+def test_assignment_prefers_the_instance_with_fewest_queued() -> None:
+    c = Cluster(MasterPolicy(max_nodes_per_instance=1))
+    c.feed(c.ev.node("n1"), c.ev.node("n2"))
+    first = c.ready_instance(nodes=())
+    # a second instance on demand: force one by placing manually
+    c.feed(c.ev.placed("manual", nodes=("n2",)), c.ev.runner(0, "ready", "manual"))
+    out = c.feed(c.ev.created("a"), c.ev.created("b"), c.ev.created("c"))
+    targets = [e.instance_id for e in out if isinstance(e, TaskAssigned)]
+    assert targets[0] != targets[1] and sorted({first, "manual"}) == sorted(set(targets))
+
+
+def test_unknown_model_fails_the_task_naming_known_models() -> None:
+    c = Cluster()
+    c.feed(c.ev.node("n1"))
+    out = c.feed(c.ev.created("t1", model="gpt-9"))
+    assert _kinds(out) == ["TaskFailed"]
+    assert isinstance(out[0], TaskFailed) and "known models: tiny" in out[0].error
+
+
+def test_no_nodes_fails_with_what_to_do() -> None:
+    c = Cluster()
+    out = c.feed(c.ev.created("t1"))
+    assert isinstance(out[0], TaskFailed) and "shoal worker" in out[0].error
+
+
+def test_cancel_before_assignment_completes_as_cancelled() -> None:
+    c = Cluster()
+    c.feed(c.ev.node("n1"))
+    c.feed(c.ev.created("t1"))
+    out = c.feed(TaskCancelled(env=c.ev.stamper.stamp(), task_id=TaskId("t1"), reason="client_disconnect"))
+    assert isinstance(out[0], TaskCompleted) and out[0].finish_reason == "cancelled"
+    assert c.state.tasks["t1"].status == "cancelled"
+
+
+def test_runner_failure_retires_fails_queue_and_replaces() -> None:
+    c = Cluster()
+    instance = c.ready_instance()
+    c.feed(c.ev.created("t1"))
+    out = c.feed(c.ev.runner(1, "failed", instance))
+    kinds = _kinds(out)
+    assert kinds[:3] == ["InstanceRetired", "TaskFailed", "TaskFailed"]  # warm and t1 were queued
+    failed = [e for e in out if isinstance(e, TaskFailed)]
+    assert all(e.rank == 1 for e in failed)
+    assert c.state.instances[instance].retired and c.state.tasks["t1"].status == "failed"
+    # nothing waits and there is no default model: no re-placement until a task needs it
+    assert "InstancePlaced" not in kinds
+    replaced = c.feed(c.ev.created("t2"))
+    assert _kinds(replaced) == ["InstancePlaced"] and replaced[0].instance_id != instance  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def test_repeated_failed_loads_stop_replacing() -> None:
+    c = Cluster(MasterPolicy(max_failed_placements=2))
+    c.feed(c.ev.node("n1"), c.ev.node("n2"))
+    for attempt in range(2):
+        out = c.feed(c.ev.created(f"t{attempt}"))
+        placed = next(e for e in c.decided if isinstance(e, InstancePlaced) and e.instance_id.endswith(f"-{attempt}"))
+        assert placed
+        c.feed(c.ev.runner(0, "failed", placed.instance_id))
+        del out
+    out = c.feed(c.ev.created("t9"))
+    assert _kinds(out) == ["TaskFailed"] and "failed to load 2 times" in out[0].error  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def test_node_timeout_retires_its_instances() -> None:
+    c = Cluster()
+    instance = c.ready_instance()
+    c.feed(c.ev.created("t1"))
+    out = c.feed(
+        NodeTimedOut(env=c.ev.stamper.stamp(), node_id=c.state.instances[instance].shards[1].node_id, last_seen=0)
+    )
+    assert isinstance(out[0], InstanceRetired) and "timed out" in out[0].reason
+
+
+def test_default_model_is_placed_when_enough_nodes_joined() -> None:
+    c = Cluster(MasterPolicy(default_model="tiny", min_nodes_for_default=2))
+    assert c.feed(c.ev.node("n1")) == []
+    out = c.feed(c.ev.node("n2"))
+    assert _kinds(out) == ["InstancePlaced"]
+    assert c.feed(c.ev.node("n3")) == []  # already placed
+
+
+def test_restart_reconcile_decides_nothing_twice() -> None:
+    c = Cluster()
+    instance = c.ready_instance()
+    c.feed(c.ev.created("t1"))
+    # a fresh master over the same log owes nothing
+    fresh = MasterCore(c.policy, Catalog(), fake_stamper("master2"))
+    assert fresh.reconcile(c.state) == []
+    # a task created while no master ran is assigned by reconcile, exactly once
+    c.feed(c.ev.created("t2"), echo=False)
+    del c.decided[:]
+    out = fresh.reconcile(c.state)
+    assert [(type(e).__name__, getattr(e, "task_id", "")) for e in out] == [("TaskAssigned", "t2")]
+    assert isinstance(out[0], TaskAssigned) and out[0].instance_id == instance
+
+
+def test_stale_decisions_carry_the_same_event_id() -> None:
+    c = Cluster()
+    c.feed(c.ev.node("n1"))
+    state = fold(enumerate([c.ev.node("n1"), c.ev.created("t1")], start=1))
+    a = c.core.decide(state, c.ev.created("t1"))
+    b = c.core.decide(state, c.ev.created("t1"))
+    assert a[0].env.event_id == b[0].env.event_id
+
+
+@pytest.mark.parametrize("silent_seconds", [5.0, 31.0])
+def test_watchdog_stalls_the_head_task_with_positions(silent_seconds: float) -> None:
+    c = Cluster(MasterPolicy(task_stall_seconds=30.0))
+    instance = c.ready_instance()
+    c.feed(
+        c.ev.started("warm", 0), c.ev.progress("warm", rank=0, iteration=3), c.ev.progress("warm", rank=1, iteration=2)
+    )
+    c.clock.advance(silent_seconds)
+    out = tick(c.state, c.clock.now_ns, {}, c.policy, fake_stamper("wd", c.clock))
+    stalls = [e for e in out if isinstance(e, TaskStalled | TaskFailed)]
+    if silent_seconds < 30:
+        assert stalls == []
+        return
+    assert _kinds(stalls) == ["TaskStalled", "TaskFailed"]
+    stalled = stalls[0]
+    assert isinstance(stalled, TaskStalled) and "rank 0" in stalled.diagnosis and "iteration 2" in stalled.diagnosis
+    assert isinstance(stalls[1], TaskFailed) and stalls[1].rank == 1
+    assert c.state.instances[instance].queue[0] == "warm"
+
+
+def test_watchdog_times_out_silent_nodes() -> None:
+    c = Cluster(MasterPolicy(node_timeout_seconds=10.0))
+    c.feed(c.ev.node("n1"), c.ev.node("n2"))
+    c.clock.advance(8)
+    seen = {"n1": c.clock.now_ns}
+    c.clock.advance(5)
+    out = tick(c.state, c.clock.now_ns, seen, c.policy, fake_stamper("wd", c.clock))  # pyright: ignore[reportArgumentType]
+    assert [e.node_id for e in out if isinstance(e, NodeTimedOut)] == ["n2"]
+
+
+def test_watchdog_fails_tasks_nobody_serves() -> None:
+    c = Cluster(MasterPolicy(assign_timeout_seconds=60))
+    c.feed(c.ev.node("n1"))
+    c.feed(c.ev.created("t1"))  # placed, never ready
+    c.clock.advance(61)
+    out = tick(c.state, c.clock.now_ns, {"n1": c.clock.now_ns}, c.policy, fake_stamper("wd", c.clock))  # pyright: ignore[reportArgumentType]
+    assert [type(e).__name__ for e in out] == ["TaskFailed"] and "within 60s" in out[0].error  # pyright: ignore[reportAttributeAccessIssue]
