@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from events.apply import fold
@@ -23,7 +25,7 @@ def test_split_layers_in_proportion_to_memory(layers: int, weights: list[int], e
     ranges = split_layers(layers, weights)
     assert ranges == expected
     assert ranges[0][0] == 0 and ranges[-1][1] == layers
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
 
 
 def test_more_nodes_than_layers_is_an_error() -> None:
