@@ -1,0 +1,138 @@
+"""What the operator should do next, per cause, and the reasons a task was never assigned.
+
+Kept apart from the rules so the wording can be reviewed (and changed) in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from events.state import InstanceInfo, NodeInfo, State
+from services.ops.findings import Cause, Finding, RankView
+from services.ops.ranks import ago, top_frame
+
+
+def _where(views: list[RankView]) -> str:
+    return ", ".join(f"rank {v.rank} on node {v.node_id}" for v in views) or "the instance's ranks"
+
+
+def next_step(cause: Cause, instance: InstanceInfo, stuck: list[RankView]) -> str:
+    where = _where(stuck)
+    frames = "; ".join(top_frame(v.stack) for v in stuck if v.stack)
+    at = f" (stuck at: {frames})" if frames else ""
+    steps: dict[Cause, str] = {
+        "rank_died": (
+            f"Read the runner output of {where} for the exit (a traceback, or the OOM killer in `dmesg`). "
+            f"Instance {instance.instance_id} cannot serve with a rank missing: retire it so the master places "
+            "a new one, then resubmit the task."
+        ),
+        "stalled_in_compute": (
+            f"{where} is alive but has not left its phase{at}. Check that node for memory pressure, swap or "
+            "a throttled CPU/GPU; if it does not recover, fail the task and restart that runner."
+        ),
+        "stalled_in_collective": (
+            f"{where} wait in a collective no peer completes{at}. Check ring connectivity between "
+            f"{', '.join(instance.ring_hosts)} (firewall, addresses), then whether every rank issued the same "
+            "collectives; restart the instance to recover."
+        ),
+        "iteration_mismatch": (
+            "The ranks no longer issue the same sequence of sends/recvs: a decision was taken from one "
+            "rank's local view. File a bug with this export (the stacks are in the finding) and restart "
+            f"instance {instance.instance_id}; the group is not reusable."
+        ),
+        "cancel_ignored": (
+            f"{where} never acted on the cancel: the stop was not agreed by every rank. Restart instance "
+            f"{instance.instance_id} to free it and file a bug with this export."
+        ),
+        "node_timed_out": (
+            f"The master lost {where}: check that machine and the network to it. The instance must be "
+            "re-placed on live nodes; resubmit the task."
+        ),
+        "rank_error": (
+            "Read the error above; if it names a bad request (prompt too long, bad parameter) fix the request, "
+            f"otherwise read the runner output of {where}."
+        ),
+        "no_evidence": (
+            "The log holds no heartbeat for this instance: export with the telemetry stream "
+            "(`shoal events export` includes it unless trimmed by retention) or read the runner output of "
+            f"{where} directly."
+        ),
+        "instance_not_ready": (
+            f"{where} never reported ready: read the runner output there (model load errors, memory) and retire "
+            f"instance {instance.instance_id} if it cannot load."
+        ),
+        "never_assigned": "See the reasons above.",
+    }
+    return steps[cause]
+
+
+def unassigned_reasons(state: State, model: str) -> list[str]:
+    """Why no instance took a task of `model`, most telling first."""
+    candidates = [i for i in state.instances.values() if i.model == model]
+    up = [n.node_id for n in state.nodes.values() if n.status == "up"]
+    reasons: list[str] = []
+    if not candidates:
+        reasons.append(f"no instance of model {model!r} was ever placed")
+    for instance in candidates:
+        if instance.retired:
+            reasons.append(f"instance {instance.instance_id} was retired ({instance.retire_reason})")
+        elif not instance.ready:
+            ranks = ", ".join(f"rank {r.rank}: {r.status}" for r in instance.runners)
+            reasons.append(f"instance {instance.instance_id} was not ready ({ranks})")
+        else:
+            reasons.append(f"instance {instance.instance_id} was ready but the master never assigned the task")
+    reasons.append(f"{len(up)} node(s) up: {', '.join(sorted(up)) or 'none'}")
+    return reasons
+
+
+def unassigned_next_step(state: State, model: str) -> str:
+    candidates = [i for i in state.instances.values() if i.model == model and not i.retired]
+    if not any(n.status == "up" for n in state.nodes.values()):
+        return "No node is up: start `shoal worker` on the machines (or `shoal up`) and resubmit."
+    if not candidates:
+        return f"Place an instance of {model!r} (check the master's placement log for why it did not) and resubmit."
+    if not any(i.ready for i in candidates):
+        return "Wait for the instance to become ready, or read its runners' output for a load failure."
+    return "A ready instance existed: read the master's log for why it did not assign; restart the master."
+
+
+def instance_finding(instance: InstanceInfo, cause: Cause, ranks: list[int], now_ns: int) -> Finding:
+    runners = [instance.runners[r] for r in ranks]
+    views = [RankView(rank=r.rank, node_id=r.node_id, runner_status=r.status, phase=r.status) for r in instance.runners]
+    stuck = [views[r] for r in ranks]
+    evidence = tuple(f"rank {r.rank} on {r.node_id}: {r.status} {r.detail}".strip() for r in runners)
+    summary = {
+        "rank_died": f"instance {instance.instance_id}: rank(s) {ranks} failed or stopped",
+        "instance_not_ready": f"instance {instance.instance_id}: rank(s) {ranks} never became ready",
+    }.get(cause, cause)
+    return Finding(
+        kind="instance",
+        subject=instance.instance_id,
+        cause=cause,
+        summary=summary,
+        next_step=next_step(cause, instance, stuck),
+        status="retired" if instance.retired else "ready" if instance.ready else "not ready",
+        instance_id=instance.instance_id,
+        stuck_ranks=tuple(ranks),
+        ranks=tuple(views),
+        idle_s=ago(now_ns, max(r.changed_at for r in runners)),
+        evidence=evidence,
+    )
+
+
+def node_finding(node: NodeInfo, hosted: Sequence[tuple[str, int]]) -> Finding:
+    where = ", ".join(f"{instance} rank {rank}" for instance, rank in hosted)
+    return Finding(
+        kind="node",
+        subject=node.node_id,
+        cause="node_timed_out",
+        summary=f"node {node.node_id} ({node.host}) timed out while hosting {where}",
+        next_step=(
+            f"Check machine {node.host} and the network to it; retire the instances it hosted ({where}) so "
+            "they are re-placed on live nodes."
+        ),
+        status=node.status,
+        instance_id=hosted[0][0],
+        stuck_ranks=tuple(rank for _, rank in hosted),
+        evidence=(node.reason,),
+    )
