@@ -209,6 +209,7 @@ class PrefillPlan(msgspec.Struct, frozen=True, kw_only=True):
     step: int = 256
     iteration_s: float = 0.05
     heartbeat_s: float = 1.0
+    heartbeats: bool = True  # False: a log exported without its telemetry stream
     stop_after_iteration: int | None = None  # the log of this prefill ends there (a wedge)
 
 
@@ -227,7 +228,7 @@ def simulate_prefill(log: LogBuilder, plan: PrefillPlan) -> bool:
             chunk = iteration - rank
             if 0 <= chunk < plan.chunks:
                 log.prefill_progress(plan.task_id, rank, (chunk + 1) * plan.step, total, iteration)
-        if log.now_ns >= next_heartbeat:
+        if plan.heartbeats and log.now_ns >= next_heartbeat:
             for rank in range(plan.world):
                 log.heartbeat(plan.instance_id, rank, "prefill", plan.task_id, iteration)
             next_heartbeat = log.now_ns + int(plan.heartbeat_s * SECOND_NS)

@@ -1,0 +1,171 @@
+"""Small logs, one per hang shape, built with `LogBuilder` (2 ranks unless said otherwise)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from events.codec import ExportRecord
+from services.ops.synthetic import (
+    COLLECTIVE_STACK,
+    COMPUTE_STACK,
+    LogBuilder,
+    PrefillPlan,
+    simulate_decode,
+    simulate_prefill,
+)
+
+NODES = ("n1", "n2")
+
+
+def started(task: str = "t1", stop_after: int | None = None, chunks: int = 8, telemetry: bool = True) -> LogBuilder:
+    """A ready 2-rank instance, one task created, assigned and prefilled (maybe wedged)."""
+    log = LogBuilder()
+    log.ready_instance("i1", NODES)
+    log.advance(1)
+    log.task_created(task)
+    log.task_assigned(task, "i1")
+    plan = PrefillPlan(
+        task_id=task, instance_id="i1", world=2, chunks=chunks, stop_after_iteration=stop_after, heartbeats=telemetry
+    )
+    simulate_prefill(log, plan)
+    return log
+
+
+def beats(log: LogBuilder, seconds: int, phases: dict[int, tuple[str, int, str | None]], since: float = 0) -> None:
+    """1 Hz heartbeats for `seconds`; phases: rank -> (phase, iteration, stack); stack after 5 s."""
+    for second in range(seconds):
+        log.advance(1)
+        for rank, (phase, iteration, stack) in phases.items():
+            age = since + second + 1
+            log.heartbeat("i1", rank, phase, "t1", iteration, age, stack if age >= 5 else None)
+
+
+def healthy() -> LogBuilder:
+    log = started()
+    simulate_decode(log, "t1", 20)
+    log.completed("t1", tokens=20)
+    return log
+
+
+def runner_failed() -> LogBuilder:
+    log = started(stop_after=3)
+    log.runner_status("i1", 1, "failed", "exit code -9")
+    beats(log, 40, {0: ("prefill", 3, COLLECTIVE_STACK)})
+    return log
+
+
+def heartbeat_silence() -> LogBuilder:
+    log = started(stop_after=3)
+    beats(log, 40, {0: ("prefill", 3, COLLECTIVE_STACK)})
+    return log
+
+
+def compute_stall() -> LogBuilder:
+    log = started(stop_after=3)
+    beats(log, 40, {0: ("prefill", 3, COLLECTIVE_STACK), 1: ("prefill", 3, COMPUTE_STACK)})
+    return log
+
+
+def collective_stall() -> LogBuilder:
+    log = started(stop_after=3)
+    beats(log, 40, {0: ("prefill", 3, COLLECTIVE_STACK), 1: ("prefill", 3, COLLECTIVE_STACK)})
+    return log
+
+
+def iteration_mismatch() -> LogBuilder:
+    log = started(stop_after=2)
+    for iteration in (3, 4, 5):  # rank 0 runs on alone, as if its sends were never matched
+        log.advance(0.05)
+        log.prefill_progress("t1", 0, (iteration + 1) * 256, 8 * 256 + 1, iteration)
+    beats(log, 40, {0: ("prefill", 5, COLLECTIVE_STACK), 1: ("prefill", 2, COLLECTIVE_STACK)})
+    return log
+
+
+def cancel_split() -> LogBuilder:
+    log = started(stop_after=3)
+    log.cancelled("t1")
+    beats(log, 40, {0: ("agree_cancel", 3, COLLECTIVE_STACK), 1: ("prefill", 3, COMPUTE_STACK)})
+    return log
+
+
+def cancel_no_telemetry() -> LogBuilder:
+    log = started(stop_after=3, telemetry=False)
+    log.cancelled("t1")
+    log.advance(40)
+    log.node_joined("n3")  # something else happens, so the log's end moves on
+    return log
+
+
+def node_timed_out() -> LogBuilder:
+    log = started(stop_after=3)
+    log.advance(40)
+    log.node_timed_out("n2", log.now_ns - 35 * 10**9)
+    return log
+
+
+def no_instance() -> LogBuilder:
+    log = LogBuilder()
+    log.node_joined("n1")
+    log.task_created("t1", model="big")
+    log.advance(60)
+    log.node_joined("n2")
+    return log
+
+
+def instance_loading() -> LogBuilder:
+    log = LogBuilder()
+    log.node_joined("n1")
+    log.node_joined("n2")
+    log.instance_placed("i1", NODES)
+    log.runner_status("i1", 0, "ready")
+    log.runner_status("i1", 1, "loading")
+    log.task_created("t1")
+    log.advance(60)
+    log.node_joined("n3")
+    return log
+
+
+def failed_with_error() -> LogBuilder:
+    log = started()
+    log.advance(0.5)
+    log.failed("t1", "prompt of 9000 tokens exceeds the context of 8192", rank=0)
+    return log
+
+
+def quiet_no_telemetry() -> LogBuilder:
+    log = started(stop_after=3, telemetry=False)
+    log.advance(60)
+    log.node_joined("n3")
+    return log
+
+
+def watchdog_failed_after_silence() -> LogBuilder:
+    log = started(stop_after=3)
+    beats(log, 5, {0: ("prefill", 3, None), 1: ("prefill", 3, None)})
+    beats(log, 30, {0: ("prefill", 3, COLLECTIVE_STACK)}, since=5)
+    log.stalled("t1", "no progress for 30s")
+    log.failed("t1", "stalled: no progress for 30s")
+    return log
+
+
+def idle_instance_rank_failed() -> LogBuilder:
+    log = LogBuilder()
+    log.ready_instance("i1", NODES)
+    log.advance(5)
+    log.runner_status("i1", 1, "failed", "segfault")
+    return log
+
+
+def node_gone_idle() -> LogBuilder:
+    log = LogBuilder()
+    log.ready_instance("i1", NODES)
+    log.advance(30)
+    log.node_timed_out("n2", log.now_ns - 25 * 10**9)
+    return log
+
+
+Scenario = Callable[[], LogBuilder]
+
+
+def records(scenario: Scenario) -> list[ExportRecord]:
+    return scenario().records
