@@ -1,0 +1,203 @@
+"""Reading a JetStream stream in order over a `Wire`: the engine behind replay() and follow().
+
+Each read creates an ephemeral push consumer (no acks, flow control, idle heartbeats) that starts
+at the next sequence wanted, and checks the consumer's delivery sequence on every message
+(as nats.go's ordered consumer does). Any doubt — a delivery gap, a heartbeat that reports a
+message we did not see, silence longer than three heartbeats, a lost connection — drops the
+consumer and starts a new one at `last seen + 1`, so a reader never skips nor repeats a sequence,
+across server restarts included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import msgspec
+
+from events.wire import Wire, WireError, WireMessage, request
+
+IDLE_HEARTBEAT_S = 1.0
+
+
+class ConsumerRestart(Exception):
+    """The current consumer cannot be trusted any more; start a new one after the last seq."""
+
+
+class ApiError(msgspec.Struct, frozen=True):
+    code: int = 0
+    err_code: int = 0
+    description: str = ""
+
+
+class ConsumerCreated(msgspec.Struct, frozen=True):
+    num_pending: int = 0
+    error: ApiError | None = None
+
+
+class StreamState(msgspec.Struct, frozen=True):
+    messages: int = 0
+    first_seq: int = 0
+    last_seq: int = 0
+
+
+class StreamInfoReply(msgspec.Struct, frozen=True):
+    state: StreamState | None = None
+    error: ApiError | None = None
+
+
+_created = msgspec.json.Decoder(ConsumerCreated)
+_stream_info = msgspec.json.Decoder(StreamInfoReply)
+_json = msgspec.json.Encoder()
+
+
+class Position(msgspec.Struct, kw_only=True):
+    """Where a read starts: `seq` (next sequence wanted) wins over `time` once anything was seen."""
+
+    seq: int | None = None
+    time: datetime | None = None
+
+
+def consumer_config(name: str, deliver: str, position: Position, subjects: list[str]) -> dict[str, object]:
+    config: dict[str, object] = {
+        "name": name,
+        "deliver_subject": deliver,
+        "ack_policy": "none",
+        "replay_policy": "instant",
+        "flow_control": True,
+        "idle_heartbeat": int(IDLE_HEARTBEAT_S * 1e9),
+        "inactive_threshold": int(30e9),
+        "mem_storage": True,
+        "num_replicas": 1,
+    }
+    if position.seq is not None:
+        config |= {"deliver_policy": "by_start_sequence", "opt_start_seq": max(1, position.seq)}
+    elif position.time is not None:
+        stamp = position.time.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        config |= {"deliver_policy": "by_start_time", "opt_start_time": stamp}
+    else:
+        config["deliver_policy"] = "all"
+    if len(subjects) == 1:
+        config["filter_subject"] = subjects[0]
+    elif subjects:
+        config["filter_subjects"] = subjects
+    return config
+
+
+def _header(headers: bytes, name: bytes) -> bytes | None:
+    for line in headers.split(b"\r\n")[1:]:
+        key, _, value = line.partition(b":")
+        if key.strip().lower() == name.lower():
+            return value.strip()
+    return None
+
+
+async def stream_last_seq(wire: Wire, stream: str) -> int:
+    reply = _stream_info.decode(await request(wire, f"$JS.API.STREAM.INFO.{stream}", b""))
+    if reply.error is not None or reply.state is None:
+        description = reply.error.description if reply.error else "no state"
+        raise WireError(f"stream info for {stream} failed: {description}")
+    return reply.state.last_seq
+
+
+class StreamReader:
+    """One consumer on one wire; `batches()` yields lists of (seq, subject, payload).
+
+    `live=False` stops at the end of the stream as it was when the read began.
+    """
+
+    def __init__(self, wire: Wire, stream: str, subjects: list[str], *, live: bool) -> None:
+        self._wire = wire
+        self._stream = stream
+        self._subjects = subjects
+        self._live = live
+        self._name = ""
+        self._deliver = ""
+        self._sid = 0
+        self._early: list[WireMessage] = []  # deliveries that raced the create reply
+        self._expected = 1
+
+    async def _create(self, position: Position) -> int:
+        """Create the consumer; returns its pending count. The deliver SUB is live before."""
+        self._name = f"shoal_{secrets.token_hex(8)}"
+        self._deliver = self._wire.new_inbox()
+        self._sid = self._wire.subscribe(self._deliver)
+        config = consumer_config(self._name, self._deliver, position, self._subjects)
+        body = _json.encode({"stream_name": self._stream, "config": config, "action": "create"})
+        subject = f"$JS.API.CONSUMER.CREATE.{self._stream}.{self._name}"
+        raw = await request(self._wire, subject, body, others=self._early)
+        created = _created.decode(raw)
+        if created.error is not None:
+            raise WireError(f"cannot read stream {self._stream}: {created.error.description}")
+        return created.num_pending
+
+    async def batches(self, position: Position) -> AsyncIterator[list[tuple[int, bytes, bytes]]]:
+        end = 0 if self._live else await stream_last_seq(self._wire, self._stream)
+        if not self._live and (end == 0 or (position.seq is not None and position.seq > end)):
+            return
+        pending = await self._create(position)
+        if not self._live and pending == 0:
+            return
+        self._expected = 1  # next delivery sequence
+        while True:
+            if self._early:
+                messages, self._early = self._early, []
+            else:
+                messages = await self._read()
+            out, done = self._select(messages, end)
+            if out or self._live:
+                yield out  # live: empty batches too, so the caller can notice a close
+            if done:
+                return
+
+    def _select(self, messages: list[WireMessage], end: int) -> tuple[list[tuple[int, bytes, bytes]], bool]:
+        """The stream messages of this consumer in `messages`, and whether a bounded read is done."""
+        out: list[tuple[int, bytes, bytes]] = []
+        sid, expected, live = self._sid, self._expected, self._live
+        for msid, subject, reply, headers, payload in messages:
+            if msid != sid:
+                continue
+            if headers.startswith(b"NATS/1.0 100"):
+                self._control(reply, headers, expected)
+                continue
+            tokens = reply.split(b".")
+            if len(tokens) != 9:  # v2 layout: $JS.ACK.<domain>.<account>.<stream>...<pending>.<token>
+                tokens = tokens[2:-1]
+            if len(tokens) != 9 or int(tokens[6]) != expected:
+                self._expected = expected
+                raise ConsumerRestart(f"delivery gap or odd reply: expected delivery {expected}, got {reply[:120]!r}")
+            expected += 1
+            seq = int(tokens[5])
+            out.append((seq, subject, payload))
+            if not live and (seq >= end or tokens[8] == b"0"):
+                self._expected = expected
+                return out, True
+        self._expected = expected
+        return out, False
+
+    async def _read(self) -> list[WireMessage]:
+        try:
+            async with asyncio.timeout(3 * IDLE_HEARTBEAT_S):
+                return await self._wire.read_batch()
+        except TimeoutError as exc:
+            raise ConsumerRestart("no message nor heartbeat for 3 heartbeat intervals") from exc
+
+    def _control(self, reply: bytes, headers: bytes, expected: int) -> None:
+        if reply:  # flow control request: answered with the next read, after what came before
+            self._wire.publish(reply, b"")
+            return
+        stalled = _header(headers, b"Nats-Consumer-Stalled")
+        if stalled:
+            self._wire.publish(stalled, b"")
+        last = _header(headers, b"Nats-Last-Consumer")
+        if last is not None and int(last) >= expected:
+            raise ConsumerRestart(f"heartbeat says delivery {int(last)} was sent; we saw {expected - 1}")
+
+    def drop(self) -> None:
+        """Delete the consumer (best effort; it also expires on its own after 30 s idle)."""
+        if self._name:
+            subject = f"$JS.API.CONSUMER.DELETE.{self._stream}.{self._name}"
+            self._wire.publish(subject.encode(), b"")
+            self._name = ""

@@ -1,0 +1,358 @@
+"""The JetStream event log (DESIGN.md §3-§5): append, replay, follow.
+
+    log = await EventLog.connect("nats://127.0.0.1:4222")   # creates/updates both streams
+    seq = await log.append(event)                   # Nats-Msg-Id = event.env.event_id
+    seqs = await log.append_many(events)            # pipelined, for bulk
+    async for seq, event in log.replay(from_seq=1): ...       # stops at the current end
+    async for seq, event in log.follow(from_seq=state.last_seq + 1): ...  # then live, forever
+    await log.close()
+
+Guarantees:
+- An event is stored once per `event_id` within the duplicate window: a retried append (same
+  id) returns the sequence of the stored original.
+- `replay`/`follow` yield every sequence at most once, in order, with no gap other than
+  malformed messages, which are logged (subject + seq), counted in `malformed` and skipped;
+  `entries()` yields those seqs too (event None) for folders that must account for every seq.
+- `follow` survives NATS restarts: it reconnects and resumes at the last seq seen + 1.
+
+A replay/follow abandoned early should be closed (`async with contextlib.aclosing(...)`), or
+it is closed when garbage collected. Stop a `follow` by cancelling its task or `close()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from datetime import datetime
+from typing import Literal, overload
+
+import msgspec
+import nats
+import nats.errors
+import nats.js.errors
+from loguru import logger
+from nats.aio.client import Client
+
+from events.apply import apply
+from events.catalogue import AnyEvent, LogEvent, TelemetryEvent
+from events.codec import MalformedEvent, decode_log_event, decode_telemetry_event, encode
+from events.consume import ConsumerRestart, Position, StreamReader
+from events.state import State
+from events.streams import LogSettings, StreamKey, stream_config, stream_name
+from events.subjects import is_telemetry_subject, subject_for
+from events.wire import Wire, WireClosed, WireError
+
+PUBLISH_WINDOW = 4096  # appends in flight at once in append_many
+
+
+class LogError(RuntimeError):
+    """The log refused an operation (stream missing, NATS unreachable past the retry time)."""
+
+
+class _PubAck(msgspec.Struct, frozen=True):
+    seq: int = 0
+    duplicate: bool = False
+    error: dict[str, object] | None = None
+
+
+_pub_ack = msgspec.json.Decoder(_PubAck)
+
+
+def msg_id_headers(event_id: str) -> bytes:
+    return b"NATS/1.0\r\nNats-Msg-Id: " + event_id.encode() + b"\r\n\r\n"
+
+
+def skip_to(state: State, seq: int) -> State:
+    """The State once every seq before `seq` is accounted for (skipped malformed or deleted ones).
+
+    A fold over a JetStream stream meets gaps legitimately (a poison message, retention); call
+    `apply(skip_to(state, seq), seq, event)` only where such a gap is expected.
+    """
+    return state if seq <= state.last_seq + 1 else msgspec.structs.replace(state, last_seq=seq - 1)
+
+
+class EventLog:
+    """One connection to the log. Build with `await EventLog.connect(url, settings)`."""
+
+    def __init__(self, nc: Client, url: str, settings: LogSettings) -> None:
+        self.url = url
+        self.settings = settings
+        self.malformed = 0  # messages skipped because they did not decode
+        self._nc = nc
+        self._js = nc.jetstream()
+        self._pub_lock = asyncio.Lock()
+        self._pub_wire: Wire | None = None
+        self._closed = False
+        self._closing = asyncio.Event()
+
+    @classmethod
+    async def connect(cls, url: str, settings: LogSettings | None = None, *, name: str = "shoal",
+                      ensure: bool = True) -> EventLog:  # fmt: skip
+        """Connect (retrying for `settings.retry_seconds`) and, unless `ensure=False`, ensure streams."""
+        settings = settings or LogSettings()
+        closing = asyncio.Event()  # set by close(): a disconnect then is expected, not news
+
+        async def on_error(exc: Exception) -> None:
+            logger.warning("NATS connection {}: {}", url, exc)
+
+        async def on_disconnect() -> None:
+            if not closing.is_set():
+                logger.warning("NATS disconnected from {}; reconnecting", url)
+
+        async def on_reconnect() -> None:
+            logger.info("NATS reconnected to {}", url)
+
+        try:
+            nc = await nats.connect(
+                url.split(","), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.25,
+                connect_timeout=2, allow_reconnect=True, error_cb=on_error,
+                disconnected_cb=on_disconnect, reconnected_cb=on_reconnect,
+            )  # fmt: skip
+        except (OSError, nats.errors.NoServersError, TimeoutError) as exc:
+            raise LogError(f"cannot connect to NATS at {url}: {exc}; is the server running?") from exc
+        log = cls(nc, url, settings)
+        log._closing = closing
+        if ensure:
+            await log.ensure_streams()
+        return log
+
+    # --- streams ----------------------------------------------------------------------------
+
+    async def ensure_streams(self) -> None:
+        """Create SHOAL_EVENTS and SHOAL_TELEMETRY, or update them to the settings (idempotent)."""
+        for key in ("events", "telemetry"):
+            config = stream_config(key, self.settings)
+            try:
+                await self._js.stream_info(stream_name(key))
+            except nats.js.errors.NotFoundError:
+                await self._js.add_stream(config)
+                logger.debug("created stream {}", config.name)
+            else:
+                await self._js.update_stream(config)
+
+    async def delete_streams(self) -> None:
+        """Delete both streams (tests, or before an import); `ensure_streams()` recreates them."""
+        for key in ("events", "telemetry"):
+            try:
+                await self._js.delete_stream(stream_name(key))
+            except nats.js.errors.NotFoundError:
+                pass
+
+    async def last_seq(self, stream: StreamKey = "events") -> int:
+        """The sequence of the newest message in the stream (0 when it never held one)."""
+        info = await self._js.stream_info(stream_name(stream))
+        return int(info.state.last_seq)
+
+    async def message_count(self, stream: StreamKey = "events") -> int:
+        info = await self._js.stream_info(stream_name(stream))
+        return int(info.state.messages)
+
+    async def get_last(self, subject: str) -> tuple[int, AnyEvent] | None:
+        """The newest message on `subject` (no wildcards needed), e.g. a task's TaskCreated."""
+        stream = stream_name("telemetry" if is_telemetry_subject(subject) else "events")
+        try:
+            raw = await self._js.get_last_msg(stream, subject)
+        except nats.js.errors.NotFoundError:
+            return None
+        seq = int(raw.seq or 0)
+        try:
+            event = (decode_telemetry_event if stream != stream_name("events") else decode_log_event)(raw.data or b"")
+        except MalformedEvent as exc:
+            self._poison(subject, seq, exc)
+            return None
+        return seq, event
+
+    # --- appending --------------------------------------------------------------------------
+
+    async def append(self, event: LogEvent) -> int:
+        """Store one event; its seq. A retry (same event_id) returns the original's seq."""
+        subject = subject_for(event)
+        headers = {"Nats-Msg-Id": event.env.event_id}
+        payload = encode(event)
+        deadline = time.monotonic() + self.settings.retry_seconds
+        while True:
+            try:
+                ack = await self._js.publish(subject, payload, timeout=2.0, headers=headers)
+                return int(ack.seq)
+            except (TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError,
+                    nats.errors.ConnectionReconnectingError) as exc:  # fmt: skip
+                if time.monotonic() > deadline:
+                    raise LogError(f"append to {subject} failed for {self.settings.retry_seconds}s: {exc}") from exc
+                logger.debug("append to {} not acknowledged ({}); retrying with the same id", subject, exc)
+                await asyncio.sleep(0.1)
+            except nats.js.errors.APIError as exc:
+                raise LogError(f"append to {subject} refused: {exc}") from exc
+
+    async def append_many(self, events: Sequence[LogEvent] | Iterable[LogEvent]) -> list[int]:
+        """Store many events in order, pipelined; their seqs. Retries resend only unacknowledged ones."""
+        frames = [(subject_for(e).encode(), encode(e), msg_id_headers(e.env.event_id)) for e in events]
+        seqs = [0] * len(frames)
+        async with self._pub_lock:
+            deadline = time.monotonic() + self.settings.retry_seconds
+            while True:
+                todo = [i for i, seq in enumerate(seqs) if seq == 0]
+                if not todo:
+                    return seqs
+                try:
+                    wire = self._pub_wire or await Wire.open(self.url, name="shoal-append")
+                    self._pub_wire = wire
+                    await _pipeline(wire, frames, todo, seqs)
+                except (WireClosed, TimeoutError, OSError) as exc:
+                    self._drop_pub_wire()
+                    if time.monotonic() > deadline:
+                        raise LogError(f"append_many failed for {self.settings.retry_seconds}s: {exc}") from exc
+                    logger.warning("append_many interrupted ({}); resending {} unacknowledged", exc, len(todo))
+                    await asyncio.sleep(0.2)
+
+    def _drop_pub_wire(self) -> None:
+        if self._pub_wire is not None:
+            self._pub_wire.close()
+            self._pub_wire = None
+
+    async def publish_telemetry(self, event: TelemetryEvent) -> None:
+        """Publish a heartbeat to SHOAL_TELEMETRY without waiting for its acknowledgement."""
+        headers = {"Nats-Msg-Id": event.env.event_id}
+        await self._nc.publish(subject_for(event), encode(event), headers=headers)
+
+    async def flush(self) -> None:
+        await self._nc.flush()
+
+    # --- reading ----------------------------------------------------------------------------
+
+    @overload
+    def replay(self, from_seq: int | None = None, from_time: datetime | None = None,
+               subjects: Sequence[str] | None = None, stream: Literal["events"] = "events",
+               ) -> AsyncIterator[tuple[int, LogEvent]]: ...  # fmt: skip
+    @overload
+    def replay(self, from_seq: int | None = None, from_time: datetime | None = None,
+               subjects: Sequence[str] | None = None, *, stream: Literal["telemetry"],
+               ) -> AsyncIterator[tuple[int, TelemetryEvent]]: ...  # fmt: skip
+    async def replay(self, from_seq: int | None = None, from_time: datetime | None = None,
+                     subjects: Sequence[str] | None = None, stream: StreamKey = "events",
+                     ) -> AsyncIterator[tuple[int, AnyEvent]]:  # fmt: skip
+        """(seq, event) from `from_seq` (or `from_time`, or the start) up to the end as of now."""
+        async for batch in self._batches(Position(seq=from_seq, time=from_time), subjects, stream, live=False):
+            for seq, event in batch:
+                if event is not None:
+                    yield seq, event
+
+    @overload
+    def follow(self, from_seq: int | None = None, subjects: Sequence[str] | None = None,
+               stream: Literal["events"] = "events", from_time: datetime | None = None,
+               ) -> AsyncIterator[tuple[int, LogEvent]]: ...  # fmt: skip
+    @overload
+    def follow(self, from_seq: int | None = None, subjects: Sequence[str] | None = None,
+               *, stream: Literal["telemetry"], from_time: datetime | None = None,
+               ) -> AsyncIterator[tuple[int, TelemetryEvent]]: ...  # fmt: skip
+    async def follow(self, from_seq: int | None = None, subjects: Sequence[str] | None = None,
+                     stream: StreamKey = "events", from_time: datetime | None = None,
+                     ) -> AsyncIterator[tuple[int, AnyEvent]]:  # fmt: skip
+        """Replay from `from_seq` (default: the start), then continue live until closed/cancelled.
+
+        For new events only, pass `from_seq=await log.last_seq() + 1`.
+        """
+        async for batch in self._batches(Position(seq=from_seq, time=from_time), subjects, stream, live=True):
+            for seq, event in batch:
+                if event is not None:
+                    yield seq, event
+
+    async def entries(self, from_seq: int | None = None, from_time: datetime | None = None,
+                      subjects: Sequence[str] | None = None, stream: StreamKey = "events", *,
+                      live: bool = False) -> AsyncIterator[tuple[int, AnyEvent | None]]:  # fmt: skip
+        """Like replay/follow, but a malformed message yields (seq, None) instead of nothing."""
+        async for batch in self._batches(Position(seq=from_seq, time=from_time), subjects, stream, live=live):
+            for entry in batch:
+                yield entry
+
+    async def _batches(self, position: Position, subjects: Sequence[str] | None, stream: StreamKey,
+                       live: bool) -> AsyncIterator[list[tuple[int, AnyEvent | None]]]:  # fmt: skip
+        """Decoded batches; reconnects and resumes at the last seq + 1 on any doubt."""
+        failing_since: float | None = None
+        while not self._closed:
+            wire: Wire | None = None
+            reader: StreamReader | None = None
+            try:
+                wire = await Wire.open(self.url, name="shoal-read")
+                reader = StreamReader(wire, stream_name(stream), list(subjects or ()), live=live)
+                async for raw in reader.batches(position):
+                    failing_since = None
+                    if raw:
+                        position.seq = raw[-1][0] + 1
+                    yield self._decode(raw, stream)
+                    if self._closed:
+                        return
+                return
+            except (ConsumerRestart, WireClosed, WireError, OSError, TimeoutError) as exc:
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if not live and now - failing_since > self.settings.retry_seconds:
+                    raise LogError(f"replay of {stream_name(stream)} failed: {exc}") from exc
+                logger.info("reading {} restarts at seq {}: {}", stream_name(stream), position.seq, exc)
+                await asyncio.sleep(0.05 if isinstance(exc, ConsumerRestart) else 0.25)
+            finally:
+                if reader is not None:
+                    reader.drop()
+                if wire is not None:
+                    wire.close()
+
+    def _decode(self, raw: list[tuple[int, bytes, bytes]], stream: StreamKey) -> list[tuple[int, AnyEvent | None]]:
+        decode = decode_log_event if stream == "events" else decode_telemetry_event
+        out: list[tuple[int, AnyEvent | None]] = []
+        for seq, subject, payload in raw:
+            try:
+                out.append((seq, decode(payload)))
+            except MalformedEvent as exc:
+                self._poison(subject.decode(errors="replace"), seq, exc)
+                out.append((seq, None))
+        return out
+
+    async def fold(self, state: State | None = None) -> State:
+        """Replay SHOAL_EVENTS onto `state` (from its last_seq + 1), stepping over malformed seqs."""
+        current = state or State()
+        async for seq, event in self.entries(current.last_seq + 1):
+            current = skip_to(current, seq) if event is None else apply(current, seq, event)  # type: ignore[arg-type]
+        return current
+
+    def _poison(self, subject: str, seq: int, exc: Exception) -> None:
+        self.malformed += 1
+        logger.warning("skipping malformed message on {} seq {}: {}", subject, seq, exc)
+
+    async def close(self) -> None:
+        """Stop follows at their next batch, and close the connections."""
+        self._closed = True
+        self._closing.set()
+        self._drop_pub_wire()
+        if not self._nc.is_closed:
+            await self._nc.drain()
+
+
+async def _pipeline(wire: Wire, frames: list[tuple[bytes, bytes, bytes]], todo: list[int], seqs: list[int]) -> None:
+    """Publish frames[todo] with at most PUBLISH_WINDOW unacknowledged; fill seqs from the acks."""
+    inbox = wire.new_inbox()
+    sid = wire.subscribe(inbox + ".*")
+    prefix = inbox.encode() + b"."
+    cut = len(prefix)
+    sent = acked = 0
+    while acked < len(todo):
+        while sent < len(todo) and sent - acked < PUBLISH_WINDOW:
+            index = todo[sent]
+            subject, payload, headers = frames[index]
+            wire.publish(subject, payload, prefix + str(index).encode(), headers)
+            sent += 1
+        await wire.flush()
+        async with asyncio.timeout(5.0):
+            messages = await wire.read_batch()
+        for msid, subject, _reply, headers, payload in messages:
+            if msid != sid:
+                continue
+            if headers.startswith(b"NATS/1.0 503"):
+                raise LogError("no stream accepts the log's subjects: run ensure_streams() (or start shoal's NATS)")
+            ack = _pub_ack.decode(payload)
+            if ack.error is not None:
+                raise LogError(f"append refused: {ack.error.get('description', ack.error)}")
+            index = int(subject[cut:])
+            if seqs[index] == 0:
+                seqs[index] = ack.seq
+                acked += 1
+    wire.unsubscribe(sid)

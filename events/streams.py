@@ -1,0 +1,68 @@
+"""Stream settings for the log: retention, replicas and the de-duplication window (DESIGN.md §4).
+
+Pure data. `services.config.log_settings(config)` builds `LogSettings` from the shoal config.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+
+from events.subjects import EVENTS_STREAM, EVENTS_SUBJECTS, TELEMETRY_STREAM, TELEMETRY_SUBJECTS
+
+StreamKey = Literal["events", "telemetry"]
+DAY_S = 86_400.0
+GIB = 1 << 30
+
+
+class StreamLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """Limits of one stream; the oldest messages go first when one is exceeded (-1 = unlimited)."""
+
+    max_age_seconds: float
+    max_bytes: int = -1
+    max_msgs: int = -1
+
+
+class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How the log's streams are configured. The defaults are safe for one machine.
+
+    - `events`: SHOAL_EVENTS, 7 days / 1 GiB.
+    - `telemetry`: SHOAL_TELEMETRY (heartbeats), 1 hour / 256 MiB.
+    - `replicas`: 1 on one server, 3 on a 3-node cluster (compose.nats.yaml).
+    - `duplicate_window_seconds`: how long a `Nats-Msg-Id` is remembered; a retry within it is
+      stored once.
+    - `retry_seconds`: how long an append keeps retrying (same id) while NATS is unreachable,
+      and how long a bounded replay waits for a server to come back.
+    """
+
+    events: StreamLimits = StreamLimits(max_age_seconds=7 * DAY_S, max_bytes=GIB)
+    telemetry: StreamLimits = StreamLimits(max_age_seconds=3600.0, max_bytes=256 << 20)
+    replicas: int = 1
+    duplicate_window_seconds: float = 120.0
+    retry_seconds: float = 30.0
+
+
+def stream_name(key: StreamKey) -> str:
+    return EVENTS_STREAM if key == "events" else TELEMETRY_STREAM
+
+
+def stream_config(key: StreamKey, settings: LogSettings) -> StreamConfig:
+    limits = settings.events if key == "events" else settings.telemetry
+    subjects = EVENTS_SUBJECTS if key == "events" else TELEMETRY_SUBJECTS
+    window = min(settings.duplicate_window_seconds, limits.max_age_seconds) if limits.max_age_seconds > 0 else (
+        settings.duplicate_window_seconds)  # fmt: skip
+    return StreamConfig(
+        name=stream_name(key),
+        subjects=[subjects],
+        retention=RetentionPolicy.LIMITS,
+        discard=DiscardPolicy.OLD,
+        storage=StorageType.FILE,
+        max_age=limits.max_age_seconds if limits.max_age_seconds > 0 else None,
+        max_bytes=limits.max_bytes,
+        max_msgs=limits.max_msgs,
+        num_replicas=settings.replicas,
+        duplicate_window=window,
+        allow_direct=True,
+    )

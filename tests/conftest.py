@@ -1,0 +1,55 @@
+"""Shared fixtures: a real nats-server for the whole session (never a mock), and a clean log per test.
+
+- `nats_server`: the session's `EmbeddedNats` (JetStream, data dir under pytest's tmp dir, free port).
+- `nats_url`: its URL.
+- `event_log`: an `EventLog` on that server with both streams deleted and recreated, closed after.
+- `make_nats`: a factory for extra servers a test owns (stopped at the end), e.g. to restart one.
+
+Every test has a timeout (pyproject: pytest-timeout, 120 s by default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from events.log import EventLog
+from services.nats import EmbeddedNats
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
+    with EmbeddedNats(data_dir=tmp_path_factory.mktemp("nats-session"), port=0) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def nats_url(nats_server: EmbeddedNats) -> str:
+    return nats_server.url
+
+
+@pytest.fixture
+async def event_log(nats_url: str) -> AsyncIterator[EventLog]:
+    log = await EventLog.connect(nats_url, ensure=False)
+    await log.delete_streams()
+    await log.ensure_streams()
+    try:
+        yield log
+    finally:
+        await log.close()
+
+
+@pytest.fixture
+def make_nats(tmp_path: Path) -> Iterator[Callable[..., EmbeddedNats]]:
+    servers: list[EmbeddedNats] = []
+
+    def make(name: str = "extra", port: int = 0) -> EmbeddedNats:
+        server = EmbeddedNats(data_dir=tmp_path / name, port=port)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
