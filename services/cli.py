@@ -15,6 +15,8 @@ from collections.abc import Sequence
 # Each entry is a module under services/commands exposing `register(subparsers)`.
 COMMAND_MODULES: tuple[str, ...] = (
     "bench_cmd",
+    "model_cmd",
+    "generate_cmd",
 )
 
 
