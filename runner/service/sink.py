@@ -1,0 +1,62 @@
+"""RunnerSink -> events: what the engine reports becomes PrefillStarted/Progress and ChunkGenerated."""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+from events.catalogue import (
+    ChunkGenerated,
+    LogEvent,
+    PrefillProgress,
+    PrefillStarted,
+    TelemetryEvent,
+)
+from events.ids import TaskId
+from events.stamp import Stamper
+
+
+class Publisher(Protocol):
+    def publish(self, event: LogEvent | TelemetryEvent) -> None: ...
+
+
+class LogSink:
+    """Publishes the engine's reports for one rank. Token chunks are published as they come:
+    the engine already coalesces them between cancel polls."""
+
+    def __init__(self, publisher: Publisher, stamper: Stamper, rank: int) -> None:
+        self._publisher = publisher
+        self._stamper = stamper
+        self._rank = rank
+
+    def prefill_started(self, task_id: str, path: str, prompt_tokens: int, chunks: int, step: int) -> None:
+        prefill_path: Literal["pipeline", "sequential"] = "pipeline" if path == "pipeline" else "sequential"
+        self._publisher.publish(
+            PrefillStarted(
+                env=self._stamper.stamp(),
+                task_id=TaskId(task_id),
+                rank=self._rank,
+                path=prefill_path,
+                prompt_tokens=prompt_tokens,
+                chunks=chunks,
+                step=step,
+            )
+        )
+
+    def prefill_progress(self, task_id: str, processed: int, total: int, iteration: int) -> None:
+        self._publisher.publish(
+            PrefillProgress(
+                env=self._stamper.stamp(),
+                task_id=TaskId(task_id),
+                rank=self._rank,
+                processed=processed,
+                total=total,
+                iteration=iteration,
+            )
+        )
+
+    def tokens(self, task_id: str, index: int, text: str, token_ids: list[int]) -> None:
+        self._publisher.publish(
+            ChunkGenerated(
+                env=self._stamper.stamp(), task_id=TaskId(task_id), index=index, text=text, token_ids=token_ids
+            )
+        )

@@ -1,0 +1,154 @@
+"""The runner's task loop: assignments from the log, in log order, on every rank alike.
+
+Per assignment every rank:
+1. fetches the task's `TaskCreated` and builds the same request from it (deterministic);
+2. agrees with its peers to start or skip (one all-reduce: a task cancelled or failed before it
+   started is skipped by all, never by some);
+3. checks the request (same verdict everywhere: a bad request fails without any collective);
+4. runs the engine, whose sink publishes progress and chunks.
+The sampling rank (the last) publishes the terminal event, after its last chunk, so a reader
+of the task's subjects sees every chunk before `TaskCompleted`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from loguru import logger
+
+from events.catalogue import (
+    ChatMessage,
+    LogEvent,
+    RunnerStatus,
+    RunnerStatusChanged,
+    TaskAssigned,
+    TaskCompleted,
+    TaskCreated,
+    TaskFailed,
+    TelemetryEvent,
+    Usage,
+)
+from events.ids import InstanceId, TaskId
+from events.stamp import Stamper
+from events.subjects import task_subject
+from runner.chat import encode_chat
+from runner.errors import RequestError
+from runner.protocols import CancelSource, PhaseTracker, RunnerSink
+
+
+class Outcome(Protocol):
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_ms: float | None
+    prefill_tps: float | None
+    decode_tps: float | None
+
+
+class EngineLike(Protocol):
+    @property
+    def tokenizer(self) -> Any: ...
+    def agree_start(self, task_id: str, cancel: CancelSource, phases: PhaseTracker | None = None) -> bool: ...
+    def validate(self, request: Any) -> None: ...
+    def generate(self, request: Any, cancel: CancelSource, sink: RunnerSink, phases: PhaseTracker) -> Outcome: ...
+
+
+class Inbox(Protocol):
+    def publish(self, event: LogEvent | TelemetryEvent) -> None: ...
+    def next_assignment(self, timeout: float) -> TaskAssigned | None: ...
+    def fetch(self, subject: str, timeout: float = 10.0) -> Any: ...
+
+
+class TaskServer:
+    def __init__(
+        self,
+        *,
+        engine: EngineLike,
+        inbox: Inbox,
+        cancel: CancelSource,
+        sink: RunnerSink,
+        stamper: Stamper,
+        phases: PhaseTracker,
+        instance_id: InstanceId,
+        rank: int,
+        is_sampling_rank: bool,
+        make_request: Callable[[str, list[int], TaskCreated], Any],
+    ) -> None:
+        self.engine = engine
+        self.inbox = inbox
+        self.cancel = cancel
+        self.sink = sink
+        self.stamper = stamper
+        self.phases = phases
+        self.instance_id = instance_id
+        self.rank = rank
+        self.is_sampling_rank = is_sampling_rank
+        self.make_request = make_request
+        self.current: TaskId | None = None  # the task the ranks are running, for error reports
+
+    def serve(self, stop: threading.Event, poll_seconds: float = 0.2) -> None:
+        """Run assignments until `stop` is set. Engine errors propagate: the group is broken."""
+        while not stop.is_set():
+            assignment = self.inbox.next_assignment(poll_seconds)
+            if assignment is not None:
+                self.current = assignment.task_id
+                self.run_one(assignment.task_id)
+                self.current = None
+
+    def run_one(self, task_id: TaskId) -> None:
+        created = self.inbox.fetch(task_subject(task_id, "created"))
+        if not isinstance(created, TaskCreated):
+            # Every rank reads the same log, so every rank takes this branch together.
+            self._terminal(
+                TaskFailed(env=self.stamper.stamp(), task_id=task_id, error="TaskCreated not found in the log")
+            )
+            return
+        prompt = encode_chat(self.engine.tokenizer, [_as_dict(m) for m in created.messages])
+        request = self.make_request(task_id, prompt, created)
+        if not self.engine.agree_start(task_id, self.cancel, self.phases):
+            self._terminal(TaskCompleted(env=self.stamper.stamp(), task_id=task_id, finish_reason="cancelled"))
+            return
+        try:
+            self.engine.validate(request)
+        except RequestError as exc:
+            self._terminal(TaskFailed(env=self.stamper.stamp(), task_id=task_id, error=str(exc)))
+            return
+        self.status("running", task_id)
+        outcome = self.engine.generate(request, self.cancel, self.sink, self.phases)
+        self._terminal(
+            TaskCompleted(
+                env=self.stamper.stamp(),
+                task_id=task_id,
+                finish_reason=_finish(outcome.finish_reason),
+                usage=Usage(
+                    prompt_tokens=outcome.prompt_tokens,
+                    completion_tokens=outcome.completion_tokens,
+                    ttft_ms=outcome.ttft_ms or 0.0,
+                    prefill_tps=outcome.prefill_tps or 0.0,
+                    decode_tps=outcome.decode_tps or 0.0,
+                ),
+            )
+        )
+        self.status("ready", task_id)
+
+    def status(self, status: RunnerStatus, detail: str = "") -> None:
+        self.inbox.publish(
+            RunnerStatusChanged(
+                env=self.stamper.stamp(), instance_id=self.instance_id, rank=self.rank, status=status, detail=detail
+            )
+        )
+
+    def _terminal(self, event: TaskCompleted | TaskFailed) -> None:
+        if self.is_sampling_rank:
+            logger.info("task {} ended: {}", event.task_id, type(event).__name__)
+            self.inbox.publish(event)
+
+
+def _as_dict(message: ChatMessage) -> dict[str, str]:
+    return {"role": message.role, "content": message.content}
+
+
+def _finish(reason: str) -> Any:
+    return reason if reason in ("stop", "length", "cancelled") else "stop"

@@ -1,0 +1,36 @@
+"""Which models this cluster serves, and how many layers each has (for placement).
+
+A model is named either `tiny` (the random-weight model shoal generates itself) or by an mlx-lm
+model directory path. The layer count is read from the directory's config.json without MLX.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from runner.errors import ModelDirError
+from runner.model_info import read_model_info
+from services.master.core import UnknownModel
+
+
+def resolve_model_dir(model: str) -> Path:
+    """`tiny` -> the cached tiny model (made on first use); anything else is a directory."""
+    from runner.tiny import resolve_model  # lazy: making the tiny model needs MLX
+
+    return resolve_model(model)
+
+
+class LocalModelCatalog:
+    """Models this deployment serves: the configured ones, resolved on the local filesystem."""
+
+    def __init__(self, served: Sequence[str]) -> None:
+        self.served = list(dict.fromkeys(served))
+
+    def layers_of(self, model: str) -> int:
+        if model not in self.served:
+            raise UnknownModel(f"unknown model {model!r}; known models: {', '.join(self.served)}")
+        try:
+            return read_model_info(resolve_model_dir(model)).n_layers
+        except ModelDirError as exc:
+            raise UnknownModel(f"model {model!r} cannot be loaded: {exc}") from exc

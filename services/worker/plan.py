@@ -1,0 +1,52 @@
+"""The worker's pure rule: which runner processes should exist on this node (target vs current).
+
+Target: a runner for every shard on this node of every instance that is not retired. A runner
+that already ran for an (instance, rank) is never started again in this worker's life: if it
+died, the master retires the instance and places a new one, so restarting it would only race
+the re-placement.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from events.ids import InstanceId, NodeId
+from events.state import State
+
+RunnerKey = tuple[InstanceId, int]
+
+
+class RunnerPlan(msgspec.Struct, frozen=True, kw_only=True):
+    start: list[RunnerKey]
+    stop: list[RunnerKey]
+
+
+def wanted_runners(state: State, node_id: NodeId) -> set[RunnerKey]:
+    wanted: set[RunnerKey] = set()
+    for instance in state.instances.values():
+        if instance.retired:
+            continue
+        for shard in instance.shards:
+            if shard.node_id == node_id:
+                wanted.add((instance.instance_id, shard.rank))
+    return wanted
+
+
+def plan_runners(state: State, node_id: NodeId, running: set[RunnerKey], ever_started: set[RunnerKey]) -> RunnerPlan:
+    wanted = wanted_runners(state, node_id)
+    return RunnerPlan(
+        start=sorted(wanted - running - ever_started),
+        stop=sorted(running - wanted),
+    )
+
+
+def ranks_sharing_host(state: State, host: str) -> int:
+    """Live ranks on every node at `host` (workers co-located on one machine share its cores)."""
+    hosts = {n.node_id: n.host for n in state.nodes.values()}
+    return sum(
+        1
+        for instance in state.instances.values()
+        if not instance.retired
+        for shard in instance.shards
+        if hosts.get(shard.node_id) == host
+    )

@@ -1,0 +1,103 @@
+"""Runner processes of one worker: spawn, watch, stop. Exit reports go through a callback."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+
+from loguru import logger
+
+from services.worker.plan import RunnerKey
+
+STDERR_TAIL_LINES = 30
+STOP_GRACE_SECONDS = 3.0
+
+ExitReport = Callable[[RunnerKey, int, str], Awaitable[None]]
+
+
+class RunnerProcess:
+    def __init__(self, key: RunnerKey, process: asyncio.subprocess.Process) -> None:
+        self.key = key
+        self.process = process
+        self.tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self.stopping = False
+
+    def stderr_tail(self) -> str:
+        return "\n".join(self.tail)
+
+
+class RunnerProcesses:
+    """Owns the runner processes; each gets a watcher task in the caller's task group."""
+
+    def __init__(self, group: asyncio.TaskGroup, on_exit: ExitReport, *, echo_prefix: str = "") -> None:
+        self._group = group
+        self._on_exit = on_exit
+        self._echo_prefix = echo_prefix
+        self.running: dict[RunnerKey, RunnerProcess] = {}
+        self.ever_started: set[RunnerKey] = set()
+
+    async def start(self, key: RunnerKey, argv: Sequence[str], env: dict[str, str]) -> None:
+        self.ever_started.add(key)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, *argv, env=env, stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+        )
+        runner = RunnerProcess(key, process)
+        self.running[key] = runner
+        logger.info("started runner {} rank {} (pid {})", key[0], key[1], process.pid)
+        self._group.create_task(self._watch(runner))
+
+    async def stop(self, key: RunnerKey) -> None:
+        runner = self.running.get(key)
+        if runner is None:
+            return
+        runner.stopping = True
+        await _terminate(runner.process)
+
+    async def stop_all(self) -> None:
+        await asyncio.gather(*(self.stop(key) for key in list(self.running)))
+
+    async def _watch(self, runner: RunnerProcess) -> None:
+        assert runner.process.stderr is not None
+        async for raw in runner.process.stderr:
+            line = raw.decode(errors="replace").rstrip()
+            runner.tail.append(line)
+            if self._echo_prefix:
+                print(f"{self._echo_prefix}[{runner.key[0]}/{runner.key[1]}] {line}", file=sys.stderr, flush=True)
+        code = await runner.process.wait()
+        self.running.pop(runner.key, None)
+        logger.info("runner {} rank {} exited with {}", runner.key[0], runner.key[1], code)
+        if not runner.stopping:
+            await self._on_exit(runner.key, code, runner.stderr_tail())
+
+
+async def _terminate(process: asyncio.subprocess.Process) -> None:
+    """SIGTERM, then SIGKILL: a rank blocked inside a collective never sees its stop flag."""
+    if process.returncode is not None:
+        return
+    try:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), STOP_GRACE_SECONDS)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+    except ProcessLookupError:
+        pass
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra)
+    return env

@@ -1,0 +1,160 @@
+"""The worker shell: announce the node, heartbeat, fold the log, and keep the runner processes
+equal to the plan. Everything it decides is in `plan.py`; here is only I/O."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Callable
+
+import msgspec
+from loguru import logger
+
+from events.apply import ApplyError, apply
+from events.catalogue import LogEvent, NodeHeartbeat, NodeJoined, NodeLeft, Origin, RunnerStatusChanged
+from events.ids import InstanceId, NodeId
+from events.log import EventLog, skip_to
+from events.stamp import Stamper
+from events.state import State
+from runner.blas import blas_env
+from services.worker.plan import RunnerKey, plan_runners, ranks_sharing_host
+from services.worker.procs import RunnerProcesses, child_env, describe_exit
+
+VERSION = "0.1.0"
+
+
+class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
+    nats_url: str
+    node_id: str
+    host: str = "127.0.0.1"  # the address peers reach this node's ring ports on
+    heartbeat_interval_seconds: float = 1.0
+    blas: str = "auto"
+    decode_cancel_poll_tokens: int = 8
+    stall_stack_seconds: float = 5.0
+    echo_runner_logs: bool = False
+
+
+def default_node_id() -> str:
+    return socket.gethostname().split(".")[0].replace(".", "-") or "node"
+
+
+def memory_available_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings, *, clock_ns: Callable[[], int] | None = None) -> None:
+        self.settings = settings
+        self.node_id = NodeId(settings.node_id)
+        self.stamper = Stamper(Origin(service="worker", node=settings.node_id))
+        self.state = State()
+        self._log: EventLog | None = None
+        self._runners: RunnerProcesses | None = None
+
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        """Serve until cancelled; on the way out stop the runners and say the node left."""
+        log = await EventLog.connect(self.settings.nats_url, name=f"shoal-worker-{self.node_id}")
+        self._log = log
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._runners = RunnerProcesses(
+                    group, self._runner_exited, echo_prefix="" if not self.settings.echo_runner_logs else "runner"
+                )
+                end = await log.last_seq()
+                self.state = await log.fold()  # catch up before acting: old instances may be retired later in the log
+                await log.append(self._joined())
+                group.create_task(self._heartbeats())
+                if ready is not None:
+                    ready.set()
+                await self._reconcile()
+                async for seq, event in log.follow(from_seq=max(end, self.state.last_seq) + 1):
+                    self._fold(seq, event)
+                    await self._reconcile()
+        finally:
+            await self._shutdown(log)
+
+    def _fold(self, seq: int, event: LogEvent) -> None:
+        try:
+            self.state = apply(skip_to(self.state, seq), seq, event)
+        except ApplyError as exc:
+            logger.warning("worker {}: skipping seq {}: {}", self.node_id, seq, exc)
+            self.state = skip_to(self.state, seq + 1)
+
+    async def _reconcile(self) -> None:
+        runners = self._runners
+        assert runners is not None
+        plan = plan_runners(self.state, self.node_id, set(runners.running), runners.ever_started)
+        for key in plan.stop:
+            await runners.stop(key)
+        for key in plan.start:
+            await runners.start(key, self._runner_argv(key), self._runner_env())
+
+    def _runner_argv(self, key: RunnerKey) -> list[str]:
+        s = self.settings
+        return [
+            "-m", "runner.service.main",
+            "--nats-url", s.nats_url,
+            "--instance", key[0],
+            "--rank", str(key[1]),
+            "--node-id", s.node_id,
+            "--decode-cancel-poll-tokens", str(s.decode_cancel_poll_tokens),
+            "--heartbeat-seconds", str(s.heartbeat_interval_seconds),
+            "--stall-stack-seconds", str(s.stall_stack_seconds),
+        ]  # fmt: skip
+
+    def _runner_env(self) -> dict[str, str]:
+        sharing = max(1, ranks_sharing_host(self.state, self.settings.host))
+        return child_env(blas_env(self.settings.blas, sharing, os.cpu_count() or 1, os.environ))
+
+    async def _runner_exited(self, key: RunnerKey, code: int, stderr_tail: str) -> None:
+        assert self._log is not None
+        detail = f"runner process {describe_exit(code)}; stderr tail:\n{stderr_tail[-1500:]}"
+        event = RunnerStatusChanged(
+            env=self.stamper.stamp(), instance_id=InstanceId(key[0]), rank=key[1], status="failed", detail=detail
+        )
+        await self._log.append(event)
+
+    def _joined(self) -> NodeJoined:
+        return NodeJoined(
+            env=self.stamper.stamp(),
+            node_id=self.node_id,
+            host=self.settings.host,
+            cores=os.cpu_count() or 1,
+            memory_bytes=memory_available_bytes(),
+            backend="cpu" if os.uname().sysname == "Linux" else "metal",
+            version=VERSION,
+        )
+
+    async def _heartbeats(self) -> None:
+        assert self._log is not None and self._runners is not None
+        while True:
+            beat = NodeHeartbeat(
+                env=self.stamper.stamp(),
+                node_id=self.node_id,
+                free_memory_bytes=memory_available_bytes(),
+                runners=len(self._runners.running),
+            )
+            try:
+                await self._log.publish_telemetry(beat)
+            except Exception as exc:  # a missed beat is what the master's timeout is for
+                logger.warning("heartbeat not sent: {}", exc)
+            await asyncio.sleep(self.settings.heartbeat_interval_seconds)
+
+    async def _shutdown(self, log: EventLog) -> None:
+        if self._runners is not None:
+            await self._runners.stop_all()
+        try:
+            await asyncio.wait_for(
+                log.append(NodeLeft(env=self.stamper.stamp(), node_id=self.node_id, reason="shutdown")), 3
+            )
+        except Exception as exc:
+            logger.warning("could not announce that node {} left: {}", self.node_id, exc)
+        await log.close()
