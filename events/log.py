@@ -139,6 +139,16 @@ class EventLog:
             except nats.js.errors.NotFoundError:
                 pass
 
+    async def reset_stream(self, stream: StreamKey, *, first_seq: int = 1) -> None:
+        """Delete one stream and create it empty, its first message to get `first_seq` (imports)."""
+        config = stream_config(stream, self.settings)
+        config.first_seq = first_seq if first_seq > 1 else None
+        try:
+            await self._js.delete_stream(stream_name(stream))
+        except nats.js.errors.NotFoundError:
+            pass
+        await self._js.add_stream(config)
+
     async def last_seq(self, stream: StreamKey = "events") -> int:
         """The sequence of the newest message in the stream (0 when it never held one)."""
         info = await self._js.stream_info(stream_name(stream))
@@ -184,8 +194,11 @@ class EventLog:
             except nats.js.errors.APIError as exc:
                 raise LogError(f"append to {subject} refused: {exc}") from exc
 
-    async def append_many(self, events: Sequence[LogEvent] | Iterable[LogEvent]) -> list[int]:
-        """Store many events in order, pipelined; their seqs. Retries resend only unacknowledged ones."""
+    async def append_many(self, events: Iterable[AnyEvent]) -> list[int]:
+        """Store many events in order, pipelined; their seqs. Retries resend only unacknowledged ones.
+
+        Each event goes to the stream of its subject (heartbeats to SHOAL_TELEMETRY).
+        """
         frames = [(subject_for(e).encode(), encode(e), msg_id_headers(e.env.event_id)) for e in events]
         seqs = [0] * len(frames)
         async with self._pub_lock:

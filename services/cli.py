@@ -17,6 +17,11 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bench_cmd",
     "model_cmd",
     "generate_cmd",
+    "nats_cmd",
+    "events_cmd",
+    "config_cmd",
+    "replay_cmd",
+    "diagnose_cmd",
 )
 
 
