@@ -65,14 +65,24 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
     phases.enter("loading")
     group = mx.distributed.init(backend="ring", strict=True) if world > 1 else None
     shard = load_shard(Path(job["model_dir"]), ShardPlacement(rank, world, ranges), group)
-    engine = Engine(group, shard, msgspec.convert(job.get("settings", {}), EngineSettings))
+    engines: dict[str, Engine] = {}
+
+    def engine_for(overrides: dict[str, Any]) -> Engine:
+        # Settings are per engine; a job may vary them per task (tests), on the same shard.
+        settings = msgspec.convert({**job.get("settings", {}), **overrides}, EngineSettings)
+        key = msgspec.json.encode(settings).decode()
+        if key not in engines:
+            engines[key] = Engine(group, shard, settings)
+        return engines[key]
+
     if job.get("warmup", True):
-        engine.warm_up(phases)
+        engine_for({}).warm_up(phases)
     results = []
     for task in job["tasks"]:
         if task.get("kind") == "mlx_reference":
             results.append(mlx_reference(shard, task))
             continue
+        engine = engine_for(task.get("settings", {}))
         request = msgspec.convert(task["request"], GenerationRequest)
         cancelled_before = rank in task.get("cancel_before_start_ranks", [])
         if not engine.agree_start(request.task_id, FixedCancel(cancelled_before), phases):
@@ -107,7 +117,7 @@ def mlx_reference(shard: Any, task: dict[str, Any]) -> dict[str, Any]:
         if response.finish_reason == "stop" and response.token in shard.tokenizer.eos_token_ids:
             break
         tokens.append(response.token)
-    return {"kind": "mlx_reference", "token_ids": tokens, "progress": callbacks}
+    return {"kind": "mlx_reference", "ref_id": task.get("ref_id"), "token_ids": tokens, "progress": callbacks}
 
 
 def main(argv: list[str]) -> int:

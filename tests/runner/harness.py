@@ -1,0 +1,119 @@
+"""Builds the jobs the multi-rank tests run, one long-lived group per configuration.
+
+A job is a list of tasks run in order on the same group, so "the next task on the same group"
+is literally the next entry. Tokens are compared for the same chunk size on every world size
+(`CHUNK`), as DESIGN §7 promises equality only for the same chunking.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from runner.launch import run_group
+from runner.local_run import synthetic_prompt
+from runner.plan import chunk_sizes, choose_path, effective_step, rank_schedule
+from runner.tiny import cached_tiny
+
+CHUNK = 6
+LENGTHS = (1, 2, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK, 2 * CHUNK + 1, 3 * CHUNK + 1, 23)
+MAX_TOKENS = 5
+CANCEL_PROMPT = 3 * CHUNK + 1  # three chunks: pipeline and idle iterations on every rank
+DECODE_CANCEL_STEPS = (0, 2)
+KV8_LENGTHS = (13, 23)
+DEFAULT_STEP = 4096
+
+
+def step_for(world: int) -> int:
+    """prefill_step_size giving chunks of CHUNK tokens on `world` ranks."""
+    step = CHUNK * min(4, world)
+    assert effective_step(step, world) == CHUNK
+    return step
+
+
+def request(task_id: str, length: int, path: str = "auto", max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
+    return {
+        "task_id": task_id,
+        "prompt_token_ids": synthetic_prompt(length),
+        "max_tokens": max_tokens,
+        "prefill_path": path,
+    }
+
+
+def iterations(length: int, world: int, path: str) -> int:
+    return len(rank_schedule(0, world, len(chunk_sizes(length, CHUNK)), path))  # same count on every rank
+
+
+def sweep_tasks(world: int) -> list[dict[str, Any]]:
+    tasks: list[dict[str, Any]] = []
+    paths = ("auto", "pipeline", "sequential") if world > 1 else ("auto",)
+    for length in LENGTHS:
+        for path in paths:
+            tasks.append({"request": request(f"len{length}-{path}", length, path)})
+    tasks.append({"request": request("wedge23", 23), "settings": {"prefill_step_size": DEFAULT_STEP}})
+    for length in KV8_LENGTHS:
+        tasks.append({"request": request(f"kv8-{length}", length), "settings": {"kv_bits": 8}})
+    tasks.append({"request": request("skipped", CANCEL_PROMPT), "cancel_before_start_ranks": [world - 1]})
+    tasks.append({"request": request("after-skip", CANCEL_PROMPT)})
+    if world > 1:
+        tasks.extend(cancel_tasks(world))
+    return tasks
+
+
+def cancel_tasks(world: int) -> list[dict[str, Any]]:
+    tasks: list[dict[str, Any]] = []
+    for path in ("pipeline", "sequential"):
+        n_iter = iterations(CANCEL_PROMPT, world, path)
+        for rank in range(world):
+            for poll in [*range(n_iter), *(n_iter + k for k in DECODE_CANCEL_STEPS)]:
+                name = f"cancel-{path}-r{rank}-p{poll}"
+                tasks.append(
+                    {"request": request(name, CANCEL_PROMPT, path), "cancel_rank": rank, "cancel_at_poll": poll}
+                )
+                tasks.append({"request": request(f"{name}-next", CANCEL_PROMPT)})
+    return tasks
+
+
+def reference_tasks() -> list[dict[str, Any]]:
+    """mlx-lm's own stream_generate, for the callbacks and tokens to match (1 rank only)."""
+    def ref(ref_id: str, length: int, step: int) -> dict[str, Any]:
+        prompt = synthetic_prompt(length)
+        return {"kind": "mlx_reference", "ref_id": ref_id, "prompt_token_ids": prompt, "max_tokens": MAX_TOKENS, "step": step}
+
+    return [*(ref(f"ref-len{n}", n, CHUNK) for n in LENGTHS), ref("ref-wedge23", 23, DEFAULT_STEP)]
+
+
+def sweep_job(world: int, ranges: list[tuple[int, int]] | None = None) -> dict[str, Any]:
+    from runner.plan import even_split
+
+    tasks = sweep_tasks(world) + (reference_tasks() if world == 1 else [])
+    return {
+        "model_dir": str(cached_tiny()),
+        "layer_ranges": ranges or even_split(8, world),
+        "settings": {"prefill_step_size": step_for(world), "decode_cancel_interval": 1},
+        "warmup": True,
+        "tasks": tasks,
+    }
+
+
+def by_task(results: list[dict[str, Any]]) -> list[dict[str, dict[str, Any]]]:
+    """Per rank: task_id -> outcome (mlx references keyed ref<len>-<step>)."""
+    indexed = []
+    for rank_result in results:
+        assert "results" in rank_result, rank_result
+        table = {}
+        for outcome in rank_result["results"]:
+            key = outcome["ref_id"] if outcome.get("kind") == "mlx_reference" else outcome["task_id"]
+            table[key] = outcome
+        indexed.append(table)
+    return indexed
+
+
+@functools.cache
+def sweep_results(world: int, ranges: tuple[tuple[int, int], ...] | None = None) -> list[dict[str, dict[str, Any]]]:
+    job = sweep_job(world, list(ranges) if ranges else None)
+    return by_task(run_group(job, world, deadline_s=150))
+
+
+def expected_path(length: int, world: int, path: str, step: int) -> str:
+    return choose_path(length, step, world, path)  # type: ignore[arg-type]

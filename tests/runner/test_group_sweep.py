@@ -1,0 +1,109 @@
+"""Real ring groups of 1, 2 and 3 ranks on the tiny model: lengths across chunk boundaries,
+both paths forced and auto, the 23-token wedge, kv_bits=8, cancel at every iteration on
+every rank, and a cancelled-before-start task. One group per world size runs every task."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner.plan import chunk_sizes, expected_callbacks
+from tests.runner.harness import (
+    CANCEL_PROMPT,
+    CHUNK,
+    DECODE_CANCEL_STEPS,
+    DEFAULT_STEP,
+    KV8_LENGTHS,
+    LENGTHS,
+    iterations,
+    step_for,
+    sweep_results,
+)
+
+pytestmark = pytest.mark.timeout(240)
+WORLDS = (1, 2, 3)
+
+
+def one_rank(task_id: str) -> dict:
+    return sweep_results(1)[0][task_id]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("length", LENGTHS)
+def test_tokens_callbacks_and_path(world: int, length: int) -> None:
+    ranks = sweep_results(world)
+    reference = sweep_results(1)[0][f"ref-len{length}"]
+    assert reference["progress"] == [list(c) for c in expected_callbacks(length, CHUNK)]
+    for path in ("auto", "pipeline", "sequential") if world > 1 else ("auto",):
+        for rank, table in enumerate(ranks):
+            outcome = table[f"len{length}-{path}"]
+            where = f"world={world} rank={rank} len={length} path={path}"
+            assert outcome["token_ids"] == reference["token_ids"], where
+            assert outcome["progress"] == reference["progress"], where
+            assert outcome["finish_reason"] in ("length", "stop"), where
+    gated = "pipeline" if world > 1 and len(chunk_sizes(length, CHUNK)) >= 2 else "sequential"
+    assert {table[f"len{length}-auto"]["path"] for table in ranks} == {gated}
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_seed_wedge_23_tokens_default_step(world: int) -> None:
+    reference = sweep_results(1)[0]["ref-wedge23"]
+    for table in sweep_results(world):
+        outcome = table["wedge23"]
+        assert outcome["path"] == "sequential"  # 23 tokens make one chunk of 4096 // world
+        assert outcome["token_ids"] == reference["token_ids"]
+        assert outcome["progress"] == [list(c) for c in expected_callbacks(23, DEFAULT_STEP // min(4, world))]
+
+
+@pytest.mark.parametrize("world", (2, 3))
+@pytest.mark.parametrize("length", KV8_LENGTHS)
+def test_kv_bits_8_matches_one_rank(world: int, length: int) -> None:
+    expected = one_rank(f"kv8-{length}")["token_ids"]
+    assert expected  # and differs from the unquantized run only through the cache
+    for table in sweep_results(world):
+        assert table[f"kv8-{length}"]["token_ids"] == expected
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_task_cancelled_before_start_is_skipped_by_every_rank(world: int) -> None:
+    for table in sweep_results(world):
+        assert table["skipped"] == {"task_id": "skipped", "skipped": True}
+        assert table["after-skip"]["token_ids"] == one_rank(f"len{CANCEL_PROMPT}-auto")["token_ids"]
+
+
+@pytest.mark.parametrize("world", (2, 3))
+@pytest.mark.parametrize("path", ("pipeline", "sequential"))
+def test_cancel_at_every_prefill_iteration_on_every_rank(world: int, path: str) -> None:
+    ranks = sweep_results(world)
+    expected_next = one_rank(f"len{CANCEL_PROMPT}-auto")["token_ids"]
+    n_iter = iterations(CANCEL_PROMPT, world, path)
+    assert n_iter == len(chunk_sizes(CANCEL_PROMPT, CHUNK)) + (world - 1 if path == "pipeline" else 0)
+    for cancel_rank in range(world):
+        for iteration in range(n_iter):
+            name = f"cancel-{path}-r{cancel_rank}-p{iteration}"
+            for rank, table in enumerate(ranks):
+                outcome, where = table[name], f"{name} seen on rank {rank}"
+                assert outcome["finish_reason"] == "cancelled", where
+                assert outcome["cancelled_at"] == f"prefill:{iteration}", where
+                assert outcome["prefill_iterations"] == iteration + 1, where
+                assert outcome["token_ids"] == [], where
+                assert table[f"{name}-next"]["token_ids"] == expected_next, where
+
+
+@pytest.mark.parametrize("world", (2, 3))
+@pytest.mark.parametrize("path", ("pipeline", "sequential"))
+def test_cancel_at_decode_token_on_every_rank(world: int, path: str) -> None:
+    ranks = sweep_results(world)
+    expected = one_rank(f"len{CANCEL_PROMPT}-auto")["token_ids"]
+    n_iter = iterations(CANCEL_PROMPT, world, path)
+    for cancel_rank in range(world):
+        for step in DECODE_CANCEL_STEPS:
+            name = f"cancel-{path}-r{cancel_rank}-p{n_iter + step}"
+            for rank, table in enumerate(ranks):
+                outcome, where = table[name], f"{name} seen on rank {rank}"
+                assert outcome["cancelled_at"] == f"decode:{step}", where
+                assert outcome["token_ids"] == expected[:step], where
+                assert table[f"{name}-next"]["token_ids"] == expected, where
+
+
+def test_step_for_gives_the_same_chunk_everywhere() -> None:
+    assert {step_for(world) // min(4, world) for world in WORLDS} == {CHUNK}
