@@ -31,10 +31,10 @@ MARKER_COLOURS = {
 
 STYLE = """
 body{font:14px system-ui,sans-serif;margin:24px;color:#111;background:#fff}
-h1{font-size:18px;margin:0 0 4px} .meta{color:#555;margin-bottom:12px}
+h1{font-size:18px;margin:0 0 4px} h2{font-size:15px;margin:18px 0 6px} .meta{color:#555;margin-bottom:12px}
 svg{border:1px solid #ddd;background:#fafafa} .lane-label{font:12px monospace}
 .axis{font:11px monospace;fill:#666} .mlabel{font:11px sans-serif}
-pre{background:#f4f4f5;padding:12px;overflow-x:auto;font-size:12px}
+pre{background:#f4f4f5;padding:12px;white-space:pre-wrap;font-size:12px}
 .finding{border-left:4px solid #dc2626;padding-left:10px;margin:12px 0}
 .ok{border-left:4px solid #059669;padding-left:10px}
 table{border-collapse:collapse;font-size:12px} td{padding:2px 10px 2px 0;font-family:monospace}
@@ -42,14 +42,20 @@ table{border-collapse:collapse;font-size:12px} td{padding:2px 10px 2px 0;font-fa
 
 
 class _Scale:
-    def __init__(self, end_ms: float) -> None:
-        self.end_ms = max(end_ms, 1.0)
+    """Maps a window of task time [start_ms, end_ms] onto the plot; outside it is clamped."""
+
+    def __init__(self, start_ms: float, end_ms: float) -> None:
+        self.start_ms = start_ms
+        self.end_ms = max(end_ms, start_ms + 1.0)
 
     def x(self, ms: float) -> float:
-        return round(LEFT + max(0.0, ms) / self.end_ms * PLOT, 2)
+        clamped = min(max(ms, self.start_ms), self.end_ms)
+        return round(LEFT + (clamped - self.start_ms) / (self.end_ms - self.start_ms) * PLOT, 2)
 
     def width(self, start_ms: float, end_ms: float) -> float:
-        return max(1.0, round(self.x(end_ms) - self.x(start_ms), 2))  # a sub-pixel chunk still shows
+        width = self.x(end_ms) - self.x(start_ms)
+        # A sub-pixel chunk still shows; wide ones leave a 1px seam so neighbouring chunks read apart.
+        return round(max(1.0, width - 1 if width > 4 else width), 2)
 
 
 def _lane_svg(lane: RankLane, row: int, scale: _Scale, stuck: bool, end_ms: float) -> list[str]:
@@ -74,7 +80,7 @@ def _lane_svg(lane: RankLane, row: int, scale: _Scale, stuck: bool, end_ms: floa
             f'height="{LANE - 8}" fill="url(#hatch)" stroke="#dc2626">'
             f"<title>rank {lane.rank} stopped here</title></rect>"
         )
-    if lane.first_stack is not None:
+    if lane.first_stack is not None and scale.start_ms <= lane.first_stack.at_ms <= scale.end_ms:
         x = scale.x(lane.first_stack.at_ms)
         tip = f"flight recorder: stuck in {lane.first_stack.phase}\n{lane.first_stack.stack or ''}"
         parts.append(f'<path d="M{x},{y + 2} l5,8 l-10,0 z" fill="#b91c1c"><title>{escape(tip)}</title></path>')
@@ -112,15 +118,28 @@ def _marker_svg(marker: Marker, scale: _Scale, height: int, slot: int) -> list[s
 def _axis_svg(scale: _Scale, y: int) -> list[str]:
     parts: list[str] = []
     for i in range(11):
-        ms = scale.end_ms * i / 10
+        ms = scale.start_ms + (scale.end_ms - scale.start_ms) * i / 10
         x = scale.x(ms)
         parts.append(f'<line x1="{x}" x2="{x}" y1="{y}" y2="{y + 4}" stroke="#999"/>')
-        parts.append(f'<text class="axis" x="{x - 12}" y="{y + 16}">{ms / 1000:.2f}s</text>')
+        parts.append(f'<text class="axis" x="{x - 14}" y="{y + 16}">{ms / 1000:.3f}s</text>')
     return parts
 
 
-def timeline_svg(timeline: Timeline, stuck_ranks: Sequence[int] = ()) -> str:
-    scale = _Scale(timeline.end_ms)
+def prefill_window(timeline: Timeline) -> tuple[float, float] | None:
+    """The span of the prefill bars, when it is too small a part of the task to read bubbles in."""
+    bars = [bar for lane in timeline.lanes for bar in lane.bars]
+    if not bars:
+        return None
+    start, end = min(b.start_ms for b in bars), max(b.end_ms for b in bars)
+    if end - start >= 0.3 * max(timeline.end_ms, 1.0):
+        return None
+    margin = (end - start) * 0.05
+    return max(0.0, start - margin), end + margin
+
+
+def timeline_svg(timeline: Timeline, stuck_ranks: Sequence[int] = (), window: tuple[float, float] | None = None) -> str:
+    """The waterfall over `window` (default: the whole task) as one inline SVG element."""
+    scale = _Scale(*(window or (0.0, timeline.end_ms)))
     rows = len(timeline.lanes) + 1
     height = TOP + rows * LANE + 30
     parts = [
@@ -133,7 +152,8 @@ def timeline_svg(timeline: Timeline, stuck_ranks: Sequence[int] = ()) -> str:
     for row, lane in enumerate(timeline.lanes):
         parts.extend(_lane_svg(lane, row, scale, lane.rank in stuck_ranks, timeline.end_ms))
     parts.extend(_decode_svg(timeline, len(timeline.lanes), scale))
-    for slot, marker in enumerate(timeline.markers):
+    shown = [m for m in timeline.markers if scale.start_ms <= m.at_ms <= scale.end_ms]
+    for slot, marker in enumerate(shown):
         parts.extend(_marker_svg(marker, scale, height, slot))
     parts.extend(_axis_svg(scale, TOP + rows * LANE + 2))
     parts.append("</svg>")
@@ -149,6 +169,14 @@ def _findings_html(findings: Sequence[Finding]) -> str:
         for f in findings
     ]
     return "\n".join(blocks)
+
+
+def _zoom_html(timeline: Timeline, stuck: Sequence[int]) -> str:
+    window = prefill_window(timeline)
+    if window is None:
+        return ""
+    head = f"<h2>Prefill, zoomed to {window[0] / 1000:.3f}s to {window[1] / 1000:.3f}s (gaps are idle iterations)</h2>"
+    return f"{head}\n{timeline_svg(timeline, stuck, window)}"
 
 
 def render_timeline_html(timeline: Timeline, findings: Sequence[Finding] = ()) -> str:
@@ -168,6 +196,7 @@ def render_timeline_html(timeline: Timeline, findings: Sequence[Finding] = ()) -
 {escape(timeline.instance_id or "-")} · created {iso(timeline.created_wall_ns)} ·
 {timeline.end_ms / 1000:.3f}s shown</div>
 {timeline_svg(timeline, stuck)}
+{_zoom_html(timeline, stuck)}
 <h2>Diagnosis</h2>
 {_findings_html(findings)}
 <h2>Events</h2>

@@ -84,8 +84,12 @@ def scan(
     cutoff: Cutoff | None = None,
     observers: Iterable[EventObserver] = (),
     abandon: Abandon | None = None,
+    allow_gaps: bool = False,
 ) -> ScanResult:
-    """Fold `(line_or_position, record)` pairs. `abandon(line, reason)` is told where folding stopped."""
+    """Fold `(line_or_position, record)` pairs. `abandon(line, reason)` is told where folding stopped.
+
+    `allow_gaps`: a live stream legitimately skips a malformed message's seq; a file must not.
+    """
     result = ScanResult()
     watchers = tuple(observers)
     for line, record in records:
@@ -97,7 +101,7 @@ def scan(
         if isinstance(event, RunnerHeartbeat):
             result.heartbeats.add(event)
         elif not isinstance(event, NodeHeartbeat):
-            error = _fold(result, record.seq, event)
+            error = _fold(result, record.seq, event, allow_gaps)
             if error is not None:
                 result.fold_error = SkippedLines(line=line, reason=error, lines_not_used=1)
                 if abandon is not None:
@@ -109,10 +113,10 @@ def scan(
     return result
 
 
-def _fold(result: ScanResult, seq: int, event: LogEvent) -> str | None:
+def _fold(result: ScanResult, seq: int, event: LogEvent, allow_gaps: bool) -> str | None:
     state = result.state
-    if state.last_seq == 0 and seq != 1:
-        state = State.starting_before(seq)  # the stream's head was trimmed by retention
+    if (state.last_seq == 0 or allow_gaps) and seq > state.last_seq + 1:
+        state = msgspec.structs.replace(state, last_seq=seq - 1)  # a trimmed head, or a skipped poison message
     try:
         result.state = apply(state, seq, event)
     except ApplyError as exc:

@@ -204,7 +204,7 @@ class TimelineBuilder:
         lane.last_beat = beat
         if beat.stack is not None and lane.first_stack is None:
             lane.first_stack = beat
-            text = f"rank {beat.rank} stuck in {beat.phase} (iteration {beat.iteration})"
+            text = f"flight recorder: stuck in {beat.phase} (iteration {beat.iteration})"
             self._mark(beat.env.wall_time, "stack", text, beat.rank)
 
     def build(self) -> Timeline:

@@ -1,0 +1,103 @@
+"""Where `replay` and `diagnose` read the log from: an export file, or JetStream live."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from events.codec import ExportRecord
+from services.ops.load import ExportReader, SkippedLines
+
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+class SourceError(Exception):
+    """The log cannot be read at all (missing file, NATS unreachable): say what to do."""
+
+
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--file", type=Path, help="an export file (JSON Lines, from `shoal events export`)")
+    source.add_argument("--nats-url", help="read SHOAL_EVENTS and SHOAL_TELEMETRY live from this NATS server")
+
+
+class FileSource:
+    live = False
+
+    def __init__(self, path: Path) -> None:
+        if not path.is_file():
+            raise SourceError(f"no export file at {path}: write one with `shoal events export > FILE`")
+        self.path = path
+        self._reader: ExportReader | None = None
+
+    def records(self) -> Iterator[tuple[int, ExportRecord]]:
+        self._reader = ExportReader(self.path)
+        return iter(self._reader)
+
+    def abandon(self, line: int, reason: str) -> None:
+        if self._reader is not None:
+            self._reader.abandon(line, reason)
+
+    @property
+    def skipped(self) -> SkippedLines | None:
+        return self._reader.skipped if self._reader is not None else None
+
+
+class LiveSource:
+    """Both streams read once to their current end (in memory: a live log is bounded by retention)."""
+
+    live = True
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._records = asyncio.run(_read_live(url))
+        self.skipped: SkippedLines | None = None
+
+    def records(self) -> Iterable[tuple[int, ExportRecord]]:
+        return enumerate(self._records, 1)
+
+    def abandon(self, line: int, reason: str) -> None:
+        self.skipped = SkippedLines(line=line, reason=reason, lines_not_used=len(self._records) - line + 1)
+
+
+async def _read_live(url: str) -> list[ExportRecord]:
+    from events.log import EventLog, LogError  # NATS client only when asked to go live
+
+    try:
+        log = await EventLog.connect(url, ensure=False, name="shoal-ops")
+    except LogError as exc:
+        raise SourceError(str(exc)) from exc
+    try:
+        records = [ExportRecord(stream="events", seq=seq, event=event) async for seq, event in log.replay()]
+        records += [
+            ExportRecord(stream="telemetry", seq=seq, event=event)
+            async for seq, event in log.replay(stream="telemetry")
+        ]
+    except LogError as exc:
+        raise SourceError(str(exc)) from exc
+    finally:
+        await log.close()
+    return records
+
+
+def open_source(args: argparse.Namespace) -> FileSource | LiveSource:
+    file: Path | None = args.file
+    return FileSource(file) if file is not None else LiveSource(str(args.nats_url))
+
+
+def parse_at(text: str) -> tuple[int | None, int | None]:
+    """`--at`: an event sequence number, or an ISO time (naive means UTC). Returns (seq, wall_ns)."""
+    if text.isdigit():
+        return int(text), None
+    try:
+        moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise SourceError(
+            f"--at {text!r}: give an event sequence number or an ISO time like 2026-01-01T12:00:05Z"
+        ) from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return None, (moment - EPOCH) // dt.timedelta(microseconds=1) * 1000
