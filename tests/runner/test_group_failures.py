@@ -1,0 +1,59 @@
+"""Uneven layer splits, and a rank that dies or stalls: the launcher names it, never hangs."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from runner.errors import RankFailedError
+from runner.launch import run_group
+from runner.tiny import cached_tiny
+from tests.runner.harness import CANCEL_PROMPT, request, step_for, sweep_results
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("ranges", [((0, 1), (1, 8)), ((0, 7), (7, 8)), ((0, 1), (1, 2), (2, 8))])
+def test_uneven_splits_match_one_rank(ranges: tuple[tuple[int, int], ...]) -> None:
+    world = len(ranges)
+    job = {
+        "model_dir": str(cached_tiny()),
+        "layer_ranges": [list(r) for r in ranges],
+        "settings": {"prefill_step_size": step_for(world)},
+        "warmup": False,
+        "tasks": [{"request": request(f"uneven-{path}", CANCEL_PROMPT, path)} for path in ("pipeline", "sequential")],
+    }
+    expected = sweep_results(1)[0][f"len{CANCEL_PROMPT}-auto"]["token_ids"]
+    for rank_result in run_group(job, world, deadline_s=90):
+        assert [o["token_ids"] for o in rank_result["results"]] == [expected, expected]
+
+
+def _long_job(world: int, **fault: int) -> dict:
+    task = {"request": request("victim", 40, "pipeline", max_tokens=4), **fault}
+    return {
+        "model_dir": str(cached_tiny()),
+        "layer_ranges": {2: [[0, 4], [4, 8]], 3: [[0, 3], [3, 6], [6, 8]]}[world],
+        "settings": {"prefill_step_size": 12},
+        "warmup": False,
+        "tasks": [task],
+    }
+
+
+@pytest.mark.timeout(90)
+def test_rank_killed_mid_prefill_fails_fast_naming_it() -> None:
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as failure:
+        run_group(_long_job(3, die_rank=1, die_at_poll=2), 3, deadline_s=60)
+    assert failure.value.rank == 1
+    assert "rank 1" in str(failure.value) and "SIGKILL" in str(failure.value)
+    assert time.monotonic() - started < 45
+
+
+@pytest.mark.timeout(90)
+def test_deadline_turns_a_stall_into_an_error() -> None:
+    job = _long_job(2)
+    job["tasks"][0]["request"]["max_tokens"] = 100_000  # far more work than the deadline allows
+    started = time.monotonic()
+    with pytest.raises(RankFailedError, match="stalled"):
+        run_group(job, 2, deadline_s=8)
+    assert time.monotonic() - started < 30
