@@ -63,13 +63,13 @@ def msg_id_headers(event_id: str) -> bytes:
     return b"NATS/1.0\r\nNats-Msg-Id: " + event_id.encode() + b"\r\n\r\n"
 
 
-def skip_to(state: State, seq: int) -> State:
-    """The State once every seq before `seq` is accounted for (skipped malformed or deleted ones).
+def skip_past(state: State, seq: int) -> State:
+    """The State with every seq up to `seq` accounted for, without applying anything.
 
-    A fold over a JetStream stream meets gaps legitimately (a poison message, retention); call
-    `apply(skip_to(state, seq), seq, event)` only where such a gap is expected.
+    For a message that is not an event (malformed: `entries()` yields it with None) or a gap a
+    fold must step over (deleted messages, a subject filter): `skip_past(state, seq)`.
     """
-    return state if seq <= state.last_seq + 1 else msgspec.structs.replace(state, last_seq=seq - 1)
+    return state if seq <= state.last_seq else msgspec.structs.replace(state, last_seq=seq)
 
 
 class EventLog:
@@ -324,7 +324,7 @@ class EventLog:
         """Replay SHOAL_EVENTS onto `state` (from its last_seq + 1), stepping over malformed seqs."""
         current = state or State()
         async for seq, event in self.entries(current.last_seq + 1):
-            current = skip_to(current, seq) if event is None else apply(current, seq, event)  # type: ignore[arg-type]
+            current = skip_past(current, seq) if event is None else apply(current, seq, event)  # type: ignore[arg-type]
         return current
 
     def _poison(self, subject: str, seq: int, exc: Exception) -> None:
@@ -336,8 +336,14 @@ class EventLog:
         self._closed = True
         self._closing.set()
         self._drop_pub_wire()
+        if self._nc.is_connected:
+            try:
+                await self._nc.drain()
+                return
+            except (nats.errors.Error, TimeoutError) as exc:
+                logger.debug("drain on close failed ({}); closing", exc)
         if not self._nc.is_closed:
-            await self._nc.drain()
+            await self._nc.close()
 
 
 async def _pipeline(wire: Wire, frames: list[tuple[bytes, bytes, bytes]], todo: list[int], seqs: list[int]) -> None:

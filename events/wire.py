@@ -210,14 +210,16 @@ async def request(
     await wire.flush()
     try:
         async with asyncio.timeout(timeout):
-            while True:
-                for message in await wire.read_batch():
+            reply: bytes | None = None
+            while reply is None:
+                for message in await wire.read_batch():  # keep the whole batch: more may follow the reply
                     if message[0] != sid:
                         if others is not None:
                             others.append(message)
-                        continue
-                    if message[3].startswith(b"NATS/1.0 503"):
+                    elif message[3].startswith(b"NATS/1.0 503"):
                         raise WireError(f"no responders on {subject} (is JetStream enabled?)")
-                    return message[4]
+                    else:
+                        reply = message[4]
+            return reply
     finally:
         wire.unsubscribe(sid)

@@ -1,0 +1,52 @@
+"""follow() across a NATS server restart: every event once, in order (a server of the test's own)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from contextlib import aclosing
+
+import anyio.to_thread
+
+from events.log import EventLog
+from events.synthetic import synthetic_history
+from services.nats import EmbeddedNats
+
+
+async def test_follow_across_a_server_restart_loses_and_repeats_nothing(
+    make_nats: Callable[..., EmbeddedNats],
+) -> None:
+    server = await anyio.to_thread.run_sync(make_nats("restart").start)
+    events = synthetic_history(3000)
+    writer = await EventLog.connect(server.url)
+    follower = await EventLog.connect(server.url)
+    seen: list[int] = []
+    ids: list[str] = []
+
+    async def follow() -> None:
+        async with aclosing(follower.follow(from_seq=1)) as stream:
+            async for seq, event in stream:
+                seen.append(seq)
+                ids.append(event.env.event_id)
+                if seq == len(events):
+                    return
+
+    try:
+        async with asyncio.timeout(60):
+            reader = asyncio.create_task(follow())
+            await writer.append_many(events[:1000])
+            while len(seen) < 500:  # restart while the follower is mid-stream
+                await asyncio.sleep(0.005)
+            await anyio.to_thread.run_sync(server.stop)
+            await asyncio.sleep(0.3)
+            await anyio.to_thread.run_sync(server.start)
+            await writer.append_many(events[1000:2000])  # reconnects, resends what was not acknowledged
+            for event in events[2000:2100]:
+                await writer.append(event)
+            await writer.append_many(events[2100:])
+            await reader
+    finally:
+        await writer.close()
+        await follower.close()
+    assert seen == list(range(1, len(events) + 1))
+    assert ids == [event.env.event_id for event in events]
