@@ -1,0 +1,89 @@
+"""Pure helpers: BLAS env, stop strings, phase tracker, hostfile, pending-send-free imports."""
+
+from __future__ import annotations
+
+import ast
+import threading
+from pathlib import Path
+
+import pytest
+
+from runner.blas import BlasSettingError, blas_env
+from runner.launch import ring_hostfile
+from runner.protocols import PhaseTracker
+from runner.stops import TextAssembler
+
+pytestmark = pytest.mark.timeout(20)
+OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
+
+
+def test_blas_auto_preloads_and_splits_threads() -> None:
+    env = blas_env("auto", ranks_on_node=2, cpu_count=2, base_env={}, exists=lambda p: p == OPENBLAS)
+    assert env == {"LD_PRELOAD": OPENBLAS, "OPENBLAS_NUM_THREADS": "1"}
+
+
+def test_blas_keeps_existing_preload_and_pinned_threads() -> None:
+    base = {"LD_PRELOAD": "/x.so", "OPENBLAS_NUM_THREADS": "3"}
+    env = blas_env(None, ranks_on_node=4, cpu_count=2, base_env=base, exists=lambda p: p == OPENBLAS)
+    assert env == {"LD_PRELOAD": f"{OPENBLAS}:/x.so"}
+
+
+def test_blas_off_and_missing_library() -> None:
+    assert blas_env("off", 2, 2, {}, exists=lambda p: True) == {}
+    assert blas_env("auto", 3, 2, {}, exists=lambda p: False) == {"OPENBLAS_NUM_THREADS": "1"}
+    with pytest.raises(BlasSettingError, match="no such file"):
+        blas_env("/nope.so", 1, 2, {}, exists=lambda p: False)
+    assert blas_env("/mine.so", 1, 8, {}, exists=lambda p: True)["LD_PRELOAD"] == "/mine.so"
+
+
+def test_text_assembler_holds_back_a_possible_stop_string() -> None:
+    text = TextAssembler(stop=["END"])
+    assert text.add(1, "hello E") == ("hello ", [1])  # "E" might start "END": held back
+    assert text.add(2, "N") == ("", [])
+    assert text.add(3, "Dx") == ("", [2, 3])
+    assert text.stopped and text.text == "hello "
+
+
+def test_text_assembler_releases_false_alarms_and_finishes() -> None:
+    text = TextAssembler(stop=["END"])
+    assert text.add(1, "E") == ("", [])
+    assert text.add(2, "x") == ("Ex", [1, 2])
+    assert text.add(3, "E") == ("", [])
+    assert text.finish() == ("E", [3])
+    assert not text.stopped
+
+
+def test_text_assembler_without_stops_streams_everything() -> None:
+    text = TextAssembler(stop=[])
+    assert text.add(7, "a") == ("a", [7])
+    assert text.add(None, "b") == ("b", [])
+
+
+def test_phase_tracker_is_readable_from_another_thread() -> None:
+    phases = PhaseTracker()
+    assert phases.snapshot().phase == "idle"
+    thread = threading.Thread(target=phases.enter, args=("prefill", "t1", 3))
+    thread.start()
+    thread.join()
+    snap = phases.snapshot()
+    assert (snap.phase, snap.task_id, snap.iteration) == ("prefill", "t1", 3)
+
+
+def test_ring_hostfile_has_one_address_list_per_rank() -> None:
+    assert ring_hostfile([5000, 5001]) == [["127.0.0.1:5000"], ["127.0.0.1:5001"]]
+
+
+MLX_FREE = ("launch.py", "blas.py", "plan.py", "protocols.py", "errors.py", "model_info.py",
+            "local_run.py", "stops.py", "chat.py", "scripted.py", "tiny_tokenizer.py")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", MLX_FREE)
+def test_cli_side_runner_modules_do_not_import_mlx_at_module_level(name: str) -> None:
+    tree = ast.parse((Path(__file__).parents[2] / "runner" / name).read_text())
+    imported = set()
+    for node in tree.body:  # module level only; lazy imports inside functions are the point
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+    assert not {m for m in imported if m.split(".")[0] in ("mlx", "mlx_lm")}
