@@ -1,0 +1,126 @@
+"""export -> import -> export through the CLI, and all-or-nothing imports of bad files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from events.catalogue import Origin, RunnerHeartbeat
+from events.export import BadExportLine, fold_export, read_export
+from events.ids import InstanceId
+from events.log import EventLog
+from events.stamp import Stamper
+from events.synthetic import synthetic_history
+from services.cli import main
+from services.nats import EmbeddedNats
+
+
+async def _seed(url: str, count: int, beats: int = 0) -> None:
+    log = await EventLog.connect(url)
+    try:
+        await log.delete_streams()
+        await log.ensure_streams()
+        await log.append_many(synthetic_history(count))
+        stamper = Stamper(Origin(service="runner", node="n1", rank=0))
+        beat_events = [
+            RunnerHeartbeat(env=stamper.stamp(f"hb-{i}"), instance_id=InstanceId("inst-synthetic"), rank=0, phase="idle")
+            for i in range(beats)
+        ]
+        await log.append_many(beat_events)
+    finally:
+        await log.close()
+
+
+async def _count(url: str) -> int:
+    log = await EventLog.connect(url)
+    try:
+        return await log.message_count()
+    finally:
+        await log.close()
+
+
+def test_export_import_export_gives_identical_files(
+    nats_url: str, make_nats: Callable[..., EmbeddedNats], tmp_path: Path
+) -> None:
+    asyncio.run(_seed(nats_url, 2000, beats=5))
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    assert main(["events", "export", "--nats-url", nats_url, "--telemetry", "-o", str(first)]) == 0
+    lines = first.read_bytes().splitlines()
+    assert len(lines) == 2005
+    assert json.loads(lines[0])["seq"] == 1 and json.loads(lines[0])["event"]["type"] == "node_joined"
+
+    fresh = make_nats("fresh").start()
+    assert main(["events", "import", "--nats-url", fresh.url, str(first)]) == 0
+    assert main(["events", "export", "--nats-url", fresh.url, "--telemetry", "-o", str(second)]) == 0
+    assert first.read_bytes() == second.read_bytes()
+    # importing again is refused: the streams are no longer empty
+    assert main(["events", "import", "--nats-url", fresh.url, str(first)]) == 2
+    assert asyncio.run(_count(fresh.url)) == 2000
+
+
+def test_export_of_one_task_and_since_a_seq(nats_url: str, tmp_path: Path) -> None:
+    asyncio.run(_seed(nats_url, 500))
+    out = tmp_path / "task.jsonl"
+    assert main(["events", "export", "--nats-url", nats_url, "--task", "task-00000003", "-o", str(out)]) == 0
+    records = read_export(out)
+    assert records and {getattr(r.event, "task_id", None) for r in records} == {"task-00000003"}
+    assert main(["events", "export", "--nats-url", nats_url, "--since", "450", "-o", str(out)]) == 0
+    assert [r.seq for r in read_export(out)] == list(range(450, 501))
+    assert main(["events", "export", "--nats-url", nats_url, "--since", "yesterday", "-o", str(out)]) == 2
+
+
+def test_a_bad_line_is_rejected_with_its_number_and_nothing_is_imported(
+    nats_url: str, make_nats: Callable[..., EmbeddedNats], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    asyncio.run(_seed(nats_url, 50))
+    good = tmp_path / "good.jsonl"
+    assert main(["events", "export", "--nats-url", nats_url, "-o", str(good)]) == 0
+    lines = good.read_text().splitlines()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([*lines[:30], '{"stream":"events","seq":31,"event":{"type":"nope"}}', *lines[31:]]) + "\n")
+    fresh = make_nats("fresh").start()
+    capsys.readouterr()
+    assert main(["events", "import", "--nats-url", fresh.url, str(bad)]) == 2
+    assert "bad.jsonl:31:" in capsys.readouterr().err
+    assert asyncio.run(_count(fresh.url)) == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ("not json", "not a valid event record"),
+        ('{"stream":"events","seq":0,"event":null}', "not a valid event record"),
+        ("SEQ_BACKWARDS", "does not follow"),
+        ("WRONG_STREAM", "cannot belong to stream"),
+    ],
+)
+def test_read_export_names_the_bad_line(tmp_path: Path, line: str, reason: str) -> None:
+    from events.codec import ExportRecord, encode_record
+
+    events = synthetic_history(3)
+    good = [encode_record(ExportRecord(stream="events", seq=i, event=e)).decode() for i, e in enumerate(events, 1)]
+    if line == "SEQ_BACKWARDS":
+        line = encode_record(ExportRecord(stream="events", seq=2, event=events[0])).decode()
+    if line == "WRONG_STREAM":
+        line = encode_record(ExportRecord(stream="telemetry", seq=9, event=events[0])).decode()
+    path = tmp_path / "x.jsonl"
+    path.write_text("\n".join([*good, line]) + "\n")
+    with pytest.raises(BadExportLine) as caught:
+        read_export(path)
+    assert caught.value.line == 4 and reason in str(caught.value)
+
+
+def test_fold_export_equals_the_fold_of_the_events(tmp_path: Path) -> None:
+    from events.apply import fold
+    from events.codec import ExportRecord
+    from events.export import write_export
+
+    events = synthetic_history(1000)
+    path = tmp_path / "log.jsonl"
+    with path.open("wb") as out:
+        write_export((ExportRecord(stream="events", seq=i, event=e) for i, e in enumerate(events, 1)), out)
+    assert fold_export(path) == fold(enumerate(events, 1))
