@@ -73,7 +73,8 @@ def _job(model_dir: Any, ranges: list[tuple[int, int]], step: int, prompt: list[
         {"request": {"task_id": f"{path}-{i}", "prompt_token_ids": prompt, "max_tokens": 1, "prefill_path": path}}
         for i, path in enumerate(paths)
     ]
-    return {"model_dir": str(model_dir), "layer_ranges": ranges, "settings": {"prefill_step_size": step}, "tasks": tasks}
+    settings = {"prefill_step_size": step}
+    return {"model_dir": str(model_dir), "layer_ranges": ranges, "settings": settings, "tasks": tasks}
 
 
 def _rates(results: list[dict], paths: list[str], path: str) -> list[float]:

@@ -8,6 +8,7 @@ past the deadline the run fails naming the rank whose phase has been stuck the l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -63,7 +64,9 @@ def rank_env(rank: int, world: int, hostfile: Path, base: dict[str, str]) -> dic
     return env
 
 
-def run_group(job: dict[str, Any], world: int, deadline_s: float, extra_env: dict[str, str] | None = None) -> list[dict]:
+def run_group(
+    job: dict[str, Any], world: int, deadline_s: float, extra_env: dict[str, str] | None = None
+) -> list[dict]:
     """Run `job` on `world` local ranks; return each rank's result dict, in rank order."""
     workdir = Path(tempfile.mkdtemp(prefix="shoal-group-"))
     ranks: list[RankProcess] = []
@@ -153,7 +156,5 @@ def _load(path: Path) -> dict | None:
 def _kill(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.kill()
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass

@@ -111,9 +111,7 @@ def validate_split(ranges: list[tuple[int, int]], n_layers: int) -> list[tuple[i
         if end <= start:
             raise SplitError(f"rank {rank} has an empty layer range [{start}, {end})")
         if start != expected_start:
-            raise SplitError(
-                f"layer split is not contiguous: rank {rank} starts at {start}, expected {expected_start}"
-            )
+            raise SplitError(f"layer split is not contiguous: rank {rank} starts at {start}, expected {expected_start}")
         expected_start = end
     if expected_start != n_layers:
         raise SplitError(f"layer split covers {expected_start} layers but the model has {n_layers}")

@@ -6,6 +6,7 @@ model of the tests and of `shoal up`; the `tiny` keyword resolves to a cached co
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -100,10 +101,9 @@ def cached_tiny(spec: TinySpec | None = None) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
     try:
         make_tiny(staging, spec)
-        try:
+        # If another process won the race, its copy is identical: keep it.
+        with contextlib.suppress(OSError):
             staging.rename(target)
-        except OSError:  # another process won the race; its copy is identical
-            pass
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

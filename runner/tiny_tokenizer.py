@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -57,7 +58,7 @@ def learn_merges(words: list[str], max_merges: int) -> list[tuple[str, str]]:
         pairs: Counter[tuple[str, str]] = Counter()
         for word, count in word_counts.items():
             symbols = splits[word]
-            for pair in zip(symbols, symbols[1:], strict=False):
+            for pair in pairwise(symbols):
                 pairs[pair] += count
         if not pairs:
             break

@@ -12,7 +12,7 @@ from typing import Any
 
 from runner.launch import run_group
 from runner.local_run import synthetic_prompt
-from runner.plan import chunk_sizes, choose_path, effective_step, rank_schedule
+from runner.plan import choose_path, chunk_sizes, effective_step, rank_schedule
 from runner.tiny import cached_tiny
 
 CHUNK = 6
@@ -76,9 +76,16 @@ def cancel_tasks(world: int) -> list[dict[str, Any]]:
 
 def reference_tasks() -> list[dict[str, Any]]:
     """mlx-lm's own stream_generate, for the callbacks and tokens to match (1 rank only)."""
+
     def ref(ref_id: str, length: int, step: int) -> dict[str, Any]:
         prompt = synthetic_prompt(length)
-        return {"kind": "mlx_reference", "ref_id": ref_id, "prompt_token_ids": prompt, "max_tokens": MAX_TOKENS, "step": step}
+        return {
+            "kind": "mlx_reference",
+            "ref_id": ref_id,
+            "prompt_token_ids": prompt,
+            "max_tokens": MAX_TOKENS,
+            "step": step,
+        }
 
     return [*(ref(f"ref-len{n}", n, CHUNK) for n in LENGTHS), ref("ref-wedge23", 23, DEFAULT_STEP)]
 
