@@ -1,0 +1,105 @@
+"""The embedded nats-server: start, readiness, clean stop, clear errors; `shoal nats` + `shoal events tail`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from events.log import EventLog
+from events.synthetic import synthetic_history
+from services import nats as embedded
+from services.nats import EmbeddedNats, NatsBinaryNotFound, NatsStartFailed, PortInUse, find_nats_server, free_port
+
+
+def test_the_binary_of_the_wheel_is_found() -> None:
+    path = Path(find_nats_server())
+    assert path.name == "nats-server" and os.access(path, os.X_OK)
+
+
+def test_a_missing_binary_says_what_to_do(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(embedded.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(embedded.sysconfig, "get_path", lambda _name: str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(NatsBinaryNotFound, match=r"uv sync.*--nats-url"):
+        find_nats_server()
+
+
+def test_start_is_ready_for_jetstream_and_stop_is_clean(tmp_path: Path) -> None:
+    server = EmbeddedNats(data_dir=tmp_path, port=0)
+    with server:
+        assert server.running and server.port > 0
+        info = embedded.read_info("127.0.0.1", server.port)
+        assert info is not None and info["jetstream"] is True
+        assert (tmp_path / "nats").is_dir()
+    assert not server.running
+    assert embedded.port_is_free("127.0.0.1", server.port)
+
+
+async def test_async_context_manager(tmp_path: Path) -> None:
+    async with EmbeddedNats(data_dir=tmp_path, port=0) as server:
+        log = await EventLog.connect(server.url)
+        assert await log.append(synthetic_history(1)[0]) == 1
+        await log.close()
+
+
+def test_a_taken_port_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(PortInUse, match=rf"port {port} .* already in use.*--nats-port"):
+            EmbeddedNats(data_dir=tmp_path, port=port).start()
+
+
+def test_a_server_that_cannot_start_reports_its_log(tmp_path: Path) -> None:
+    server = EmbeddedNats(data_dir=tmp_path, port=0, extra_args=("--no_such_flag",), ready_timeout=5)
+    with pytest.raises(NatsStartFailed, match="exited during start"):
+        server.start()
+    assert not server.running
+
+
+def _read_until(stream: object, marker: str, lines: list[str]) -> None:
+    for line in iter(stream.readline, ""):  # type: ignore[attr-defined]
+        lines.append(line)
+        if marker in line:
+            return
+    raise AssertionError(f"{marker!r} never printed; got {lines}")
+
+
+def test_shoal_nats_serves_and_shoal_events_tail_follows(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "SHOAL_DATA_DIR": str(tmp_path), "SHOAL_NATS_PORT": str(port), "SHOAL_LOG_LEVEL": "WARNING"}
+    shoal = [sys.executable, "-m", "services.cli"]
+    server = subprocess.Popen([*shoal, "nats"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tail: subprocess.Popen[str] | None = None
+    try:
+        _read_until(server.stdout, "Ctrl-C to stop", [])
+        tail = subprocess.Popen([*shoal, "events", "tail"], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        _read_until(tail.stdout, "# tailing", [])
+
+        async def publish() -> None:
+            log = await EventLog.connect(f"nats://127.0.0.1:{port}")
+            await log.append_many(synthetic_history(3))
+            await log.close()
+
+        asyncio.run(publish())
+        lines: list[str] = []
+        _read_until(tail.stdout, "instance_placed", lines)
+        assert "node_joined" in lines[0] and lines[0].split()[0] == "1"
+    finally:
+        for process in (tail, server):
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGINT)
+        for process in (tail, server):
+            if process is not None:
+                process.communicate(timeout=15)
+    assert server.returncode == 0
+    assert embedded.port_is_free("127.0.0.1", port)
