@@ -20,7 +20,14 @@ from events.export import BadExportLine, read_export, split_streams, write_expor
 from events.log import EventLog, LogError
 from events.streams import StreamKey
 from events.subjects import task_events
-from services.config import ConfigError, configure_logging, ShoalConfig, add_common_flags, config_from_args, log_settings
+from services.config import (
+    ConfigError,
+    ShoalConfig,
+    add_common_flags,
+    config_from_args,
+    configure_logging,
+    log_settings,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -96,7 +103,11 @@ def describe(seq: int, event: AnyEvent) -> str:
     if len(shown) > 200:
         shown = shown[:197] + "..."
     origin = event.env.origin
-    who = origin.service + (f"@{origin.node}" if origin.node else "") + (f"/r{origin.rank}" if origin.rank is not None else "")
+    who = (
+        origin.service
+        + (f"@{origin.node}" if origin.node else "")
+        + (f"/r{origin.rank}" if origin.rank is not None else "")
+    )
     return f"{seq:>8}  {at}  {tag_of(event):<22} {shown}  [{who}]"
 
 

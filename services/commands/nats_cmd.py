@@ -10,7 +10,7 @@ from types import FrameType
 from typing import Any
 
 from events.log import EventLog, LogError
-from services.config import ConfigError, configure_logging, add_setting_flag, config_from_args, log_settings
+from services.config import ConfigError, add_setting_flag, config_from_args, configure_logging, log_settings
 from services.nats import EmbeddedNats, NatsError
 
 
