@@ -348,3 +348,15 @@ def _instance_retired(state: State, seq: int, event: InstanceRetired) -> State:
     instance = _instance(state, event.instance_id, "instance_retired")
     retired = replace(instance, retired=True, retire_reason=event.reason)
     return replace(state, last_seq=seq, instances=state.instances.set(instance.instance_id, retired))
+
+
+def apply_live(state: State, seq: int, event: LogEvent) -> tuple[State, ApplyError | None]:
+    """For services following the stream: step over gaps (seqs of malformed or deleted messages)
+    and return a named error instead of raising it, so one bad event is logged and skipped
+    (the State then only advances its seq) and never stops a consumer."""
+    if seq > state.last_seq + 1:
+        state = replace(state, last_seq=seq - 1)
+    try:
+        return apply(state, seq, event), None
+    except ApplyError as exc:
+        return replace(state, last_seq=max(state.last_seq, seq)), exc

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 # Each entry is a module under services/commands exposing `register(subparsers)`.
 COMMAND_MODULES: tuple[str, ...] = (
     "bench_cmd",
+    "cluster_cmds",
     "model_cmd",
     "generate_cmd",
     "nats_cmd",

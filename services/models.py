@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from events.state import State
 from runner.errors import ModelDirError
 from runner.model_info import read_model_info
 from services.master.core import UnknownModel
@@ -34,3 +35,9 @@ class LocalModelCatalog:
             return read_model_info(resolve_model_dir(model)).n_layers
         except ModelDirError as exc:
             raise UnknownModel(f"model {model!r} cannot be loaded: {exc}") from exc
+
+
+def served_models(configured: Sequence[str], state: State) -> list[str]:
+    """The models a cluster offers: the configured ones plus any with a live instance."""
+    live = [i.model for i in state.instances.values() if not i.retired]
+    return list(dict.fromkeys([*configured, *sorted(live)]))

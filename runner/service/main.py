@@ -15,6 +15,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -148,8 +149,24 @@ def _status_publisher(bridge: LogBridge, stamper: Stamper, args: argparse.Namesp
     return publish
 
 
+def exit_with_parent(poll_seconds: float = 1.0) -> threading.Thread:
+    """A runner whose worker died (even by SIGKILL) exits too, instead of holding its ports."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_seconds)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    exit_with_parent()
     stamper = Stamper(Origin(service="runner", node=args.node_id, rank=args.rank))
     phases = PhaseTracker()
     stop = threading.Event()
@@ -172,20 +189,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _flight_recorder(args: argparse.Namespace, bridge: LogBridge, phases: PhaseTracker) -> Any:
     """The heartbeat thread (DESIGN.md §3), publishing RunnerHeartbeat to telemetry."""
-    from contextlib import nullcontext
+    from runner.flight_recorder import HeartbeatThread
 
-    try:
-        from runner.flight_recorder import HeartbeatThread  # pyright: ignore[reportMissingImports]
-    except ImportError:
-        return nullcontext()
     stamper = Stamper(Origin(service="runner", node=args.node_id, rank=args.rank))
     return HeartbeatThread(
         phases,
+        stamper,
         bridge.publish,
-        stamper=stamper,
         instance_id=args.instance,
         rank=args.rank,
-        interval=args.heartbeat_seconds,
+        interval_s=args.heartbeat_seconds,
         stall_stack_seconds=args.stall_stack_seconds,
     )
 

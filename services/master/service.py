@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 import msgspec
 from loguru import logger
 
-from events.apply import ApplyError, apply
+from events.apply import apply_live
 from events.catalogue import LogEvent, NodeHeartbeat, Origin
 from events.ids import NodeId
-from events.log import EventLog, skip_to
+from events.log import EventLog
 from events.stamp import Stamper
 from events.state import State
 from events.subjects import PREFIX
@@ -65,11 +65,9 @@ class Master:
             await log.close()
 
     async def _on_event(self, seq: int, event: LogEvent) -> None:
-        try:
-            self.state = apply(skip_to(self.state, seq), seq, event)
-        except ApplyError as exc:
-            logger.warning("master: skipping seq {}: {}", seq, exc)
-            self.state = skip_to(self.state, seq + 1)
+        self.state, error = apply_live(self.state, seq, event)
+        if error is not None:
+            logger.warning("master: skipping seq {}: {}", seq, error)
             return
         self._undecided.append(event)
         if seq < self._awaiting_seq:

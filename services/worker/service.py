@@ -11,10 +11,10 @@ from collections.abc import Callable
 import msgspec
 from loguru import logger
 
-from events.apply import ApplyError, apply
+from events.apply import apply_live
 from events.catalogue import LogEvent, NodeHeartbeat, NodeJoined, NodeLeft, Origin, RunnerStatusChanged
 from events.ids import InstanceId, NodeId
-from events.log import EventLog, skip_to
+from events.log import EventLog
 from events.stamp import Stamper
 from events.state import State
 from runner.blas import blas_env
@@ -82,11 +82,9 @@ class Worker:
             await self._shutdown(log)
 
     def _fold(self, seq: int, event: LogEvent) -> None:
-        try:
-            self.state = apply(skip_to(self.state, seq), seq, event)
-        except ApplyError as exc:
-            logger.warning("worker {}: skipping seq {}: {}", self.node_id, seq, exc)
-            self.state = skip_to(self.state, seq + 1)
+        self.state, error = apply_live(self.state, seq, event)
+        if error is not None:
+            logger.warning("worker {}: skipping seq {}: {}", self.node_id, seq, error)
 
     async def _reconcile(self) -> None:
         runners = self._runners

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP API: publishes tasks and streams their events back."""

@@ -1,0 +1,94 @@
+"""OpenAI wire format for chat completions: response objects and SSE chunks."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from events.catalogue import Usage
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+DONE = sse("[DONE]")
+
+
+def openai_finish(finish_reason: str) -> str:
+    """OpenAI has no `cancelled`; a cancelled task ends as `stop` (shoal_finish_reason says why)."""
+    return "stop" if finish_reason == "cancelled" else finish_reason
+
+
+def usage_dict(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "shoal": {"ttft_ms": usage.ttft_ms, "prefill_tps": usage.prefill_tps, "decode_tps": usage.decode_tps},
+    }
+
+
+class ChunkMaker:
+    """Builds the chunks of one streamed completion (same id, created time and model)."""
+
+    def __init__(self, completion_id: str, model: str) -> None:
+        self.id = completion_id
+        self.model = model
+        self.created = int(time.time())
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
+
+    def role(self) -> bytes:
+        return sse(self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]))
+
+    def content(self, text: str) -> bytes:
+        return sse(self._chunk([{"index": 0, "delta": {"content": text}, "finish_reason": None}]))
+
+    def progress(self, processed: int, total: int, time_ms: float) -> bytes:
+        """Prefill progress shaped like llama.cpp's `prompt_progress` (no choices)."""
+        progress = {"total": total, "cache": 0, "processed": processed, "time_ms": round(time_ms, 1)}
+        return sse(self._chunk([], prompt_progress=progress))
+
+    def finish(self, finish_reason: str) -> bytes:
+        return sse(
+            self._chunk(
+                [{"index": 0, "delta": {}, "finish_reason": openai_finish(finish_reason)}],
+                shoal_finish_reason=finish_reason,
+            )
+        )
+
+    def usage(self, usage: Usage) -> bytes:
+        return sse(self._chunk([], usage=usage_dict(usage)))
+
+
+def error_body(message: str, *, kind: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def completion(completion_id: str, model: str, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": openai_finish(finish_reason),
+            }
+        ],
+        "usage": usage_dict(usage),
+        "shoal_finish_reason": finish_reason,
+    }

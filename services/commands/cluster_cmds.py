@@ -1,0 +1,106 @@
+"""`shoal up`, `shoal master`, `shoal worker`, `shoal api`: the cluster's services."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from events.log import LogError
+from services.config import (
+    ConfigError,
+    ResolvedConfig,
+    add_common_flags,
+    add_setting_flag,
+    config_from_args,
+    configure_logging,
+)
+from services.nats import NatsError
+
+
+def register(subparsers: Any) -> None:
+    up = subparsers.add_parser("up", help="run a whole cluster on this machine: NATS, master, workers, API")
+    add_common_flags(up)
+    add_setting_flag(up, "workers", "worker nodes to start (default 2: the model runs as a 2-rank pipeline)")
+    add_setting_flag(up, "model", "model to serve: `tiny` or an mlx-lm model directory")
+    up.add_argument("--port", dest="api_port", default=None, help="API port (default 8000)")
+    add_setting_flag(up, "nats_port", "embedded NATS client port (default 4222)")
+    add_setting_flag(up, "data_dir", "where the embedded NATS stores the log")
+    up.set_defaults(handler=_up)
+
+    master = subparsers.add_parser("master", help="run the master (placement, assignment, watchdog)")
+    add_common_flags(master)
+    add_setting_flag(master, "model", "model kept placed once nodes join")
+    master.set_defaults(handler=lambda args: _serve(args, "master"))
+
+    worker = subparsers.add_parser("worker", help="run a worker for this node (one runner process per rank)")
+    add_common_flags(worker)
+    worker.add_argument("--node-id", default=None, help="node id (default: the host name)")
+    worker.add_argument("--host", default="127.0.0.1", help="address peers reach this node's ring ports on")
+    worker.set_defaults(handler=lambda args: _serve(args, "worker"))
+
+    api = subparsers.add_parser("api", help="run the OpenAI-compatible HTTP API")
+    add_common_flags(api)
+    api.add_argument("--port", dest="api_port", default=None, help="API port (default 8000)")
+    add_setting_flag(api, "model", "model the API offers")
+    api.set_defaults(handler=lambda args: _serve(args, "api"))
+
+
+def _resolve(args: argparse.Namespace, command: str) -> ResolvedConfig | None:
+    try:
+        resolved = config_from_args(args)
+        configure_logging(resolved.config)
+        return resolved
+    except ConfigError as exc:
+        print(f"shoal {command}: {exc}", file=sys.stderr)
+        return None
+
+
+def _up(args: argparse.Namespace) -> int:
+    from services.up import up
+
+    resolved = _resolve(args, "up")
+    if resolved is None:
+        return 2
+    try:
+        _prepare_model(resolved.config.model)
+        return up(resolved, resolved.config.workers)
+    except (NatsError, LogError) as exc:
+        print(f"shoal up: {exc}", file=sys.stderr)
+        return 1
+
+
+def _prepare_model(model: str) -> None:
+    """Make the tiny model before any service needs it (so runners never race to build it)."""
+    from services.models import resolve_model_dir
+
+    resolve_model_dir(model)
+
+
+def _serve(args: argparse.Namespace, role: str) -> int:
+    from services import roles
+    from services.worker.service import default_node_id
+
+    resolved = _resolve(args, role)
+    if resolved is None:
+        return 2
+    if not resolved.config.nats_url:
+        print(
+            f"shoal {role}: note: no --nats-url/SHOAL_NATS_URL given; using {resolved.config.client_nats_url}",
+            file=sys.stderr,
+        )
+    runs: dict[str, Callable[[], Awaitable[None]]] = {
+        "master": lambda: roles.run_master(resolved),
+        "worker": lambda: roles.run_worker(resolved, args.node_id or default_node_id(), host=args.host),
+        "api": lambda: roles.run_api(resolved),
+    }
+    try:
+        asyncio.run(runs[role]())
+    except KeyboardInterrupt:
+        return 0
+    except LogError as exc:
+        print(f"shoal {role}: {exc}", file=sys.stderr)
+        return 1
+    return 0

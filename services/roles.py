@@ -1,0 +1,77 @@
+"""The cluster's roles built from one resolved config, so `shoal up` and the standalone
+`shoal master|worker|api` commands run exactly the same services with the same settings."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from services.api.app import serve_api
+from services.config import ResolvedConfig, ShoalConfig
+from services.master.core import MasterPolicy
+from services.master.service import Master, MasterSettings
+from services.models import LocalModelCatalog, resolve_model_dir
+from services.worker.service import Worker, WorkerSettings
+
+
+def master_policy(config: ShoalConfig, *, min_nodes_for_default: int = 1) -> MasterPolicy:
+    return MasterPolicy(
+        prefill_step_size=config.prefill_step_size,
+        kv_bits=config.kv_bits,
+        kv_group_size=config.kv_group_size,
+        default_model=config.model or None,
+        min_nodes_for_default=min_nodes_for_default,
+        task_stall_seconds=config.task_stall_seconds,
+        node_timeout_seconds=config.node_timeout_seconds,
+    )
+
+
+def served(config: ShoalConfig) -> list[str]:
+    return [config.model] if config.model else []
+
+
+def tokenizer_files(config: ShoalConfig) -> dict[str, Path]:
+    """tokenizer.json of each served model that is on this machine (for prompt size checks)."""
+    files: dict[str, Path] = {}
+    for model in served(config):
+        path = resolve_model_dir(model) / "tokenizer.json"
+        if path.exists():
+            files[model] = path
+    return files
+
+
+async def run_master(
+    resolved: ResolvedConfig, *, min_nodes_for_default: int = 1, ready: asyncio.Event | None = None
+) -> None:
+    config = resolved.config
+    settings = MasterSettings(
+        nats_url=config.client_nats_url, policy=master_policy(config, min_nodes_for_default=min_nodes_for_default)
+    )
+    await Master(settings, LocalModelCatalog(served(config))).run(ready)
+
+
+async def run_worker(
+    resolved: ResolvedConfig,
+    node_id: str,
+    *,
+    host: str = "127.0.0.1",
+    echo_runner_logs: bool = False,
+    ready: asyncio.Event | None = None,
+) -> None:
+    config = resolved.config
+    settings = WorkerSettings(
+        nats_url=config.client_nats_url,
+        node_id=node_id,
+        host=host,
+        heartbeat_interval_seconds=config.heartbeat_interval_seconds,
+        blas=config.blas,
+        decode_cancel_poll_tokens=config.decode_cancel_poll_tokens,
+        stall_stack_seconds=config.stall_stack_seconds,
+        echo_runner_logs=echo_runner_logs,
+    )
+    await Worker(settings).run(ready)
+
+
+async def run_api(resolved: ResolvedConfig, ready: asyncio.Event | None = None) -> None:
+    config = resolved.config
+    await serve_api(resolved, served(config), tokenizer_files(config), ready)
