@@ -22,6 +22,7 @@ it is closed when garbage collected. Stop a `follow` by cancelling its task or `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import datetime
@@ -80,15 +81,16 @@ class EventLog:
         self.settings = settings
         self.malformed = 0  # messages skipped because they did not decode
         self._nc = nc
-        self._js = nc.jetstream()
+        self._js = nc.jetstream()  # pyright: ignore[reportUnknownMemberType]
         self._pub_lock = asyncio.Lock()
         self._pub_wire: Wire | None = None
         self._closed = False
         self._closing = asyncio.Event()
 
     @classmethod
-    async def connect(cls, url: str, settings: LogSettings | None = None, *, name: str = "shoal",
-                      ensure: bool = True) -> EventLog:  # fmt: skip
+    async def connect(
+        cls, url: str, settings: LogSettings | None = None, *, name: str = "shoal", ensure: bool = True
+    ) -> EventLog:
         """Connect (retrying for `settings.retry_seconds`) and, unless `ensure=False`, ensure streams."""
         settings = settings or LogSettings()
         closing = asyncio.Event()  # set by close(): a disconnect then is expected, not news
@@ -104,11 +106,17 @@ class EventLog:
             logger.info("NATS reconnected to {}", url)
 
         try:
-            nc = await nats.connect(
-                url.split(","), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.25,
-                connect_timeout=2, allow_reconnect=True, error_cb=on_error,
-                disconnected_cb=on_disconnect, reconnected_cb=on_reconnect,
-            )  # fmt: skip
+            nc = await nats.connect(  # pyright: ignore[reportUnknownMemberType]
+                url.split(","),
+                name=name,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.25,
+                connect_timeout=2,
+                allow_reconnect=True,
+                error_cb=on_error,
+                disconnected_cb=on_disconnect,
+                reconnected_cb=on_reconnect,
+            )
         except (OSError, nats.errors.NoServersError, TimeoutError) as exc:
             raise LogError(f"cannot connect to NATS at {url}: {exc}; is the server running?") from exc
         log = cls(nc, url, settings)
@@ -126,28 +134,24 @@ class EventLog:
             try:
                 await self._js.stream_info(stream_name(key))
             except nats.js.errors.NotFoundError:
-                await self._js.add_stream(config)
+                await self._js.add_stream(config)  # pyright: ignore[reportUnknownMemberType]
                 logger.debug("created stream {}", config.name)
             else:
-                await self._js.update_stream(config)
+                await self._js.update_stream(config)  # pyright: ignore[reportUnknownMemberType]
 
     async def delete_streams(self) -> None:
         """Delete both streams (tests, or before an import); `ensure_streams()` recreates them."""
         for key in ("events", "telemetry"):
-            try:
+            with contextlib.suppress(nats.js.errors.NotFoundError):
                 await self._js.delete_stream(stream_name(key))
-            except nats.js.errors.NotFoundError:
-                pass
 
     async def reset_stream(self, stream: StreamKey, *, first_seq: int = 1) -> None:
         """Delete one stream and create it empty, its first message to get `first_seq` (imports)."""
         config = stream_config(stream, self.settings)
         config.first_seq = first_seq if first_seq > 1 else None
-        try:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
             await self._js.delete_stream(stream_name(stream))
-        except nats.js.errors.NotFoundError:
-            pass
-        await self._js.add_stream(config)
+        await self._js.add_stream(config)  # pyright: ignore[reportUnknownMemberType]
 
     async def last_seq(self, stream: StreamKey = "events") -> int:
         """The sequence of the newest message in the stream (0 when it never held one)."""
@@ -178,15 +182,19 @@ class EventLog:
     async def append(self, event: LogEvent) -> int:
         """Store one event; its seq. A retry (same event_id) returns the original's seq."""
         subject = subject_for(event)
-        headers = {"Nats-Msg-Id": event.env.event_id}
+        headers = {"Nats-Msg-Id": str(event.env.event_id)}
         payload = encode(event)
         deadline = time.monotonic() + self.settings.retry_seconds
         while True:
             try:
                 ack = await self._js.publish(subject, payload, timeout=2.0, headers=headers)
                 return int(ack.seq)
-            except (TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError,
-                    nats.errors.ConnectionReconnectingError) as exc:  # fmt: skip
+            except (
+                TimeoutError,
+                nats.errors.NoRespondersError,
+                nats.js.errors.NoStreamResponseError,
+                nats.errors.ConnectionReconnectingError,
+            ) as exc:
                 if time.monotonic() > deadline:
                     raise LogError(f"append to {subject} failed for {self.settings.retry_seconds}s: {exc}") from exc
                 logger.debug("append to {} not acknowledged ({}); retrying with the same id", subject, exc)
@@ -225,7 +233,7 @@ class EventLog:
 
     async def publish_telemetry(self, event: TelemetryEvent) -> None:
         """Publish a heartbeat to SHOAL_TELEMETRY without waiting for its acknowledgement."""
-        headers = {"Nats-Msg-Id": event.env.event_id}
+        headers = {"Nats-Msg-Id": str(event.env.event_id)}
         await self._nc.publish(subject_for(event), encode(event), headers=headers)
 
     async def flush(self) -> None:
@@ -234,16 +242,29 @@ class EventLog:
     # --- reading ----------------------------------------------------------------------------
 
     @overload
-    def replay(self, from_seq: int | None = None, from_time: datetime | None = None,
-               subjects: Sequence[str] | None = None, stream: Literal["events"] = "events",
-               ) -> AsyncIterator[tuple[int, LogEvent]]: ...  # fmt: skip
+    def replay(
+        self,
+        from_seq: int | None = None,
+        from_time: datetime | None = None,
+        subjects: Sequence[str] | None = None,
+        stream: Literal["events"] = "events",
+    ) -> AsyncIterator[tuple[int, LogEvent]]: ...
     @overload
-    def replay(self, from_seq: int | None = None, from_time: datetime | None = None,
-               subjects: Sequence[str] | None = None, *, stream: Literal["telemetry"],
-               ) -> AsyncIterator[tuple[int, TelemetryEvent]]: ...  # fmt: skip
-    async def replay(self, from_seq: int | None = None, from_time: datetime | None = None,
-                     subjects: Sequence[str] | None = None, stream: StreamKey = "events",
-                     ) -> AsyncIterator[tuple[int, AnyEvent]]:  # fmt: skip
+    def replay(
+        self,
+        from_seq: int | None = None,
+        from_time: datetime | None = None,
+        subjects: Sequence[str] | None = None,
+        *,
+        stream: Literal["telemetry"],
+    ) -> AsyncIterator[tuple[int, TelemetryEvent]]: ...
+    async def replay(
+        self,
+        from_seq: int | None = None,
+        from_time: datetime | None = None,
+        subjects: Sequence[str] | None = None,
+        stream: StreamKey = "events",
+    ) -> AsyncIterator[tuple[int, AnyEvent]]:
         """(seq, event) from `from_seq` (or `from_time`, or the start) up to the end as of now."""
         async for batch in self._batches(Position(seq=from_seq, time=from_time), subjects, stream, live=False):
             for seq, event in batch:
@@ -251,16 +272,29 @@ class EventLog:
                     yield seq, event
 
     @overload
-    def follow(self, from_seq: int | None = None, subjects: Sequence[str] | None = None,
-               stream: Literal["events"] = "events", from_time: datetime | None = None,
-               ) -> AsyncIterator[tuple[int, LogEvent]]: ...  # fmt: skip
+    def follow(
+        self,
+        from_seq: int | None = None,
+        subjects: Sequence[str] | None = None,
+        stream: Literal["events"] = "events",
+        from_time: datetime | None = None,
+    ) -> AsyncIterator[tuple[int, LogEvent]]: ...
     @overload
-    def follow(self, from_seq: int | None = None, subjects: Sequence[str] | None = None,
-               *, stream: Literal["telemetry"], from_time: datetime | None = None,
-               ) -> AsyncIterator[tuple[int, TelemetryEvent]]: ...  # fmt: skip
-    async def follow(self, from_seq: int | None = None, subjects: Sequence[str] | None = None,
-                     stream: StreamKey = "events", from_time: datetime | None = None,
-                     ) -> AsyncIterator[tuple[int, AnyEvent]]:  # fmt: skip
+    def follow(
+        self,
+        from_seq: int | None = None,
+        subjects: Sequence[str] | None = None,
+        *,
+        stream: Literal["telemetry"],
+        from_time: datetime | None = None,
+    ) -> AsyncIterator[tuple[int, TelemetryEvent]]: ...
+    async def follow(
+        self,
+        from_seq: int | None = None,
+        subjects: Sequence[str] | None = None,
+        stream: StreamKey = "events",
+        from_time: datetime | None = None,
+    ) -> AsyncIterator[tuple[int, AnyEvent]]:
         """Replay from `from_seq` (default: the start), then continue live until closed/cancelled.
 
         For new events only, pass `from_seq=await log.last_seq() + 1`.
@@ -270,16 +304,23 @@ class EventLog:
                 if event is not None:
                     yield seq, event
 
-    async def entries(self, from_seq: int | None = None, from_time: datetime | None = None,
-                      subjects: Sequence[str] | None = None, stream: StreamKey = "events", *,
-                      live: bool = False) -> AsyncIterator[tuple[int, AnyEvent | None]]:  # fmt: skip
+    async def entries(
+        self,
+        from_seq: int | None = None,
+        from_time: datetime | None = None,
+        subjects: Sequence[str] | None = None,
+        stream: StreamKey = "events",
+        *,
+        live: bool = False,
+    ) -> AsyncIterator[tuple[int, AnyEvent | None]]:
         """Like replay/follow, but a malformed message yields (seq, None) instead of nothing."""
         async for batch in self._batches(Position(seq=from_seq, time=from_time), subjects, stream, live=live):
             for entry in batch:
                 yield entry
 
-    async def _batches(self, position: Position, subjects: Sequence[str] | None, stream: StreamKey,
-                       live: bool) -> AsyncIterator[list[tuple[int, AnyEvent | None]]]:  # fmt: skip
+    async def _batches(
+        self, position: Position, subjects: Sequence[str] | None, stream: StreamKey, live: bool
+    ) -> AsyncIterator[list[tuple[int, AnyEvent | None]]]:
         """Decoded batches; reconnects and resumes at the last seq + 1 on any doubt."""
         failing_since: float | None = None
         while not self._closed:

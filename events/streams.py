@@ -51,8 +51,11 @@ def stream_name(key: StreamKey) -> str:
 def stream_config(key: StreamKey, settings: LogSettings) -> StreamConfig:
     limits = settings.events if key == "events" else settings.telemetry
     subjects = EVENTS_SUBJECTS if key == "events" else TELEMETRY_SUBJECTS
-    window = min(settings.duplicate_window_seconds, limits.max_age_seconds) if limits.max_age_seconds > 0 else (
-        settings.duplicate_window_seconds)  # fmt: skip
+    window = (
+        min(settings.duplicate_window_seconds, limits.max_age_seconds)
+        if limits.max_age_seconds > 0
+        else (settings.duplicate_window_seconds)
+    )
     return StreamConfig(
         name=stream_name(key),
         subjects=[subjects],

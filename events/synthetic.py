@@ -59,16 +59,25 @@ def _stamper(prefix: str) -> Stamper:
 def _cluster(st: Stamper) -> Iterator[LogEvent]:
     for node in _NODES:
         yield NodeJoined(
-            env=st.stamp(), node_id=node, host=f"{node}.local", cores=8, memory_bytes=16 << 30,
-            backend="cpu", version="0.1.0",
+            env=st.stamp(),
+            node_id=node,
+            host=f"{node}.local",
+            cores=8,
+            memory_bytes=16 << 30,
+            backend="cpu",
+            version="0.1.0",
         )
     shards = [
         Shard(node_id=_NODES[0], rank=0, start_layer=0, end_layer=8),
         Shard(node_id=_NODES[1], rank=1, start_layer=8, end_layer=16),
     ]
     yield InstancePlaced(
-        env=st.stamp(), instance_id=_INSTANCE, model="tiny", shards=shards,
-        ring_hosts=["10.0.0.1:5000", "10.0.0.2:5000"], prefill_step_size=256,
+        env=st.stamp(),
+        instance_id=_INSTANCE,
+        model="tiny",
+        shards=shards,
+        ring_hosts=["10.0.0.1:5000", "10.0.0.2:5000"],
+        prefill_step_size=256,
     )
     for rank in (0, 1):
         yield RunnerStatusChanged(env=st.stamp(), instance_id=_INSTANCE, rank=rank, status="ready")
@@ -82,13 +91,23 @@ def _task(st: Stamper, number: int) -> Iterator[LogEvent]:
     total = _PREFILL_CHUNKS * 128
     for rank in (0, 1):
         yield PrefillStarted(
-            env=st.stamp(), task_id=task, rank=rank, path="pipeline", prompt_tokens=total,
-            chunks=_PREFILL_CHUNKS, step=128,
+            env=st.stamp(),
+            task_id=task,
+            rank=rank,
+            path="pipeline",
+            prompt_tokens=total,
+            chunks=_PREFILL_CHUNKS,
+            step=128,
         )
     for chunk in range(1, _PREFILL_CHUNKS + 1):
         for rank in (0, 1):
             yield PrefillProgress(
-                env=st.stamp(), task_id=task, rank=rank, processed=chunk * 128, total=total, iteration=chunk + rank,
+                env=st.stamp(),
+                task_id=task,
+                rank=rank,
+                processed=chunk * 128,
+                total=total,
+                iteration=chunk + rank,
             )
     cancelled = number % 10 == 9
     for index in range(_DECODE_CHUNKS):

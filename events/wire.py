@@ -83,8 +83,17 @@ class Wire:
         if not info.startswith(b"INFO "):
             writer.close()
             raise WireError(f"{host}:{port} did not greet like a NATS server: {info[:80]!r}")
-        connect = {"verbose": False, "pedantic": False, "headers": True, "no_responders": True,
-                   "protocol": 1, "lang": "python-shoal", "version": "0", "name": name, **auth}  # fmt: skip
+        connect = {
+            "verbose": False,
+            "pedantic": False,
+            "headers": True,
+            "no_responders": True,
+            "protocol": 1,
+            "lang": "python-shoal",
+            "version": "0",
+            "name": name,
+            **auth,
+        }
         wire = cls(reader, writer)
         writer.write(b"CONNECT " + json.dumps(connect).encode() + _CRLF)
         await wire.roundtrip()
@@ -106,12 +115,18 @@ class Wire:
         out = self._out
         if headers:
             total = len(headers) + len(payload)
-            out += b"HPUB %s %s %d %d\r\n" % (subject, reply, len(headers), total) if reply else (
-                b"HPUB %s %d %d\r\n" % (subject, len(headers), total))  # fmt: skip
+            out += (
+                b"HPUB %s %s %d %d\r\n" % (subject, reply, len(headers), total)
+                if reply
+                else (b"HPUB %s %d %d\r\n" % (subject, len(headers), total))
+            )
             out += headers
         else:
-            out += b"PUB %s %s %d\r\n" % (subject, reply, len(payload)) if reply else (
-                b"PUB %s %d\r\n" % (subject, len(payload)))  # fmt: skip
+            out += (
+                b"PUB %s %s %d\r\n" % (subject, reply, len(payload))
+                if reply
+                else (b"PUB %s %d\r\n" % (subject, len(payload)))
+            )
         out += payload
         out += _CRLF
 

@@ -263,7 +263,8 @@ def read_yaml(path: Path) -> dict[str, object]:
         return {}
     if not isinstance(loaded, dict):
         raise ConfigError("config", str(path), source, "a YAML mapping of setting: value")
-    return {str(k): v for k, v in loaded.items()}  # pyright: ignore[reportUnknownVariableType]
+    mapping: dict[Any, Any] = loaded  # pyright: ignore[reportUnknownVariableType]
+    return {str(key): value for key, value in mapping.items()}
 
 
 def resolve_config(

@@ -153,9 +153,18 @@ class EmbeddedNats:
     def command(self) -> list[str]:
         binary = self._binary or find_nats_server()
         return [
-            binary, "-a", self.host, "-p", str(self.port), "-js", "-sd", str(self.store_dir),
-            "-l", str(self._log_path), *self._extra_args,
-        ]  # fmt: skip
+            binary,
+            "-a",
+            self.host,
+            "-p",
+            str(self.port),
+            "-js",
+            "-sd",
+            str(self.store_dir),
+            "-l",
+            str(self._log_path),
+            *self._extra_args,
+        ]
 
     def start(self) -> EmbeddedNats:
         if self.running:
@@ -167,8 +176,9 @@ class EmbeddedNats:
         command = self.command()
         self.store_dir.mkdir(parents=True, exist_ok=True)
         logger.debug("starting {}", " ".join(command))
-        self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.PIPE)  # fmt: skip
+        self._process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         try:
             self._wait_ready()
         except BaseException:
@@ -231,8 +241,9 @@ class EmbeddedNats:
     def __enter__(self) -> EmbeddedNats:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     async def __aenter__(self) -> EmbeddedNats:
@@ -240,8 +251,9 @@ class EmbeddedNats:
 
         return await anyio.to_thread.run_sync(self.start)
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:  # fmt: skip
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         import anyio.to_thread
 
         await anyio.to_thread.run_sync(self.stop)

@@ -81,7 +81,9 @@ def local_command(name: str, service: dict[str, object], nodes: dict[str, Node],
         elif previous == "--cluster":
             token = f"nats://127.0.0.1:{node.cluster}"
         elif previous == "--routes":
-            token = ",".join(f"nats://127.0.0.1:{nodes[r.split('//')[1].split(':')[0]].cluster}" for r in token.split(","))
+            token = ",".join(
+                f"nats://127.0.0.1:{nodes[r.split('//')[1].split(':')[0]].cluster}" for r in token.split(",")
+            )
         out.append(token)
     return out
 
@@ -91,8 +93,9 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, Node]]:
     services = load_services()
     nodes = {name: Node(name, free_port(), free_port(), free_port()) for name in services}
     processes = [
-        subprocess.Popen(local_command(name, service, nodes, tmp_path), stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)  # fmt: skip
+        subprocess.Popen(
+            local_command(name, service, nodes, tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         for name, service in services.items()
     ]
     try:

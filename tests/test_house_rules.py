@@ -17,9 +17,13 @@ def imports_mlx(source: str) -> list[int]:
     """Line numbers of `import mlx...` / `from mlx... import` anywhere in the module (lazy ones too)."""
     lines: list[int] = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import) and any(a.name.split(".")[0] in MLX_PACKAGES for a in node.names):
-            lines.append(node.lineno)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] in MLX_PACKAGES:
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(name.split(".")[0] in MLX_PACKAGES for name in names):
             lines.append(node.lineno)
     return lines
 

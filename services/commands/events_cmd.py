@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import Any, BinaryIO
 
@@ -70,8 +70,9 @@ def _handler(command: Callable[[EventLog, argparse.Namespace], Awaitable[int]]) 
     return run
 
 
-async def _with_log(config: ShoalConfig, args: argparse.Namespace,
-                    command: Callable[[EventLog, argparse.Namespace], Awaitable[int]]) -> int:  # fmt: skip
+async def _with_log(
+    config: ShoalConfig, args: argparse.Namespace, command: Callable[[EventLog, argparse.Namespace], Awaitable[int]]
+) -> int:
     log = await EventLog.connect(config.client_nats_url, log_settings(config), name="shoal-events")
     try:
         return await command(log, args)
@@ -140,8 +141,9 @@ async def _export(log: EventLog, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _records(log: EventLog, stream: StreamKey, from_seq: int | None, from_time: datetime | None,
-                   subjects: list[str] | None) -> Any:  # fmt: skip
+async def _records(
+    log: EventLog, stream: StreamKey, from_seq: int | None, from_time: datetime | None, subjects: list[str] | None
+) -> AsyncIterator[ExportRecord]:
     async for seq, event in log.entries(from_seq, from_time, subjects, stream):
         if event is not None:
             yield ExportRecord(stream=stream, seq=seq, event=event)
@@ -158,8 +160,10 @@ async def _import(log: EventLog, args: argparse.Namespace) -> int:
         if seqs and seqs[0] > 1:
             await log.reset_stream(stream, first_seq=seqs[0])  # keep the original numbering
         if seqs and seqs[-1] - seqs[0] + 1 != len(seqs):
-            print(f"# note: {stream} had gaps in its sequence; imported events are renumbered without gaps",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"# note: {stream} had gaps in its sequence; imported events are renumbered without gaps",
+                file=sys.stderr,
+            )
     await log.append_many(events)
     await log.append_many(telemetry)
     print(f"# imported {len(events)} events and {len(telemetry)} heartbeats", file=sys.stderr)

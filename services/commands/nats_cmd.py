@@ -44,8 +44,10 @@ def nats_command(args: argparse.Namespace) -> int:
         print(f"shoal nats: {exc}", file=sys.stderr)
         return 2
     if config.nats_url:
-        print(f"shoal nats: note: nats_url={config.nats_url!r} is set; `shoal nats` ignores it and runs its own "
-              "server", file=sys.stderr)  # fmt: skip
+        print(
+            f"shoal nats: note: nats_url={config.nats_url!r} is set; `shoal nats` ignores it and runs its own server",
+            file=sys.stderr,
+        )
     server = EmbeddedNats(data_dir=config.data_path, host=config.nats_host, port=config.nats_port)
     previous = signal.signal(signal.SIGTERM, _raise_stop)
     try:

@@ -15,8 +15,8 @@ from events.catalogue import NodeHeartbeat, Origin, RunnerHeartbeat
 from events.codec import encode
 from events.ids import InstanceId, NodeId
 from events.log import EventLog, LogError, skip_past
-from events.state import State
 from events.stamp import Stamper
+from events.state import State
 from events.streams import LogSettings, StreamLimits
 from events.subjects import subject_for, task_events, task_subject
 from events.synthetic import synthetic_history
@@ -75,7 +75,9 @@ async def test_replay_filters_subjects_and_starts_at_a_time(event_log: EventLog)
     assert [seq for seq, _ in mine] == sorted(seq for seq, _ in mine)
 
 
-async def test_poison_messages_are_counted_and_skipped_and_good_ones_all_applied(event_log: EventLog, nats_url: str) -> None:
+async def test_poison_messages_are_counted_and_skipped_and_good_ones_all_applied(
+    event_log: EventLog, nats_url: str
+) -> None:
     events = synthetic_history(300)
     nc = await nats.connect(nats_url)
     js = nc.jetstream()

@@ -27,7 +27,9 @@ async def _seed(url: str, count: int, beats: int = 0) -> None:
         await log.append_many(synthetic_history(count))
         stamper = Stamper(Origin(service="runner", node="n1", rank=0))
         beat_events = [
-            RunnerHeartbeat(env=stamper.stamp(f"hb-{i}"), instance_id=InstanceId("inst-synthetic"), rank=0, phase="idle")
+            RunnerHeartbeat(
+                env=stamper.stamp(f"hb-{i}"), instance_id=InstanceId("inst-synthetic"), rank=0, phase="idle"
+            )
             for i in range(beats)
         ]
         await log.append_many(beat_events)

@@ -81,8 +81,9 @@ def test_shoal_nats_serves_and_shoal_events_tail_follows(tmp_path: Path) -> None
     tail: subprocess.Popen[str] | None = None
     try:
         _read_until(server.stdout, "Ctrl-C to stop", [])
-        tail = subprocess.Popen([*shoal, "events", "tail"], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        tail = subprocess.Popen(
+            [*shoal, "events", "tail"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         _read_until(tail.stdout, "# tailing", [])
 
         async def publish() -> None:
