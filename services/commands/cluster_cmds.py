@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -52,10 +53,12 @@ def _resolve(args: argparse.Namespace, command: str) -> ResolvedConfig | None:
     try:
         resolved = config_from_args(args)
         configure_logging(resolved.config)
-        return resolved
     except ConfigError as exc:
         print(f"shoal {command}: {exc}", file=sys.stderr)
         return None
+    # One data dir for everything this process and its children keep (the NATS store, the tiny model).
+    os.environ["SHOAL_DATA_DIR"] = str(resolved.config.data_path)
+    return resolved
 
 
 def _up(args: argparse.Namespace) -> int:

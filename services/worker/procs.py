@@ -43,7 +43,12 @@ class RunnerProcesses:
     async def start(self, key: RunnerKey, argv: Sequence[str], env: dict[str, str]) -> None:
         self.ever_started.add(key)
         process = await asyncio.create_subprocess_exec(
-            sys.executable, *argv, env=env, stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+            sys.executable,
+            *argv,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # Ctrl-C at a terminal reaches the worker, which stops runners in order
         )
         runner = RunnerProcess(key, process)
         self.running[key] = runner

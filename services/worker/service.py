@@ -155,4 +155,7 @@ class Worker:
             )
         except Exception as exc:
             logger.warning("could not announce that node {} left: {}", self.node_id, exc)
-        await log.close()
+        try:
+            await log.close()
+        except (OSError, ConnectionError) as exc:  # the server may already be gone at shutdown
+            logger.debug("closing the log connection: {}", exc)

@@ -1,0 +1,44 @@
+"""What several end-to-end tests need: the 1-rank reference output, task state, long prompts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from typing import Any
+
+import httpx
+
+from tests.e2e.cluster import shoal_argv
+
+
+def one_rank_text(env: dict[str, str], prompt: str, max_tokens: int, prefill_step: int = 64) -> str:
+    """`shoal generate --ranks 1`: what the cluster must produce greedily for the same prompt."""
+    argv = shoal_argv(
+        "generate", "--model", "tiny", "--ranks", "1", "--prompt", prompt,
+        "--max-tokens", str(max_tokens), "--prefill-step", str(prefill_step), "--json",
+    )  # fmt: skip
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=True).stdout
+    return str(json.loads(out)["text"])
+
+
+def task_state(http: httpx.Client, task_id: str) -> dict[str, Any]:
+    response = http.get(f"/v1/tasks/{task_id}")
+    response.raise_for_status()
+    return response.json()
+
+
+def wait_task_ended(http: httpx.Client, task_id: str, timeout: float = 30.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = task_state(http, task_id)
+        if state["status"] in ("completed", "cancelled", "failed"):
+            return state
+        time.sleep(0.1)
+    raise TimeoutError(f"task {task_id} did not end within {timeout}s: {task_state(http, task_id)}")
+
+
+def long_prompt(words: int) -> str:
+    """Varied text (the tiny tokenizer spends about a token per short word)."""
+    vocabulary = ["river", "stone", "cloud", "amber", "violet", "north", "quiet", "swift", "lantern", "maple", "copper", "harbor"]
+    return " ".join(vocabulary[(i * 7 + i // 3) % len(vocabulary)] for i in range(words))
