@@ -17,11 +17,13 @@ from typing import Protocol
 import msgspec
 
 from events.apply import ApplyError, apply
-from events.catalogue import AnyEvent, LogEvent, NodeHeartbeat, RunnerHeartbeat
+from events.catalogue import AnyEvent, NodeHeartbeat, RunnerHeartbeat
 from events.codec import ExportRecord, StreamName
 from events.ids import InstanceId, TaskId
 from events.state import State
 from services.ops.load import SkippedLines
+
+_TELEMETRY_TYPES = (RunnerHeartbeat, NodeHeartbeat)
 
 
 class Cutoff(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,42 +94,37 @@ def scan(
     """
     result = ScanResult()
     watchers = tuple(observers)
-    heartbeats = result.heartbeats
-    newest = 0
-    for line, record in records:  # hot loop: a million iterations, so kept flat
+    add_heartbeat = result.heartbeats.add
+    state = result.state
+    newest = read = folded = 0
+    for line, record in records:  # hot loop: a million iterations, so kept flat and local
         event = record.event
         wall = event.env.wall_time
         if cutoff is not None and cutoff.excludes(record.stream, record.seq, wall):
             continue
-        result.records_read += 1
+        read += 1
         if record.stream == "telemetry":
             if isinstance(event, RunnerHeartbeat):
-                heartbeats.add(event)
-        elif not isinstance(event, RunnerHeartbeat | NodeHeartbeat):
-            error = _fold(result, record.seq, event, allow_gaps)
-            if error is not None:
+                add_heartbeat(event)
+        elif not isinstance(event, _TELEMETRY_TYPES):
+            seq = record.seq
+            if seq > state.last_seq + 1 and (allow_gaps or state.last_seq == 0):
+                state = msgspec.structs.replace(state, last_seq=seq - 1)  # trimmed head / skipped poison message
+            try:
+                state = apply(state, seq, event)
+            except ApplyError as exc:
+                error = f"cannot fold event seq {seq}: {exc}"
                 result.fold_error = SkippedLines(line=line, reason=error, lines_not_used=1)
                 if abandon is not None:
                     abandon(line, error)
                 break
+            folded += 1
         if wall > newest:
             newest = wall
         for watcher in watchers:
             watcher.observe(record.seq, event)
-    result.newest_wall_ns = newest
+    result.state, result.newest_wall_ns, result.records_read, result.events_folded = state, newest, read, folded
     return result
-
-
-def _fold(result: ScanResult, seq: int, event: LogEvent, allow_gaps: bool) -> str | None:
-    state = result.state
-    if (state.last_seq == 0 or allow_gaps) and seq > state.last_seq + 1:
-        state = msgspec.structs.replace(state, last_seq=seq - 1)  # a trimmed head, or a skipped poison message
-    try:
-        result.state = apply(state, seq, event)
-    except ApplyError as exc:
-        return f"cannot fold event seq {seq}: {exc}"
-    result.events_folded += 1
-    return None
 
 
 def numbered(
