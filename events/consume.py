@@ -141,16 +141,77 @@ class StreamReader:
         if not self._live and pending == 0:
             return
         self._expected = 1  # next delivery sequence
-        while True:
-            if self._early:
-                messages, self._early = self._early, []
-            else:
-                messages = await self._read()
-            out, done = self._select(messages, end)
+        early, self._early = self._early, []
+        out, done = self._select(early, end)
+        if out or self._live:
+            yield out
+        while not done:
+            out, done = await self._next(end)
             if out or self._live:
                 yield out  # live: empty batches too, so the caller can notice a close
-            if done:
-                return
+
+    async def _next(self, end: int) -> tuple[list[tuple[int, bytes, bytes]], bool]:
+        """The deliveries in the next socket read.
+
+        The common frame, a JetStream delivery with a v1 reply subject, is parsed inline here (two
+        splits, three ints: this loop is the replay's hot path); anything else goes through the
+        wire's generic parser and `_select`. Delivery sequences are checked per batch: the server
+        sends them increasing, so first == expected and last == first + count - 1 means no gap.
+        """
+        try:
+            async with asyncio.timeout(3 * IDLE_HEARTBEAT_S):
+                buf = await self._wire.read_data()
+        except TimeoutError as exc:
+            raise ConsumerRestart("no message nor heartbeat for 3 heartbeat intervals") from exc
+        out: list[tuple[int, bytes, bytes]] = []
+        pos, size, sid, live = 0, len(buf), str(self._sid).encode(), self._live
+        first_dseq = last_dseq = b""
+        mark = 0  # index in `out` where the inline deliveries since the last check begin
+        done = False
+        while True:
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            if buf.startswith(b"HMSG ", pos):
+                parts = buf[pos + 5 : eol].split(b" ")
+                if len(parts) == 5 and parts[1] == sid and parts[2].count(b".") == 8:
+                    stop = eol + 2 + int(parts[4])
+                    if stop + 2 > size:
+                        break  # incomplete: the rest comes with the next read
+                    _, seq_text, dseq, _, pending = parts[2].rsplit(b".", 4)
+                    seq = int(seq_text)
+                    out.append((seq, parts[0], buf[eol + 2 + int(parts[3]) : stop]))
+                    first_dseq = first_dseq or dseq
+                    last_dseq = dseq
+                    pos = stop + 2
+                    if not live and (seq >= end or pending == b"0"):
+                        done = True
+                        break
+                    continue
+            self._check(len(out) - mark, first_dseq, last_dseq)
+            first_dseq, last_dseq, mark = b"", b"", len(out)
+            message, after = self._wire.parse_frame(buf, pos)
+            if after < 0:
+                break
+            pos = after
+            if message is not None:
+                more, done = self._select([message], end)
+                out += more
+                mark = len(out)
+                if done:
+                    break
+        self._check(len(out) - mark, first_dseq, last_dseq)
+        self._wire.unread(buf[pos:])
+        return out, done
+
+    def _check(self, count: int, first: bytes, last: bytes) -> None:
+        """Account for `count` deliveries parsed inline, numbered `first`..`last`."""
+        if not count:
+            return
+        start, stop = int(first), int(last)
+        if start != self._expected or stop != start + count - 1:
+            raise ConsumerRestart(f"delivery gap: expected deliveries {self._expected}.., got {start}..{stop}")
+        self._expected = stop + 1
 
     def _select(self, messages: list[WireMessage], end: int) -> tuple[list[tuple[int, bytes, bytes]], bool]:
         """The stream messages of this consumer in `messages`, and whether a bounded read is done."""
@@ -176,13 +237,6 @@ class StreamReader:
                 return out, True
         self._expected = expected
         return out, False
-
-    async def _read(self) -> list[WireMessage]:
-        try:
-            async with asyncio.timeout(3 * IDLE_HEARTBEAT_S):
-                return await self._wire.read_batch()
-        except TimeoutError as exc:
-            raise ConsumerRestart("no message nor heartbeat for 3 heartbeat intervals") from exc
 
     def _control(self, reply: bytes, headers: bytes, expected: int) -> None:
         if reply:  # flow control request: answered with the next read, after what came before

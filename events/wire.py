@@ -154,6 +154,27 @@ class Wire:
 
     async def read_batch(self) -> list[WireMessage]:
         """Wait for data and return every complete message in it (possibly none)."""
+        buf = await self.read_data()
+        messages: list[WireMessage] = []
+        pos = 0
+        while True:
+            message, end = self.parse_frame(buf, pos)
+            if end < 0:
+                break
+            if message is not None:
+                messages.append(message)
+            pos = end
+        self.unread(buf[pos:])
+        return messages
+
+    async def read_data(self) -> bytes:
+        """Send what is queued (PONGs, flow-control replies), then wait for bytes.
+
+        Returns the unparsed bytes kept from before followed by the new ones; the caller parses
+        what it can and hands the incomplete tail back with `unread()`.
+        """
+        if self._out:
+            await self.flush()
         try:
             data = await self._reader.read(READ_SIZE)
         except OSError as exc:
@@ -161,38 +182,34 @@ class Wire:
         if not data:
             raise WireClosed("connection closed by the server")
         buf = self._in + data if self._in else data
-        messages, used = self._parse(buf)
-        self._in = buf[used:]
-        if self._out:
-            await self.flush()  # PONGs and flow-control replies queued while parsing
-        return messages
+        self._in = b""
+        return buf
 
-    def _parse(self, buf: bytes) -> tuple[list[WireMessage], int]:
-        out: list[WireMessage] = []  # plain tuples in the loop: cheaper than building NamedTuples
-        pos = 0
-        size = len(buf)
-        while True:
-            eol = buf.find(_CRLF, pos)
-            if eol < 0:
-                return out, pos
-            op = buf[pos : pos + 4]
-            if op == b"HMSG" or op == b"MSG ":
-                parts = buf[pos:eol].split(b" ")
-                if op == b"HMSG":
-                    reply = parts[3] if len(parts) == 6 else b""
-                    hlen, tlen = int(parts[-2]), int(parts[-1])
-                else:
-                    reply = parts[3] if len(parts) == 5 else b""
-                    hlen, tlen = 0, int(parts[-1])
-                start = eol + 2
-                end = start + tlen
-                if end + 2 > size:
-                    return out, pos  # incomplete payload: wait for more bytes
-                out.append((int(parts[2]), parts[1], reply, buf[start : start + hlen], buf[start + hlen : end]))
-                pos = end + 2
-                continue
+    def unread(self, rest: bytes) -> None:
+        self._in = rest
+
+    def parse_frame(self, buf: bytes, pos: int) -> tuple[WireMessage | None, int]:
+        """One frame at `pos`: (message or None for control lines, position after it), or (None, -1)
+        when the frame is incomplete. Control lines (PING, PONG, -ERR, INFO, +OK) are handled here."""
+        eol = buf.find(_CRLF, pos)
+        if eol < 0:
+            return None, -1
+        op = buf[pos : pos + 4]
+        if op != b"HMSG" and op != b"MSG ":
             self._control(buf[pos:eol])
-            pos = eol + 2
+            return None, eol + 2
+        parts = buf[pos:eol].split(b" ")
+        if op == b"HMSG":
+            reply = parts[3] if len(parts) == 6 else b""
+            hlen, tlen = int(parts[-2]), int(parts[-1])
+        else:
+            reply = parts[3] if len(parts) == 5 else b""
+            hlen, tlen = 0, int(parts[-1])
+        start = eol + 2
+        end = start + tlen
+        if end + 2 > len(buf):
+            return None, -1  # incomplete payload: wait for more bytes
+        return (int(parts[2]), parts[1], reply, buf[start : start + hlen], buf[start + hlen : end]), end + 2
 
     def _control(self, line: bytes) -> None:
         if line == b"PING":
