@@ -12,6 +12,7 @@ from events.codec import ExportRecord
 from services.ops.load import ExportReader, SkippedLines
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+CONNECT_TIMEOUT_S = 5.0
 
 
 class SourceError(Exception):
@@ -67,9 +68,11 @@ async def _read_live(url: str) -> list[ExportRecord]:
     from events.log import EventLog, LogError  # NATS client only when asked to go live
 
     try:
-        log = await EventLog.connect(url, ensure=False, name="shoal-ops")
-    except LogError as exc:
-        raise SourceError(str(exc)) from exc
+        # EventLog.connect keeps retrying an unreachable server; an operator's command must not hang.
+        log = await asyncio.wait_for(EventLog.connect(url, ensure=False, name="shoal-ops"), CONNECT_TIMEOUT_S)
+    except (LogError, TimeoutError) as exc:
+        reason = str(exc) or f"no answer within {CONNECT_TIMEOUT_S:.0f}s"
+        raise SourceError(f"cannot connect to NATS at {url}: {reason}; is the server running?") from exc
     try:
         records = [ExportRecord(stream="events", seq=seq, event=event) async for seq, event in log.replay()]
         records += [
