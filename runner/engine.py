@@ -107,6 +107,9 @@ class Engine:
         self.validate(request)
         try:
             return self._generate(request, cancel, sink, phases)
+        except BaseException:
+            self.shard.outbox.abandon()  # never wait on a peer that may be gone
+            raise
         finally:
             phases.enter("idle")
 

@@ -5,6 +5,7 @@ Everything a user can get wrong is checked here, before any rank process starts.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ def synthetic_prompt(count: int) -> list[int]:
 
 
 def encode_text_prompt(model_dir: Path, text: str) -> list[int]:
+    # transformers warns on stderr that PyTorch is absent; only its tokenizers are used here.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from transformers import AutoTokenizer  # lazy: slow import, only for --prompt
 
     from runner.chat import encode_chat

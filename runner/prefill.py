@@ -43,9 +43,9 @@ def run_prefill(
                 run.report_progress(starts[chunk + 1], total, iteration + 1)
         run.outbox.complete()
     except BaseException:
-        # A failed collective leaves the group unusable anyway; drop our side so nothing of
-        # this task is started later by accident.
-        run.outbox.discard_queued()
+        # A failed transfer or collective leaves the group unusable; waiting on our sends could
+        # block on a dead peer, so forget them and let the error name what failed.
+        run.outbox.abandon()
         raise
     return PrefillResult(len(schedule), cancelled=False)
 

@@ -53,6 +53,11 @@ class PendingSends:
         self._queued.clear()
         self.complete()
 
+    def abandon(self) -> None:
+        """After a failed collective: forget everything without waiting (the peer may be gone)."""
+        self._queued.clear()
+        self._in_flight.clear()
+
     def is_empty(self) -> bool:
         return not self._queued and not self._in_flight
 
