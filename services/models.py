@@ -22,8 +22,22 @@ def resolve_model_dir(model: str) -> Path:
     return resolve_model(model)
 
 
+def existing_model_dir(model: str) -> Path | None:
+    """The model's directory if it is on this machine already; never builds anything."""
+    if model == "tiny":
+        from runner.tiny import TinySpec, data_dir
+
+        path = data_dir() / "models" / f"tiny-{TinySpec().params_hash()}"
+    else:
+        path = Path(model).expanduser()
+    return path if path.is_dir() else None
+
+
 class LocalModelCatalog:
-    """Models this deployment serves: the configured ones, resolved on the local filesystem."""
+    """Models this deployment serves: the configured ones, resolved on the local filesystem.
+
+    Never builds a model: the master calls it inside its event loop, where a slow step would
+    stall the watchdog (the tiny model's layer count is known from its spec)."""
 
     def __init__(self, served: Sequence[str]) -> None:
         self.served = list(dict.fromkeys(served))
@@ -31,8 +45,12 @@ class LocalModelCatalog:
     def layers_of(self, model: str) -> int:
         if model not in self.served:
             raise UnknownModel(f"unknown model {model!r}; known models: {', '.join(self.served)}")
+        if model == "tiny":
+            from runner.tiny import TinySpec
+
+            return TinySpec().layers
         try:
-            return read_model_info(resolve_model_dir(model)).n_layers
+            return read_model_info(Path(model).expanduser()).n_layers
         except ModelDirError as exc:
             raise UnknownModel(f"model {model!r} cannot be loaded: {exc}") from exc
 

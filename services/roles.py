@@ -10,7 +10,7 @@ from services.api.app import serve_api
 from services.config import ResolvedConfig, ShoalConfig
 from services.master.core import MasterPolicy
 from services.master.service import Master, MasterSettings
-from services.models import LocalModelCatalog, resolve_model_dir
+from services.models import LocalModelCatalog, existing_model_dir
 from services.worker.service import Worker, WorkerSettings
 
 
@@ -34,9 +34,9 @@ def tokenizer_files(config: ShoalConfig) -> dict[str, Path]:
     """tokenizer.json of each served model that is on this machine (for prompt size checks)."""
     files: dict[str, Path] = {}
     for model in served(config):
-        path = resolve_model_dir(model) / "tokenizer.json"
-        if path.exists():
-            files[model] = path
+        directory = existing_model_dir(model)
+        if directory is not None and (directory / "tokenizer.json").exists():
+            files[model] = directory / "tokenizer.json"
     return files
 
 

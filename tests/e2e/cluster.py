@@ -111,14 +111,16 @@ class Cluster:
     def runner_pids(self) -> dict[tuple[str, int], int]:
         """(instance, rank) -> pid of the runner processes of this cluster."""
         pids: dict[tuple[str, int], int] = {}
-        out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if "runner.service.main" not in line or self.nats_url not in line:
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                args = cmdline.read_bytes().decode(errors="replace").split("\0")
+            except OSError:
                 continue
-            pid, *args = line.split()
+            if "runner.service.main" not in args or self.nats_url not in args:
+                continue
             instance = args[args.index("--instance") + 1]
             rank = int(args[args.index("--rank") + 1])
-            pids[(instance, rank)] = int(pid)
+            pids[(instance, rank)] = int(cmdline.parent.name)
         return pids
 
     def stop(self) -> None:

@@ -40,5 +40,18 @@ def wait_task_ended(http: httpx.Client, task_id: str, timeout: float = 30.0) -> 
 
 def long_prompt(words: int) -> str:
     """Varied text (the tiny tokenizer spends about a token per short word)."""
-    vocabulary = ["river", "stone", "cloud", "amber", "violet", "north", "quiet", "swift", "lantern", "maple", "copper", "harbor"]
+    vocabulary = [
+        "river",
+        "stone",
+        "cloud",
+        "amber",
+        "violet",
+        "north",
+        "quiet",
+        "swift",
+        "lantern",
+        "maple",
+        "copper",
+        "harbor",
+    ]
     return " ".join(vocabulary[(i * 7 + i // 3) % len(vocabulary)] for i in range(words))

@@ -1,0 +1,156 @@
+"""Failures a real cluster must survive without a hang: a runner killed mid-task, and the
+master restarted mid-stream (nothing decided twice)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.cluster import Cluster, Proc, free_port, shoal_argv
+from tests.e2e.conftest import E2E_SETTINGS
+from tests.e2e.helpers import long_prompt, one_rank_text, wait_task_ended
+
+pytestmark = pytest.mark.timeout(300)
+
+PROMPT = "Tell me about the river"
+
+
+def wait_new_ready_instance(http: httpx.Client, old: str, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        health = http.get("/healthz").json()
+        if health["ready_instances"] >= 1:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"no instance replaced {old} within {timeout}s")
+
+
+def test_killing_a_runner_mid_task_fails_the_task_and_the_instance_is_replaced(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, workers=2, **E2E_SETTINGS).wait_ready()
+    try:
+        client = cluster.client()
+        victim = cluster.runner_pids()[(cluster.instance_id, 1)]
+        started = time.monotonic()
+        with pytest.raises(openai.APIError) as failure, client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": long_prompt(600)}],
+            max_tokens=50,
+            stream=True,
+            stream_options={"include_progress": True},  # pyright: ignore[reportArgumentType]
+        ) as stream:
+            for chunk in stream:
+                if getattr(chunk, "prompt_progress", None) and victim:
+                    os.kill(victim, signal.SIGKILL)
+                    victim = 0
+        elapsed = time.monotonic() - started
+        assert elapsed < float(E2E_SETTINGS["task_stall_seconds"]) + 10
+        assert "rank" in str(failure.value) or "retired" in str(failure.value)
+        with cluster.http() as http:
+            wait_new_ready_instance(http, cluster.instance_id)
+        completion = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": PROMPT}], max_tokens=8
+        )
+        assert completion.choices[0].message.content == one_rank_text(cluster.env, PROMPT, 8)
+    finally:
+        cluster.stop()
+
+
+class Services:
+    """The cluster as separate processes: `shoal nats`, `shoal master`, 2 workers, `shoal api`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        nats_port, self.api_port = free_port(), free_port()
+        self.nats_url = f"nats://127.0.0.1:{nats_port}"
+        self.env = {
+            **os.environ,
+            "SHOAL_DATA_DIR": str(root / "data"),
+            "SHOAL_NATS_URL": self.nats_url,
+            "SHOAL_NATS_PORT": str(nats_port),
+            "SHOAL_API_PORT": str(self.api_port),
+            **{f"SHOAL_{k.upper()}": v for k, v in E2E_SETTINGS.items()},
+        }
+        self.procs: dict[str, Proc] = {}
+        self.start("nats", "nats")
+        self.procs["nats"].wait_for_line(re.compile("JetStream at"), 30)
+        self.start("master", "master")
+        for i in range(2):
+            self.start(f"worker{i}", "worker", "--node-id", f"n{i}")
+        self.start("api", "api")
+
+    def start(self, name: str, *args: str) -> Proc:
+        self.procs[name] = Proc(name, shoal_argv(*args), self.env, self.root)
+        return self.procs[name]
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.api_port}/v1", api_key="x", timeout=60, max_retries=0)
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.api_port}/healthz").json()["ready_instances"] >= 1:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(
+            "cluster of separate services never got ready:\n" + "\n".join(p.tail(1500) for p in self.procs.values())
+        )
+
+    def export(self) -> list[dict[str, object]]:
+        out = self.root / "export.jsonl"
+        Proc("export", shoal_argv("events", "export", "-o", str(out)), self.env, self.root).process.wait(60)
+        return [json.loads(line) for line in out.read_text().splitlines() if line]
+
+    def stop(self) -> None:
+        for name in ("api", "worker0", "worker1", "master", "nats"):
+            if name in self.procs:
+                self.procs[name].stop()
+
+
+@pytest.fixture
+def services(tmp_path: Path) -> Iterator[Services]:
+    running = Services(tmp_path)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def test_restarting_the_master_mid_stream_finishes_the_stream_and_decides_nothing_twice(services: Services) -> None:
+    services.wait_ready()
+    client = services.client()
+    parts: list[str] = []
+    with client.chat.completions.with_streaming_response.create(
+        model="tiny", messages=[{"role": "user", "content": PROMPT}], max_tokens=60, stream=True
+    ) as response:
+        task_id = response.headers["x-shoal-task-id"]
+        for chunk in response.parse():
+            if chunk.choices and chunk.choices[0].delta.content:
+                parts.append(chunk.choices[0].delta.content)
+                if len(parts) == 3:
+                    services.procs["master"].stop(signal.SIGKILL)
+                    services.start("master", "master")
+    assert len(parts) > 3
+    with httpx.Client(base_url=f"http://127.0.0.1:{services.api_port}") as http:
+        assert wait_task_ended(http, task_id)["status"] == "completed"
+    after = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPT}], max_tokens=8)
+    assert after.choices[0].message.content
+    time.sleep(1.0)  # let the restarted master fold the tail
+    records = services.export()
+    kinds = Counter(r["event"]["type"] for r in records)  # pyright: ignore[reportIndexIssue]
+    assigned = Counter(r["event"]["task_id"] for r in records if r["event"]["type"] == "task_assigned")  # pyright: ignore[reportIndexIssue]
+    assert kinds["instance_placed"] == 1, kinds
+    assert assigned and set(assigned.values()) == {1}, assigned
+    assert kinds["task_created"] == kinds["task_completed"] + kinds["task_failed"]
