@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Literal, overload
 
@@ -266,10 +266,15 @@ class EventLog:
         stream: StreamKey = "events",
     ) -> AsyncIterator[tuple[int, AnyEvent]]:
         """(seq, event) from `from_seq` (or `from_time`, or the start) up to the end as of now."""
+        decode = _decoder(stream)
         async for batch in self._batches(Position(seq=from_seq, time=from_time), subjects, stream, live=False):
-            for seq, event in batch:
-                if event is not None:
-                    yield seq, event
+            for seq, subject, payload in batch:  # decoded inline: this loop is the replay's hot path
+                try:
+                    event = decode(payload)
+                except MalformedEvent as exc:
+                    self._poison(subject, seq, exc)
+                    continue
+                yield seq, event
 
     @overload
     def follow(
@@ -299,10 +304,9 @@ class EventLog:
 
         For new events only, pass `from_seq=await log.last_seq() + 1`.
         """
-        async for batch in self._batches(Position(seq=from_seq, time=from_time), subjects, stream, live=True):
-            for seq, event in batch:
-                if event is not None:
-                    yield seq, event
+        async for seq, event in self.entries(from_seq, from_time, subjects, stream, live=True):
+            if event is not None:
+                yield seq, event
 
     async def entries(
         self,
@@ -314,14 +318,20 @@ class EventLog:
         live: bool = False,
     ) -> AsyncIterator[tuple[int, AnyEvent | None]]:
         """Like replay/follow, but a malformed message yields (seq, None) instead of nothing."""
+        decode = _decoder(stream)
         async for batch in self._batches(Position(seq=from_seq, time=from_time), subjects, stream, live=live):
-            for entry in batch:
-                yield entry
+            for seq, subject, payload in batch:
+                try:
+                    event: AnyEvent | None = decode(payload)
+                except MalformedEvent as exc:
+                    self._poison(subject, seq, exc)
+                    event = None
+                yield seq, event
 
     async def _batches(
         self, position: Position, subjects: Sequence[str] | None, stream: StreamKey, live: bool
-    ) -> AsyncIterator[list[tuple[int, AnyEvent | None]]]:
-        """Decoded batches; reconnects and resumes at the last seq + 1 on any doubt."""
+    ) -> AsyncIterator[list[tuple[int, bytes, bytes]]]:
+        """Batches of (seq, subject, payload); reconnects and resumes at the last seq + 1 on any doubt."""
         failing_since: float | None = None
         while not self._closed:
             wire: Wire | None = None
@@ -333,7 +343,7 @@ class EventLog:
                     failing_since = None
                     if raw:
                         position.seq = raw[-1][0] + 1
-                    yield self._decode(raw, stream)
+                    yield raw
                     if self._closed:
                         return
                 return
@@ -350,17 +360,6 @@ class EventLog:
                 if wire is not None:
                     wire.close()
 
-    def _decode(self, raw: list[tuple[int, bytes, bytes]], stream: StreamKey) -> list[tuple[int, AnyEvent | None]]:
-        decode = decode_log_event if stream == "events" else decode_telemetry_event
-        out: list[tuple[int, AnyEvent | None]] = []
-        for seq, subject, payload in raw:
-            try:
-                out.append((seq, decode(payload)))
-            except MalformedEvent as exc:
-                self._poison(subject.decode(errors="replace"), seq, exc)
-                out.append((seq, None))
-        return out
-
     async def fold(self, state: State | None = None) -> State:
         """Replay SHOAL_EVENTS onto `state` (from its last_seq + 1), stepping over malformed seqs."""
         current = state or State()
@@ -368,9 +367,10 @@ class EventLog:
             current = skip_past(current, seq) if event is None else apply(current, seq, event)  # type: ignore[arg-type]
         return current
 
-    def _poison(self, subject: str, seq: int, exc: Exception) -> None:
+    def _poison(self, subject: str | bytes, seq: int, exc: Exception) -> None:
         self.malformed += 1
-        logger.warning("skipping malformed message on {} seq {}: {}", subject, seq, exc)
+        name = subject.decode(errors="replace") if isinstance(subject, bytes) else subject
+        logger.warning("skipping malformed message on {} seq {}: {}", name, seq, exc)
 
     async def close(self) -> None:
         """Stop follows at their next batch, and close the connections."""
@@ -385,6 +385,10 @@ class EventLog:
                 logger.debug("drain on close failed ({}); closing", exc)
         if not self._nc.is_closed:
             await self._nc.close()
+
+
+def _decoder(stream: StreamKey) -> Callable[[bytes], AnyEvent]:
+    return decode_log_event if stream == "events" else decode_telemetry_event
 
 
 async def _pipeline(wire: Wire, frames: list[tuple[bytes, bytes, bytes]], todo: list[int], seqs: list[int]) -> None:
