@@ -39,29 +39,11 @@ from events.apply import apply
 from events.catalogue import AnyEvent, LogEvent, TelemetryEvent
 from events.codec import MalformedEvent, decode_log_event, decode_telemetry_event, encode
 from events.consume import ConsumerRestart, Position, StreamReader
+from events.publish import LogError, msg_id_headers, pipeline
 from events.state import State
 from events.streams import LogSettings, StreamKey, stream_config, stream_name
 from events.subjects import is_telemetry_subject, subject_for
 from events.wire import Wire, WireClosed, WireError
-
-PUBLISH_WINDOW = 4096  # appends in flight at once in append_many
-
-
-class LogError(RuntimeError):
-    """The log refused an operation (stream missing, NATS unreachable past the retry time)."""
-
-
-class _PubAck(msgspec.Struct, frozen=True):
-    seq: int = 0
-    duplicate: bool = False
-    error: dict[str, object] | None = None
-
-
-_pub_ack = msgspec.json.Decoder(_PubAck)
-
-
-def msg_id_headers(event_id: str) -> bytes:
-    return b"NATS/1.0\r\nNats-Msg-Id: " + event_id.encode() + b"\r\n\r\n"
 
 
 def skip_past(state: State, seq: int) -> State:
@@ -218,7 +200,7 @@ class EventLog:
                 try:
                     wire = self._pub_wire or await Wire.open(self.url, name="shoal-append")
                     self._pub_wire = wire
-                    await _pipeline(wire, frames, todo, seqs)
+                    await pipeline(wire, frames, todo, seqs)
                 except (WireClosed, TimeoutError, OSError) as exc:
                     self._drop_pub_wire()
                     if time.monotonic() > deadline:
@@ -389,34 +371,3 @@ class EventLog:
 
 def _decoder(stream: StreamKey) -> Callable[[bytes], AnyEvent]:
     return decode_log_event if stream == "events" else decode_telemetry_event
-
-
-async def _pipeline(wire: Wire, frames: list[tuple[bytes, bytes, bytes]], todo: list[int], seqs: list[int]) -> None:
-    """Publish frames[todo] with at most PUBLISH_WINDOW unacknowledged; fill seqs from the acks."""
-    inbox = wire.new_inbox()
-    sid = wire.subscribe(inbox + ".*")
-    prefix = inbox.encode() + b"."
-    cut = len(prefix)
-    sent = acked = 0
-    while acked < len(todo):
-        while sent < len(todo) and sent - acked < PUBLISH_WINDOW:
-            index = todo[sent]
-            subject, payload, headers = frames[index]
-            wire.publish(subject, payload, prefix + str(index).encode(), headers)
-            sent += 1
-        await wire.flush()
-        async with asyncio.timeout(5.0):
-            messages = await wire.read_batch()
-        for msid, subject, _reply, headers, payload in messages:
-            if msid != sid:
-                continue
-            if headers.startswith(b"NATS/1.0 503"):
-                raise LogError("no stream accepts the log's subjects: run ensure_streams() (or start shoal's NATS)")
-            ack = _pub_ack.decode(payload)
-            if ack.error is not None:
-                raise LogError(f"append refused: {ack.error.get('description', ack.error)}")
-            index = int(subject[cut:])
-            if seqs[index] == 0:
-                seqs[index] = ack.seq
-                acked += 1
-    wire.unsubscribe(sid)
