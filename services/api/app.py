@@ -22,6 +22,7 @@ from services.api.hub import LogHub
 from services.api.metrics import Metrics
 from services.api.openapi import openapi_document
 from services.api.schemas import RequestProblem
+from services.api.timeline import timeline_page
 from services.config import ResolvedConfig, log_settings
 
 Handler = Callable[[Request, ApiContext], Awaitable[Response]]
@@ -54,18 +55,8 @@ def build_app(ctx: ApiContext) -> Starlette:
         Route("/metrics", bind("metrics", routes.metrics), methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
-    timeline = _timeline_route(ctx)
-    if timeline is not None:
-        route_table.append(Route("/debug/timeline", bind("timeline", timeline), methods=["GET"]))
+    route_table.append(Route("/debug/timeline", bind("timeline", timeline_page), methods=["GET"]))
     return Starlette(routes=route_table)
-
-
-def _timeline_route(ctx: ApiContext) -> Handler | None:
-    try:
-        from services.api.timeline import timeline_page
-    except ImportError:
-        return None
-    return timeline_page
 
 
 async def serve_api(

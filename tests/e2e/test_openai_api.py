@@ -198,3 +198,17 @@ def test_config_models_health_metrics_openapi(cluster: Cluster) -> None:
         metrics = http.get("/metrics").text
         assert "shoal_time_to_first_token_seconds_count" in metrics and "shoal_events_published_total" in metrics
         assert "/v1/chat/completions" in http.get("/openapi.json").json()["paths"]
+
+
+def test_timeline_page_of_a_finished_task(cluster: Cluster) -> None:
+    raw = cluster.client().chat.completions.with_raw_response.create(
+        model="tiny", messages=[{"role": "user", "content": long_prompt(200)}], max_tokens=4
+    )
+    task_id = raw.headers["x-shoal-task-id"]
+    with cluster.http() as http:
+        page = http.get("/debug/timeline", params={"task": task_id})
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert "<svg" in page.text and task_id in page.text and "cdn" not in page.text.lower()
+        missing = http.get("/debug/timeline", params={"task": task_id[:-1] + "x"})
+        assert missing.status_code == 404 and task_id in missing.json()["error"]["message"]
+        assert http.get("/debug/timeline").status_code == 400
