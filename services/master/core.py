@@ -183,18 +183,7 @@ class MasterCore:
 
     def _retire(self, state: State, instance: InstanceInfo, reason: str) -> list[LogEvent]:
         rank = next((r.rank for r in instance.runners if r.status in ("failed", "stopped")), None)
-        decisions: list[LogEvent] = [
-            InstanceRetired(
-                env=self.stamper.stamp(f"retire-{instance.instance_id}"),
-                instance_id=instance.instance_id,
-                reason=reason,
-            )
-        ]
-        for task_id in instance.queue:
-            error = f"instance {instance.instance_id} was retired: {reason}"
-            env = self.stamper.stamp(f"master-fail-{task_id}")
-            decisions.append(TaskFailed(env=env, task_id=task_id, error=error, rank=rank))
-        return decisions
+        return retire_instance(self.stamper, instance, reason, rank=rank)
 
     def _retire_on_node(self, state: State, node_id: str) -> list[LogEvent]:
         decisions: list[LogEvent] = []
@@ -208,6 +197,24 @@ class MasterCore:
             TaskFailed(env=self.stamper.stamp(f"master-fail-{t.task_id}"), task_id=t.task_id, error=error)
             for t in tasks
         ]
+
+
+def retire_instance(
+    stamper: Stamper, instance: InstanceInfo, reason: str, *, rank: int | None, head_error: str | None = None
+) -> list[LogEvent]:
+    """Retire an instance whose group is broken, failing every task queued on it (its ranks will
+    never run them). `head_error` replaces the message of the task the ranks were running."""
+    decisions: list[LogEvent] = [
+        InstanceRetired(
+            env=stamper.stamp(f"retire-{instance.instance_id}"), instance_id=instance.instance_id, reason=reason
+        )
+    ]
+    for position, task_id in enumerate(instance.queue):
+        error = head_error if position == 0 and head_error else f"instance {instance.instance_id} was retired: {reason}"
+        decisions.append(
+            TaskFailed(env=stamper.stamp(f"master-fail-{task_id}"), task_id=task_id, error=error, rank=rank)
+        )
+    return decisions
 
 
 # --- queries over the State -------------------------------------------------------------------

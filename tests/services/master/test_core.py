@@ -213,6 +213,8 @@ def test_watchdog_stalls_the_head_task_with_positions(silent_seconds: float) -> 
     stalled = stalls[0]
     assert isinstance(stalled, TaskStalled) and "rank 0" in stalled.diagnosis and "iteration 2" in stalled.diagnosis
     assert isinstance(stalls[1], TaskFailed) and stalls[1].rank == 1
+    retired = [e for e in out if isinstance(e, InstanceRetired)]
+    assert [e.instance_id for e in retired] == [instance] and "rank 1" in retired[0].reason
     assert c.state.instances[instance].queue[0] == "warm"
 
 
