@@ -13,7 +13,7 @@ from events.catalogue import LogEvent, NodeTimedOut, TaskFailed, TaskStalled
 from events.ids import NodeId
 from events.stamp import Stamper
 from events.state import InstanceInfo, State, TaskInfo
-from services.master.core import MasterPolicy
+from services.master.core import MasterPolicy, retire_instance
 
 NS = 1_000_000_000
 
@@ -57,11 +57,11 @@ def _stalled_tasks(state: State, now_ns: int, policy: MasterPolicy, stamper: Sta
             TaskStalled(env=stamper.stamp(f"stall-{task.task_id}"), task_id=task.task_id, diagnosis=diagnosis)
         )
         error = f"stalled: no progress for {policy.task_stall_seconds:g}s ({diagnosis})"
-        decisions.append(
-            TaskFailed(
-                env=stamper.stamp(f"master-fail-{task.task_id}"), task_id=task.task_id, error=error, rank=laggard
-            )
-        )
+        # The group is wedged (a rank frozen or gone, a collective nobody completes): the only cure
+        # is new processes, so the instance is retired and its runners stopped.
+        culprit = laggard if laggard is not None else "?"
+        reason = f"task {task.task_id} stalled; rank {culprit} is the likely culprit"
+        decisions += retire_instance(stamper, instance, reason, rank=laggard, head_error=error)
     return decisions
 
 
