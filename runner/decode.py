@@ -74,9 +74,9 @@ def run_decode(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResult:
         if step % 256 == 255:
             mx.clear_cache()
     detokenizer.finalize()
-    if not assembler.stopped:
-        assembler.add(None, detokenizer.last_segment)  # flush bytes the detokenizer still held
-    _deliver(run, sampling, assembler.finish(), len(result.token_ids))
+    flushed_text, flushed_ids = assembler.add(None, detokenizer.last_segment)  # bytes it still held
+    rest_text, rest_ids = assembler.finish()
+    _deliver(run, sampling, (flushed_text + rest_text, flushed_ids + rest_ids), len(result.token_ids))
     result.text = assembler.text
     return result
 

@@ -40,8 +40,23 @@ def test_tokens_callbacks_and_path(world: int, length: int) -> None:
             assert outcome["token_ids"] == reference["token_ids"], where
             assert outcome["progress"] == reference["progress"], where
             assert outcome["finish_reason"] in ("length", "stop"), where
+    _check_sink(ranks, f"len{length}-auto")
     gated = "pipeline" if world > 1 and len(chunk_sizes(length, CHUNK)) >= 2 else "sequential"
     assert {table[f"len{length}-auto"]["path"] for table in ranks} == {gated}
+
+
+def _check_sink(ranks: list[dict], task_id: str) -> None:
+    """Tokens reach the sink on the sampling (last) rank only, in order, adding up to the outcome."""
+    for rank, table in enumerate(ranks):
+        outcome, sink = table[task_id], table[task_id]["sink"]
+        assert [p[:2] for p in sink["progress"]] == outcome["progress"]
+        assert sink["started"][0]["path"] == outcome["path"]
+        if rank < len(ranks) - 1:
+            assert sink["chunks"] == []
+            continue
+        assert "".join(text for _, text, _ in sink["chunks"]) == outcome["text"]
+        assert [i for _, _, ids in sink["chunks"] for i in ids] == outcome["token_ids"]
+        assert [index for index, _, _ in sink["chunks"]] == sorted({index for index, _, _ in sink["chunks"]})
 
 
 @pytest.mark.parametrize("world", WORLDS)
