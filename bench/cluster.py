@@ -1,0 +1,129 @@
+"""A real cluster in subprocesses, for end-to-end tests and benchmarks: `shoal up`, or its services.
+
+Every process runs in its own session and is killed (with its whole group) at the end, so a
+failed test never leaves runners or nats-servers behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+import openai
+
+READY = re.compile(r"shoal: ready: instance (\S+)")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def shoal_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "services.cli", *args]
+
+
+class Proc:
+    """One shoal process in its own session, stderr to a file, stdout scanned for lines."""
+
+    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str], log_dir: Path) -> None:
+        self.name = name
+        self.stdout_path = log_dir / f"{name}.out"
+        self.stderr_path = log_dir / f"{name}.err"
+        self.process = subprocess.Popen(
+            list(argv),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self.stdout_path.open("wb"),
+            stderr=self.stderr_path.open("wb"),
+            start_new_session=True,
+        )
+
+    def wait_for_line(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = pattern.search(self.stdout_path.read_text(errors="replace"))
+            if found:
+                return found
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.tail()}")
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.name}: no line matching {pattern.pattern!r} within {timeout}s:\n{self.tail()}")
+
+    def tail(self, chars: int = 4000) -> str:
+        return (self.stdout_path.read_text(errors="replace") + self.stderr_path.read_text(errors="replace"))[-chars:]
+
+    def stop(self, sig: int = signal.SIGINT, grace: float = 20.0) -> int | None:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
+        kill_group(self.process.pid)
+        return self.process.returncode
+
+
+def kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Cluster:
+    """`shoal up` with free ports and a private data dir."""
+
+    def __init__(self, root: Path, *, workers: int = 2, env: dict[str, str] | None = None, **settings: str) -> None:
+        self.root = root
+        self.nats_port = free_port()
+        self.api_port = free_port()
+        self.nats_url = f"nats://127.0.0.1:{self.nats_port}"
+        self.base_url = f"http://127.0.0.1:{self.api_port}"
+        self.env = {**os.environ, "SHOAL_DATA_DIR": str(root / "data"), **(env or {})}
+        for key, value in settings.items():
+            self.env[f"SHOAL_{key.upper()}"] = value
+        argv = shoal_argv(
+            "up", "--workers", str(workers), "--nats-port", str(self.nats_port), "--port", str(self.api_port)
+        )
+        self.up = Proc("up", argv, self.env, root)
+        self.instance_id = ""
+
+    def wait_ready(self, timeout: float = 120.0) -> Cluster:
+        self.instance_id = self.up.wait_for_line(READY, timeout).group(1)
+        return self
+
+    def client(self, timeout: float = 60.0) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="shoal", timeout=timeout, max_retries=0)
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=30.0)
+
+    def runner_pids(self) -> dict[tuple[str, int], int]:
+        """(instance, rank) -> pid of the runner processes of this cluster."""
+        pids: dict[tuple[str, int], int] = {}
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                args = cmdline.read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if "runner.service.main" not in args or self.nats_url not in args:
+                continue
+            instance = args[args.index("--instance") + 1]
+            rank = int(args[args.index("--rank") + 1])
+            pids[(instance, rank)] = int(cmdline.parent.name)
+        return pids
+
+    def stop(self) -> None:
+        self.up.stop()
+        for pid in self.runner_pids().values():
+            kill_group(pid)
