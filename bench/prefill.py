@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from runner.tiny import TinySpec, cached_tiny
 
     model_dir = Path(args.model) if args.model else cached_tiny(TinySpec(**BENCH_MODEL))
+    load_before = round(os.getloadavg()[0], 2)
     n_layers = read_model_info(model_dir).n_layers
     world, chunk = args.ranks, args.step
     # The engine divides prefill_step_size by min(4, world); undo it so both sides use `chunk`.
@@ -57,6 +58,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "model": str(model_dir),
         "blas": os.environ.get("SHOAL_BLAS", "auto"),
         "cpu_count": os.cpu_count(),
+        # Ranks share the node's cores: anything else running skews every ratio, so say so.
+        "load_avg_1m_before": load_before,
+        "load_avg_1m_after": round(os.getloadavg()[0], 2),
         "overlapped_tps": round(rates["pipeline"], 1),
         "sequential_tps": round(rates["sequential"], 1),
         "single_rank_tps": round(single_rate, 1),
