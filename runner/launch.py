@@ -26,6 +26,9 @@ from runner.blas import blas_env
 from runner.errors import RankFailedError
 
 POLL_S = 0.05
+# Each rank rewrites its phase file every 0.2 s from a thread that runs even while MLX blocks;
+# a file this old means the whole process is frozen (stopped, swapping, wedged in C code).
+HEARTBEAT_STALE_S = 10.0
 STDERR_TAIL_CHARS = 1500
 
 
@@ -108,6 +111,10 @@ def _wait(ranks: list[RankProcess], workdir: Path, deadline: float) -> None:
                 raise RankFailedError(rp.rank, _death_message(rp, code, workdir))
         if all(code == 0 for code in codes):
             return
+        for rp, code in zip(ranks, codes, strict=True):
+            age = _heartbeat_age(workdir, rp.rank)
+            if code is None and age is not None and age > HEARTBEAT_STALE_S:
+                raise RankFailedError(rp.rank, _frozen_message(rp.rank, age, workdir))
         if time.monotonic() > deadline:
             raise _stall_error([rp for rp, code in zip(ranks, codes, strict=True) if code is None], workdir)
         time.sleep(POLL_S)
@@ -122,6 +129,21 @@ def _death_message(rp: RankProcess, code: int, workdir: Path) -> str:
     where = f" during {phase.get('phase')} (task {phase.get('task_id')}, iteration {phase.get('iteration')})"
     tail = rp.stderr_path.read_text(errors="replace")[-STDERR_TAIL_CHARS:].strip()
     return f"rank {rp.rank} {how}{where if phase else ''}" + (f"; stderr: {tail}" if tail else "")
+
+
+def _heartbeat_age(workdir: Path, rank: int) -> float | None:
+    try:
+        return time.time() - (workdir / f"rank{rank}.phase").stat().st_mtime
+    except OSError:
+        return None  # not started yet: the deadline covers a rank that never starts
+
+
+def _frozen_message(rank: int, age: float, workdir: Path) -> str:
+    phase = _load(workdir / f"rank{rank}.phase") or {}
+    return (
+        f"rank {rank} stopped responding: no heartbeat for {age:.1f}s, last in phase {phase.get('phase')} "
+        f"(task {phase.get('task_id')}, iteration {phase.get('iteration')})"
+    )
 
 
 def _stall_error(running: list[RankProcess], workdir: Path) -> RankFailedError:

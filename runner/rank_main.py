@@ -91,6 +91,7 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
         cancel = ScriptedCancel(
             fire_at_poll=task.get("cancel_at_poll") if task.get("cancel_rank") == rank else None,
             die_at_poll=task.get("die_at_poll") if task.get("die_rank") == rank else None,
+            freeze_at_poll=task.get("freeze_at_poll") if task.get("freeze_rank") == rank else None,
         )
         sink = RecordingSink()
         outcome = engine.generate(request, cancel, sink, phases)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 class ScriptedCancel:
     fire_at_poll: int | None = None  # None: never
     die_at_poll: int | None = None  # fault injection: SIGKILL this process at that poll
+    freeze_at_poll: int | None = None  # fault injection: SIGSTOP it (a rank that stalls)
     polls: int = 0
 
     def is_cancelled(self, task_id: str) -> bool:
@@ -23,6 +24,8 @@ class ScriptedCancel:
         self.polls += 1
         if self.die_at_poll is not None and poll >= self.die_at_poll:
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.freeze_at_poll is not None and poll >= self.freeze_at_poll:
+            os.kill(os.getpid(), signal.SIGSTOP)
         return self.fire_at_poll is not None and poll >= self.fire_at_poll
 
 

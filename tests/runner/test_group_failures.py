@@ -50,6 +50,16 @@ def test_rank_killed_mid_prefill_fails_fast_naming_it() -> None:
 
 
 @pytest.mark.timeout(90)
+def test_frozen_rank_is_named_from_its_silent_heartbeat() -> None:
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as failure:
+        run_group(_long_job(3, freeze_rank=2, freeze_at_poll=3), 3, deadline_s=80)
+    assert failure.value.rank == 2
+    assert "rank 2 stopped responding" in str(failure.value) and "agree_cancel" in str(failure.value)
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.timeout(90)
 def test_deadline_turns_a_stall_into_an_error() -> None:
     job = _long_job(2)
     job["tasks"][0]["request"]["max_tokens"] = 100_000  # far more work than the deadline allows
