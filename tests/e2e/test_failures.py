@@ -41,13 +41,16 @@ def test_killing_a_runner_mid_task_fails_the_task_and_the_instance_is_replaced(t
         client = cluster.client()
         victim = cluster.runner_pids()[(cluster.instance_id, 1)]
         started = time.monotonic()
-        with pytest.raises(openai.APIError) as failure, client.chat.completions.create(
-            model="tiny",
-            messages=[{"role": "user", "content": long_prompt(600)}],
-            max_tokens=50,
-            stream=True,
-            stream_options={"include_progress": True},  # pyright: ignore[reportArgumentType]
-        ) as stream:
+        with (
+            pytest.raises(openai.APIError) as failure,
+            client.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": long_prompt(600)}],
+                max_tokens=50,
+                stream=True,
+                stream_options={"include_progress": True},  # pyright: ignore[reportArgumentType]
+            ) as stream,
+        ):
             for chunk in stream:
                 if getattr(chunk, "prompt_progress", None) and victim:
                     os.kill(victim, signal.SIGKILL)
@@ -68,7 +71,7 @@ def test_killing_a_runner_mid_task_fails_the_task_and_the_instance_is_replaced(t
 class Services:
     """The cluster as separate processes: `shoal nats`, `shoal master`, 2 workers, `shoal api`."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, workers: int = 2) -> None:
         self.root = root
         nats_port, self.api_port = free_port(), free_port()
         self.nats_url = f"nats://127.0.0.1:{nats_port}"
@@ -84,7 +87,7 @@ class Services:
         self.start("nats", "nats")
         self.procs["nats"].wait_for_line(re.compile("JetStream at"), 30)
         self.start("master", "master")
-        for i in range(2):
+        for i in range(workers):
             self.start(f"worker{i}", "worker", "--node-id", f"n{i}")
         self.start("api", "api")
 
@@ -117,6 +120,27 @@ class Services:
         for name in ("api", "worker0", "worker1", "master", "nats"):
             if name in self.procs:
                 self.procs[name].stop()
+
+
+@pytest.fixture
+def services_without_workers(tmp_path: Path) -> Iterator[Services]:
+    running = Services(tmp_path, workers=0)
+    try:
+        _wait_http(f"http://127.0.0.1:{running.api_port}/healthz")
+        yield running
+    finally:
+        running.stop()
+
+
+def _wait_http(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise TimeoutError(f"{url} never answered")
 
 
 @pytest.fixture
@@ -154,3 +178,32 @@ def test_restarting_the_master_mid_stream_finishes_the_stream_and_decides_nothin
     assert kinds["instance_placed"] == 1, kinds
     assert assigned and set(assigned.values()) == {1}, assigned
     assert kinds["task_created"] == kinds["task_completed"] + kinds["task_failed"]
+
+
+def test_ctrl_c_stops_shoal_up_leaving_no_process(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, workers=2, **E2E_SETTINGS).wait_ready()
+    runners = list(cluster.runner_pids().values())
+    assert len(runners) == 2
+    code = cluster.up.stop(signal.SIGINT, grace=30)
+    assert code == 0, cluster.up.tail()
+    assert "shoal: stopped" in cluster.up.tail()
+    for pid in runners:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    leftovers = [p for p in Path("/proc").glob("[0-9]*/cmdline") if cluster.nats_url.split(":")[-1] in _read(p)]
+    assert leftovers == []
+
+
+def test_no_worker_means_503_not_a_hang(services_without_workers: Services) -> None:
+    with httpx.Client(base_url=f"http://127.0.0.1:{services_without_workers.api_port}", timeout=30) as http:
+        response = http.post(
+            "/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+        )
+    assert response.status_code == 503
+    assert "shoal worker" in response.json()["error"]["message"]
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
