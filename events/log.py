@@ -71,17 +71,29 @@ class EventLog:
 
     @classmethod
     async def connect(
-        cls, url: str, settings: LogSettings | None = None, *, name: str = "shoal", ensure: bool = True
+        cls,
+        url: str,
+        settings: LogSettings | None = None,
+        *,
+        name: str = "shoal",
+        ensure: bool = True,
+        wait_seconds: float = 5.0,
     ) -> EventLog:
-        """Connect (retrying for `settings.retry_seconds`) and, unless `ensure=False`, ensure streams."""
+        """Connect, waiting up to `wait_seconds` for the server; unless `ensure=False`, ensure streams.
+
+        Once connected, the connection reconnects forever (a NATS restart is survived); a server
+        that never answers at first is a `LogError` that says so.
+        """
         settings = settings or LogSettings()
         closing = asyncio.Event()  # set by close(): a disconnect then is expected, not news
+        connected = asyncio.Event()
 
         async def on_error(exc: Exception) -> None:
-            logger.warning("NATS connection {}: {}", url, exc)
+            if connected.is_set():
+                logger.warning("NATS connection {}: {}", url, exc)
 
         async def on_disconnect() -> None:
-            if not closing.is_set():
+            if connected.is_set() and not closing.is_set():
                 logger.warning("NATS disconnected from {}; reconnecting", url)
 
         async def on_reconnect() -> None:
@@ -91,7 +103,7 @@ class EventLog:
             nc = await nats.connect(  # pyright: ignore[reportUnknownMemberType]
                 url.split(","),
                 name=name,
-                max_reconnect_attempts=-1,
+                max_reconnect_attempts=max(1, round(wait_seconds / 0.25)),
                 reconnect_time_wait=0.25,
                 connect_timeout=2,
                 allow_reconnect=True,
@@ -99,8 +111,10 @@ class EventLog:
                 disconnected_cb=on_disconnect,
                 reconnected_cb=on_reconnect,
             )
-        except (OSError, nats.errors.NoServersError, TimeoutError) as exc:
-            raise LogError(f"cannot connect to NATS at {url}: {exc}; is the server running?") from exc
+        except (OSError, nats.errors.Error, TimeoutError) as exc:
+            raise LogError(f"cannot connect to NATS at {url}: {exc}; is the server running (`shoal nats`)?") from exc
+        nc.options["max_reconnect_attempts"] = -1  # bounded only for the first connect
+        connected.set()
         log = cls(nc, url, settings)
         log._closing = closing
         if ensure:

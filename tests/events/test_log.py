@@ -178,3 +178,30 @@ async def test_append_to_a_missing_stream_is_a_clear_error(event_log: EventLog) 
         await fast.append_many(synthetic_history(3))
     with pytest.raises(LogError):
         await fast.append(synthetic_history(1)[0])
+
+
+async def test_connecting_to_no_server_is_a_clear_error_and_a_connection_reconnects_forever(
+    event_log: EventLog,
+) -> None:
+    from services.nats import free_port
+
+    with pytest.raises(LogError, match=r"cannot connect to NATS .* is the server running"):
+        await EventLog.connect(f"nats://127.0.0.1:{free_port()}", wait_seconds=0.3)
+    assert event_log._nc.options["max_reconnect_attempts"] == -1  # pyright: ignore[reportPrivateUsage]
+
+
+async def test_close_ends_a_follow(event_log: EventLog) -> None:
+    await event_log.append_many(synthetic_history(5))
+    seen: list[int] = []
+
+    async def follow() -> None:
+        async for seq, _ in event_log.follow():
+            seen.append(seq)
+
+    async with asyncio.timeout(10):
+        task = asyncio.create_task(follow())
+        while len(seen) < 5:
+            await asyncio.sleep(0.01)
+        await event_log.close()
+        await task  # ends by itself within a heartbeat interval
+    assert seen == [1, 2, 3, 4, 5]
