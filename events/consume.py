@@ -202,6 +202,8 @@ class StreamReader:
                     break
         self._check(len(out) - mark, first_dseq, last_dseq)
         self._wire.unread(buf[pos:])
+        if not done:
+            await self._wire.flush()  # flow-control replies now: the server refills while we fold
         return out, done
 
     def _check(self, count: int, first: bytes, last: bytes) -> None:

@@ -39,7 +39,7 @@ from events.apply import apply
 from events.catalogue import AnyEvent, LogEvent, TelemetryEvent
 from events.codec import MalformedEvent, decode_log_event, decode_telemetry_event, encode
 from events.consume import ConsumerRestart, Position, StreamReader
-from events.publish import LogError, msg_id_headers, pipeline
+from events.publish import LogError, Outbox, pipeline
 from events.state import State
 from events.streams import LogSettings, StreamKey, stream_config, stream_name
 from events.subjects import is_telemetry_subject, subject_for
@@ -203,18 +203,17 @@ class EventLog:
 
         Each event goes to the stream of its subject (heartbeats to SHOAL_TELEMETRY).
         """
-        frames = [(subject_for(e).encode(), encode(e), msg_id_headers(e.env.event_id)) for e in events]
-        seqs = [0] * len(frames)
+        outbox = Outbox(events if isinstance(events, Sequence) else list(events))
         async with self._pub_lock:
             deadline = time.monotonic() + self.settings.retry_seconds
             while True:
-                todo = [i for i, seq in enumerate(seqs) if seq == 0]
+                todo = outbox.unacknowledged()
                 if not todo:
-                    return seqs
+                    return outbox.seqs
                 try:
                     wire = self._pub_wire or await Wire.open(self.url, name="shoal-append")
                     self._pub_wire = wire
-                    await pipeline(wire, frames, todo, seqs)
+                    await pipeline(wire, outbox, todo)
                 except (WireClosed, TimeoutError, OSError) as exc:
                     self._drop_pub_wire()
                     if time.monotonic() > deadline:

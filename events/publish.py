@@ -2,17 +2,24 @@
 
 Every message carries `Nats-Msg-Id` (the event_id), so resending an unacknowledged one after a
 lost connection stores it once; the acknowledgement of a duplicate carries the original's seq.
+Events are encoded as they are sent (not all up front), so the client encodes while the server
+stores; each encoding is kept for a resend.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import msgspec
 
+from events.catalogue import AnyEvent
+from events.codec import encode
+from events.subjects import subject_for
 from events.wire import Wire
 
 PUBLISH_WINDOW = 4096  # appends in flight at once
+ACK_TIMEOUT_S = 5.0
 
 
 class LogError(RuntimeError):
@@ -32,32 +39,88 @@ def msg_id_headers(event_id: str) -> bytes:
     return b"NATS/1.0\r\nNats-Msg-Id: " + event_id.encode() + b"\r\n\r\n"
 
 
-async def pipeline(wire: Wire, frames: list[tuple[bytes, bytes, bytes]], todo: list[int], seqs: list[int]) -> None:
-    """Publish frames[todo] with at most PUBLISH_WINDOW unacknowledged; fill seqs from the acks."""
+class Outbox:
+    """The events of one `append_many`, their encodings (made once, on first send) and their seqs."""
+
+    def __init__(self, events: Sequence[AnyEvent]) -> None:
+        self.events = events
+        self.seqs = [0] * len(events)
+        self._encoded: list[tuple[bytes, bytes, bytes] | None] = [None] * len(events)
+
+    def unacknowledged(self) -> list[int]:
+        return [i for i, seq in enumerate(self.seqs) if seq == 0]
+
+    def frame(self, index: int, reply_prefix: bytes) -> bytes:
+        encoded = self._encoded[index]
+        if encoded is None:
+            event = self.events[index]
+            encoded = (subject_for(event).encode(), msg_id_headers(event.env.event_id), encode(event))
+            self._encoded[index] = encoded
+        subject, headers, payload = encoded
+        size = len(headers)
+        return b"HPUB %s %s%d %d %d\r\n%s%s\r\n" % (
+            subject, reply_prefix, index, size, size + len(payload), headers, payload,
+        )  # fmt: skip
+
+
+async def pipeline(wire: Wire, outbox: Outbox, todo: list[int]) -> None:
+    """Publish outbox[todo] with at most PUBLISH_WINDOW unacknowledged; fill outbox.seqs from the acks."""
     inbox = wire.new_inbox()
     sid = wire.subscribe(inbox + ".*")
     prefix = inbox.encode() + b"."
-    cut = len(prefix)
-    sent = acked = 0
-    while acked < len(todo):
-        while sent < len(todo) and sent - acked < PUBLISH_WINDOW:
-            index = todo[sent]
-            subject, payload, headers = frames[index]
-            wire.publish(subject, payload, prefix + str(index).encode(), headers)
-            sent += 1
+    acks = _AckReader(wire, sid, len(prefix), outbox.seqs)
+    sent = 0
+    while acks.count < len(todo):
+        batch = [outbox.frame(todo[i], prefix) for i in range(sent, min(len(todo), acks.count + PUBLISH_WINDOW))]
+        sent += len(batch)
+        wire.send_raw(b"".join(batch))
         await wire.flush()
-        async with asyncio.timeout(5.0):
-            messages = await wire.read_batch()
-        for msid, subject, _reply, headers, payload in messages:
-            if msid != sid:
-                continue
-            if headers.startswith(b"NATS/1.0 503"):
-                raise LogError("no stream accepts the log's subjects: run ensure_streams() (or start shoal's NATS)")
-            ack = _pub_ack.decode(payload)
-            if ack.error is not None:
-                raise LogError(f"append refused: {ack.error.get('description', ack.error)}")
-            index = int(subject[cut:])
-            if seqs[index] == 0:
-                seqs[index] = ack.seq
-                acked += 1
+        async with asyncio.timeout(ACK_TIMEOUT_S):
+            await acks.read()
     wire.unsubscribe(sid)
+
+
+class _AckReader:
+    """Reads acknowledgements (`MSG <inbox>.<index> <sid> <len>`) from the wire into `seqs`."""
+
+    def __init__(self, wire: Wire, sid: int, cut: int, seqs: list[int]) -> None:
+        self._wire = wire
+        self._sid = sid
+        self._sid_text = str(sid).encode()
+        self._cut = cut
+        self._seqs = seqs
+        self.count = 0
+
+    async def read(self) -> None:
+        buf = await self._wire.read_data()
+        pos, size, sid = 0, len(buf), self._sid_text
+        while True:
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            if buf.startswith(b"MSG ", pos):
+                parts = buf[pos + 4 : eol].split(b" ")
+                if len(parts) == 3 and parts[1] == sid:
+                    stop = eol + 2 + int(parts[2])
+                    if stop + 2 > size:
+                        break
+                    self._ack(int(parts[0][self._cut :]), buf[eol + 2 : stop])
+                    pos = stop + 2
+                    continue
+            message, after = self._wire.parse_frame(buf, pos)
+            if after < 0:
+                break
+            pos = after
+            if message is not None and message[0] == self._sid:
+                if message[3].startswith(b"NATS/1.0 503"):
+                    raise LogError("no stream accepts the log's subjects: run ensure_streams() (or start shoal's NATS)")
+                self._ack(int(message[1][self._cut :]), message[4])
+        self._wire.unread(buf[pos:])
+
+    def _ack(self, index: int, payload: bytes) -> None:
+        ack = _pub_ack.decode(payload)
+        if ack.error is not None:
+            raise LogError(f"append refused: {ack.error.get('description', ack.error)}")
+        if self._seqs[index] == 0:
+            self._seqs[index] = ack.seq
+            self.count += 1

@@ -130,10 +130,15 @@ class Wire:
         out += payload
         out += _CRLF
 
+    def send_raw(self, frames: bytes) -> None:
+        """Queue ready-made protocol frames (e.g. many HPUBs joined); `flush()` sends them."""
+        self._out += frames
+
     async def flush(self) -> None:
-        if self._out:
-            self._writer.write(self._out)
-            self._out = bytearray()
+        if not self._out:
+            return
+        self._writer.write(self._out)
+        self._out = bytearray()
         try:
             await self._writer.drain()
         except OSError as exc:

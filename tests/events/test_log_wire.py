@@ -22,14 +22,20 @@ class FakeWire(Wire):
         self._next_sid = 0
         self._pongs = 0
 
+        self.flushed = b""
+
     async def read_data(self) -> bytes:
         data = self._chunks.pop(0)
         buf, self._in = self._in + data, b""
         return buf
 
+    async def flush(self) -> None:
+        self.flushed += bytes(self._out)
+        self._out = bytearray()
+
     @property
     def sent(self) -> bytes:
-        return bytes(self._out)
+        return self.flushed + bytes(self._out)
 
 
 def delivery(seq: int, dseq: int, pending: int, payload: bytes = b"x", *, v2: bool = False, sid: int = SID) -> bytes:
