@@ -20,11 +20,17 @@ def next_step(cause: Cause, instance: InstanceInfo, stuck: list[RankView]) -> st
     where = _where(stuck)
     frames = "; ".join(top_frame(v.stack) for v in stuck if v.stack)
     at = f" (stuck at: {frames})" if frames else ""
+    exited = all(v.runner_status in ("failed", "stopped") for v in stuck)
     steps: dict[Cause, str] = {
         "rank_died": (
             f"Read the runner output of {where} for the exit (a traceback, or the OOM killer in `dmesg`). "
             f"Instance {instance.instance_id} cannot serve with a rank missing: retire it so the master places "
             "a new one, then resubmit the task."
+            if exited or not stuck
+            else f"{where} stopped sending heartbeats but no exit was reported: on that node check whether the "
+            "runner process is still there and frozen (`ps -o pid,stat,wchan` — T: stopped, D: stuck in I/O; "
+            "`py-spy dump --pid`), swapping, or cut off from NATS. Kill it if it is wedged: the instance is "
+            "retired and re-placed; resubmit the task."
         ),
         "stalled_in_compute": (
             f"{where} is alive but has not left its phase{at}. Check that node for memory pressure, swap or "

@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from events.ids import NodeId
-from events.state import InstanceInfo, State, TaskInfo
+from events.state import InstanceInfo, RunnerInfo, State, TaskInfo
 from services.ops import advice
 from services.ops.findings import Cause, Finding, Limits, RankView
-from services.ops.ranks import NS, WORKING_PHASES, Heartbeats, ago, is_collective, prefill_done, rank_views
+from services.ops.ranks import NS, WORKING_PHASES, Heartbeats, ago, prefill_done, rank_views, waits_in_collective
 
 Rule = Callable[["TaskCase"], Finding | None]
 
@@ -106,7 +106,7 @@ def _suspicious(state: State, task: TaskInfo, now_ns: int, limits: Limits) -> bo
 
 
 def _node_timed_out(case: TaskCase) -> Finding | None:
-    gone = [r.rank for r in case.instance.runners if _node_status(case.state, r.node_id) in ("timed_out", "left")]
+    gone = [r.rank for r in case.instance.runners if _node_gone_in_time(case, r.node_id)]
     if not gone:
         return None
     nodes = sorted({case.node_of(rank) for rank in gone})
@@ -115,21 +115,57 @@ def _node_timed_out(case: TaskCase) -> Finding | None:
 
 
 def _rank_died(case: TaskCase) -> Finding | None:
-    failed = [r for r in case.instance.runners if r.status in ("failed", "stopped")]
+    failed = _dead_runners(case)
     if failed:
-        ranks = [r.rank for r in failed]
+        culprits = _culprits(failed)
+        ranks = [r.rank for r in culprits]
         evidence = [f"rank {r.rank} runner {r.status}: {r.detail or 'no detail'}" for r in failed]
+        followers = [r.rank for r in failed if r not in culprits]
+        if followers:
+            evidence.append(f"rank(s) {followers} failed after losing their peer: a consequence, not the cause")
         return case.finding("rank_died", ranks, f"rank(s) {ranks} of {case.instance.instance_id} died", evidence)
     if not case.has_heartbeats:
         return None
     timeout = case.limits.heartbeat_timeout_s
+    if case.task.stalled:
+        # The watchdog already gave up on the task: a rank silent a few beats while the others
+        # kept beating is the one that stopped, even if the stall deadline is short.
+        timeout = min(timeout, case.limits.stalled_task_silence_s)
     silent = [v.rank for v in case.views if v.heartbeat_ago_s is None or v.heartbeat_ago_s > timeout]
     if not silent:
         return None
     alive = [v.rank for v in case.views if v.rank not in silent]
     evidence = [f"rank {r}: {_heartbeat_text(case.views[r])}" for r in silent]
     evidence.append(f"rank(s) {alive} kept sending heartbeats" if alive else "no rank sent a heartbeat since")
+    evidence.append("no exit of its process was reported: it may be frozen (stopped, swapping, stuck in C code)")
     return case.finding("rank_died", silent, f"rank(s) {silent} stopped sending heartbeats", evidence)
+
+
+# How long after a task ended a runner's failure still counts as part of its story: the worker's
+# report of a killed rank can land just after the peer's own error already failed the task.
+AFTERMATH_NS = 10 * NS
+# Words of a runner's error that say it lost its peer (a consequence of another rank's death).
+PEER_LOST_MARKERS = ("peer was lost", "connection reset", "broken pipe", "connection refused", "connection closed")
+
+
+def _dead_runners(case: TaskCase) -> list[RunnerInfo]:
+    """Runners failed or stopped while the task ran (or just after). After a task ended, its
+    instance is retired and its runners stopped on purpose: those stops are not evidence."""
+    end = case.task.ended_at if case.task.ended else None
+    # A failure may be reported just after the end; a stop after the end is the teardown.
+    grace = {"failed": AFTERMATH_NS, "stopped": 0}
+    return [
+        r for r in case.instance.runners if r.status in grace and (end is None or r.changed_at <= end + grace[r.status])
+    ]
+
+
+def _culprits(dead: list[RunnerInfo]) -> list[RunnerInfo]:
+    """Of the dead ranks, those that died first: killed by a signal, else not merely orphaned."""
+    killed = [r for r in dead if "killed by" in r.detail]
+    if killed:
+        return killed
+    own = [r for r in dead if not any(marker in r.detail.lower() for marker in PEER_LOST_MARKERS)]
+    return own or dead
 
 
 def _iteration_mismatch(case: TaskCase) -> Finding | None:
@@ -164,13 +200,17 @@ def _cancel_split(case: TaskCase) -> Finding | None:
 
 
 def _stall(case: TaskCase) -> Finding | None:
-    stalled = [v for v in case.views if _stalled(v, case.limits)]
+    threshold = case.limits.stall_phase_s
+    if case.task.stalled:
+        threshold = min(threshold, case.limits.stalled_task_phase_s)  # the watchdog already called it
+    stalled = [v for v in case.views if _stalled(v, threshold)]
     if not stalled:
         return None
-    compute = [v.rank for v in stalled if not is_collective(f"{v.phase}\n{v.stack or ''}")]
+    compute = [v.rank for v in stalled if not waits_in_collective(v.phase, v.stack)]
     evidence = [f"rank {v.rank}: {v.phase} for {v.phase_age_s}s, {_heartbeat_text(v)}" for v in stalled]
     if compute:
-        summary = f"rank(s) {compute} stalled in compute in {stalled[0].phase}; the others wait for them"
+        phase = case.views[compute[0]].phase
+        summary = f"rank(s) {compute} stalled in compute in {phase}; the others wait for them"
         return case.finding("stalled_in_compute", compute, summary, evidence)
     ranks = [v.rank for v in stalled]
     return case.finding(
@@ -218,10 +258,10 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def _stalled(view: RankView, limits: Limits) -> bool:
+def _stalled(view: RankView, threshold_s: float) -> bool:
     if view.phase_age_s is None or view.phase in ("idle", "ready"):
         return False
-    return view.phase_age_s >= limits.stall_phase_s
+    return view.phase_age_s >= threshold_s
 
 
 def _heartbeat_text(view: RankView) -> str:
@@ -230,9 +270,13 @@ def _heartbeat_text(view: RankView) -> str:
     return f"last heartbeat {view.heartbeat_ago_s}s earlier in {view.phase} (iteration {view.iteration})"
 
 
-def _node_status(state: State, node_id: NodeId) -> str:
-    node = state.nodes.get(node_id)
-    return node.status if node is not None else "unknown"
+def _node_gone_in_time(case: TaskCase, node_id: NodeId) -> bool:
+    """The node timed out or left — before the task ended, for an ended task (a node that left
+    at shutdown long after the task failed did not fail it)."""
+    node = case.state.nodes.get(node_id)
+    if node is None or node.status not in ("timed_out", "left"):
+        return False
+    return not case.task.ended or node.changed_at <= case.task.ended_at + AFTERMATH_NS
 
 
 # --- tasks nobody took, instances and nodes ------------------------------------------------------
@@ -240,6 +284,8 @@ def _node_status(state: State, node_id: NodeId) -> str:
 
 def _never_assigned(state: State, task: TaskInfo, now_ns: int) -> Finding:
     reasons = advice.unassigned_reasons(state, task.model)
+    if task.error:
+        reasons.insert(0, f"the task failed unassigned: {task.error}")
     reference = task.ended_at if task.ended else now_ns
     return Finding(
         kind="task",

@@ -43,6 +43,10 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     cancel_grace_s: float = 10.0  # every rank must have stopped this long after a cancel
     assign_timeout_s: float = 30.0  # a task unassigned this long will not be
     load_timeout_s: float = 600.0  # an instance not ready this long after placement is stuck
+    # Once the master's watchdog declared a task stalled, shorter bounds name the culprit (the
+    # watchdog's deadline, `task_stall_seconds`, may be far below the ones above):
+    stalled_task_phase_s: float = 3.0  # a phase this old in a stalled task is where the rank is stuck
+    stalled_task_silence_s: float = 5.0  # a rank this silent (~5 beats) while others beat stopped
 
 
 class RankView(msgspec.Struct, frozen=True, kw_only=True):

@@ -20,6 +20,7 @@ COLLECTIVE_MARKERS: tuple[str, ...] = (
     "send",
     "barrier",
     "agree",
+    "collectives.py",
 )
 WORKING_PHASES = frozenset({"prefill", "decode", "agree_start"})
 
@@ -52,6 +53,27 @@ def ago(reference_ns: int, at_ns: int) -> float:
 def is_collective(text: str) -> bool:
     lowered = text.lower()
     return any(marker in lowered for marker in COLLECTIVE_MARKERS)
+
+
+def waits_in_collective(phase: str, stack: str | None) -> bool:
+    """Is the rank waiting for its peers? Judged by where it sits, not by how it got there.
+
+    With a stack, only the innermost frame counts: a rank sleeping (or computing) inside a cancel
+    poll has `agree_to_stop` further out in its stack, yet it is the one the others wait for.
+    Without a stack, the phase name is all there is.
+    """
+    if stack and stack.strip():
+        return is_collective(innermost_frame(stack))
+    return is_collective(phase)
+
+
+def innermost_frame(stack: str) -> str:
+    """The innermost `File ...` line of a formatted stack and the source line under it."""
+    lines = [line.strip() for line in stack.splitlines() if line.strip()]
+    starts = [i for i, line in enumerate(lines) if line.startswith("File ")]
+    if not starts:
+        return lines[-1] if lines else ""
+    return "\n".join(lines[starts[-1] : starts[-1] + 2])
 
 
 def top_frame(stack: str) -> str:
