@@ -26,6 +26,17 @@ class ConsumerRestart(Exception):
     """The current consumer cannot be trusted any more; start a new one after the last seq."""
 
 
+class StreamNotFound(WireError):
+    """The stream does not exist (JetStream error 10059): retrying a bounded read cannot help."""
+
+
+def _api_failure(what: str, error: ApiError | None) -> WireError:
+    description = error.description if error is not None else "no answer"
+    if error is not None and error.err_code == 10059:
+        return StreamNotFound(f"{what}: {description} (create it with ensure_streams / `shoal nats`)")
+    return WireError(f"{what}: {description}")
+
+
 class ApiError(msgspec.Struct, frozen=True):
     code: int = 0
     err_code: int = 0
@@ -97,8 +108,7 @@ def _header(headers: bytes, name: bytes) -> bytes | None:
 async def stream_last_seq(wire: Wire, stream: str) -> int:
     reply = _stream_info.decode(await request(wire, f"$JS.API.STREAM.INFO.{stream}", b""))
     if reply.error is not None or reply.state is None:
-        description = reply.error.description if reply.error else "no state"
-        raise WireError(f"stream info for {stream} failed: {description}")
+        raise _api_failure(f"stream info for {stream} failed", reply.error)
     return reply.state.last_seq
 
 
@@ -130,7 +140,7 @@ class StreamReader:
         raw = await request(self._wire, subject, body, others=self._early)
         created = _created.decode(raw)
         if created.error is not None:
-            raise WireError(f"cannot read stream {self._stream}: {created.error.description}")
+            raise _api_failure(f"cannot read stream {self._stream}", created.error)
         return created.num_pending
 
     async def batches(self, position: Position) -> AsyncIterator[list[tuple[int, bytes, bytes]]]:

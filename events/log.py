@@ -38,7 +38,7 @@ from nats.aio.client import Client
 from events.apply import apply
 from events.catalogue import AnyEvent, LogEvent, TelemetryEvent
 from events.codec import MalformedEvent, decode_log_event, decode_telemetry_event, encode
-from events.consume import ConsumerRestart, Position, StreamReader
+from events.consume import ConsumerRestart, Position, StreamNotFound, StreamReader
 from events.publish import LogError, Outbox, pipeline
 from events.state import State
 from events.streams import LogSettings, StreamKey, stream_config, stream_name
@@ -342,6 +342,11 @@ class EventLog:
                     if self._closed:
                         return
                 return
+            except StreamNotFound as exc:
+                if not live:
+                    raise LogError(str(exc)) from exc
+                logger.warning("following {}: {}; retrying", stream_name(stream), exc)
+                await asyncio.sleep(1.0)
             except (ConsumerRestart, WireClosed, WireError, OSError, TimeoutError) as exc:
                 now = time.monotonic()
                 failing_since = failing_since or now
@@ -356,10 +361,22 @@ class EventLog:
                     wire.close()
 
     async def fold(self, state: State | None = None) -> State:
-        """Replay SHOAL_EVENTS onto `state` (from its last_seq + 1), stepping over malformed seqs."""
+        """Replay SHOAL_EVENTS onto `state` (from its last_seq + 1) up to the current end.
+
+        Malformed messages are counted and stepped over (`skip_past`). Works batch by batch
+        (no per-event iterator hop): the fastest way to rebuild a State from the log.
+        """
         current = state or State()
-        async for seq, event in self.entries(current.last_seq + 1):
-            current = skip_past(current, seq) if event is None else apply(current, seq, event)  # type: ignore[arg-type]
+        position = Position(seq=current.last_seq + 1)
+        async for batch in self._batches(position, None, "events", live=False):
+            for seq, subject, payload in batch:
+                try:
+                    event = decode_log_event(payload)
+                except MalformedEvent as exc:
+                    self._poison(subject, seq, exc)
+                    current = skip_past(current, seq)
+                    continue
+                current = apply(current, seq, event)
         return current
 
     def _poison(self, subject: str | bytes, seq: int, exc: Exception) -> None:

@@ -205,3 +205,10 @@ async def test_close_ends_a_follow(event_log: EventLog) -> None:
         await event_log.close()
         await task  # ends by itself within a heartbeat interval
     assert seen == [1, 2, 3, 4, 5]
+
+
+async def test_replaying_a_missing_stream_fails_at_once(event_log: EventLog) -> None:
+    await event_log.delete_streams()
+    async with asyncio.timeout(5):
+        with pytest.raises(LogError, match="stream not found"):
+            await collect(event_log)

@@ -126,3 +126,17 @@ def test_fold_export_equals_the_fold_of_the_events(tmp_path: Path) -> None:
     with path.open("wb") as out:
         write_export((ExportRecord(stream="events", seq=i, event=e) for i, e in enumerate(events, 1)), out)
     assert fold_export(path) == fold(enumerate(events, 1))
+
+
+def test_an_export_that_starts_mid_stream_keeps_its_numbering_through_import(
+    nats_url: str, make_nats: Callable[..., EmbeddedNats], tmp_path: Path
+) -> None:
+    asyncio.run(_seed(nats_url, 300))
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    assert main(["events", "export", "--nats-url", nats_url, "--since", "101", "-o", str(first)]) == 0
+    fresh = make_nats("fresh").start()
+    assert main(["events", "import", "--nats-url", fresh.url, str(first)]) == 0
+    assert main(["events", "export", "--nats-url", fresh.url, "-o", str(second)]) == 0
+    assert first.read_bytes() == second.read_bytes()
+    assert read_export(second)[0].seq == 101
+    assert read_export(second)[-1].seq == 300
