@@ -16,17 +16,17 @@ def _where(views: list[RankView]) -> str:
     return ", ".join(f"rank {v.rank} on node {v.node_id}" for v in views) or "the instance's ranks"
 
 
-def next_step(cause: Cause, instance: InstanceInfo, stuck: list[RankView]) -> str:
+def next_step(cause: Cause, instance: InstanceInfo, stuck: list[RankView], *, exited: bool = True) -> str:
+    """`exited`: for rank_died, whether an exit was reported (else only the heartbeats stopped)."""
     where = _where(stuck)
     frames = "; ".join(top_frame(v.stack) for v in stuck if v.stack)
     at = f" (stuck at: {frames})" if frames else ""
-    exited = all(v.runner_status in ("failed", "stopped") for v in stuck)
     steps: dict[Cause, str] = {
         "rank_died": (
             f"Read the runner output of {where} for the exit (a traceback, or the OOM killer in `dmesg`). "
             f"Instance {instance.instance_id} cannot serve with a rank missing: retire it so the master places "
             "a new one, then resubmit the task."
-            if exited or not stuck
+            if exited
             else f"{where} stopped sending heartbeats but no exit was reported: on that node check whether the "
             "runner process is still there and frozen (`ps -o pid,stat,wchan` — T: stopped, D: stuck in I/O; "
             "`py-spy dump --pid`), swapping, or cut off from NATS. Kill it if it is wedged: the instance is "

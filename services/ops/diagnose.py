@@ -35,14 +35,16 @@ class TaskCase:
         self.views = rank_views(task, instance, beats, self.reference_ns)
         self.has_heartbeats = any(v.heartbeat_ago_s is not None for v in self.views)
 
-    def finding(self, cause: Cause, stuck: list[int], summary: str, evidence: list[str]) -> Finding:
+    def finding(
+        self, cause: Cause, stuck: list[int], summary: str, evidence: list[str], *, exited: bool = True
+    ) -> Finding:
         stuck_views = [self.views[rank] for rank in stuck]
         return Finding(
             kind="task",
             subject=self.task.task_id,
             cause=cause,
             summary=summary,
-            next_step=advice.next_step(cause, self.instance, stuck_views),
+            next_step=advice.next_step(cause, self.instance, stuck_views, exited=exited),
             status=self.task.status,
             task_id=self.task.task_id,
             instance_id=self.instance.instance_id,
@@ -138,7 +140,8 @@ def _rank_died(case: TaskCase) -> Finding | None:
     evidence = [f"rank {r}: {_heartbeat_text(case.views[r])}" for r in silent]
     evidence.append(f"rank(s) {alive} kept sending heartbeats" if alive else "no rank sent a heartbeat since")
     evidence.append("no exit of its process was reported: it may be frozen (stopped, swapping, stuck in C code)")
-    return case.finding("rank_died", silent, f"rank(s) {silent} stopped sending heartbeats", evidence)
+    summary = f"rank(s) {silent} stopped sending heartbeats"
+    return case.finding("rank_died", silent, summary, evidence, exited=False)
 
 
 # How long after a task ended a runner's failure still counts as part of its story: the worker's

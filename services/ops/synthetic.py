@@ -20,7 +20,9 @@ from events.catalogue import (
     Envelope,
     FinishReason,
     InstancePlaced,
+    InstanceRetired,
     NodeJoined,
+    NodeLeft,
     NodeTimedOut,
     Origin,
     PrefillProgress,
@@ -92,6 +94,12 @@ class LogBuilder:
 
     def node_timed_out(self, node_id: str, last_seen_ns: int) -> None:
         self._emit(NodeTimedOut(env=self._env("master"), node_id=NodeId(node_id), last_seen=last_seen_ns))
+
+    def node_left(self, node_id: str, reason: str = "shutdown") -> None:
+        self._emit(NodeLeft(env=self._env("worker"), node_id=NodeId(node_id), reason=reason))
+
+    def retired(self, instance_id: str, reason: str) -> None:
+        self._emit(InstanceRetired(env=self._env("master"), instance_id=InstanceId(instance_id), reason=reason))
 
     def instance_placed(self, instance_id: str, nodes: Sequence[str], model: str = "tiny", step: int = 1024) -> None:
         shards = [

@@ -332,7 +332,7 @@ def test_sigstop_one_rank_mid_prefill(up: Cluster, tmp_path: Path) -> None:
     # Frozen, not dead: no exit was reported, its heartbeats just stopped (`rank_died` covers both).
     check(outcome, verdicts, cause="rank_died", stuck=[1], error_says="stalled", root=tmp_path)
     for finding in (verdicts.live, verdicts.offline):
-        assert "no exit" in finding["next_step"] and _rank_view(finding, 1)["runner_status"] != "failed"
+        assert "no exit" in finding["next_step"], finding
     # The flight recorder: the surviving rank, blocked on the frozen one, reported its stack.
     for finding in (verdicts.live, verdicts.offline):
         survivor = _rank_view(finding, 0)

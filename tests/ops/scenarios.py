@@ -164,6 +164,85 @@ def node_gone_idle() -> LogBuilder:
     return log
 
 
+# --- shapes seen in real clusters (tests/e2e/test_hang_catalogue.py): what happens after the end ---
+
+KILLED = "runner process killed by SIGKILL; stderr tail:\n"
+PEER_LOST = "RuntimeError: [ring] connection to a peer was lost"
+SLEEP_STACK = (
+    'File "runner/task_run.py", line 39, in agree_to_stop\n    wants_stop = poll and self.cancel.is_cancelled(t)\n'
+    'File "runner/service/faults.py", line 52, in is_cancelled\n    time.sleep(self._fault.seconds)\n'
+)
+AGREE_STACK = (
+    'File "runner/task_run.py", line 40, in agree_to_stop\n    stop = self.collectives.any(wants_stop)\n'
+    'File "runner/collectives.py", line 23, in agree\n    mx.eval(summed)\n'
+)
+
+
+def teardown(log: LogBuilder) -> None:
+    """After a task failed: the instance is retired and its runners stopped (not evidence)."""
+    log.advance(0.1)
+    log.retired("i1", "retired")
+    log.advance(1)
+    log.runner_status("i1", 0, "stopped", "SIGTERM")
+    log.runner_status("i1", 1, "stopped", "SIGTERM")
+
+
+def killed_then_peer_failed() -> LogBuilder:
+    """SIGKILL of rank 1: the worker reports it, the master fails the task, rank 0 then loses its peer."""
+    log = started(stop_after=3)
+    log.runner_status("i1", 1, "failed", KILLED)
+    log.failed("t1", f"instance i1 was retired: rank 1 failed: {KILLED}", rank=1)
+    log.advance(0.2)
+    log.runner_status("i1", 0, "failed", PEER_LOST)
+    return log
+
+
+def peer_failed_before_kill_reported() -> LogBuilder:
+    """The same, with rank 0's own error first: the kill report lands just after the task failed."""
+    log = started(stop_after=3)
+    log.failed("t1", f"rank 0 failed: {PEER_LOST}", rank=0)
+    log.runner_status("i1", 0, "failed", PEER_LOST)
+    log.advance(0.5)
+    log.runner_status("i1", 1, "failed", KILLED)
+    return log
+
+
+def sleeping_rank_short_deadline() -> LogBuilder:
+    """Rank 1 sleeps inside its cancel poll; the watchdog (12 s) fails the task before 20 s."""
+    log = started(stop_after=3)
+    beats(log, 12, {0: ("agree_cancel", 3, AGREE_STACK), 1: ("agree_cancel", 3, SLEEP_STACK)})
+    log.stalled("t1", "no progress for 12s")
+    log.failed("t1", "stalled: no progress for 12s", rank=0)
+    teardown(log)
+    return log
+
+
+def frozen_rank_short_deadline() -> LogBuilder:
+    """SIGSTOP of rank 1: its heartbeats stop, no exit is reported; the watchdog fails the task."""
+    log = started(stop_after=3)
+    beats(log, 12, {0: ("agree_cancel", 3, AGREE_STACK)})
+    log.stalled("t1", "no progress for 12s")
+    log.failed("t1", "stalled: no progress for 12s", rank=0)
+    teardown(log)
+    return log
+
+
+def unplaceable_model() -> LogBuilder:
+    log = LogBuilder()
+    log.node_joined("n1")
+    log.task_created("t1", model="/models/weightless")
+    log.failed("t1", "model '/models/weightless' cannot be loaded: no *.safetensors weights")
+    return log
+
+
+def rank_error_then_shutdown() -> LogBuilder:
+    """A node that left at shutdown, long after the task failed, did not fail it."""
+    log = failed_with_error()
+    log.advance(60)
+    log.node_left("n2")
+    return log
+
+
 Scenario = Callable[[], LogBuilder]
 
 

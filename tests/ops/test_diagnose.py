@@ -32,6 +32,12 @@ def diagnosis_of(scenario: Scenario) -> Diagnosis:
         (scenarios.quiet_no_telemetry, "task", "no_evidence", (0, 1)),
         (scenarios.idle_instance_rank_failed, "instance", "rank_died", (1,)),
         (scenarios.node_gone_idle, "node", "node_timed_out", (1,)),
+        (scenarios.killed_then_peer_failed, "task", "rank_died", (1,)),
+        (scenarios.peer_failed_before_kill_reported, "task", "rank_died", (1,)),
+        (scenarios.sleeping_rank_short_deadline, "task", "stalled_in_compute", (1,)),
+        (scenarios.frozen_rank_short_deadline, "task", "rank_died", (1,)),
+        (scenarios.unplaceable_model, "task", "never_assigned", ()),
+        (scenarios.rank_error_then_shutdown, "task", "rank_error", (0,)),
     ],
 )
 def test_each_hang_shape_gets_its_cause(scenario: Scenario, kind: str, cause: Cause, stuck: tuple[int, ...]) -> None:
@@ -94,3 +100,16 @@ def test_young_quiet_task_is_not_a_finding_yet() -> None:
     log.advance(5)
     log.node_joined("n3")
     assert diagnose_scan(scan(enumerate(log.records, 1))).findings == ()
+
+
+def test_frozen_rank_is_told_apart_from_an_exited_one() -> None:
+    frozen = diagnosis_of(scenarios.frozen_rank_short_deadline).findings[0]
+    assert "no exit" in frozen.next_step and "ps -o" in frozen.next_step
+    killed = diagnosis_of(scenarios.killed_then_peer_failed).findings[0]
+    assert "Read the runner output" in killed.next_step
+    assert any("consequence" in line for line in killed.evidence)
+
+
+def test_never_assigned_names_the_masters_error() -> None:
+    finding = diagnosis_of(scenarios.unplaceable_model).findings[0]
+    assert "cannot be loaded" in finding.summary and finding.next_step
