@@ -5,6 +5,8 @@
     seqs = await log.append_many(events)            # pipelined, for bulk
     async for seq, event in log.replay(from_seq=1): ...       # stops at the current end
     async for seq, event in log.follow(from_seq=state.last_seq + 1): ...  # then live, forever
+    state = await log.fold(snapshot)                # rebuild a State from the log (fastest path)
+    found = await log.get_last(task_subject(task_id, "created"))   # (seq, event) | None
     await log.close()
 
 Guarantees:
@@ -12,7 +14,8 @@ Guarantees:
   id) returns the sequence of the stored original.
 - `replay`/`follow` yield every sequence at most once, in order, with no gap other than
   malformed messages, which are logged (subject + seq), counted in `malformed` and skipped;
-  `entries()` yields those seqs too (event None) for folders that must account for every seq.
+  `entries()` yields those seqs too (event None). A live folder steps over them with
+  `state = skip_past(state, seq)`, since `apply` insists on consecutive seqs.
 - `follow` survives NATS restarts: it reconnects and resumes at the last seq seen + 1.
 
 A replay/follow abandoned early should be closed (`async with contextlib.aclosing(...)`), or
