@@ -46,7 +46,7 @@ from events.publish import LogError, Outbox, pipeline
 from events.state import State
 from events.streams import LogSettings, StreamKey, stream_config, stream_name
 from events.subjects import is_telemetry_subject, subject_for
-from events.wire import Wire, WireClosed, WireError
+from events.wire import Wire, WireClosed, WireError, split_servers
 
 
 def skip_past(state: State, seq: int) -> State:
@@ -88,6 +88,10 @@ class EventLog:
         that never answers at first is a `LogError` that says so.
         """
         settings = settings or LogSettings()
+        try:
+            split_servers(url)  # the bulk paths speak plain nats:// themselves: refuse others now
+        except ValueError as exc:
+            raise LogError(f"{exc} (the event log needs plain nats:// URLs)") from exc
         closing = asyncio.Event()  # set by close(): a disconnect then is expected, not news
         connected = asyncio.Event()
 

@@ -187,6 +187,8 @@ async def test_connecting_to_no_server_is_a_clear_error_and_a_connection_reconne
 
     with pytest.raises(LogError, match=r"cannot connect to NATS .* is the server running"):
         await EventLog.connect(f"nats://127.0.0.1:{free_port()}", wait_seconds=0.3)
+    with pytest.raises(LogError, match="plain nats://"):
+        await EventLog.connect("tls://127.0.0.1:4222")
     assert event_log._nc.options["max_reconnect_attempts"] == -1  # pyright: ignore[reportPrivateUsage]
 
 
