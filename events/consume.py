@@ -185,12 +185,13 @@ class StreamReader:
             if buf.startswith(b"HMSG ", pos):
                 parts = buf[pos + 5 : eol].split(b" ")
                 if len(parts) == 5 and parts[1] == sid and parts[2].count(b".") == 8:
-                    stop = eol + 2 + int(parts[4])
+                    subject, _, reply, hlen, tlen = parts
+                    stop = eol + 2 + int(tlen)
                     if stop + 2 > size:
                         break  # incomplete: the rest comes with the next read
-                    _, seq_text, dseq, _, pending = parts[2].rsplit(b".", 4)
+                    _, seq_text, dseq, _, pending = reply.rsplit(b".", 4)
                     seq = int(seq_text)
-                    out.append((seq, parts[0], buf[eol + 2 + int(parts[3]) : stop]))
+                    out.append((seq, subject, buf[eol + 2 + int(hlen) : stop]))
                     first_dseq = first_dseq or dseq
                     last_dseq = dseq
                     pos = stop + 2
