@@ -140,3 +140,19 @@ def test_an_export_that_starts_mid_stream_keeps_its_numbering_through_import(
     assert first.read_bytes() == second.read_bytes()
     assert read_export(second)[0].seq == 101
     assert read_export(second)[-1].seq == 300
+
+
+def test_since_takes_a_seq_or_an_iso_time_and_tail_lines_are_readable() -> None:
+    from datetime import UTC, datetime
+
+    from services.commands.events_cmd import describe, parse_since
+
+    assert parse_since("42") == (42, None)
+    assert parse_since(None) == (None, None)
+    _, when = parse_since("2025-01-31T12:00:00Z")
+    assert when == datetime(2025, 1, 31, 12, tzinfo=UTC)
+    with pytest.raises(ValueError, match="sequence number or an ISO time"):
+        parse_since("last tuesday")
+    line = describe(7, synthetic_history(3)[2])
+    assert line.split()[0] == "7" and "instance_placed" in line and 'model="tiny"' in line
+    assert "[synthetic@node-a]" in line
