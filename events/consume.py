@@ -168,11 +168,7 @@ class StreamReader:
         wire's generic parser and `_select`. Delivery sequences are checked per batch: the server
         sends them increasing, so first == expected and last == first + count - 1 means no gap.
         """
-        try:
-            async with asyncio.timeout(3 * IDLE_HEARTBEAT_S):
-                buf = await self._wire.read_data()
-        except TimeoutError as exc:
-            raise ConsumerRestart("no message nor heartbeat for 3 heartbeat intervals") from exc
+        buf = await self._read()
         out: list[tuple[int, bytes, bytes]] = []
         pos, size, sid, live = 0, len(buf), str(self._sid).encode(), self._live
         first_dseq = last_dseq = b""
@@ -216,6 +212,13 @@ class StreamReader:
         if not done:
             await self._wire.flush()  # flow-control replies now: the server refills while we fold
         return out, done
+
+    async def _read(self) -> bytes:
+        try:
+            async with asyncio.timeout(3 * IDLE_HEARTBEAT_S):
+                return await self._wire.read_data()
+        except TimeoutError as exc:
+            raise ConsumerRestart("no message nor heartbeat for 3 heartbeat intervals") from exc
 
     def _check(self, count: int, first: bytes, last: bytes) -> None:
         """Account for `count` deliveries parsed inline, numbered `first`..`last`."""

@@ -29,7 +29,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import msgspec
 import nats
@@ -94,18 +94,6 @@ class EventLog:
             raise LogError(f"{exc} (the event log needs plain nats:// URLs)") from exc
         closing = asyncio.Event()  # set by close(): a disconnect then is expected, not news
         connected = asyncio.Event()
-
-        async def on_error(exc: Exception) -> None:
-            if connected.is_set():
-                logger.warning("NATS connection {}: {}", url, exc)
-
-        async def on_disconnect() -> None:
-            if connected.is_set() and not closing.is_set():
-                logger.warning("NATS disconnected from {}; reconnecting", url)
-
-        async def on_reconnect() -> None:
-            logger.info("NATS reconnected to {}", url)
-
         try:
             nc = await nats.connect(  # pyright: ignore[reportUnknownMemberType]
                 url.split(","),
@@ -114,9 +102,7 @@ class EventLog:
                 reconnect_time_wait=0.25,
                 connect_timeout=2,
                 allow_reconnect=True,
-                error_cb=on_error,
-                disconnected_cb=on_disconnect,
-                reconnected_cb=on_reconnect,
+                **_callbacks(url, connected, closing),
             )
         except (OSError, nats.errors.Error, TimeoutError) as exc:
             raise LogError(f"cannot connect to NATS at {url}: {exc}; is the server running (`shoal nats`)?") from exc
@@ -404,6 +390,23 @@ class EventLog:
                 logger.debug("drain on close failed ({}); closing", exc)
         if not self._nc.is_closed:
             await self._nc.close()
+
+
+def _callbacks(url: str, connected: asyncio.Event, closing: asyncio.Event) -> dict[str, Any]:
+    """nats-py callbacks that log through loguru; quiet before the first connect and after close()."""
+
+    async def on_error(exc: Exception) -> None:
+        if connected.is_set():
+            logger.warning("NATS connection {}: {}", url, exc)
+
+    async def on_disconnect() -> None:
+        if connected.is_set() and not closing.is_set():
+            logger.warning("NATS disconnected from {}; reconnecting", url)
+
+    async def on_reconnect() -> None:
+        logger.info("NATS reconnected to {}", url)
+
+    return {"error_cb": on_error, "disconnected_cb": on_disconnect, "reconnected_cb": on_reconnect}
 
 
 def _decoder(stream: StreamKey) -> Callable[[bytes], AnyEvent]:
