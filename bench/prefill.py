@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=2048, help="prompt length")
     parser.add_argument("--step", type=int, default=256, help="chunk size of both paths (tokens)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each path; the best is reported")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each path; the best is reported")
     parser.add_argument("--model", default=None, help="model dir (default: an 8-layer d=512 tiny model)")
     parser.add_argument("--deadline", type=float, default=300.0)
 
