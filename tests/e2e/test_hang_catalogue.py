@@ -106,7 +106,7 @@ def unplaceable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     model.mkdir()
     config = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "vocab_size": 256}
     (model / "config.json").write_text(json.dumps(config))
-    cluster = Cluster(root, workers=1, model=str(model), **E2E_SETTINGS)
+    cluster = Cluster(root, workers=1, env={}, model=str(model), **E2E_SETTINGS)
     try:
         _healthy(cluster.base_url, instances=0)
         yield cluster
@@ -164,12 +164,12 @@ def run_and_inject(
     """Stream one task; at the first chunk of kind `when`, `inject(instance_id)`; return the error."""
     injected_at: float | None = None
     instance: str | None = None
-    with client.chat.completions.with_streaming_response.create(
+    with client.chat.completions.with_streaming_response.create(  # pyright: ignore[reportCallIssue]
         model=model,
         messages=[{"role": "user", "content": prompt}],
         max_tokens=max_tokens,
         stream=True,
-        stream_options={"include_progress": True},  # pyright: ignore[reportArgumentType]
+        stream_options={"include_progress": True},  # pyright: ignore[reportArgumentType]  # shoal's extension
     ) as response:
         task_id = response.headers["x-shoal-task-id"]
         if when == "now":
