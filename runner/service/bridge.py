@@ -4,28 +4,38 @@ The MLX thread calls:
 - `publish(event)` / `publish_telemetry(event)`: queued, appended in order by one task;
 - `is_cancelled(task_id)`: a set lookup, filled by a consumer of every task's cancel and
   failure subjects *from the log* (a cancel published before the runner looked is not missed);
-- `next_assignment(timeout)`: the instance's `TaskAssigned`s, in log order on every rank;
+- `next_assignment(timeout)`: the instance's `TaskAssigned`s (with their `TaskCreated`), in log
+  order on every rank;
 - `fetch(subject)`: the newest event on a subject (a task's `TaskCreated`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import queue
 import threading
 from collections.abc import Coroutine
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from loguru import logger
 
-from events.catalogue import AnyEvent, LogEvent, TaskAssigned, TaskFailed, TelemetryEvent
+from events.catalogue import AnyEvent, LogEvent, TaskAssigned, TaskCreated, TaskFailed, TelemetryEvent
 from events.log import EventLog
 from events.subjects import PREFIX
 
 T = TypeVar("T")
 
+
+class Assignment(NamedTuple):
+    assigned: TaskAssigned
+    created: TaskCreated | None  # None: created before the runner started watching; fetch it
+
+
 ASSIGNED = f"{PREFIX}.ev.task.*.assigned"
+CREATED = f"{PREFIX}.ev.task.*.created"
+CREATED_CACHE_SIZE = 4096  # tasks created but not yet assigned that we remember
 STOPPING_SUBJECTS = (f"{PREFIX}.ev.task.*.cancelled", f"{PREFIX}.ev.task.*.failed")
 
 
@@ -39,7 +49,8 @@ class LogBridge:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping: set[str] = set()
         self._stopping_lock = threading.Lock()
-        self._assignments: queue.Queue[TaskAssigned] = queue.Queue()
+        self._assignments: queue.Queue[Assignment] = queue.Queue()
+        self._created: collections.OrderedDict[str, TaskCreated] = collections.OrderedDict()
         self.publish_errors = 0
 
     # --- lifecycle (MLX thread) -------------------------------------------------------------
@@ -74,7 +85,7 @@ class LogBridge:
         with self._stopping_lock:
             return task_id in self._stopping
 
-    def next_assignment(self, timeout: float) -> TaskAssigned | None:
+    def next_assignment(self, timeout: float) -> Assignment | None:
         try:
             return self._assignments.get(timeout=timeout)
         except queue.Empty:
@@ -125,10 +136,18 @@ class LogBridge:
                 self._outbox.task_done()
 
     async def _consume_assignments(self, instance_id: str, from_seq: int) -> None:
+        """Assignments in log order, each with its TaskCreated when it came after `from_seq`
+        (one consumer for both saves the runner a request per task on the way to first token)."""
         assert self._log is not None
-        async for _seq, event in self._log.follow(from_seq=from_seq, subjects=[ASSIGNED]):
-            if isinstance(event, TaskAssigned) and event.instance_id == instance_id:
-                self._assignments.put(event)
+        async for _seq, event in self._log.follow(from_seq=from_seq, subjects=[CREATED, ASSIGNED]):
+            if isinstance(event, TaskCreated):
+                self._created[event.task_id] = event
+                if len(self._created) > CREATED_CACHE_SIZE:
+                    self._created.popitem(last=False)
+            elif isinstance(event, TaskAssigned):
+                created = self._created.pop(event.task_id, None)
+                if event.instance_id == instance_id:
+                    self._assignments.put(Assignment(event, created))
 
     async def _consume_stops(self, from_seq: int) -> None:
         assert self._log is not None

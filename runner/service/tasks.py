@@ -23,7 +23,6 @@ from events.catalogue import (
     LogEvent,
     RunnerStatus,
     RunnerStatusChanged,
-    TaskAssigned,
     TaskCompleted,
     TaskCreated,
     TaskFailed,
@@ -36,15 +35,22 @@ from events.subjects import task_subject
 from runner.chat import encode_chat
 from runner.errors import RequestError
 from runner.protocols import CancelSource, PhaseTracker, RunnerSink
+from runner.service.bridge import Assignment
 
 
 class Outcome(Protocol):
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    ttft_ms: float | None
-    prefill_tps: float | None
-    decode_tps: float | None
+    @property
+    def finish_reason(self) -> str: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def ttft_ms(self) -> float | None: ...
+    @property
+    def prefill_tps(self) -> float | None: ...
+    @property
+    def decode_tps(self) -> float | None: ...
 
 
 class EngineLike(Protocol):
@@ -57,7 +63,7 @@ class EngineLike(Protocol):
 
 class Inbox(Protocol):
     def publish(self, event: LogEvent | TelemetryEvent) -> None: ...
-    def next_assignment(self, timeout: float) -> TaskAssigned | None: ...
+    def next_assignment(self, timeout: float) -> Assignment | None: ...
     def fetch(self, subject: str, timeout: float = 10.0) -> Any: ...
 
 
@@ -93,12 +99,13 @@ class TaskServer:
         while not stop.is_set():
             assignment = self.inbox.next_assignment(poll_seconds)
             if assignment is not None:
-                self.current = assignment.task_id
-                self.run_one(assignment.task_id)
+                self.current = assignment.assigned.task_id
+                self.run_one(assignment.assigned.task_id, assignment.created)
                 self.current = None
 
-    def run_one(self, task_id: TaskId) -> None:
-        created = self.inbox.fetch(task_subject(task_id, "created"))
+    def run_one(self, task_id: TaskId, created: TaskCreated | None = None) -> None:
+        if created is None:
+            created = self.inbox.fetch(task_subject(task_id, "created"))
         if not isinstance(created, TaskCreated):
             # Every rank reads the same log, so every rank takes this branch together.
             self._terminal(
