@@ -22,7 +22,7 @@ from events.stamp import Stamper
 from events.state import State
 from events.subjects import PREFIX
 from services.master.core import MasterCore, MasterPolicy, ModelCatalog
-from services.master.watchdog import tick
+from services.master.watchdog import Liveness, RunnerKey, tick
 
 
 class MasterSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,6 +41,7 @@ class Master:
         self.wall_ns = wall_ns
         self.state = State()
         self.node_last_seen: dict[NodeId, int] = {}
+        self.runner_last_seen: dict[RunnerKey, int] = {}
         self._awaiting_seq = 0
         self._undecided: collections.deque[LogEvent] = collections.deque()
         self._log: EventLog | None = None
@@ -90,14 +91,17 @@ class Master:
             await asyncio.sleep(self.settings.tick_seconds)
             if self._awaiting_seq > self.state.last_seq:
                 continue
-            decisions = tick(self.state, self.wall_ns(), self.node_last_seen, self.settings.policy, self.stamper)
+            liveness = Liveness(nodes=self.node_last_seen, runners=self.runner_last_seen)
+            decisions = tick(self.state, self.wall_ns(), liveness, self.settings.policy, self.stamper)
             await self._publish(decisions)
 
     async def _follow_heartbeats(self, log: EventLog) -> None:
         start = await log.last_seq("telemetry") + 1
-        async for _seq, beat in log.follow(from_seq=start, subjects=[f"{PREFIX}.hb.node.>"], stream="telemetry"):
+        async for _seq, beat in log.follow(from_seq=start, subjects=[f"{PREFIX}.hb.>"], stream="telemetry"):
             if isinstance(beat, NodeHeartbeat):
                 self.node_last_seen[beat.node_id] = beat.env.wall_time
+            else:
+                self.runner_last_seen[(beat.instance_id, beat.rank)] = beat.env.wall_time
 
 
 def _describe(event: LogEvent) -> str:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import msgspec
+
 from events.catalogue import LogEvent, NodeTimedOut, TaskFailed, TaskStalled
-from events.ids import NodeId
+from events.ids import InstanceId, NodeId
 from events.stamp import Stamper
 from events.state import InstanceInfo, State, TaskInfo
 from services.master.core import MasterPolicy, retire_instance
@@ -18,31 +20,41 @@ from services.master.core import MasterPolicy, retire_instance
 NS = 1_000_000_000
 
 
-def tick(
-    state: State, now_ns: int, node_last_seen: Mapping[NodeId, int], policy: MasterPolicy, stamper: Stamper
-) -> list[LogEvent]:
+RunnerKey = tuple[InstanceId, int]
+
+
+class Liveness(msgspec.Struct, frozen=True, kw_only=True):
+    """When the master last heard each node's and each runner's heartbeat (wall ns)."""
+
+    nodes: Mapping[NodeId, int] = msgspec.field(default_factory=dict[NodeId, int])
+    runners: Mapping[RunnerKey, int] = msgspec.field(default_factory=dict[RunnerKey, int])
+
+
+def tick(state: State, now_ns: int, liveness: Liveness, policy: MasterPolicy, stamper: Stamper) -> list[LogEvent]:
     return [
-        *_node_timeouts(state, now_ns, node_last_seen, policy, stamper),
-        *_stalled_tasks(state, now_ns, policy, stamper),
+        *_node_timeouts(state, now_ns, liveness, policy, stamper),
+        *_stalled_tasks(state, now_ns, liveness, policy, stamper),
         *_unserved_tasks(state, now_ns, policy, stamper),
     ]
 
 
 def _node_timeouts(
-    state: State, now_ns: int, node_last_seen: Mapping[NodeId, int], policy: MasterPolicy, stamper: Stamper
+    state: State, now_ns: int, liveness: Liveness, policy: MasterPolicy, stamper: Stamper
 ) -> list[LogEvent]:
     timed_out: list[LogEvent] = []
     for node in state.nodes.values():
         if node.status != "up":
             continue
-        last = max(node_last_seen.get(node.node_id, 0), node.changed_at)
+        last = max(liveness.nodes.get(node.node_id, 0), node.changed_at)
         if now_ns - last > policy.node_timeout_seconds * NS:
             env = stamper.stamp(f"timeout-{node.node_id}-{last}")
             timed_out.append(NodeTimedOut(env=env, node_id=node.node_id, last_seen=last))
     return timed_out
 
 
-def _stalled_tasks(state: State, now_ns: int, policy: MasterPolicy, stamper: Stamper) -> list[LogEvent]:
+def _stalled_tasks(
+    state: State, now_ns: int, liveness: Liveness, policy: MasterPolicy, stamper: Stamper
+) -> list[LogEvent]:
     decisions: list[LogEvent] = []
     for instance in state.instances.values():
         if instance.retired or not instance.queue:
@@ -52,7 +64,9 @@ def _stalled_tasks(state: State, now_ns: int, policy: MasterPolicy, stamper: Sta
         if now_ns - since <= policy.task_stall_seconds * NS:
             continue
         diagnosis = describe_positions(task, instance, now_ns)
-        laggard = _laggard_rank(task, instance)
+        laggard = _silent_rank(instance, liveness, now_ns, policy)
+        if laggard is None:
+            laggard = _laggard_rank(task, instance)
         decisions.append(
             TaskStalled(env=stamper.stamp(f"stall-{task.task_id}"), task_id=task.task_id, diagnosis=diagnosis)
         )
@@ -99,6 +113,15 @@ def describe_positions(task: TaskInfo, instance: InstanceInfo, now_ns: int) -> s
             f"cancel ({task.cancel_reason}) requested {(now_ns - task.cancelled_at) / NS:.1f}s ago, not acted on"
         )
     return "; ".join(parts)
+
+
+def _silent_rank(instance: InstanceInfo, liveness: Liveness, now_ns: int, policy: MasterPolicy) -> int | None:
+    """A rank whose heartbeats stopped (frozen or dead) while its peers' go on: the culprit."""
+    silence = max(3.0, policy.node_timeout_seconds / 2) * NS
+    last = {r.rank: liveness.runners.get((instance.instance_id, r.rank), 0) for r in instance.runners}
+    heard = [rank for rank, at in last.items() if at and now_ns - at <= silence]
+    silent = [rank for rank, at in last.items() if at and now_ns - at > silence]
+    return silent[0] if silent and heard else None
 
 
 def _laggard_rank(task: TaskInfo, instance: InstanceInfo) -> int | None:

@@ -21,7 +21,7 @@ from events.catalogue import (
 from events.ids import TaskId
 from events.state import State
 from services.master.core import MasterCore, MasterPolicy, UnknownModel
-from services.master.watchdog import tick
+from services.master.watchdog import Liveness, tick
 from tests.events.builders import Events, FakeClock, fake_stamper
 
 
@@ -204,7 +204,7 @@ def test_watchdog_stalls_the_head_task_with_positions(silent_seconds: float) -> 
         c.ev.started("warm", 0), c.ev.progress("warm", rank=0, iteration=3), c.ev.progress("warm", rank=1, iteration=2)
     )
     c.clock.advance(silent_seconds)
-    out = tick(c.state, c.clock.now_ns, {}, c.policy, fake_stamper("wd", c.clock))
+    out = tick(c.state, c.clock.now_ns, Liveness(), c.policy, fake_stamper("wd", c.clock))
     stalls = [e for e in out if isinstance(e, TaskStalled | TaskFailed)]
     if silent_seconds < 30:
         assert stalls == []
@@ -224,7 +224,7 @@ def test_watchdog_times_out_silent_nodes() -> None:
     c.clock.advance(8)
     seen = {"n1": c.clock.now_ns}
     c.clock.advance(5)
-    out = tick(c.state, c.clock.now_ns, seen, c.policy, fake_stamper("wd", c.clock))  # pyright: ignore[reportArgumentType]
+    out = tick(c.state, c.clock.now_ns, Liveness(nodes=seen), c.policy, fake_stamper("wd", c.clock))  # pyright: ignore[reportArgumentType]
     assert [e.node_id for e in out if isinstance(e, NodeTimedOut)] == ["n2"]
 
 
@@ -233,5 +233,19 @@ def test_watchdog_fails_tasks_nobody_serves() -> None:
     c.feed(c.ev.node("n1"))
     c.feed(c.ev.created("t1"))  # placed, never ready
     c.clock.advance(61)
-    out = tick(c.state, c.clock.now_ns, {"n1": c.clock.now_ns}, c.policy, fake_stamper("wd", c.clock))  # pyright: ignore[reportArgumentType]
+    out = tick(c.state, c.clock.now_ns, Liveness(nodes={"n1": c.clock.now_ns}), c.policy, fake_stamper("wd", c.clock))  # pyright: ignore[reportArgumentType]
     assert [type(e).__name__ for e in out] == ["TaskFailed"] and "within 60s" in out[0].error  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def test_watchdog_names_the_rank_whose_heartbeats_stopped() -> None:
+    c = Cluster(MasterPolicy(task_stall_seconds=30.0, node_timeout_seconds=10.0))
+    instance = c.ready_instance()
+    c.feed(
+        c.ev.started("warm", 0), c.ev.progress("warm", rank=0, iteration=0), c.ev.progress("warm", rank=1, iteration=0)
+    )
+    frozen_at = c.clock.now_ns
+    c.clock.advance(31)
+    liveness = Liveness(runners={(instance, 0): c.clock.now_ns, (instance, 1): frozen_at})  # pyright: ignore[reportArgumentType]
+    out = tick(c.state, c.clock.now_ns, liveness, c.policy, fake_stamper("wd", c.clock))
+    failed = [e for e in out if isinstance(e, TaskFailed)]
+    assert failed[0].rank == 1
