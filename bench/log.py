@@ -36,6 +36,7 @@ from events.log import EventLog
 from events.state import State
 from events.subjects import subject_for
 from events.synthetic import synthetic_history
+from services.config import configure_logging, resolve_config
 from services.nats import EmbeddedNats
 
 TARGETS = {"replay_per_s": 100_000, "fold_per_s": 300_000, "append_vs_raw_max": 2.0}
@@ -48,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    configure_logging(resolve_config().config)  # log_level from shoal.yaml / SHOAL_LOG_LEVEL, to stderr
     count = max(1000, int(args.events))
     with tempfile.TemporaryDirectory(prefix="shoal-bench-log-") as tmp:
         repeat = max(1, int(args.repeat))
