@@ -158,11 +158,13 @@ def test_since_takes_a_seq_or_an_iso_time_and_tail_lines_are_readable() -> None:
     assert "[synthetic@node-a]" in line
 
 
-def test_the_log_benchmark_runs_and_its_states_agree(nats_url: str) -> None:
+def test_the_log_benchmark_runs_and_its_states_agree(nats_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
+    import bench.log
     from bench.log import run
 
+    monkeypatch.setattr(bench.log, "configure_logging", lambda _config: None)  # keep pytest's log capture
     result = run(argparse.Namespace(events=1000, repeat=1, nats_url=nats_url))
     assert result["events"] == 1000
     assert all(result["checks"].values()), result["checks"]
