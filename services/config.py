@@ -326,8 +326,11 @@ def configure_logging(config: ShoalConfig) -> None:
 
     from loguru import logger
 
+    def to_stderr(message: str) -> None:  # looked up per message: survives sys.stderr being swapped
+        sys.stderr.write(message)
+
     logger.remove()
-    logger.add(sys.stderr, level=config.log_level)
+    logger.add(to_stderr, level=config.log_level)
 
 
 def log_settings(config: ShoalConfig) -> LogSettings:
