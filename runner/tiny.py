@@ -59,17 +59,23 @@ def model_config(spec: TinySpec, eos_ids: list[int]) -> dict[str, object]:
 
 def make_tiny(out_dir: Path, spec: TinySpec) -> Path:
     """Write the model into `out_dir` (created if needed); returns `out_dir`."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_lm.models import llama
-
     from runner.tiny_tokenizer import EOS_TOKEN, write_tokenizer
 
     out_dir.mkdir(parents=True, exist_ok=True)
     special_ids = write_tokenizer(out_dir, spec.vocab)
-    config = model_config(spec, [special_ids[EOS_TOKEN]])
-    mx.random.seed(spec.seed)
-    model = llama.Model(llama.ModelArgs.from_dict(config))
+    return write_random_model(out_dir, model_config(spec, [special_ids[EOS_TOKEN]]), spec.seed)
+
+
+def write_random_model(out_dir: Path, config: dict[str, object], seed: int) -> Path:
+    """Random weights for any mlx-lm family named by `config["model_type"]` (tests of other
+    families reuse the tiny tokenizer with this)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes  # the same family lookup load_model uses
+
+    model_class, args_class = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_class(args_class.from_dict(config))
     weights = {
         name: value * PROJECTION_GAIN if "proj" in name else value
         for name, value in sorted(tree_flatten(model.parameters()))
