@@ -51,7 +51,7 @@ def run_decode(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResult:
         local_token = _step(run, next_input, spec.sampler)
         run.phases.enter("agree_cancel", run.task_id, step)
         poll = step % spec.cancel_interval == 0
-        wants_stop = poll and run.cancel.is_cancelled(run.task_id)
+        wants_stop = poll and run.wants_stop()
         token, stop_votes = run.collectives.agree([local_token if sampling else 0, int(wants_stop)])
         result.steps = step + 1
         if stop_votes > 0:
@@ -97,4 +97,4 @@ def _step(run: TaskRun, token: int, sampler: Any) -> int:
 def _deliver(run: TaskRun, sampling: bool, released: tuple[str, list[int]], produced: int) -> None:
     text, ids = released
     if sampling and (text or ids):
-        run.sink.tokens(run.task_id, produced - len(ids), text, ids)
+        run.notify(run.sink.tokens, run.task_id, produced - len(ids), text, ids)

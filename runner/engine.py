@@ -18,7 +18,7 @@ from mlx_lm.sample_utils import make_sampler
 from runner.chat import encode_chat
 from runner.collectives import Collectives
 from runner.decode import DecodeSpec, run_decode
-from runner.errors import RequestError
+from runner.errors import CallbackError, RequestError
 from runner.plan import PathChoice, choose_path, chunk_sizes, effective_step, rank_schedule
 from runner.prefill import run_prefill
 from runner.protocols import CancelSource, NeverCancelled, NullSink, PhaseTracker, RunnerSink
@@ -89,7 +89,11 @@ class Engine:
     def agree_start(self, task_id: str, cancel: CancelSource, phases: PhaseTracker | None = None) -> bool:
         """Every rank, before each task: False on all ranks if any rank saw it cancelled."""
         (phases or PhaseTracker()).enter("agree_start", task_id, 0)
-        return not self.collectives.any(cancel.is_cancelled(task_id))
+        try:
+            wants_skip = bool(cancel.is_cancelled(task_id))
+        except Exception:
+            wants_skip = True  # cannot tell: skip it on every rank rather than diverge
+        return not self.collectives.any(wants_skip)
 
     def warm_up(self, phases: PhaseTracker | None = None) -> None:
         """A tiny task through every path so the first real one does not pay for setup."""
@@ -124,10 +128,11 @@ class Engine:
         chunks = chunk_sizes(prompt_len, step)
         schedule = rank_schedule(placement.rank, placement.world, len(chunks), path)
         run = self._task_run(request.task_id, cancel, sink, phases)
-        sink.prefill_started(request.task_id, path, prompt_len, len(chunks), step)
+        run.notify(sink.prefill_started, request.task_id, path, prompt_len, len(chunks), step)
         prompt = mx.array(request.prompt_token_ids, dtype=mx.int32)
         prefill = run_prefill(run, prompt, chunks, schedule, path)
         if prefill.cancelled:
+            _raise_callback_errors(run)
             return _outcome(request, run, path, "cancelled", [], "", prefill.iterations, started, None, None)
         if request.seed is not None:
             mx.random.seed(request.seed)
@@ -144,6 +149,7 @@ class Engine:
         decoded = run_decode(run, spec, self.tokenizer)
         if not self.shard.outbox.is_empty():
             raise RuntimeError("internal error: a send was left pending after decode")
+        _raise_callback_errors(run)
         return _outcome(
             request, run, path, decoded.finish_reason, decoded.token_ids, decoded.text,
             prefill.iterations, started, decoded.first_token_at, decoded.steps,
@@ -175,6 +181,15 @@ def check_request(request: GenerationRequest, context_length: int | None) -> Non
         raise RequestError(
             f"prompt has {len(request.prompt_token_ids)} tokens but the model's context is {context_length}"
         )
+
+
+def _raise_callback_errors(run: TaskRun) -> None:
+    if run.callback_errors:
+        first = run.callback_errors[0]
+        raise CallbackError(
+            f"task {run.task_id}: the sink or cancel source failed {len(run.callback_errors)} time(s), "
+            f"first: {type(first).__name__}: {first}"
+        ) from first
 
 
 def _outcome(

@@ -22,6 +22,11 @@ class RequestError(RunnerError):
     """A generation request cannot run: empty prompt, max_tokens <= 0, prompt over the context."""
 
 
+class CallbackError(RunnerError):
+    """The sink or cancel source raised during a task. Raised once the task has ended in step
+    with every rank, because a local failure must never change the sequence of collectives."""
+
+
 class RankFailedError(RunnerError):
     """A rank of a local group died, stalled past the deadline, or reported an error."""
 

@@ -17,8 +17,9 @@ from typing import Any
 
 import msgspec
 
-from runner.protocols import PhaseTracker
-from runner.scripted import FixedCancel, RecordingSink, ScriptedCancel
+from runner.errors import CallbackError
+from runner.protocols import CancelSource, PhaseTracker
+from runner.scripted import BrokenCancel, FixedCancel, RecordingSink, ScriptedCancel
 
 HEARTBEAT_S = 0.2
 
@@ -88,16 +89,25 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
         if not engine.agree_start(request.task_id, FixedCancel(cancelled_before), phases):
             results.append({"task_id": request.task_id, "skipped": True})
             continue
-        cancel = ScriptedCancel(
-            fire_at_poll=task.get("cancel_at_poll") if task.get("cancel_rank") == rank else None,
-            die_at_poll=task.get("die_at_poll") if task.get("die_rank") == rank else None,
-            freeze_at_poll=task.get("freeze_at_poll") if task.get("freeze_rank") == rank else None,
-        )
-        sink = RecordingSink()
-        outcome = engine.generate(request, cancel, sink, phases)
+        sink = RecordingSink(fail_on_tokens=task.get("failing_sink_rank") == rank)
+        try:
+            outcome = engine.generate(request, task_cancel(task, rank), sink, phases)
+        except CallbackError as err:
+            results.append({"task_id": request.task_id, "callback_error": str(err)})
+            continue
         results.append({**msgspec.to_builtins(outcome), "sink": msgspec.to_builtins(sink)})
     phases.enter("idle")
     return results
+
+
+def task_cancel(task: dict[str, Any], rank: int) -> CancelSource:
+    if task.get("failing_cancel_rank") == rank:
+        return BrokenCancel()
+    return ScriptedCancel(
+        fire_at_poll=task.get("cancel_at_poll") if task.get("cancel_rank") == rank else None,
+        die_at_poll=task.get("die_at_poll") if task.get("die_rank") == rank else None,
+        freeze_at_poll=task.get("freeze_at_poll") if task.get("freeze_rank") == rank else None,
+    )
 
 
 def mlx_reference(shard: Any, task: dict[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,14 @@ class ScriptedCancel:
 
 
 @dataclass(slots=True)
+class BrokenCancel:
+    """A cancel source whose backend is down (tests: the group must still agree)."""
+
+    def is_cancelled(self, task_id: str) -> bool:
+        raise ConnectionError("cancel subscription lost")
+
+
+@dataclass(slots=True)
 class FixedCancel:
     cancelled: bool
 
@@ -42,6 +50,7 @@ class RecordingSink:
     started: list[dict[str, object]] = field(default_factory=list)
     progress: list[tuple[int, int, int]] = field(default_factory=list)
     chunks: list[tuple[int, str, list[int]]] = field(default_factory=list)
+    fail_on_tokens: bool = False  # tests: a sink whose publisher broke mid-task
 
     def prefill_started(self, task_id: str, path: str, prompt_tokens: int, chunks: int, step: int) -> None:
         self.started.append({"path": path, "prompt_tokens": prompt_tokens, "chunks": chunks, "step": step})
@@ -50,4 +59,6 @@ class RecordingSink:
         self.progress.append((processed, total, iteration))
 
     def tokens(self, task_id: str, index: int, text: str, token_ids: list[int]) -> None:
+        if self.fail_on_tokens:
+            raise ConnectionError("publisher closed")
         self.chunks.append((index, text, list(token_ids)))

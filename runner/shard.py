@@ -161,7 +161,8 @@ class ShardCache:
         changed = False
         for index in self._owned:
             cache = self.slots[index]
-            if hasattr(cache, "to_quantized"):
+            # Plain KV caches only: mlx-lm cannot quantize a RotatingKVCache (sliding windows).
+            if type(cache).__name__ == "KVCache":
                 self.slots[index] = cache.to_quantized(group_size=kv_group_size, bits=kv_bits)
                 changed = True
         if changed:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,16 +29,31 @@ class TaskRun:
     kv_group_size: int
     progress: list[tuple[int, int]] = field(default_factory=list)
     cancelled_at: str | None = None
+    callback_errors: list[Exception] = field(default_factory=list)
 
     def report_progress(self, processed: int, total: int, iteration: int) -> None:
         self.progress.append((processed, total))
-        self.sink.prefill_progress(self.task_id, processed, total, iteration)
+        self.notify(self.sink.prefill_progress, self.task_id, processed, total, iteration)
+
+    def notify(self, method: Callable[..., None], *args: Any) -> None:
+        """Call the sink; a failure is kept for later, never allowed to skip a collective."""
+        try:
+            method(*args)
+        except Exception as err:
+            self.callback_errors.append(err)
+
+    def wants_stop(self) -> bool:
+        """This rank's vote. A cancel source that fails votes to stop: the group still agrees."""
+        try:
+            return bool(self.cancel.is_cancelled(self.task_id))
+        except Exception as err:
+            self.callback_errors.append(err)
+            return True
 
     def agree_to_stop(self, phase: str, iteration: int, poll: bool = True) -> bool:
         """Poll the local cancel source, then agree with every rank (one scalar all-reduce)."""
         self.phases.enter("agree_cancel", self.task_id, iteration)
-        wants_stop = poll and self.cancel.is_cancelled(self.task_id)
-        stop = self.collectives.any(wants_stop)
+        stop = self.collectives.any(poll and self.wants_stop())
         if stop:
             self.cancelled_at = f"{phase}:{iteration}"
         return stop

@@ -122,3 +122,21 @@ def test_cancel_at_decode_token_on_every_rank(world: int, path: str) -> None:
 
 def test_step_for_gives_the_same_chunk_everywhere() -> None:
     assert {step_for(world) // min(4, world) for world in WORLDS} == {CHUNK}
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_failing_sink_or_cancel_source_never_splits_the_group(world: int) -> None:
+    ranks = sweep_results(world)
+    expected = one_rank(f"len{CANCEL_PROMPT}-auto")["token_ids"]
+    for rank, table in enumerate(ranks):
+        sink_failed, cancel_failed = table["sink-fails"], table["cancel-fails"]
+        if rank == world - 1:  # the sampling rank owns the broken sink
+            assert "publisher closed" in sink_failed["callback_error"]
+        else:
+            assert sink_failed["token_ids"] == expected
+        if rank == 0:  # a broken cancel source votes to stop, the others follow at once
+            assert "cancel subscription lost" in cancel_failed["callback_error"]
+        else:
+            assert cancel_failed["cancelled_at"] == "prefill:0"
+        assert table["after-sink-fails"]["token_ids"] == expected
+        assert table["after-cancel-fails"]["token_ids"] == expected
