@@ -55,6 +55,8 @@ def sweep_tasks(world: int) -> list[dict[str, Any]]:
         tasks.append({"request": request(f"kv8-{length}", length), "settings": {"kv_bits": 8}})
     tasks.append({"request": request("skipped", CANCEL_PROMPT), "cancel_before_start_ranks": [world - 1]})
     tasks.append({"request": request("after-skip", CANCEL_PROMPT)})
+    sampled = {**request("sampled", CANCEL_PROMPT, max_tokens=8), "temperature": 0.8, "top_p": 0.9, "seed": 7}
+    tasks.append({"request": sampled})
     tasks.append({"request": request("sink-fails", CANCEL_PROMPT), "failing_sink_rank": world - 1})
     tasks.append({"request": request("after-sink-fails", CANCEL_PROMPT)})
     tasks.append({"request": request("cancel-fails", CANCEL_PROMPT), "failing_cancel_rank": 0})

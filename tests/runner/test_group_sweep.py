@@ -140,3 +140,11 @@ def test_failing_sink_or_cancel_source_never_splits_the_group(world: int) -> Non
             assert cancel_failed["cancelled_at"] == "prefill:0"
         assert table["after-sink-fails"]["token_ids"] == expected
         assert table["after-cancel-fails"]["token_ids"] == expected
+
+
+@pytest.mark.parametrize("world", (2, 3))
+def test_seeded_sampling_matches_one_rank(world: int) -> None:
+    expected = one_rank("sampled")["token_ids"]
+    assert len(expected) == 8 and expected != one_rank(f"len{CANCEL_PROMPT}-auto")["token_ids"][:8]
+    for table in sweep_results(world):
+        assert table["sampled"]["token_ids"] == expected
