@@ -146,7 +146,9 @@ def _sorted_maps(obj: Any) -> Any:
     raise NotImplementedError(f"cannot encode {type(obj).__name__}")
 
 
-_canonical = msgspec.json.Encoder(enc_hook=_sorted_maps, order="sorted")
+# Struct fields encode in declaration order and the small per-rank dicts in insertion order (the
+# order of the events that filled them), so only the hash-ordered Maps need sorting.
+_canonical = msgspec.json.Encoder(enc_hook=_sorted_maps)
 
 
 def canonical_bytes(state: State) -> bytes:

@@ -213,6 +213,12 @@ def test_apply_never_mutates_its_input(ev: Events) -> None:
     assert canonical_bytes(before) == snapshot
 
 
+def test_canonical_bytes_of_a_busy_state(ev: Events) -> None:
+    events = [*_cluster(ev), ev.started("t1", 1), ev.progress("t1", rank=1), ev.progress("t1", rank=0), ev.chunk("t1")]
+    assert canonical_bytes(_fold(events)) == canonical_bytes(_fold(events))
+    assert b'"progress":{"1":' in canonical_bytes(_fold(events))
+
+
 def test_canonical_bytes_ignore_insertion_order(ev: Events) -> None:
     a = _fold([ev.node("n1"), ev.node("n2")])
     other = Events()
