@@ -107,6 +107,11 @@ class InstancePlaced(Event, tag="instance_placed", frozen=True, kw_only=True):
     kv_group_size: int = 64
 
 
+# `RunnerStatusChanged(failed).detail` starts with this when the rank failed only because a peer
+# went away (a casualty): the master then waits briefly to name the rank that actually died.
+PEER_LOST_DETAIL = "lost peer"
+
+
 class RunnerStatusChanged(Event, tag="runner_status_changed", frozen=True, kw_only=True):
     instance_id: InstanceId
     rank: int

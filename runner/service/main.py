@@ -28,6 +28,7 @@ from events.stamp import Stamper
 from events.subjects import instance_subject
 from runner.protocols import CancelSource, PhaseTracker
 from runner.service.bridge import LogBridge
+from runner.service.exit_codes import PEER_LOST_EXIT, is_peer_loss
 from runner.service.faults import FAULT_ENV, FaultyCancel, parse_fault
 from runner.service.sink import LogSink
 from runner.service.tasks import TaskServer
@@ -130,7 +131,7 @@ def run(
     try:
         server.serve(stop)
     except Exception as exc:
-        if server.current is not None:
+        if server.current is not None and not is_peer_loss(exc):
             error = f"rank {args.rank} failed: {type(exc).__name__}: {exc}"
             bridge.publish(TaskFailed(env=stamper.stamp(), task_id=TaskId(server.current), error=error, rank=args.rank))
         raise
@@ -177,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         with _flight_recorder(args, bridge, phases):
             run(args, bridge, stamper, phases, stop)
     except Exception as exc:
+        if is_peer_loss(exc):
+            logger.error("rank {} of {} lost a peer: {}", args.rank, args.instance, exc)
+            bridge.close()
+            return PEER_LOST_EXIT  # the worker reports it; the master waits to name the rank that died
         logger.error("rank {} of {} failed: {}", args.rank, args.instance, exc)
         traceback.print_exc()
         _status_publisher(bridge, stamper, args)("failed", f"{type(exc).__name__}: {exc}"[:500])

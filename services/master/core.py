@@ -18,6 +18,7 @@ from typing import Protocol
 import msgspec
 
 from events.catalogue import (
+    PEER_LOST_DETAIL,
     InstancePlaced,
     InstanceRetired,
     LogEvent,
@@ -32,7 +33,7 @@ from events.catalogue import (
     TaskFailed,
 )
 from events.stamp import Stamper
-from events.state import InstanceInfo, State, TaskInfo
+from events.state import InstanceInfo, RunnerInfo, State, TaskInfo
 from services.master.placement import PlacementError, nodes_up, plan_instance
 
 
@@ -58,6 +59,7 @@ class MasterPolicy(msgspec.Struct, frozen=True, kw_only=True):
     task_stall_seconds: float = 30.0
     node_timeout_seconds: float = 10.0
     assign_timeout_seconds: float = 600.0
+    peer_loss_grace_seconds: float = 2.0  # wait this long for the culprit when ranks only lost a peer
 
 
 class MasterCore:
@@ -79,6 +81,8 @@ class MasterCore:
                 if instance.retired:
                     return []
                 if instance.failed:
+                    if not culprits(instance):
+                        return []  # only casualties so far: wait for the rank that died (watchdog grace)
                     return self._retire(state, instance, _runner_failure(instance))
                 return self._serve_waiting(state, instance.model) if instance.ready else []
             case InstanceRetired():
@@ -182,8 +186,8 @@ class MasterCore:
         return [TaskCompleted(env=env, task_id=task.task_id, finish_reason="cancelled")]
 
     def _retire(self, state: State, instance: InstanceInfo, reason: str) -> list[LogEvent]:
-        rank = next((r.rank for r in instance.runners if r.status in ("failed", "stopped")), None)
-        return retire_instance(self.stamper, instance, reason, rank=rank)
+        failed = culprits(instance) or [r for r in instance.runners if r.status in ("failed", "stopped")]
+        return retire_instance(self.stamper, instance, reason, rank=failed[0].rank if failed else None)
 
     def _retire_on_node(self, state: State, node_id: str) -> list[LogEvent]:
         decisions: list[LogEvent] = []
@@ -251,8 +255,15 @@ def _last_retire_reason(state: State, model: str) -> str:
     return max(retired, key=lambda i: i.placed_seq).retire_reason if retired else ""
 
 
+def culprits(instance: InstanceInfo) -> list[RunnerInfo]:
+    """Failed runners that are not mere casualties of a peer's loss."""
+    return [
+        r for r in instance.runners if r.status in ("failed", "stopped") and not r.detail.startswith(PEER_LOST_DETAIL)
+    ]
+
+
 def _runner_failure(instance: InstanceInfo) -> str:
-    for runner in instance.runners:
+    for runner in [*culprits(instance), *instance.runners]:
         if runner.status in ("failed", "stopped"):
             detail = f": {runner.detail}" if runner.detail else ""
             return f"rank {runner.rank} on node {runner.node_id} {runner.status}{detail}"

@@ -15,7 +15,7 @@ from events.catalogue import LogEvent, NodeTimedOut, TaskFailed, TaskStalled
 from events.ids import InstanceId, NodeId
 from events.stamp import Stamper
 from events.state import InstanceInfo, State, TaskInfo
-from services.master.core import MasterPolicy, retire_instance
+from services.master.core import MasterPolicy, culprits, retire_instance
 
 NS = 1_000_000_000
 
@@ -35,7 +35,23 @@ def tick(state: State, now_ns: int, liveness: Liveness, policy: MasterPolicy, st
         *_node_timeouts(state, now_ns, liveness, policy, stamper),
         *_stalled_tasks(state, now_ns, liveness, policy, stamper),
         *_unserved_tasks(state, now_ns, policy, stamper),
+        *_orphaned_instances(state, now_ns, policy, stamper),
     ]
+
+
+def _orphaned_instances(state: State, now_ns: int, policy: MasterPolicy, stamper: Stamper) -> list[LogEvent]:
+    """Instances whose ranks only report losing a peer: after a grace nobody named a culprit
+    (its node may be gone, or its worker too), so retire with what is known."""
+    decisions: list[LogEvent] = []
+    for instance in state.instances.values():
+        if instance.retired or not instance.failed or culprits(instance):
+            continue
+        lost = [r for r in instance.runners if r.status == "failed"]
+        if now_ns - max(r.changed_at for r in lost) > policy.peer_loss_grace_seconds * NS:
+            silent = [r.rank for r in instance.runners if r.status != "failed"]
+            reason = f"rank {lost[0].rank} lost its peers; rank(s) {silent} never reported (node or worker gone?)"
+            decisions += retire_instance(stamper, instance, reason, rank=silent[0] if silent else None)
+    return decisions
 
 
 def _node_timeouts(

@@ -8,17 +8,19 @@ import pytest
 
 from events.apply import apply, fold
 from events.catalogue import (
+    PEER_LOST_DETAIL,
     InstancePlaced,
     InstanceRetired,
     LogEvent,
     NodeTimedOut,
+    RunnerStatusChanged,
     TaskAssigned,
     TaskCancelled,
     TaskCompleted,
     TaskFailed,
     TaskStalled,
 )
-from events.ids import TaskId
+from events.ids import InstanceId, TaskId
 from events.state import State
 from services.master.core import MasterCore, MasterPolicy, UnknownModel
 from services.master.watchdog import Liveness, tick
@@ -249,3 +251,33 @@ def test_watchdog_names_the_rank_whose_heartbeats_stopped() -> None:
     out = tick(c.state, c.clock.now_ns, liveness, c.policy, fake_stamper("wd", c.clock))
     failed = [e for e in out if isinstance(e, TaskFailed)]
     assert failed[0].rank == 1
+
+
+def _failed(c: Cluster, instance: str, rank: int, detail: str) -> RunnerStatusChanged:
+    return RunnerStatusChanged(
+        env=c.ev.stamper.stamp(), instance_id=InstanceId(instance), rank=rank, status="failed", detail=detail
+    )
+
+
+def test_a_casualty_of_a_lost_peer_waits_for_the_rank_that_died() -> None:
+    c = Cluster()
+    instance = c.ready_instance()
+    c.feed(c.ev.created("t1"))
+    assert c.feed(_failed(c, instance, 0, f"{PEER_LOST_DETAIL}: the ring group broke")) == []
+    out = c.feed(_failed(c, instance, 1, "runner process killed by SIGKILL"))
+    retired = [e for e in out if isinstance(e, InstanceRetired)]
+    assert retired and "rank 1" in retired[0].reason and "SIGKILL" in retired[0].reason
+    assert {e.rank for e in out if isinstance(e, TaskFailed)} == {1}
+
+
+def test_only_casualties_are_retired_after_the_grace() -> None:
+    c = Cluster(MasterPolicy(peer_loss_grace_seconds=2.0))
+    instance = c.ready_instance()
+    assert c.feed(_failed(c, instance, 0, f"{PEER_LOST_DETAIL}: the ring group broke")) == []
+    c.clock.advance(1)
+    assert tick(c.state, c.clock.now_ns, Liveness(), c.policy, fake_stamper("wd", c.clock)) == []
+    c.clock.advance(2)
+    out = tick(c.state, c.clock.now_ns, Liveness(), c.policy, fake_stamper("wd", c.clock))
+    retired = [e for e in out if isinstance(e, InstanceRetired)]
+    assert retired and "rank(s) [1] never reported" in retired[0].reason
+    assert {e.rank for e in out if isinstance(e, TaskFailed)} == {1}
