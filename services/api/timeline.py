@@ -27,7 +27,9 @@ async def timeline_page(request: Request, ctx: ApiContext) -> Response:
         raise RequestProblem(400, "give the task to draw: /debug/timeline?task=<task id>", param="task")
     task = ctx.hub.state.tasks.get(TaskId(task_id))
     if task is None:
-        raise RequestProblem(404, unknown_id_message("task", task_id, ctx.hub.state.tasks.keys()), code="task_not_found")
+        raise RequestProblem(
+            404, unknown_id_message("task", task_id, ctx.hub.state.tasks.keys()), code="task_not_found"
+        )
     events: list[tuple[int, AnyEvent]] = [pair async for pair in ctx.log.replay()]
     since = datetime.fromtimestamp(task.created_at / 1e9, tz=UTC)
     events += [pair async for pair in ctx.log.replay(from_time=since, stream="telemetry")]
