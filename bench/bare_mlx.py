@@ -19,7 +19,7 @@ def main(argv: list[str]) -> int:
     from runner.chat import encode_chat
 
     model_dir, prompt, max_tokens, runs, step = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
-    model, tokenizer = load(model_dir)
+    model, tokenizer = load(model_dir)[:2]
     tokens = encode_chat(tokenizer, [{"role": "user", "content": prompt}])
     ttfts: list[float] = []
     decode_rates: list[float] = []

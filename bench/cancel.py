@@ -23,12 +23,27 @@ from bench.cluster import Cluster
 from events.catalogue import LogEvent, PrefillProgress, RunnerStatusChanged, TaskCancelled, TaskCompleted, TaskFailed
 from events.log import EventLog
 
-WORDS = ["river", "stone", "cloud", "amber", "violet", "north", "quiet", "swift", "lantern", "maple", "copper", "harbor"]
+WORDS = [
+    "river",
+    "stone",
+    "cloud",
+    "amber",
+    "violet",
+    "north",
+    "quiet",
+    "swift",
+    "lantern",
+    "maple",
+    "copper",
+    "harbor",
+]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cancels", type=int, default=50, help="cancelled requests (default 50)")
-    parser.add_argument("--prompt-words", type=int, default=400, help="prompt length in words (~5 tokens each with the tiny tokenizer)")
+    parser.add_argument(
+        "--prompt-words", type=int, default=400, help="prompt length in words (~5 tokens each with the tiny tokenizer)"
+    )
     parser.add_argument("--prefill-step", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
 

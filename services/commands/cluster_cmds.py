@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from events.log import LogError
@@ -34,19 +35,19 @@ def register(subparsers: Any) -> None:
     master = subparsers.add_parser("master", help="run the master (placement, assignment, watchdog)")
     add_common_flags(master)
     add_setting_flag(master, "model", "model kept placed once nodes join")
-    master.set_defaults(handler=lambda args: _serve(args, "master"))
+    master.set_defaults(handler=functools.partial(_serve, role="master"))
 
     worker = subparsers.add_parser("worker", help="run a worker for this node (one runner process per rank)")
     add_common_flags(worker)
     worker.add_argument("--node-id", default=None, help="node id (default: the host name)")
     worker.add_argument("--host", default="127.0.0.1", help="address peers reach this node's ring ports on")
-    worker.set_defaults(handler=lambda args: _serve(args, "worker"))
+    worker.set_defaults(handler=functools.partial(_serve, role="worker"))
 
     api = subparsers.add_parser("api", help="run the OpenAI-compatible HTTP API")
     add_common_flags(api)
     api.add_argument("--port", dest="api_port", default=None, help="API port (default 8000)")
     add_setting_flag(api, "model", "model the API offers")
-    api.set_defaults(handler=lambda args: _serve(args, "api"))
+    api.set_defaults(handler=functools.partial(_serve, role="api"))
 
 
 def _resolve(args: argparse.Namespace, command: str) -> ResolvedConfig | None:
@@ -94,7 +95,7 @@ def _serve(args: argparse.Namespace, role: str) -> int:
             f"shoal {role}: note: no --nats-url/SHOAL_NATS_URL given; using {resolved.config.client_nats_url}",
             file=sys.stderr,
         )
-    runs: dict[str, Callable[[], Awaitable[None]]] = {
+    runs: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
         "master": lambda: roles.run_master(resolved),
         "worker": lambda: roles.run_worker(resolved, args.node_id or default_node_id(), host=args.host),
         "api": lambda: roles.run_api(resolved),
