@@ -75,7 +75,7 @@ def _cancel_once(cluster: Cluster, prompt: str, rng: random.Random) -> dict[str,
             messages=[{"role": "user", "content": prompt}],
             max_tokens=4,
             stream=True,
-            stream_options={"include_progress": True},
+            extra_body={"shoal_progress": True},
         ) as response,
         httpx.Client(base_url=cluster.base_url, timeout=30) as http,
     ):
