@@ -82,7 +82,8 @@ def _cancel_once(cluster: Cluster, prompt: str, rng: random.Random) -> dict[str,
         task_id = response.headers["x-shoal-task-id"]
         finish = None
         for chunk in response.parse():
-            if getattr(chunk, "prompt_progress", None) and chunk.model_extra["prompt_progress"]["processed"] > 0:
+            progress = (chunk.model_extra or {}).get("prompt_progress")
+            if progress and progress["processed"] > 0:
                 seen += 1
                 if seen == cancel_after:
                     http.post(f"/v1/tasks/{task_id}/cancel")
