@@ -18,6 +18,7 @@ from runner.tiny import cached_tiny
 CHUNK = 6
 LENGTHS = (1, 2, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK, 2 * CHUNK + 1, 3 * CHUNK + 1, 23)
 MAX_TOKENS = 5
+NEXT_MAX_TOKENS = 2
 CANCEL_PROMPT = 3 * CHUNK + 1  # three chunks: pipeline and idle iterations on every rank
 DECODE_CANCEL_STEPS = (0, 2)
 KV8_LENGTHS = (13, 23)
@@ -76,7 +77,8 @@ def cancel_tasks(world: int) -> list[dict[str, Any]]:
                 tasks.append(
                     {"request": request(name, CANCEL_PROMPT, path), "cancel_rank": rank, "cancel_at_poll": poll}
                 )
-                tasks.append({"request": request(f"{name}-next", CANCEL_PROMPT)})
+                # Short: it proves the group is reusable (a full prefill, then decode steps).
+                tasks.append({"request": request(f"{name}-next", CANCEL_PROMPT, max_tokens=NEXT_MAX_TOKENS)})
     return tasks
 
 
