@@ -13,9 +13,9 @@ from typing import BinaryIO
 
 import msgspec
 
-from events.apply import apply
 from events.catalogue import LogEvent, TelemetryEvent
 from events.codec import ExportRecord, MalformedEvent, StreamName, decode_record, encode_record
+from events.fold import Folder
 from events.state import State
 
 _records = msgspec.json.Decoder(ExportRecord)
@@ -103,7 +103,8 @@ def fold_export(path: str | Path, state: State | None = None) -> State:
 
     The loop is inlined (no per-line generator or wrapper call): it is the offline fold's hot path.
     """
-    current = state if state is not None else State()
+    folder = Folder(state)
+    add = folder.add
     decode = _records.decode
     number = 0
     tail = b""
@@ -121,8 +122,8 @@ def fold_export(path: str | Path, state: State | None = None) -> State:
                         continue
                     raise BadExportLine(str(path), number, f"not a valid event record ({exc})") from exc
                 if record.stream == "events":
-                    if current.last_seq == 0 and record.seq > 1:
-                        current = State.starting_before(record.seq)  # the stream's head was trimmed
-                    current = apply(current, record.seq, record.event)  # pyright: ignore[reportArgumentType]
+                    if folder.last_seq == 0 and record.seq > 1:
+                        folder.skip_to(record.seq)  # the stream's head was trimmed
+                    add(record.seq, record.event)  # pyright: ignore[reportArgumentType]
             if not chunk:
-                return current
+                return folder.state

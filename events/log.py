@@ -38,10 +38,10 @@ import nats.js.errors
 from loguru import logger
 from nats.aio.client import Client
 
-from events.apply import apply
 from events.catalogue import AnyEvent, LogEvent, TelemetryEvent
 from events.codec import MalformedEvent, decode_log_event, decode_telemetry_event, encode
 from events.consume import ConsumerRestart, Position, StreamNotFound, StreamReader
+from events.fold import Folder
 from events.publish import LogError, Outbox, pipeline
 from events.state import State
 from events.streams import LogSettings, StreamKey, stream_config, stream_name
@@ -359,18 +359,19 @@ class EventLog:
         Malformed messages are counted and stepped over (`skip_past`). Works batch by batch
         (no per-event iterator hop): the fastest way to rebuild a State from the log.
         """
-        current = state or State()
-        position = Position(seq=current.last_seq + 1)
+        folder = Folder(state)
+        position = Position(seq=folder.last_seq + 1)
         async for batch in self._batches(position, None, "events", live=False):
             for seq, subject, payload in batch:
                 try:
                     event = decode_log_event(payload)
                 except MalformedEvent as exc:
                     self._poison(subject, seq, exc)
-                    current = skip_past(current, seq)
+                    folder.skip_to(seq + 1)
                     continue
-                current = apply(current, seq, event)
-        return current
+                folder.skip_to(seq)  # a gap: messages deleted from the stream
+                folder.add(seq, event)
+        return folder.state
 
     def _poison(self, subject: str | bytes, seq: int, exc: Exception) -> None:
         self.malformed += 1

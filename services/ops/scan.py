@@ -16,9 +16,10 @@ from typing import Protocol
 
 import msgspec
 
-from events.apply import ApplyError, apply
+from events.apply import ApplyError
 from events.catalogue import AnyEvent, NodeHeartbeat, RunnerHeartbeat
 from events.codec import ExportRecord, StreamName
+from events.fold import Folder
 from events.ids import InstanceId, TaskId
 from events.state import State
 from services.ops.load import SkippedLines
@@ -95,7 +96,8 @@ def scan(
     result = ScanResult()
     watchers = tuple(observers)
     add_heartbeat = result.heartbeats.add
-    state = result.state
+    folder = Folder(result.state)
+    add_event = folder.add
     newest = read = folded = 0
     for line, record in records:  # hot loop: a million iterations, so kept flat and local
         event = record.event
@@ -108,10 +110,10 @@ def scan(
                 add_heartbeat(event)
         elif not isinstance(event, _TELEMETRY_TYPES):
             seq = record.seq
-            if seq > state.last_seq + 1 and (allow_gaps or state.last_seq == 0):
-                state = msgspec.structs.replace(state, last_seq=seq - 1)  # trimmed head / skipped poison message
+            if seq > folder.last_seq + 1 and (allow_gaps or folder.last_seq == 0):
+                folder.skip_to(seq)  # trimmed head / skipped poison message
             try:
-                state = apply(state, seq, event)
+                add_event(seq, event)  # pyright: ignore[reportArgumentType]
             except ApplyError as exc:
                 error = f"cannot fold event seq {seq}: {exc}"
                 result.fold_error = SkippedLines(line=line, reason=error, lines_not_used=1)
@@ -123,7 +125,7 @@ def scan(
             newest = wall
         for watcher in watchers:
             watcher.observe(record.seq, event)
-    result.state, result.newest_wall_ns, result.records_read, result.events_folded = state, newest, read, folded
+    result.state, result.newest_wall_ns, result.records_read, result.events_folded = folder.state, newest, read, folded
     return result
 
 
