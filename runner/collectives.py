@@ -6,6 +6,8 @@ small integers that every rank calls at the same point of the same schedule.
 
 from __future__ import annotations
 
+from typing import cast
+
 import mlx.core as mx
 
 
@@ -21,7 +23,7 @@ class Collectives:
             return list(values)
         summed = mx.distributed.all_sum(mx.array(values, dtype=mx.int32), group=self.group)
         mx.eval(summed)
-        return [int(v) for v in summed.tolist()]
+        return [int(v) for v in cast(list[int], summed.tolist())]
 
     def any(self, flag: bool) -> bool:
         """True on every rank if any rank passed True."""

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import mlx.core as mx
 
 from runner.stops import TextAssembler
 from runner.task_run import TaskRun
+
+FinishReason = Literal["stop", "length", "cancelled"]
 
 
 @dataclass(slots=True)
@@ -34,7 +36,7 @@ class DecodeSpec:
 class DecodeResult:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
-    finish_reason: str = "length"
+    finish_reason: FinishReason = "length"
     first_token_at: float | None = None  # perf_counter() when the first token was agreed
     steps: int = 0
 

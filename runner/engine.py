@@ -9,7 +9,6 @@ that could change it is taken on agreed data (the request, the world size, an al
 from __future__ import annotations
 
 import time
-from typing import Literal
 
 import mlx.core as mx
 import msgspec
@@ -17,7 +16,7 @@ from mlx_lm.sample_utils import make_sampler
 
 from runner.chat import encode_chat
 from runner.collectives import Collectives
-from runner.decode import DecodeSpec, run_decode
+from runner.decode import DecodeSpec, FinishReason, run_decode
 from runner.errors import CallbackError, RequestError
 from runner.plan import PathChoice, choose_path, chunk_sizes, effective_step, rank_schedule
 from runner.prefill import run_prefill
@@ -26,8 +25,6 @@ from runner.shard import LoadedShard, ShardCache
 from runner.task_run import TaskRun
 
 __all__ = ["Engine", "EngineSettings", "GenerationOutcome", "GenerationRequest", "encode_chat"]
-
-FinishReason = Literal["stop", "length", "cancelled"]
 
 
 class EngineSettings(msgspec.Struct, frozen=True, kw_only=True):

@@ -69,7 +69,7 @@ def rank_env(rank: int, world: int, hostfile: Path, base: dict[str, str]) -> dic
 
 def run_group(
     job: dict[str, Any], world: int, deadline_s: float, extra_env: dict[str, str] | None = None
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Run `job` on `world` local ranks; return each rank's result dict, in rank order."""
     workdir = Path(tempfile.mkdtemp(prefix="shoal-group-"))
     ranks: list[RankProcess] = []
@@ -161,14 +161,14 @@ def _stall_error(running: list[RankProcess], workdir: Path) -> RankFailedError:
     )
 
 
-def _read_result(workdir: Path, rp: RankProcess) -> dict:
+def _read_result(workdir: Path, rp: RankProcess) -> dict[str, Any]:
     result = _load(workdir / f"rank{rp.rank}.json")
     if result is None:
         raise RankFailedError(rp.rank, f"rank {rp.rank} exited without writing a result")
     return result
 
 
-def _load(path: Path) -> dict | None:
+def _load(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):

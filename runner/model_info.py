@@ -36,14 +36,15 @@ def read_model_info(model_dir: Path) -> ModelInfo:
         raise ModelDirError(f"{model_dir} is not an mlx-lm model: config.json has no model_type")
     if not any(model_dir.glob("*.safetensors")):
         raise ModelDirError(f"{model_dir} is not an mlx-lm model: no *.safetensors weights")
-    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    nested = config.get("text_config")  # multimodal configs keep the language model's here
+    text_config: dict[str, object] = nested if isinstance(nested, dict) else {}
     n_layers = _first_int(config, text_config, _LAYER_COUNT_KEYS)
     if n_layers is None or n_layers < 1:
         raise ModelDirError(f"{model_dir} has no `layers` (config.json gives no layer count)")
     return ModelInfo(model_dir, str(config["model_type"]), n_layers, _first_int(config, text_config, _CONTEXT_KEYS))
 
 
-def _first_int(config: dict, text_config: dict, keys: tuple[str, ...]) -> int | None:
+def _first_int(config: dict[str, object], text_config: dict[str, object], keys: tuple[str, ...]) -> int | None:
     for source in (config, text_config):
         for key in keys:
             value = source.get(key)

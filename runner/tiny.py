@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 # Bump when the generated files change, so cached copies under the data dir are rebuilt.
 TINY_FORMAT_VERSION = 2
@@ -76,10 +77,8 @@ def write_random_model(out_dir: Path, config: dict[str, object], seed: int) -> P
     model_class, args_class = _get_classes(config)
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(config))
-    weights = {
-        name: value * PROJECTION_GAIN if "proj" in name else value
-        for name, value in sorted(tree_flatten(model.parameters()))
-    }
+    flat = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
+    weights = {name: value * PROJECTION_GAIN if "proj" in name else value for name, value in sorted(flat)}
     mx.eval(weights)
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

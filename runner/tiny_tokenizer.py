@@ -102,7 +102,7 @@ def write_tokenizer(out_dir: Path, vocab_size: int) -> dict[str, int]:
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
     tokenizer.save(str(out_dir / "tokenizer.json"))
-    special_ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+    special_ids = {token: int(tokenizer.token_to_id(token) or 0) for token in SPECIAL_TOKENS}
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": None,
