@@ -67,9 +67,14 @@ def sweep_tasks(world: int) -> list[dict[str, Any]]:
     return tasks
 
 
+def cancel_paths(world: int) -> tuple[str, ...]:
+    """Pipeline everywhere (idle iterations); sequential on 2 ranks only, to keep the suite fast."""
+    return ("pipeline", "sequential") if world == 2 else ("pipeline",)
+
+
 def cancel_tasks(world: int) -> list[dict[str, Any]]:
     tasks: list[dict[str, Any]] = []
-    for path in ("pipeline", "sequential"):
+    for path in cancel_paths(world):
         n_iter = iterations(CANCEL_PROMPT, world, path)
         for rank in range(world):
             for poll in [*range(n_iter), *(n_iter + k for k in DECODE_CANCEL_STEPS)]:

@@ -15,6 +15,7 @@ from tests.runner.harness import (
     KV8_LENGTHS,
     LENGTHS,
     NEXT_MAX_TOKENS,
+    cancel_paths,
     iterations,
     step_for,
     sweep_results,
@@ -86,8 +87,10 @@ def test_task_cancelled_before_start_is_skipped_by_every_rank(world: int) -> Non
         assert table["after-skip"]["token_ids"] == one_rank(f"len{CANCEL_PROMPT}-auto")["token_ids"]
 
 
-@pytest.mark.parametrize("world", (2, 3))
-@pytest.mark.parametrize("path", ("pipeline", "sequential"))
+CANCEL_CASES = [(world, path) for world in (2, 3) for path in cancel_paths(world)]
+
+
+@pytest.mark.parametrize(("world", "path"), CANCEL_CASES)
 def test_cancel_at_every_prefill_iteration_on_every_rank(world: int, path: str) -> None:
     ranks = sweep_results(world)
     expected_next = one_rank(f"len{CANCEL_PROMPT}-auto")["token_ids"]
@@ -105,8 +108,7 @@ def test_cancel_at_every_prefill_iteration_on_every_rank(world: int, path: str) 
                 assert table[f"{name}-next"]["token_ids"] == expected_next[:NEXT_MAX_TOKENS], where
 
 
-@pytest.mark.parametrize("world", (2, 3))
-@pytest.mark.parametrize("path", ("pipeline", "sequential"))
+@pytest.mark.parametrize(("world", "path"), CANCEL_CASES)
 def test_cancel_at_decode_token_on_every_rank(world: int, path: str) -> None:
     ranks = sweep_results(world)
     expected = one_rank(f"len{CANCEL_PROMPT}-auto")["token_ids"]
