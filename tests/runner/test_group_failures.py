@@ -55,7 +55,9 @@ def test_frozen_rank_is_named_from_its_silent_heartbeat() -> None:
     with pytest.raises(RankFailedError) as failure:
         run_group(_long_job(3, freeze_rank=2, freeze_at_poll=3), 3, deadline_s=80)
     assert failure.value.rank == 2
-    assert "rank 2 stopped responding" in str(failure.value) and "agree_cancel" in str(failure.value)
+    message = str(failure.value)
+    # Frozen at its 4th poll (prefill iteration 3); the last heartbeat may predate the poll.
+    assert "rank 2 stopped responding" in message and "(task victim, iteration 3)" in message
     assert time.monotonic() - started < 60
 
 
