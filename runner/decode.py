@@ -42,11 +42,66 @@ class DecodeResult:
 
 
 def run_decode(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResult:
-    result = DecodeResult()
-    assembler = TextAssembler(stop=list(spec.stop))
-    detokenizer = tokenizer.detokenizer
-    detokenizer.reset()
-    sampling = run.placement.is_last
+    """The world size is agreed data: every rank takes the same loop."""
+    if run.collectives.world == 1:
+        return _decode_alone(run, spec, tokenizer)
+    return _decode_in_step(run, spec, tokenizer)
+
+
+class _Emitter:
+    """What a rank does with each agreed token: stop rules, text assembly, delivery."""
+
+    def __init__(self, run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> None:
+        self.run, self.spec = run, spec
+        self.result = DecodeResult()
+        self.assembler = TextAssembler(stop=list(spec.stop))
+        self.detokenizer = tokenizer.detokenizer
+        self.detokenizer.reset()
+        self.sampling = run.placement.is_last
+
+    def cancelled(self, step: int) -> DecodeResult:
+        self.run.cancelled_at = f"decode:{step}"
+        self.result.finish_reason = "cancelled"
+        return self.finish()
+
+    def accept(self, step: int, token: int) -> bool:
+        """Take the token agreed at `step`; True when generation stops here."""
+        result, run = self.result, self.run
+        result.steps = step + 1
+        if step == 0:
+            result.first_token_at = time.perf_counter()
+            run.report_progress(self.spec.prompt_len, self.spec.prompt_len, self.spec.prefill_iterations)
+        if token in self.spec.eos_ids:
+            result.finish_reason = "stop"
+            return True
+        result.token_ids.append(token)
+        self.detokenizer.add_token(token)
+        self._deliver(self.assembler.add(token, self.detokenizer.last_segment))
+        if self.assembler.stopped:
+            result.finish_reason = "stop"
+            return True
+        if step % 256 == 255:
+            mx.clear_cache()
+        return False
+
+    def finish(self) -> DecodeResult:
+        self.detokenizer.finalize()
+        flushed_text, flushed_ids = self.assembler.add(None, self.detokenizer.last_segment)  # bytes it still held
+        rest_text, rest_ids = self.assembler.finish()
+        self._deliver((flushed_text + rest_text, flushed_ids + rest_ids))
+        self.result.text = self.assembler.text
+        return self.result
+
+    def _deliver(self, released: tuple[str, list[int]]) -> None:
+        text, ids = released
+        if self.sampling and (text or ids):
+            produced = len(self.result.token_ids)
+            self.run.notify(self.run.sink.tokens, self.run.task_id, produced - len(ids), text, ids)
+
+
+def _decode_in_step(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResult:
+    """Several ranks: one step at a time, each ending in the all-reduce of [token, stop vote]."""
+    emitter = _Emitter(run, spec, tokenizer)
     next_input = spec.first_input
     for step in range(spec.max_tokens):
         run.phases.enter("decode", run.task_id, step)
@@ -54,33 +109,45 @@ def run_decode(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResult:
         run.phases.enter("agree_cancel", run.task_id, step)
         poll = step % spec.cancel_interval == 0
         wants_stop = poll and run.wants_stop()
-        token, stop_votes = run.collectives.agree([local_token if sampling else 0, int(wants_stop)])
-        result.steps = step + 1
+        token, stop_votes = run.collectives.agree([local_token if emitter.sampling else 0, int(wants_stop)])
         if stop_votes > 0:
-            run.cancelled_at = f"decode:{step}"
-            result.finish_reason = "cancelled"
-            break
-        if step == 0:
-            result.first_token_at = time.perf_counter()
-            run.report_progress(spec.prompt_len, spec.prompt_len, spec.prefill_iterations)
-        if token in spec.eos_ids:
-            result.finish_reason = "stop"
-            break
-        result.token_ids.append(token)
-        detokenizer.add_token(token)
-        _deliver(run, sampling, assembler.add(token, detokenizer.last_segment), len(result.token_ids))
-        if assembler.stopped:
-            result.finish_reason = "stop"
+            return emitter.cancelled(step)
+        if emitter.accept(step, token):
             break
         next_input = token
-        if step % 256 == 255:
-            mx.clear_cache()
-    detokenizer.finalize()
-    flushed_text, flushed_ids = assembler.add(None, detokenizer.last_segment)  # bytes it still held
-    rest_text, rest_ids = assembler.finish()
-    _deliver(run, sampling, (flushed_text + rest_text, flushed_ids + rest_ids), len(result.token_ids))
-    result.text = assembler.text
-    return result
+    return emitter.finish()
+
+
+def _decode_alone(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResult:
+    """One rank: no collective to keep in step with, so, like mlx-lm, step n+1 is computed while
+    token n is handled (the look-ahead crosses no collective: there is none). The step still in
+    flight when decoding ends is waited for, so nothing is left running for the next task."""
+    emitter = _Emitter(run, spec, tokenizer)
+    pending = _sample_lazily(run, mx.array([[spec.first_input]], dtype=mx.int32), spec.sampler)
+    mx.async_eval(pending)
+    ahead: Any = None
+    try:
+        for step in range(spec.max_tokens):
+            run.phases.enter("decode", run.task_id, step)
+            ahead = None
+            if step + 1 < spec.max_tokens:
+                ahead = _sample_lazily(run, pending.reshape(1, 1), spec.sampler)
+                mx.async_eval(ahead)
+            token = int(pending.item())
+            if step % spec.cancel_interval == 0 and run.wants_stop():
+                return emitter.cancelled(step)
+            if emitter.accept(step, token):
+                break
+            pending = ahead
+        return emitter.finish()
+    finally:
+        if ahead is not None:
+            mx.eval(ahead)
+
+
+def _sample_lazily(run: TaskRun, tokens: Any, sampler: Any) -> Any:
+    logits = run.forward(tokens)[:, -1, :]
+    return sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
 
 
 def _step(run: TaskRun, token: int, sampler: Any) -> int:
@@ -94,9 +161,3 @@ def _step(run: TaskRun, token: int, sampler: Any) -> int:
     sampled = sampler(logprobs)
     mx.eval(sampled, *run.caches.states())
     return int(sampled.item())
-
-
-def _deliver(run: TaskRun, sampling: bool, released: tuple[str, list[int]], produced: int) -> None:
-    text, ids = released
-    if sampling and (text or ids):
-        run.notify(run.sink.tokens, run.task_id, produced - len(ids), text, ids)
