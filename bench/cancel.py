@@ -19,24 +19,9 @@ from typing import Any
 
 import httpx
 
-from bench.cluster import Cluster
+from bench.cluster import Cluster, long_prompt
 from events.catalogue import LogEvent, PrefillProgress, RunnerStatusChanged, TaskCancelled, TaskCompleted, TaskFailed
 from events.log import EventLog
-
-WORDS = [
-    "river",
-    "stone",
-    "cloud",
-    "amber",
-    "violet",
-    "north",
-    "quiet",
-    "swift",
-    "lantern",
-    "maple",
-    "copper",
-    "harbor",
-]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
-    prompt = " ".join(WORDS[(i * 7 + i // 3) % len(WORDS)] for i in range(args.prompt_words))
+    prompt = long_prompt(args.prompt_words)
     with tempfile.TemporaryDirectory(prefix="shoal-bench-cancel-") as root:
         cluster = Cluster(Path(root), workers=2, prefill_step_size=str(args.prefill_step), log_level="WARNING")
         try:

@@ -127,3 +127,11 @@ class Cluster:
         self.up.stop()
         for pid in self.runner_pids().values():
             kill_group(pid)
+
+
+_PROMPT_WORDS = ("river", "stone", "cloud", "amber", "violet", "north", "quiet", "swift", "lantern", "maple")
+
+
+def long_prompt(words: int) -> str:
+    """Varied text of `words` words (the tiny tokenizer spends ~5 tokens on each)."""
+    return " ".join(_PROMPT_WORDS[(i * 7 + i // 3) % len(_PROMPT_WORDS)] for i in range(words))

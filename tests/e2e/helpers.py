@@ -9,7 +9,9 @@ from typing import Any
 
 import httpx
 
-from tests.e2e.cluster import shoal_argv
+from bench.cluster import long_prompt, shoal_argv
+
+__all__ = ["long_prompt", "one_rank_text", "task_state", "wait_task_ended"]
 
 
 def one_rank_text(env: dict[str, str], prompt: str, max_tokens: int, prefill_step: int = 64) -> str:
@@ -36,22 +38,3 @@ def wait_task_ended(http: httpx.Client, task_id: str, timeout: float = 30.0) -> 
             return state
         time.sleep(0.1)
     raise TimeoutError(f"task {task_id} did not end within {timeout}s: {task_state(http, task_id)}")
-
-
-def long_prompt(words: int) -> str:
-    """Varied text (the tiny tokenizer spends about a token per short word)."""
-    vocabulary = [
-        "river",
-        "stone",
-        "cloud",
-        "amber",
-        "violet",
-        "north",
-        "quiet",
-        "swift",
-        "lantern",
-        "maple",
-        "copper",
-        "harbor",
-    ]
-    return " ".join(vocabulary[(i * 7 + i // 3) % len(vocabulary)] for i in range(words))
