@@ -15,7 +15,8 @@ Guarantees:
 - `replay`/`follow` yield every sequence at most once, in order, with no gap other than
   malformed messages, which are logged (subject + seq), counted in `malformed` and skipped;
   `entries()` yields those seqs too (event None). A live folder steps over them with
-  `state = skip_past(state, seq)`, since `apply` insists on consecutive seqs.
+  `events.apply.apply_live` or `events.fold.Folder.skip_to`, since `apply` insists on
+  consecutive seqs.
 - `follow` survives NATS restarts: it reconnects and resumes at the last seq seen + 1.
 
 A replay/follow abandoned early should be closed (`async with contextlib.aclosing(...)`), or
@@ -31,7 +32,6 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, Literal, overload
 
-import msgspec
 import nats
 import nats.errors
 import nats.js.errors
@@ -47,15 +47,6 @@ from events.state import State
 from events.streams import LogSettings, StreamKey, stream_config, stream_name
 from events.subjects import is_telemetry_subject, subject_for
 from events.wire import Wire, WireClosed, WireError, split_servers
-
-
-def skip_past(state: State, seq: int) -> State:
-    """The State with every seq up to `seq` accounted for, without applying anything.
-
-    For a message that is not an event (malformed: `entries()` yields it with None) or a gap a
-    fold must step over (deleted messages, a subject filter): `skip_past(state, seq)`.
-    """
-    return state if seq <= state.last_seq else msgspec.structs.replace(state, last_seq=seq)
 
 
 class EventLog:
@@ -356,7 +347,7 @@ class EventLog:
     async def fold(self, state: State | None = None) -> State:
         """Replay SHOAL_EVENTS onto `state` (from its last_seq + 1) up to the current end.
 
-        Malformed messages are counted and stepped over (`skip_past`). Works batch by batch
+        Malformed messages are counted and stepped over. Works batch by batch
         (no per-event iterator hop): the fastest way to rebuild a State from the log.
         """
         folder = Folder(state)

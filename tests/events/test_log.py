@@ -14,9 +14,8 @@ from events.apply import fold
 from events.catalogue import NodeHeartbeat, Origin, RunnerHeartbeat
 from events.codec import encode
 from events.ids import InstanceId, NodeId
-from events.log import EventLog, LogError, skip_past
+from events.log import EventLog, LogError
 from events.stamp import Stamper
-from events.state import State
 from events.streams import LogSettings, StreamLimits
 from events.subjects import subject_for, task_events, task_subject
 from events.synthetic import synthetic_history
@@ -98,14 +97,6 @@ async def test_poison_messages_are_counted_and_skipped_and_good_ones_all_applied
     assert len(state.tasks) == len({getattr(e, "task_id", None) for e in events} - {None})
     entries = [entry async for entry in event_log.entries()]
     assert sum(1 for _, event in entries if event is None) == 6
-
-
-def test_skip_past_accounts_for_seqs_only_forward() -> None:
-    state = State(last_seq=4)
-    assert skip_past(state, 5).last_seq == 5
-    assert skip_past(state, 9).last_seq == 9
-    assert skip_past(state, 3) is state
-    assert skip_past(state, 4) is state
 
 
 async def test_get_last_finds_the_newest_event_on_a_subject(event_log: EventLog) -> None:
