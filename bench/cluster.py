@@ -73,6 +73,19 @@ class Proc:
         return self.process.returncode
 
 
+def _cmdlines() -> list[tuple[Path, list[str]]]:
+    """(/proc/<pid>/cmdline, its arguments) of every process we can read."""
+    found: list[tuple[Path, list[str]]] = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if args and args[0]:
+            found.append((cmdline, args))
+    return found
+
+
 def kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -111,11 +124,7 @@ class Cluster:
     def runner_pids(self) -> dict[tuple[str, int], int]:
         """(instance, rank) -> pid of the runner processes of this cluster."""
         pids: dict[tuple[str, int], int] = {}
-        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-            try:
-                args = cmdline.read_bytes().decode(errors="replace").split("\0")
-            except OSError:
-                continue
+        for cmdline, args in _cmdlines():
             if "runner.service.main" not in args or self.nats_url not in args:
                 continue
             instance = args[args.index("--instance") + 1]
@@ -127,6 +136,12 @@ class Cluster:
         self.up.stop()
         for pid in self.runner_pids().values():
             kill_group(pid)
+        for pid in self._nats_pids():  # only left if `shoal up` died without stopping it
+            kill_group(pid)
+
+    def _nats_pids(self) -> list[int]:
+        port = str(self.nats_port)
+        return [int(c.parent.name) for c, args in _cmdlines() if "nats-server" in args[0] and port in args]
 
 
 _PROMPT_WORDS = ("river", "stone", "cloud", "amber", "violet", "north", "quiet", "swift", "lantern", "maple")

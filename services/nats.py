@@ -176,8 +176,14 @@ class EmbeddedNats:
         command = self.command()
         self.store_dir.mkdir(parents=True, exist_ok=True)
         logger.debug("starting {}", " ".join(command))
+        # Its own session: Ctrl-C at a terminal reaches the process that owns the server, which
+        # stops its services first (they still record NodeLeft) and the server last, in `stop()`.
         self._process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         try:
             self._wait_ready()
