@@ -221,22 +221,13 @@ class EventLog:
     # --- reading ----------------------------------------------------------------------------
 
     @overload
-    def replay(
-        self,
-        from_seq: int | None = None,
-        from_time: datetime | None = None,
-        subjects: Sequence[str] | None = None,
-        stream: Literal["events"] = "events",
-    ) -> AsyncIterator[tuple[int, LogEvent]]: ...
+    def replay(self, from_seq: int | None = None, from_time: datetime | None = None,
+               subjects: Sequence[str] | None = None, stream: Literal["events"] = "events",
+               ) -> AsyncIterator[tuple[int, LogEvent]]: ...  # fmt: skip
     @overload
-    def replay(
-        self,
-        from_seq: int | None = None,
-        from_time: datetime | None = None,
-        subjects: Sequence[str] | None = None,
-        *,
-        stream: Literal["telemetry"],
-    ) -> AsyncIterator[tuple[int, TelemetryEvent]]: ...
+    def replay(self, from_seq: int | None = None, from_time: datetime | None = None,
+               subjects: Sequence[str] | None = None, *, stream: Literal["telemetry"],
+               ) -> AsyncIterator[tuple[int, TelemetryEvent]]: ...  # fmt: skip
     async def replay(
         self,
         from_seq: int | None = None,
