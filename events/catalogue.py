@@ -224,8 +224,6 @@ LogEvent = (
 TelemetryEvent = RunnerHeartbeat | NodeHeartbeat
 AnyEvent = LogEvent | TelemetryEvent
 
-TERMINAL_TASK_EVENTS = (TaskCompleted, TaskFailed)
-
 
 def tag_of(event: AnyEvent) -> str:
     """The wire tag of an event (`task_created`, ...); also the last token of its subject."""

@@ -33,7 +33,3 @@ def check_token(kind: str, value: str) -> str:
 
 def new_task_id() -> TaskId:
     return TaskId(f"task_{secrets.token_hex(8)}")
-
-
-def new_instance_id() -> InstanceId:
-    return InstanceId(f"inst_{secrets.token_hex(6)}")

@@ -31,7 +31,6 @@ EVENTS_STREAM = "SHOAL_EVENTS"
 TELEMETRY_STREAM = "SHOAL_TELEMETRY"
 EVENTS_SUBJECTS = f"{PREFIX}.ev.>"
 TELEMETRY_SUBJECTS = f"{PREFIX}.hb.>"
-ALL_CANCELS = f"{PREFIX}.ev.task.*.cancelled"
 
 
 def task_subject(task_id: str, kind: str = "*") -> str:
@@ -41,10 +40,6 @@ def task_subject(task_id: str, kind: str = "*") -> str:
 def task_events(task_id: str) -> str:
     """Everything about one task (what the API subscribes to before publishing TaskCreated)."""
     return f"{PREFIX}.ev.task.{task_id}.>"
-
-
-def cancel_subject(task_id: str) -> str:
-    return task_subject(task_id, "cancelled")
 
 
 def node_subject(node_id: str, kind: str = "*") -> str:

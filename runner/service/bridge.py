@@ -23,7 +23,7 @@ from loguru import logger
 
 from events.catalogue import AnyEvent, LogEvent, TaskAssigned, TaskCreated, TaskFailed, TelemetryEvent
 from events.log import EventLog
-from events.subjects import PREFIX
+from events.subjects import task_subject
 
 T = TypeVar("T")
 
@@ -33,10 +33,10 @@ class Assignment(NamedTuple):
     created: TaskCreated | None  # None: created before the runner started watching; fetch it
 
 
-ASSIGNED = f"{PREFIX}.ev.task.*.assigned"
-CREATED = f"{PREFIX}.ev.task.*.created"
+ASSIGNED = task_subject("*", "assigned")
+CREATED = task_subject("*", "created")
 CREATED_CACHE_SIZE = 4096  # tasks created but not yet assigned that we remember
-STOPPING_SUBJECTS = (f"{PREFIX}.ev.task.*.cancelled", f"{PREFIX}.ev.task.*.failed")
+STOPPING_SUBJECTS = (task_subject("*", "cancelled"), task_subject("*", "failed"))
 
 
 class LogBridge:

@@ -27,7 +27,6 @@ class LogHub:
         self.state = State()
         self.caught_up = asyncio.Event()
         self._listeners: dict[TaskId, list[asyncio.Queue[LogEvent]]] = {}
-        self._changed = asyncio.Condition()
 
     async def run(self) -> None:
         """Fold the log to its end, then follow it live (until cancelled)."""
@@ -37,8 +36,6 @@ class LogHub:
             self._apply(seq, event)
             for listener in self._listeners.get(getattr(event, "task_id", TaskId("")), ()):
                 listener.put_nowait(event)
-            async with self._changed:
-                self._changed.notify_all()
 
     def _apply(self, seq: int, event: LogEvent) -> None:
         self.state, error = apply_live(self.state, seq, event)
@@ -49,11 +46,6 @@ class LogHub:
 
     def listen(self, task_id: TaskId) -> TaskListener:
         return TaskListener(self, task_id)
-
-    async def wait_for(self, seq: int, timeout: float) -> None:
-        """Until the State has folded `seq` (e.g. the API's own TaskCreated)."""
-        async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: self.state.last_seq >= seq), timeout)
 
     def _add(self, task_id: TaskId, queue: asyncio.Queue[LogEvent]) -> None:
         self._listeners.setdefault(task_id, []).append(queue)

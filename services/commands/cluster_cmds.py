@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from events.ids import InvalidId, check_token
 from events.log import LogError
 from services.config import (
     ConfigError,
@@ -95,9 +96,14 @@ def _serve(args: argparse.Namespace, role: str) -> int:
             f"shoal {role}: note: no --nats-url/SHOAL_NATS_URL given; using {resolved.config.client_nats_url}",
             file=sys.stderr,
         )
+    try:  # node ids are NATS subject tokens: a dot or a space would break every subject of the node
+        node_id = check_token("--node-id", args.node_id or default_node_id()) if role == "worker" else ""
+    except InvalidId as exc:
+        print(f"shoal worker: {exc}", file=sys.stderr)
+        return 2
     runs: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
         "master": lambda: roles.run_master(resolved),
-        "worker": lambda: roles.run_worker(resolved, args.node_id or default_node_id(), host=args.host),
+        "worker": lambda: roles.run_worker(resolved, node_id, host=args.host),
         "api": lambda: roles.run_api(resolved),
     }
     try:
