@@ -16,7 +16,7 @@ def main(argv: list[str]) -> int:
     from mlx_lm import load
     from mlx_lm.generate import stream_generate
 
-    from runner.chat import encode_chat
+    from runner.models.chat import encode_chat
 
     model_dir, prompt, max_tokens, runs, step = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
     model, tokenizer = load(model_dir)[:2]

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 
 from bench.cluster import Cluster, long_prompt
+from eventlog.log import EventLog
 from events.catalogue import LogEvent, PrefillProgress, RunnerStatusChanged, TaskCancelled, TaskCompleted, TaskFailed
-from events.log import EventLog
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

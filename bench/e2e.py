@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _tiny_dir(env: dict[str, str]) -> str:
-    code = "from runner.tiny import cached_tiny; print(cached_tiny())"
+    code = "from runner.models.tiny import cached_tiny; print(cached_tiny())"
     return subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout.strip()

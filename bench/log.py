@@ -28,11 +28,11 @@ from typing import Any
 
 import nats
 
+from eventlog.export import fold_export, write_export
+from eventlog.log import EventLog
 from events.apply import apply, fold
 from events.catalogue import LogEvent
 from events.codec import ExportRecord, encode
-from events.export import fold_export, write_export
-from events.log import EventLog
 from events.state import State
 from events.subjects import subject_for
 from events.synthetic import synthetic_history

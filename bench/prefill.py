@@ -27,11 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from pathlib import Path
 
-    from runner.launch import run_group
-    from runner.local_run import synthetic_prompt
-    from runner.model_info import read_model_info
-    from runner.plan import MAX_STEP_DIVISOR, chunk_sizes, even_split
-    from runner.tiny import TinySpec, cached_tiny
+    from runner.engine.plan import MAX_STEP_DIVISOR, chunk_sizes, even_split
+    from runner.local.launch import run_group
+    from runner.local.local_run import synthetic_prompt
+    from runner.models.model_info import read_model_info
+    from runner.models.tiny import TinySpec, cached_tiny
 
     model_dir = Path(args.model) if args.model else cached_tiny(TinySpec(**BENCH_MODEL))
     load_before = round(os.getloadavg()[0], 2)

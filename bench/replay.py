@@ -29,8 +29,8 @@ from typing import Any, BinaryIO
 from events.catalogue import Origin
 from events.codec import ExportRecord, encode, encode_record
 from events.stamp import Stamper
-from runner.flight_recorder import HeartbeatThread
-from runner.protocols import PhaseTracker
+from runner.engine.protocols import PhaseTracker
+from runner.flight.recorder import HeartbeatThread
 from services.ops.load import ExportReader
 from services.ops.offline import diagnose_file
 from services.ops.scan import scan

@@ -1,4 +1,5 @@
-"""shoal's event backbone: the catalogue, subjects, codec, State and the pure fold.
+"""shoal's event catalogue and fold: ids, subjects, codec, State, the pure `apply` and `Folder`.
 
-Pure data and the JetStream log adapter only: no mlx, no web framework here.
+Pure data only: no sockets, no asyncio, no NATS, no mlx (a house-rules test holds it). The log's
+I/O lives in `eventlog/`.
 """

@@ -1,10 +1,16 @@
-"""The MLX engine: load a shard, pipeline/sequential prefill, decode, cancel agreement.
+"""The MLX engine and its two process shells. MLX is imported only under this package.
 
-MLX is imported only under this package (DESIGN.md §2). Modules the CLI imports at start-up
-(`launch`, `blas`, `plan`, `model_info`, `local_run`, `protocols`, `errors`, `chat`) do not
-import MLX at module level; `engine`, `shard`, `prefill`, `decode`, `sends` do.
+Rooms (docs/ARCHITECTURE.md):
+- `engine/`: the per-rank engine — plan, prefill, decode, sends, collectives, stop rules and the
+  seams (`protocols`). Compute only: no sockets, files, threads or subprocesses.
+- `models/`: load and shard an mlx-lm model, model facts readable without MLX, the tiny model
+  and tokenizer, chat templates.
+- `local/`: the local ring launcher behind `shoal generate` and its rank process.
+- `service/`: the long-lived runner process a worker spawns per rank, plugged into the log.
+- `flight/`: what both shells share to observe and test a rank: the heartbeat / flight recorder
+  and the test-only fault injector.
+- `blas.py` (which BLAS a rank process preloads) and `errors.py` (the named errors) serve all.
 
-Entry points for the services: `shard.load_shard`, `engine.Engine` (`agree_start`, `generate`,
-`warm_up`), `engine.GenerationRequest` / `GenerationOutcome`, `chat.encode_chat`, and the
-seams in `protocols` (`CancelSource`, `RunnerSink`, `PhaseTracker`).
+Modules the CLI imports at start-up (`local.launch`, `blas`, `engine.plan`, `models.model_info`,
+`local.local_run`, `engine.protocols`, `errors`, `models.chat`) do not import MLX at module level.
 """

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from events.streams import LogSettings, StreamLimits
+from eventlog.streams import LogSettings, StreamLimits
 
 ENV_PREFIX = "SHOAL_"
 ENV_NOT_SETTINGS = frozenset({"SHOAL_CONFIG"})  # SHOAL_* variables that are not settings

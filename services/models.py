@@ -11,13 +11,13 @@ from pathlib import Path
 
 from events.state import State
 from runner.errors import ModelDirError
-from runner.model_info import read_model_info
+from runner.models.model_info import read_model_info
 from services.master.core import UnknownModel
 
 
 def resolve_model_dir(model: str) -> Path:
     """`tiny` -> the cached tiny model (made on first use); anything else is a directory."""
-    from runner.tiny import resolve_model  # lazy: making the tiny model needs MLX
+    from runner.models.tiny import resolve_model  # lazy: making the tiny model needs MLX
 
     return resolve_model(model)
 
@@ -25,7 +25,7 @@ def resolve_model_dir(model: str) -> Path:
 def existing_model_dir(model: str) -> Path | None:
     """The model's directory if it is on this machine already; never builds anything."""
     if model == "tiny":
-        from runner.tiny import TinySpec, data_dir
+        from runner.models.tiny import TinySpec, data_dir
 
         path = data_dir() / "models" / f"tiny-{TinySpec().params_hash()}"
     else:
@@ -46,7 +46,7 @@ class LocalModelCatalog:
         if model not in self.served:
             raise UnknownModel(f"unknown model {model!r}; known models: {', '.join(self.served)}")
         if model == "tiny":
-            from runner.tiny import TinySpec
+            from runner.models.tiny import TinySpec
 
             return TinySpec().layers
         try:

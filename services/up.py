@@ -7,8 +7,8 @@ import asyncio
 import signal
 import sys
 
+from eventlog.log import EventLog
 from events.apply import apply_live
-from events.log import EventLog
 from events.state import State
 from services.config import ResolvedConfig
 from services.nats import EmbeddedNats

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from events.log import EventLog
+from eventlog.log import EventLog
 from services.nats import EmbeddedNats
 
 

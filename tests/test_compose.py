@@ -18,8 +18,8 @@ import nats.js.errors
 import pytest
 import yaml
 
-from events.log import EventLog, LogError
-from events.streams import LogSettings
+from eventlog.log import EventLog, LogError
+from eventlog.streams import LogSettings
 from events.synthetic import synthetic_history
 from services.nats import find_nats_server, free_port, read_info
 

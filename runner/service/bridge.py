@@ -21,8 +21,8 @@ from typing import Any, NamedTuple, TypeVar
 
 from loguru import logger
 
+from eventlog.log import EventLog
 from events.catalogue import AnyEvent, LogEvent, TaskAssigned, TaskCreated, TaskFailed, TelemetryEvent
-from events.log import EventLog
 from events.subjects import task_subject
 
 T = TypeVar("T")

@@ -26,10 +26,10 @@ from events.catalogue import InstancePlaced, Origin, TaskCreated, TaskFailed
 from events.ids import InstanceId, TaskId
 from events.stamp import Stamper
 from events.subjects import instance_subject
-from runner.protocols import CancelSource, PhaseTracker
+from runner.engine.protocols import CancelSource, PhaseTracker
+from runner.flight.faults import FAULT_ENV, FaultyCancel, parse_fault
 from runner.service.bridge import LogBridge
 from runner.service.exit_codes import PEER_LOST_EXIT, is_peer_loss
-from runner.service.faults import FAULT_ENV, FaultyCancel, parse_fault
 from runner.service.sink import LogSink
 from runner.service.tasks import TaskServer
 
@@ -69,7 +69,7 @@ def join_group(placed: InstancePlaced, rank: int) -> Any:
 
 
 def make_request_factory() -> Any:
-    from runner.engine import GenerationRequest
+    from runner.engine.engine import GenerationRequest
 
     def make(task_id: str, prompt: list[int], created: TaskCreated) -> GenerationRequest:
         p = created.params
@@ -89,9 +89,9 @@ def make_request_factory() -> Any:
 def run(
     args: argparse.Namespace, bridge: LogBridge, stamper: Stamper, phases: PhaseTracker, stop: threading.Event
 ) -> None:
-    from runner.engine import Engine, EngineSettings
-    from runner.shard import ShardPlacement, load_shard
-    from runner.tiny import resolve_model
+    from runner.engine.engine import Engine, EngineSettings
+    from runner.models.shard import ShardPlacement, load_shard
+    from runner.models.tiny import resolve_model
 
     found = bridge.fetch_entry(instance_subject(args.instance, "placed"))
     if found is None or not isinstance(found[1], InstancePlaced):
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _flight_recorder(args: argparse.Namespace, bridge: LogBridge, phases: PhaseTracker) -> Any:
     """The heartbeat thread (DESIGN.md §3), publishing RunnerHeartbeat to telemetry."""
-    from runner.flight_recorder import HeartbeatThread
+    from runner.flight.recorder import HeartbeatThread
 
     stamper = Stamper(Origin(service="runner", node=args.node_id, rank=args.rank))
     return HeartbeatThread(

@@ -32,9 +32,9 @@ from events.catalogue import (
 from events.ids import InstanceId, TaskId
 from events.stamp import Stamper
 from events.subjects import task_subject
-from runner.chat import encode_chat
+from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
 from runner.errors import RequestError
-from runner.protocols import CancelSource, PhaseTracker, RunnerSink
+from runner.models.chat import encode_chat
 from runner.service.bridge import Assignment
 
 

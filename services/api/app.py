@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from eventlog.log import EventLog
 from events.catalogue import Origin
-from events.log import EventLog
 from events.stamp import Stamper
 from services.api import chat, routes
 from services.api.context import ApiContext

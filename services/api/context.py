@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eventlog.log import EventLog
 from events.catalogue import LogEvent, TaskCancelled
 from events.ids import TaskId
-from events.log import EventLog
 from events.stamp import Stamper
 from services.api.hub import LogHub
 from services.api.metrics import Metrics

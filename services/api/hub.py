@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 
 from loguru import logger
 
+from eventlog.log import EventLog
 from events.apply import apply_live
 from events.catalogue import LogEvent
 from events.ids import TaskId
-from events.log import EventLog
 from events.state import State
 from services.api.metrics import Metrics
 

@@ -10,8 +10,8 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from eventlog.log import LogError
 from events.ids import InvalidId, check_token
-from events.log import LogError
 from services.config import (
     ConfigError,
     ResolvedConfig,

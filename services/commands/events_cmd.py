@@ -14,11 +14,11 @@ from typing import Any, BinaryIO
 
 import msgspec
 
+from eventlog.export import BadExportLine, read_export, split_streams, write_export
+from eventlog.log import EventLog, LogError
+from eventlog.streams import StreamKey
 from events.catalogue import AnyEvent, tag_of
 from events.codec import ExportRecord
-from events.export import BadExportLine, read_export, split_streams, write_export
-from events.log import EventLog, LogError
-from events.streams import StreamKey
 from events.subjects import task_events
 from services.config import (
     ConfigError,

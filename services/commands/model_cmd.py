@@ -20,7 +20,7 @@ def register(subparsers: Any) -> None:
 
 
 def make_tiny_command(args: argparse.Namespace) -> int:
-    from runner.tiny import TinySpec, make_tiny  # lazy: pulls in MLX
+    from runner.models.tiny import TinySpec, make_tiny  # lazy: pulls in MLX
 
     if args.layers < 1 or args.hidden < 64 or args.hidden % 64 or args.vocab < 259:
         print("shoal model make-tiny: need --layers >= 1, --hidden a multiple of 64, --vocab >= 259")

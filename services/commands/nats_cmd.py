@@ -9,7 +9,7 @@ import sys
 from types import FrameType
 from typing import Any
 
-from events.log import EventLog, LogError
+from eventlog.log import EventLog, LogError
 from services.config import ConfigError, add_setting_flag, config_from_args, configure_logging, log_settings
 from services.nats import EmbeddedNats, NatsError
 

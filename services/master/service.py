@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 import msgspec
 from loguru import logger
 
+from eventlog.log import EventLog
 from events.apply import apply_live
 from events.catalogue import LogEvent, NodeHeartbeat, Origin
 from events.ids import NodeId
-from events.log import EventLog
 from events.stamp import Stamper
 from events.state import State
 from events.subjects import PREFIX

@@ -65,7 +65,7 @@ class LiveSource:
 
 
 async def _read_live(url: str) -> list[ExportRecord]:
-    from events.log import EventLog, LogError  # NATS client only when asked to go live
+    from eventlog.log import EventLog, LogError  # NATS client only when asked to go live
 
     try:
         # EventLog.connect keeps retrying an unreachable server; an operator's command must not hang.

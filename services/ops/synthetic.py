@@ -46,11 +46,11 @@ START_NS = 1_767_225_600 * 1_000_000_000  # 2026-01-01T00:00:00Z
 SECOND_NS = 1_000_000_000
 
 COLLECTIVE_STACK = (
-    'File "runner/engine.py", line 212, in _prefill_iteration\n    vote = agree(group, wants_stop)\n'
-    'File "runner/collectives.py", line 41, in agree\n    return mx.distributed.all_sum(flag, group=group)\n'
+    'File "runner/engine/engine.py", line 212, in _prefill_iteration\n    vote = agree(group, wants_stop)\n'
+    'File "runner/engine/collectives.py", line 41, in agree\n    return mx.distributed.all_sum(flag, group=group)\n'
 )
 COMPUTE_STACK = (
-    'File "runner/engine.py", line 198, in _prefill_iteration\n    hidden = self.model(chunk, cache=cache)\n'
+    'File "runner/engine/engine.py", line 198, in _prefill_iteration\n    hidden = self.model(chunk, cache=cache)\n'
     'File "mlx_lm/models/llama.py", line 120, in __call__\n    h = layer(h, mask, c)\n'
 )
 

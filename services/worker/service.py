@@ -11,10 +11,10 @@ from collections.abc import Callable
 import msgspec
 from loguru import logger
 
+from eventlog.log import EventLog
 from events.apply import apply_live
 from events.catalogue import LogEvent, NodeHeartbeat, NodeJoined, NodeLeft, Origin, RunnerStatusChanged
 from events.ids import InstanceId, NodeId
-from events.log import EventLog
 from events.stamp import Stamper
 from events.state import State
 from runner.blas import blas_env

@@ -23,7 +23,16 @@ def test_good_tokens_and_new_task_ids_pass() -> None:
 
 def test_worker_refuses_a_node_id_with_a_dot_before_connecting() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "worker", "--node-id", "rack1.node2", "--nats-url", "nats://127.0.0.1:1"],
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "worker",
+            "--node-id",
+            "rack1.node2",
+            "--nats-url",
+            "nats://127.0.0.1:1",
+        ],
         capture_output=True,
         text=True,
         timeout=60,

@@ -10,13 +10,13 @@ import msgspec
 import nats
 import pytest
 
+from eventlog.log import EventLog, LogError
+from eventlog.streams import LogSettings, StreamLimits
 from events.apply import fold
 from events.catalogue import NodeHeartbeat, Origin, RunnerHeartbeat
 from events.codec import encode
 from events.ids import InstanceId, NodeId
-from events.log import EventLog, LogError
 from events.stamp import Stamper
-from events.streams import LogSettings, StreamLimits
 from events.subjects import subject_for, task_events, task_subject
 from events.synthetic import synthetic_history
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from eventlog.export import BadExportLine, fold_export, read_export
+from eventlog.log import EventLog
 from events.catalogue import Origin, RunnerHeartbeat
-from events.export import BadExportLine, fold_export, read_export
 from events.ids import InstanceId
-from events.log import EventLog
 from events.stamp import Stamper
 from events.synthetic import synthetic_history
 from services.cli import main
@@ -117,9 +117,9 @@ def test_read_export_names_the_bad_line(tmp_path: Path, line: str, reason: str) 
 
 
 def test_fold_export_equals_the_fold_of_the_events(tmp_path: Path) -> None:
+    from eventlog.export import write_export
     from events.apply import fold
     from events.codec import ExportRecord
-    from events.export import write_export
 
     events = synthetic_history(1000)
     path = tmp_path / "log.jsonl"

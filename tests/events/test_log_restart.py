@@ -8,7 +8,7 @@ from contextlib import aclosing
 
 import anyio.to_thread
 
-from events.log import EventLog
+from eventlog.log import EventLog
 from events.synthetic import synthetic_history
 from services.nats import EmbeddedNats
 

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from events.consume import ConsumerRestart, StreamReader
-from events.wire import Wire, WireError, split_servers
+from eventlog.consume import ConsumerRestart, StreamReader
+from eventlog.wire import Wire, WireError, split_servers
 
 SID = 7
 

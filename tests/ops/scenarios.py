@@ -169,12 +169,12 @@ def node_gone_idle() -> LogBuilder:
 KILLED = "runner process killed by SIGKILL; stderr tail:\n"
 PEER_LOST = "RuntimeError: [ring] connection to a peer was lost"
 SLEEP_STACK = (
-    'File "runner/task_run.py", line 39, in agree_to_stop\n    wants_stop = poll and self.cancel.is_cancelled(t)\n'
-    'File "runner/service/faults.py", line 52, in is_cancelled\n    time.sleep(self._fault.seconds)\n'
+    'File "runner/engine/task_run.py", line 39, in agree_to_stop\n    wants_stop = poll and self.cancel.is_cancelled(t)\n'
+    'File "runner/flight/faults.py", line 52, in is_cancelled\n    time.sleep(self._fault.seconds)\n'
 )
 AGREE_STACK = (
-    'File "runner/task_run.py", line 40, in agree_to_stop\n    stop = self.collectives.any(wants_stop)\n'
-    'File "runner/collectives.py", line 23, in agree\n    mx.eval(summed)\n'
+    'File "runner/engine/task_run.py", line 40, in agree_to_stop\n    stop = self.collectives.any(wants_stop)\n'
+    'File "runner/engine/collectives.py", line 23, in agree\n    mx.eval(summed)\n'
 )
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from events.log import EventLog
+from eventlog.log import EventLog
 from services.cli import main
 from tests.ops import scenarios
 

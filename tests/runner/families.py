@@ -37,7 +37,7 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
 
 
 def make_family_model(out_dir: Path, family: str) -> Path:
-    from runner.tiny import cached_tiny, write_random_model
+    from runner.models.tiny import cached_tiny, write_random_model
 
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):

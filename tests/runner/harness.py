@@ -10,10 +10,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from runner.launch import run_group
-from runner.local_run import synthetic_prompt
-from runner.plan import choose_path, chunk_sizes, effective_step, rank_schedule
-from runner.tiny import cached_tiny
+from runner.engine.plan import choose_path, chunk_sizes, effective_step, rank_schedule
+from runner.local.launch import run_group
+from runner.local.local_run import synthetic_prompt
+from runner.models.tiny import cached_tiny
 
 CHUNK = 6
 LENGTHS = (1, 2, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK, 2 * CHUNK + 1, 3 * CHUNK + 1, 23)
@@ -104,7 +104,7 @@ def reference_tasks() -> list[dict[str, Any]]:
 
 
 def sweep_job(world: int, ranges: list[tuple[int, int]] | None = None) -> dict[str, Any]:
-    from runner.plan import even_split
+    from runner.engine.plan import even_split
 
     tasks = sweep_tasks(world) + (reference_tasks() if world == 1 else [])
     return {

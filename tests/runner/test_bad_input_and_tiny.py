@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from runner.errors import ModelDirError, RequestError, SplitError
-from runner.local_run import LocalRunSpec, build_job
-from runner.tiny import cached_tiny
+from runner.local.local_run import LocalRunSpec, build_job
+from runner.models.tiny import cached_tiny
 from services.cli import main as shoal
 
 pytestmark = pytest.mark.timeout(120)
@@ -51,7 +51,7 @@ def test_make_tiny_is_byte_identical_across_runs(tmp_path: Path) -> None:
 def test_tiny_tokenizer_loads_with_transformers_and_has_a_chat_template() -> None:
     from transformers import AutoTokenizer
 
-    from runner.chat import encode_chat
+    from runner.models.chat import encode_chat
 
     tokenizer = AutoTokenizer.from_pretrained(str(cached_tiny()))
     ids = encode_chat(tokenizer, [{"role": "user", "content": "Hello, world!"}])

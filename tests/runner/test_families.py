@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.launch import run_group
-from runner.local_run import synthetic_prompt
+from runner.local.launch import run_group
+from runner.local.local_run import synthetic_prompt
 from tests.runner.families import FAMILY_CONFIGS, make_family_model
 
 pytestmark = pytest.mark.timeout(120)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from events.catalogue import Origin, RunnerHeartbeat
 from events.stamp import Stamper
-from runner.flight_recorder import HeartbeatThread, main_thread_stack
-from runner.protocols import PhaseTracker
+from runner.engine.protocols import PhaseTracker
+from runner.flight.recorder import HeartbeatThread, main_thread_stack
 
 SECOND = 1_000_000_000
 

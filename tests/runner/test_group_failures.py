@@ -7,8 +7,8 @@ import time
 import pytest
 
 from runner.errors import RankFailedError
-from runner.launch import run_group
-from runner.tiny import cached_tiny
+from runner.local.launch import run_group
+from runner.models.tiny import cached_tiny
 from tests.runner.harness import CANCEL_PROMPT, request, step_for, sweep_results
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner.plan import chunk_sizes, expected_callbacks
+from runner.engine.plan import chunk_sizes, expected_callbacks
 from tests.runner.harness import (
     CANCEL_PROMPT,
     CHUNK,

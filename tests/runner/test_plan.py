@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner.errors import SplitError
-from runner.plan import (
+from runner.engine.plan import (
     choose_path,
     chunk_sizes,
     effective_step,
@@ -15,6 +14,7 @@ from runner.plan import (
     split_from_counts,
     validate_split,
 )
+from runner.errors import SplitError
 
 pytestmark = pytest.mark.timeout(10)
 

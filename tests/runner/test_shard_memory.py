@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from runner.shard import ShardCache, ShardPlacement, load_shard
-from runner.tiny import cached_tiny
+from runner.models.shard import ShardCache, ShardPlacement, load_shard
+from runner.models.tiny import cached_tiny
 
 pytestmark = pytest.mark.timeout(60)
 

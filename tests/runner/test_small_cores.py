@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from runner.blas import BlasSettingError, blas_env
-from runner.launch import ring_hostfile
-from runner.protocols import PhaseTracker
-from runner.stops import TextAssembler
+from runner.engine.protocols import PhaseTracker
+from runner.engine.stops import TextAssembler
+from runner.local.launch import ring_hostfile
 
 pytestmark = pytest.mark.timeout(20)
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
@@ -73,8 +73,8 @@ def test_ring_hostfile_has_one_address_list_per_rank() -> None:
     assert ring_hostfile([5000, 5001]) == [["127.0.0.1:5000"], ["127.0.0.1:5001"]]
 
 
-MLX_FREE = ("launch.py", "blas.py", "plan.py", "protocols.py", "errors.py", "model_info.py",
-            "local_run.py", "stops.py", "chat.py", "scripted.py", "tiny_tokenizer.py")  # fmt: skip
+MLX_FREE = ("local/launch.py", "blas.py", "engine/plan.py", "engine/protocols.py", "errors.py", "models/model_info.py",
+            "local/local_run.py", "engine/stops.py", "models/chat.py", "local/scripted.py", "models/tiny_tokenizer.py")  # fmt: skip
 
 
 @pytest.mark.parametrize("name", MLX_FREE)

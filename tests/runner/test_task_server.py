@@ -9,8 +9,8 @@ import pytest
 
 from events.catalogue import LogEvent, RunnerStatusChanged, TaskAssigned, TaskCompleted, TaskFailed, TelemetryEvent
 from events.ids import InstanceId, TaskId
+from runner.engine.protocols import CancelSource, NullSink, PhaseTracker, RunnerSink
 from runner.errors import RequestError
-from runner.protocols import CancelSource, NullSink, PhaseTracker, RunnerSink
 from runner.service.bridge import Assignment
 from runner.service.tasks import TaskServer
 from tests.events.builders import Events, fake_stamper

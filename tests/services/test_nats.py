@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from events.log import EventLog
+from eventlog.log import EventLog
 from events.synthetic import synthetic_history
 from services import nats as embedded
 from services.nats import EmbeddedNats, NatsBinaryNotFound, NatsStartFailed, PortInUse, find_nats_server, free_port

@@ -14,15 +14,15 @@ import mlx.core as mx
 import msgspec
 from mlx_lm.sample_utils import make_sampler
 
-from runner.chat import encode_chat
-from runner.collectives import Collectives
-from runner.decode import DecodeSpec, FinishReason, run_decode
+from runner.engine.collectives import Collectives
+from runner.engine.decode import DecodeSpec, FinishReason, run_decode
+from runner.engine.plan import PathChoice, choose_path, chunk_sizes, effective_step, rank_schedule
+from runner.engine.prefill import run_prefill
+from runner.engine.protocols import CancelSource, NeverCancelled, NullSink, PhaseTracker, RunnerSink
+from runner.engine.task_run import TaskRun
 from runner.errors import CallbackError, RequestError
-from runner.plan import PathChoice, choose_path, chunk_sizes, effective_step, rank_schedule
-from runner.prefill import run_prefill
-from runner.protocols import CancelSource, NeverCancelled, NullSink, PhaseTracker, RunnerSink
-from runner.shard import LoadedShard, ShardCache
-from runner.task_run import TaskRun
+from runner.models.chat import encode_chat
+from runner.models.shard import LoadedShard, ShardCache
 
 __all__ = ["Engine", "EngineSettings", "GenerationOutcome", "GenerationRequest", "encode_chat"]
 

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from events.wire import Wire, WireError, WireMessage, request
+from eventlog.wire import Wire, WireError, WireMessage, request
 
 IDLE_HEARTBEAT_S = 1.0
 

@@ -30,7 +30,7 @@ MAX_STACK_FRAMES = 40  # the innermost frames: where it sits matters, not how it
 
 
 class PhaseView(Protocol):
-    """What `runner.protocols.PhaseSnapshot` offers (kept structural so either side can evolve)."""
+    """What `runner.engine.protocols.PhaseSnapshot` offers (kept structural so either side can evolve)."""
 
     @property
     def phase(self) -> str: ...

@@ -16,10 +16,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
+from runner.engine.plan import validate_split
+from runner.engine.sends import PassThroughLayer, PendingSends, StageBoundaryLayer
 from runner.errors import ModelDirError
-from runner.model_info import read_model_info
-from runner.plan import validate_split
-from runner.sends import PassThroughLayer, PendingSends, StageBoundaryLayer
+from runner.models.model_info import read_model_info
 
 
 @dataclass(frozen=True, slots=True)

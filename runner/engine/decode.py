@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 import mlx.core as mx
 
-from runner.stops import TextAssembler
-from runner.task_run import TaskRun
+from runner.engine.stops import TextAssembler
+from runner.engine.task_run import TaskRun
 
 FinishReason = Literal["stop", "length", "cancelled"]
 

@@ -1,6 +1,6 @@
 """Spawn a local ring group of N rank processes, collect their results, never hang (no MLX here).
 
-Each rank is `python -m runner.rank_main` with MLX_RANK / MLX_HOSTFILE set, the BLAS env from
+Each rank is `python -m runner.local.rank_main` with MLX_RANK / MLX_HOSTFILE set, the BLAS env from
 `runner.blas`, and its output in a temp dir that is removed afterwards. The launcher polls the
 processes: a rank that exits non-zero (or is killed) fails the run at once with its number;
 past the deadline the run fails naming the rank whose phase has been stuck the longest.
@@ -93,7 +93,7 @@ def _spawn(rank: int, world: int, job: Path, workdir: Path, hostfile: Path, base
     stderr_path = workdir / f"rank{rank}.stderr"
     with open(stderr_path, "wb") as stderr, open(workdir / f"rank{rank}.stdout", "wb") as stdout:
         process = subprocess.Popen(
-            [sys.executable, "-m", "runner.rank_main", str(job), str(workdir)],
+            [sys.executable, "-m", "runner.local.rank_main", str(job), str(workdir)],
             env=rank_env(rank, world, hostfile, base),
             stdout=stdout,
             stderr=stderr,

@@ -60,7 +60,7 @@ def model_config(spec: TinySpec, eos_ids: list[int]) -> dict[str, object]:
 
 def make_tiny(out_dir: Path, spec: TinySpec) -> Path:
     """Write the model into `out_dir` (created if needed); returns `out_dir`."""
-    from runner.tiny_tokenizer import EOS_TOKEN, write_tokenizer
+    from runner.models.tiny_tokenizer import EOS_TOKEN, write_tokenizer
 
     out_dir.mkdir(parents=True, exist_ok=True)
     special_ids = write_tokenizer(out_dir, spec.vocab)

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner.engine.plan import even_split, split_from_counts
 from runner.errors import RequestError, SplitError
-from runner.model_info import ModelInfo, read_model_info
-from runner.plan import even_split, split_from_counts
+from runner.models.model_info import ModelInfo, read_model_info
 
 
 @dataclass(slots=True)
@@ -44,7 +44,7 @@ def encode_text_prompt(model_dir: Path, text: str) -> list[int]:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from transformers import AutoTokenizer  # lazy: slow import, only for --prompt
 
-    from runner.chat import encode_chat
+    from runner.models.chat import encode_chat
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     return encode_chat(tokenizer, [{"role": "user", "content": text}])

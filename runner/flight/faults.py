@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from runner.protocols import CancelSource
+from runner.engine.protocols import CancelSource
 
 FAULT_ENV = "SHOAL_TEST_FAULT"
 

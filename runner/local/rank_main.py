@@ -1,4 +1,4 @@
-"""One rank of a local group: `python -m runner.rank_main JOB.json OUT_DIR` (MLX_RANK set).
+"""One rank of a local group: `python -m runner.local.rank_main JOB.json OUT_DIR` (MLX_RANK set).
 
 Joins the ring group, loads its shard once, runs the job's tasks in order on the same group
 and writes `rank<r>.json`. A heartbeat thread keeps `rank<r>.phase` fresh so the launcher
@@ -17,9 +17,9 @@ from typing import Any
 
 import msgspec
 
+from runner.engine.protocols import CancelSource, PhaseTracker
 from runner.errors import CallbackError
-from runner.protocols import CancelSource, PhaseTracker
-from runner.scripted import BrokenCancel, FixedCancel, RecordingSink, ScriptedCancel
+from runner.local.scripted import BrokenCancel, FixedCancel, RecordingSink, ScriptedCancel
 
 HEARTBEAT_S = 0.2
 
@@ -58,8 +58,8 @@ class PhaseFileWriter:
 def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[str, Any]]:
     import mlx.core as mx
 
-    from runner.engine import Engine, EngineSettings, GenerationRequest
-    from runner.shard import ShardPlacement, load_shard
+    from runner.engine.engine import Engine, EngineSettings, GenerationRequest
+    from runner.models.shard import ShardPlacement, load_shard
 
     ranges = tuple((int(s), int(e)) for s, e in job["layer_ranges"])
     world = len(ranges)

@@ -14,8 +14,8 @@ from itertools import accumulate
 
 import mlx.core as mx
 
-from runner.plan import PrefillPath
-from runner.task_run import TaskRun
+from runner.engine.plan import PrefillPath
+from runner.engine.task_run import TaskRun
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import msgspec
 
+from eventlog.wire import Wire
 from events.catalogue import AnyEvent
 from events.codec import encode
 from events.subjects import subject_for
-from events.wire import Wire
 
 PUBLISH_WINDOW = 4096  # appends in flight at once
 ACK_TIMEOUT_S = 5.0

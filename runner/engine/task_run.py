@@ -8,10 +8,10 @@ from typing import Any
 
 import mlx.nn as nn
 
-from runner.collectives import Collectives
-from runner.protocols import CancelSource, PhaseTracker, RunnerSink
-from runner.sends import PendingSends
-from runner.shard import ShardCache, ShardPlacement
+from runner.engine.collectives import Collectives
+from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
+from runner.engine.sends import PendingSends
+from runner.models.shard import ShardCache, ShardPlacement
 
 
 @dataclass(slots=True)
