@@ -1,4 +1,4 @@
-"""The JetStream event log (DESIGN.md §3-§5): append, replay, follow.
+"""The JetStream event log (docs/ARCHITECTURE.md §3): append, replay, follow.
 
     log = await EventLog.connect("nats://127.0.0.1:4222")   # creates/updates both streams
     seq = await log.append(event)                   # Nats-Msg-Id = event.env.event_id

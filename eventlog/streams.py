@@ -1,4 +1,4 @@
-"""Stream settings for the log: retention, replicas and the de-duplication window (DESIGN.md §4).
+"""Stream settings for the log: retention, replicas and the de-duplication window (docs/ARCHITECTURE.md §2).
 
 Pure data. `services.config.log_settings(config)` builds `LogSettings` from the shoal config.
 """

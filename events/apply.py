@@ -1,4 +1,4 @@
-"""apply(state, seq, event) -> State: the pure fold over SHOAL_EVENTS (DESIGN.md §5).
+"""apply(state, seq, event) -> State: the pure fold over SHOAL_EVENTS (docs/ARCHITECTURE.md §4).
 
 One small function per event kind, dispatched by an exhaustive `match`; the most frequent kinds
 (progress, chunks) are matched first. Errors are named:

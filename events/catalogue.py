@@ -1,4 +1,4 @@
-"""The event catalogue (DESIGN.md §3): every fact about the cluster as a typed, frozen struct.
+"""The event catalogue (docs/ARCHITECTURE.md §2): every fact about the cluster as a typed, frozen struct.
 
 Rules for changing this file without breaking the wire or old logs:
 - tags are explicit snake_case strings: renaming a class never changes the wire;

@@ -1,4 +1,4 @@
-"""The cluster State: what every process folds from the log (DESIGN.md §5).
+"""The cluster State: what every process folds from the log (docs/ARCHITECTURE.md §4).
 
 State and its parts are frozen. Maps are persistent (`immutables.Map`, a HAMT), so one event
 costs O(log n) however many tasks the log holds — folding a million events stays fast.

@@ -1,4 +1,4 @@
-"""Subject naming (DESIGN.md §4). One function maps every event to its subject."""
+"""Subject naming (docs/ARCHITECTURE.md §2). One function maps every event to its subject."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The MLX engine and its two process shells. MLX is imported only under this package.
 
-Rooms (docs/ARCHITECTURE.md):
+Rooms (docs/ARCHITECTURE.md §1):
 - `engine/`: the per-rank engine — plan, prefill, decode, sends, collectives, stop rules and the
   seams (`protocols`). Compute only: no sockets, files, threads or subprocesses.
 - `models/`: load and shard an mlx-lm model, model facts readable without MLX, the tiny model

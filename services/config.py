@@ -1,4 +1,4 @@
-"""One typed config for every service (DESIGN.md §8): defaults < shoal.yaml < SHOAL_* env < CLI flags.
+"""One typed config for every service (docs/ARCHITECTURE.md §10): defaults < shoal.yaml < SHOAL_* env < CLI flags.
 
     resolved = resolve_config({"nats_url": "nats://h:4222"}, env=os.environ, yaml_path=None)
     resolved.config.nats_url        # the value

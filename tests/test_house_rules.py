@@ -1,4 +1,4 @@
-"""House rules from DESIGN.md §2 that a test can hold: mlx is imported only under runner/."""
+"""House rules from docs/ARCHITECTURE.md §1 that a test can hold: mlx is imported only under runner/."""
 
 from __future__ import annotations
 
@@ -53,4 +53,4 @@ def test_mlx_is_imported_only_under_runner() -> None:
     offenders = [
         f"{path.relative_to(ROOT)}:{line}" for path in files for line in imports_mlx(path.read_text(encoding="utf-8"))
     ]
-    assert offenders == [], f"mlx imported outside runner/ (DESIGN.md §2): {offenders}"
+    assert offenders == [], f"mlx imported outside runner/ (docs/ARCHITECTURE.md §1): {offenders}"

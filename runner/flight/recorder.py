@@ -1,4 +1,4 @@
-"""The flight recorder: a heartbeat thread that says where the main thread is (DESIGN.md §3).
+"""The flight recorder: a heartbeat thread that says where the main thread is (docs/ARCHITECTURE.md §7).
 
 Every `interval_s` it reads the phase tracker the engine updates (`PhaseTracker.enter`) and
 publishes a `RunnerHeartbeat`. It keeps beating while the main thread is blocked inside MLX (a

@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _flight_recorder(args: argparse.Namespace, bridge: LogBridge, phases: PhaseTracker) -> Any:
-    """The heartbeat thread (DESIGN.md §3), publishing RunnerHeartbeat to telemetry."""
+    """The heartbeat thread (docs/ARCHITECTURE.md §7), publishing RunnerHeartbeat to telemetry."""
     from runner.flight.recorder import HeartbeatThread
 
     stamper = Stamper(Origin(service="runner", node=args.node_id, rank=args.rank))

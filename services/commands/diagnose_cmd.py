@@ -1,5 +1,6 @@
 """`shoal diagnose`: every stuck or badly ended task/instance, where it stopped and what to do.
 
+It reads `--file` (an export), `--nats-url` (a server), or, with neither, the configured cluster.
 Exit status: 0 nothing wrong, 1 findings, 2 the log could not be read.
 """
 
@@ -23,11 +24,12 @@ def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "diagnose",
         help="find stuck or failed tasks and instances in the event log and say why",
-        description="Fold the log and report, for every task or instance that is stuck or ended badly, "
+        description="Fold the log (an export file, the NATS server at --nats-url, or by default the configured "
+        "cluster) and report, for every task or instance that is stuck or ended badly, "
         "the stuck ranks, their phase and iteration, the last heartbeat and stack, the likely cause and "
         "what to do next. Exit 0: nothing wrong; 1: findings; 2: the log could not be read.",
     )
-    add_source_arguments(parser)
+    add_source_arguments(parser, default_to_config=True)
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     parser.add_argument(
         "--now", help="judge staleness at this ISO time (default: the wall clock live, the log's end offline)"

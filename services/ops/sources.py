@@ -1,4 +1,8 @@
-"""Where `replay` and `diagnose` read the log from: an export file, or JetStream live."""
+"""Where `replay` and `diagnose` read the log from: an export file, or JetStream live.
+
+`diagnose` may name neither: it then reads the configured cluster, resolved like every other
+command resolves it (`nats_url`, else the embedded server at `nats_host:nats_port`).
+"""
 
 from __future__ import annotations
 
@@ -19,10 +23,16 @@ class SourceError(Exception):
     """The log cannot be read at all (missing file, NATS unreachable): say what to do."""
 
 
-def add_source_arguments(parser: argparse.ArgumentParser) -> None:
-    source = parser.add_mutually_exclusive_group(required=True)
+def add_source_arguments(parser: argparse.ArgumentParser, *, default_to_config: bool = False) -> None:
+    """`--file` or `--nats-url`; with `default_to_config`, neither means the configured cluster
+    (and `--config FILE` picks the YAML file that configures it)."""
+    source = parser.add_mutually_exclusive_group(required=not default_to_config)
     source.add_argument("--file", type=Path, help="an export file (JSON Lines, from `shoal events export`)")
-    source.add_argument("--nats-url", help="read SHOAL_EVENTS and SHOAL_TELEMETRY live from this NATS server")
+    live_help = "read SHOAL_EVENTS and SHOAL_TELEMETRY live from this NATS server"
+    if default_to_config:
+        live_help += " (default: the configured cluster: nats_url, else the embedded server at nats_host:nats_port)"
+        parser.add_argument("--config", metavar="FILE", default=None, help="YAML config file (default: ./shoal.yaml)")
+    source.add_argument("--nats-url", help=live_help)
 
 
 class FileSource:
@@ -88,7 +98,34 @@ async def _read_live(url: str) -> list[ExportRecord]:
 
 def open_source(args: argparse.Namespace) -> FileSource | LiveSource:
     file: Path | None = args.file
-    return FileSource(file) if file is not None else LiveSource(str(args.nats_url))
+    if file is not None:
+        return FileSource(file)
+    if args.nats_url is not None:
+        return LiveSource(str(args.nats_url))
+    return configured_source(args)
+
+
+def configured_source(args: argparse.Namespace) -> LiveSource:
+    """The cluster this machine's config points at: the same resolution as `shoal events tail`."""
+    from services.config import ConfigError, config_from_args  # the config only when no source was named
+
+    try:
+        resolved = config_from_args(args)
+    except ConfigError as exc:
+        raise SourceError(str(exc)) from exc
+    config = resolved.config
+    if config.nats_url:
+        origin = f"nats_url from {resolved.sources['nats_url']}"
+    else:
+        origin = f"no nats_url set: the embedded server's address, nats_port from {resolved.sources['nats_port']}"
+    try:
+        return LiveSource(config.client_nats_url)
+    except SourceError as exc:
+        raise SourceError(
+            f"no --file or --nats-url given, and the configured cluster ({origin}) does not answer: {exc} "
+            "Start it (`shoal up`, or `shoal nats` and the services), name a server with --nats-url URL, "
+            "or diagnose an export with --file FILE."
+        ) from exc
 
 
 def parse_at(text: str) -> tuple[int | None, int | None]:

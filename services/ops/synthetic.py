@@ -2,8 +2,8 @@
 
 `LogBuilder` stamps envelopes from its own clock and numbers both streams, so what it produces
 folds cleanly and looks like an export. `simulate_prefill` plays the GPipe schedule of
-DESIGN.md §7 (rank r runs chunk k at iteration k + r) with 1 Hz heartbeats, and can stop a rank
-at an iteration to produce the hangs `diagnose` must recognise.
+docs/ARCHITECTURE.md §6 (rank r runs chunk k at iteration k + r) with 1 Hz heartbeats, and can
+stop a rank at an iteration to produce the hangs `diagnose` must recognise.
 """
 
 from __future__ import annotations

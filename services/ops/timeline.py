@@ -5,9 +5,9 @@ shared by the processes of different ranks).
 
 Prefill bars: a `PrefillProgress` is published when a rank finishes a chunk, so a chunk's bar
 ends at its event. It starts where the rank's previous event left off — except across idle
-iterations (the GPipe leading/trailing bubbles, DESIGN.md §7): when the iteration number jumps
-by `k`, the elapsed time is split evenly and only the last share is drawn, so a bubble shows as
-a gap, as it happened.
+iterations (the GPipe leading/trailing bubbles, docs/ARCHITECTURE.md §6): when the iteration
+number jumps by `k`, the elapsed time is split evenly and only the last share is drawn, so a
+bubble shows as a gap, as it happened.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A job is a list of tasks run in order on the same group, so "the next task on the same group"
 is literally the next entry. Tokens are compared for the same chunk size on every world size
-(`CHUNK`), as DESIGN §7 promises equality only for the same chunking.
+(`CHUNK`), as docs/ARCHITECTURE.md §6 promises equality only for the same chunking.
 """
 
 from __future__ import annotations
