@@ -30,7 +30,8 @@ from events.catalogue import Origin
 from events.codec import ExportRecord, encode, encode_record
 from events.stamp import Stamper
 from runner.engine.protocols import PhaseTracker
-from runner.flight.recorder import HeartbeatThread
+from runner.flight.recorder import FlightRecorder
+from runner.service.heartbeats import LogHeartbeats
 from services.ops.load import ExportReader
 from services.ops.offline import diagnose_file
 from services.ops.scan import scan
@@ -201,10 +202,8 @@ def _with_recorder(seconds: float, interval_s: float | None, stall_s: float) -> 
     def publish(beat: Any) -> None:
         sent.append(len(encode(beat)))  # what publishing costs this thread before the socket
 
-    recorder = HeartbeatThread(
-        tracker, stamper, publish, instance_id="inst_bench", rank=0, interval_s=interval_s, stall_stack_seconds=stall_s
-    )
-    with recorder:
+    heartbeats = LogHeartbeats(stamper, publish, instance_id="inst_bench", rank=0)
+    with FlightRecorder(tracker, heartbeats, rank=0, interval_s=interval_s, stall_stack_seconds=stall_s):
         return _busy_tokens(seconds, tracker)
 
 
@@ -217,10 +216,9 @@ def beat_cost_us(stall_s: float, repeats: int = 7, number: int = 2000) -> float:
     tracker = PhaseTracker()
     tracker.enter("prefill", "task_bench", 3)
     stamper = Stamper(Origin(service="runner", rank=0))
-    recorder = HeartbeatThread(
-        tracker, stamper, lambda beat: None, instance_id="i", rank=0, stall_stack_seconds=stall_s
-    )
-    best = min(timeit.repeat(lambda: encode(recorder.beat()), repeat=repeats, number=number))
+    heartbeats = LogHeartbeats(stamper, lambda beat: None, instance_id="i", rank=0)
+    recorder = FlightRecorder(tracker, heartbeats, rank=0, stall_stack_seconds=stall_s)
+    best = min(timeit.repeat(lambda: encode(heartbeats.heartbeat(recorder.read())), repeat=repeats, number=number))
     return best / number * 1e6
 
 

@@ -5,7 +5,6 @@ The services issue plugs NATS into `CancelSource` and `RunnerSink`; tests plug i
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -65,18 +64,17 @@ class PhaseTracker:
     """Where the main thread is, readable from a heartbeat thread.
 
     The engine calls `enter` at every phase change and every prefill iteration; a reader that
-    sees an old `since_ns` knows the main thread is stuck inside that phase.
+    sees an old `since_ns` knows the main thread is stuck inside that phase. Each change swaps in
+    a new immutable snapshot with one attribute store, so a reader on another thread sees the old
+    snapshot or the new one, never a mix: no lock is needed (and the engine imports no threading).
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._current = PhaseSnapshot("idle", None, 0, time.monotonic_ns())
 
     def enter(self, phase: str, task_id: str | None = None, iteration: int = 0) -> None:
         snapshot = PhaseSnapshot(phase, task_id, iteration, time.monotonic_ns())
-        with self._lock:
-            self._current = snapshot
+        self._current = snapshot
 
     def snapshot(self) -> PhaseSnapshot:
-        with self._lock:
-            return self._current
+        return self._current

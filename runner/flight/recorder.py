@@ -1,13 +1,18 @@
-"""The flight recorder: a heartbeat thread that says where the main thread is (docs/ARCHITECTURE.md §7).
+"""The flight recorder: one thread per rank process that says where the main thread is (docs/ARCHITECTURE.md §7).
+
+Both shells run it; only the destination differs. The service's rank publishes each reading as a
+`RunnerHeartbeat` to the log's telemetry stream (`runner.service.heartbeats.LogHeartbeats`); a
+local rank rewrites `rank<r>.phase`, from which the launcher names the rank that stalled and its
+phase (`runner.local.rank_main.PhaseFile`).
 
 Every `interval_s` it reads the phase tracker the engine updates (`PhaseTracker.enter`) and
-publishes a `RunnerHeartbeat`. It keeps beating while the main thread is blocked inside MLX (a
-collective, a long matmul): MLX releases the GIL there, so this thread runs. Once the phase is
-older than `stall_stack_seconds` the heartbeat carries the main thread's Python stack, so a hang
-leaves its location in the log instead of only in a process nobody can attach to.
+hands the reading to its destination. It keeps going while the main thread is blocked inside
+MLX (a collective, a long matmul): MLX releases the GIL there, so this thread runs. Once the
+phase is older than `stall_stack_seconds` the reading carries the main thread's Python stack,
+so a hang leaves its location behind instead of only in a process nobody can attach to.
 
-Cost: one snapshot under a lock and one publish per interval; the stack is formatted only for a
-stale phase. No mlx import here: the stream name is read from an mlx already loaded by the engine.
+Cost: one snapshot read and one hand-off per interval; the stack is formatted only for a stale
+phase. No mlx import here: the stream name is read from an mlx already loaded by the engine.
 """
 
 from __future__ import annotations
@@ -17,14 +22,11 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol
 
 from loguru import logger
-
-from events.catalogue import RunnerHeartbeat
-from events.ids import InstanceId, TaskId
-from events.stamp import Stamper
 
 MAX_STACK_FRAMES = 40  # the innermost frames: where it sits matters, not how it got there
 
@@ -46,6 +48,21 @@ class PhaseSource(Protocol):
     def snapshot(self) -> PhaseView: ...
 
 
+@dataclass(frozen=True, slots=True)
+class FlightReading:
+    """What the recorder saw at one beat."""
+
+    snapshot: PhaseView
+    age_ns: int  # how long the main thread has been in this phase
+    stack: str | None  # the main thread's stack, only once the phase is older than the stall threshold
+
+
+class FlightDestination(Protocol):
+    def record(self, reading: FlightReading) -> None:
+        """Called on the recorder's thread. If it raises, the error is logged and the next beat comes anyway."""
+        ...
+
+
 def main_thread_stack(thread_id: int, limit: int = MAX_STACK_FRAMES) -> str | None:
     """The formatted Python stack of thread `thread_id`, innermost frames last; None if it is gone."""
     frame = sys._current_frames().get(thread_id)  # pyright: ignore[reportPrivateUsage]
@@ -65,71 +82,59 @@ def loaded_mlx_stream_name() -> str | None:
         return None
 
 
-class HeartbeatThread:
-    """Publishes heartbeats from a daemon thread between `__enter__` and `__exit__`.
+class FlightRecorder:
+    """Hands a `FlightReading` to `destination` every `interval_s`, between `__enter__` and `__exit__`.
 
     Construct it on the main thread: that is the thread whose stack (and MLX stream) it reports.
+    `stall_stack_seconds=None` never takes a stack (a destination that has no use for one).
     """
 
     def __init__(
         self,
         tracker: PhaseSource,
-        stamper: Stamper,
-        publish: Callable[[RunnerHeartbeat], None],
+        destination: FlightDestination,
         *,
-        instance_id: str,
         rank: int,
         interval_s: float = 1.0,
-        stall_stack_seconds: float = 10.0,
+        stall_stack_seconds: float | None = 10.0,
         mono_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self._tracker = tracker
-        self._stamper = stamper
-        self._publish = publish
-        self._instance_id = InstanceId(instance_id)
+        self._destination = destination
         self._rank = rank
         self._interval_s = interval_s
-        self._stall_ns = int(stall_stack_seconds * 1e9)
+        self._stall_ns = None if stall_stack_seconds is None else int(stall_stack_seconds * 1e9)
         self._mono_ns = mono_ns
         self._main_id = threading.get_ident()
         self._stream = loaded_mlx_stream_name()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-rank{rank}", daemon=True)
-        self.published = 0
+        self._thread = threading.Thread(target=self._run, name=f"flight-recorder-rank{rank}", daemon=True)
+        self.recorded = 0
         self.failures = 0
 
-    def beat(self) -> RunnerHeartbeat:
-        """Build one heartbeat from the tracker's current snapshot (no publishing)."""
+    def read(self) -> FlightReading:
+        """One reading of the tracker's current snapshot (nothing is recorded)."""
         snap = self._tracker.snapshot()
         age_ns = max(0, self._mono_ns() - snap.since_ns)
         stack: str | None = None
-        if age_ns >= self._stall_ns:
+        if self._stall_ns is not None and age_ns >= self._stall_ns:
             stack = main_thread_stack(self._main_id)
             if stack is not None and self._stream is not None:
                 stack = f"mlx stream: {self._stream}\n{stack}"
-        return RunnerHeartbeat(
-            env=self._stamper.stamp(),
-            instance_id=self._instance_id,
-            rank=self._rank,
-            phase=snap.phase,
-            task_id=TaskId(snap.task_id) if snap.task_id is not None else None,
-            iteration=snap.iteration,
-            phase_age_ms=age_ns // 1_000_000,
-            stack=stack,
-        )
+        return FlightReading(snapshot=snap, age_ns=age_ns, stack=stack)
 
     def _run(self) -> None:
         while True:
             try:
-                self._publish(self.beat())
-                self.published += 1
-            except Exception as exc:  # a lost heartbeat must not end the recorder: keep beating
+                self._destination.record(self.read())
+                self.recorded += 1
+            except Exception as exc:  # a lost beat must not end the recorder: keep beating
                 self.failures += 1
-                logger.warning("heartbeat of rank {} not published: {}", self._rank, exc)
+                logger.warning("flight recorder of rank {}: beat not recorded: {}", self._rank, exc)
             if self._stop.wait(self._interval_s):
                 return
 
-    def __enter__(self) -> HeartbeatThread:
+    def __enter__(self) -> FlightRecorder:
         self._thread.start()
         return self
 

@@ -1,8 +1,8 @@
 """One rank of a local group: `python -m runner.local.rank_main JOB.json OUT_DIR` (MLX_RANK set).
 
 Joins the ring group, loads its shard once, runs the job's tasks in order on the same group
-and writes `rank<r>.json`. A heartbeat thread keeps `rank<r>.phase` fresh so the launcher
-can say where a stalled rank is.
+and writes `rank<r>.json`. The flight recorder keeps `rank<r>.phase` fresh so the launcher
+can say where a stalled rank is; SHOAL_TEST_FAULT, if set, acts here as in the service.
 """
 
 from __future__ import annotations
@@ -10,18 +10,23 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from runner.engine.protocols import CancelSource, PhaseTracker
+from runner.engine.protocols import CancelSource, NeverCancelled, PhaseTracker
 from runner.errors import CallbackError
-from runner.local.scripted import BrokenCancel, FixedCancel, RecordingSink, ScriptedCancel
+from runner.flight.faults import FaultInjector
+from runner.flight.recorder import FlightReading, FlightRecorder
+from runner.local.testing import BrokenCancel, FixedCancel, RecordingSink, mlx_reference
 
-HEARTBEAT_S = 0.2
+if TYPE_CHECKING:
+    from runner.engine.engine import Engine
+
+PHASE_FILE_INTERVAL_S = 0.2  # the launcher calls a rank frozen once its file is 10 s old
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
@@ -30,35 +35,42 @@ def write_json_atomic(path: Path, payload: Any) -> None:
     staging.replace(path)
 
 
-class PhaseFileWriter:
-    """Background thread mirroring the PhaseTracker into a file, until `stop()`."""
+class PhaseFile:
+    """The local flight-recorder destination: the phase, rewritten atomically for the launcher to read."""
 
-    def __init__(self, phases: PhaseTracker, path: Path) -> None:
-        self._phases, self._path = phases, path
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="phase-file", daemon=True)
+    def __init__(self, path: Path) -> None:
+        self._path = path
 
-    def __enter__(self) -> PhaseFileWriter:
-        self._thread.start()
-        return self
+    def record(self, reading: FlightReading) -> None:
+        snap = reading.snapshot
+        write_json_atomic(
+            self._path,
+            {"phase": snap.phase, "task_id": snap.task_id, "iteration": snap.iteration, "since_ns": snap.since_ns},
+        )
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            snap = self._phases.snapshot()
-            write_json_atomic(
-                self._path,
-                {"phase": snap.phase, "task_id": snap.task_id, "iteration": snap.iteration, "since_ns": snap.since_ns},
-            )
+@dataclass(slots=True)
+class CancelAtPoll:
+    """`shoal generate --cancel-at-iteration N`: cancelled from the task's poll N on.
+
+    Poll i of a task is prefill iteration i while prefill lasts (the engine polls exactly once
+    per iteration, idle ones included), then decode polls, so "cancel at prefill iteration 3 on
+    rank 1" is exact.
+    """
+
+    fire_at_poll: int
+    polls: int = 0
+
+    def is_cancelled(self, task_id: str) -> bool:
+        poll = self.polls
+        self.polls += 1
+        return poll >= self.fire_at_poll
 
 
 def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[str, Any]]:
     import mlx.core as mx
 
-    from runner.engine.engine import Engine, EngineSettings, GenerationRequest
+    from runner.engine.engine import Engine, EngineSettings
     from runner.models.shard import ShardPlacement, load_shard
 
     ranges = tuple((int(s), int(e)) for s, e in job["layer_ranges"])
@@ -67,6 +79,7 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
     group = mx.distributed.init(backend="ring", strict=True) if world > 1 else None
     shard = load_shard(Path(job["model_dir"]), ShardPlacement(rank, world, ranges), group)
     engines: dict[str, Engine] = {}
+    faults = FaultInjector.from_env(rank)
 
     def engine_for(overrides: dict[str, Any]) -> Engine:
         # Settings are per engine; a job may vary them per task (tests), on the same shard.
@@ -82,53 +95,35 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
     for task in job["tasks"]:
         if task.get("kind") == "mlx_reference":
             results.append(mlx_reference(shard, task))
-            continue
-        engine = engine_for(task.get("settings", {}))
-        request = msgspec.convert(task["request"], GenerationRequest)
-        cancelled_before = rank in task.get("cancel_before_start_ranks", [])
-        if not engine.agree_start(request.task_id, FixedCancel(cancelled_before), phases):
-            results.append({"task_id": request.task_id, "skipped": True})
-            continue
-        sink = RecordingSink(fail_on_tokens=task.get("failing_sink_rank") == rank)
-        try:
-            outcome = engine.generate(request, task_cancel(task, rank), sink, phases)
-        except CallbackError as err:
-            results.append({"task_id": request.task_id, "callback_error": str(err)})
-            continue
-        results.append({**msgspec.to_builtins(outcome), "sink": msgspec.to_builtins(sink)})
+        else:
+            results.append(run_task(engine_for(task.get("settings", {})), task, rank, faults, phases))
     phases.enter("idle")
     return results
+
+
+def run_task(
+    engine: Engine, task: dict[str, Any], rank: int, faults: FaultInjector, phases: PhaseTracker
+) -> dict[str, Any]:
+    from runner.engine.engine import GenerationRequest
+
+    request = msgspec.convert(task["request"], GenerationRequest)
+    cancelled_before = FixedCancel(rank in task.get("cancel_before_start_ranks", []))
+    if not engine.agree_start(request.task_id, faults.around(cancelled_before), phases):
+        return {"task_id": request.task_id, "skipped": True}
+    sink = RecordingSink(fail_on_tokens=task.get("failing_sink_rank") == rank)
+    try:
+        outcome = engine.generate(request, faults.around(task_cancel(task, rank)), sink, phases)
+    except CallbackError as err:
+        return {"task_id": request.task_id, "callback_error": str(err)}
+    return {**msgspec.to_builtins(outcome), "sink": msgspec.to_builtins(sink)}
 
 
 def task_cancel(task: dict[str, Any], rank: int) -> CancelSource:
     if task.get("failing_cancel_rank") == rank:
         return BrokenCancel()
-    return ScriptedCancel(
-        fire_at_poll=task.get("cancel_at_poll") if task.get("cancel_rank") == rank else None,
-        die_at_poll=task.get("die_at_poll") if task.get("die_rank") == rank else None,
-        freeze_at_poll=task.get("freeze_at_poll") if task.get("freeze_rank") == rank else None,
-    )
-
-
-def mlx_reference(shard: Any, task: dict[str, Any]) -> dict[str, Any]:
-    """mlx-lm's own stream_generate on a 1-rank shard: the tokens and callbacks to match."""
-    import mlx.core as mx
-    from mlx_lm.generate import stream_generate
-
-    callbacks: list[tuple[int, int]] = []
-    tokens = []
-    for response in stream_generate(
-        shard.model,
-        shard.tokenizer,
-        mx.array(task["prompt_token_ids"]),
-        max_tokens=task["max_tokens"],
-        prefill_step_size=task["step"],
-        prompt_progress_callback=lambda done, total: callbacks.append((done, total)),
-    ):
-        if response.finish_reason == "stop" and response.token in shard.tokenizer.eos_token_ids:
-            break
-        tokens.append(response.token)
-    return {"kind": "mlx_reference", "ref_id": task.get("ref_id"), "token_ids": tokens, "progress": callbacks}
+    if task.get("cancel_rank") == rank and task.get("cancel_at_poll") is not None:
+        return CancelAtPoll(task["cancel_at_poll"])
+    return NeverCancelled()
 
 
 def main(argv: list[str]) -> int:
@@ -136,7 +131,8 @@ def main(argv: list[str]) -> int:
     rank = int(os.environ.get("MLX_RANK", "0"))
     job = json.loads(job_path.read_text())
     phases = PhaseTracker()
-    with PhaseFileWriter(phases, out_dir / f"rank{rank}.phase"):
+    phase_file = PhaseFile(out_dir / f"rank{rank}.phase")
+    with FlightRecorder(phases, phase_file, rank=rank, interval_s=PHASE_FILE_INTERVAL_S, stall_stack_seconds=None):
         try:
             results = run_job(job, rank, phases)
         except Exception as err:

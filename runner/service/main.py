@@ -26,8 +26,8 @@ from events.catalogue import InstancePlaced, Origin, TaskCreated, TaskFailed
 from events.ids import InstanceId, TaskId
 from events.stamp import Stamper
 from events.subjects import instance_subject
-from runner.engine.protocols import CancelSource, PhaseTracker
-from runner.flight.faults import FAULT_ENV, FaultyCancel, parse_fault
+from runner.engine.protocols import PhaseTracker
+from runner.flight.faults import FaultInjector
 from runner.service.bridge import LogBridge
 from runner.service.exit_codes import PEER_LOST_EXIT, is_peer_loss
 from runner.service.sink import LogSink
@@ -113,12 +113,10 @@ def run(
     server_status("warming_up")
     engine.warm_up(phases)
     bridge.watch(args.instance, placed_seq + 1)
-    fault = parse_fault(os.environ.get(FAULT_ENV))
-    cancel: CancelSource = bridge if fault is None or fault.rank != args.rank else FaultyCancel(bridge, fault)
     server = TaskServer(
         engine=engine,
         inbox=bridge,
-        cancel=cancel,
+        cancel=FaultInjector.from_env(args.rank).around(bridge),
         sink=LogSink(bridge, stamper, args.rank),
         stamper=stamper,
         phases=phases,
@@ -193,15 +191,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _flight_recorder(args: argparse.Namespace, bridge: LogBridge, phases: PhaseTracker) -> Any:
-    """The heartbeat thread (docs/ARCHITECTURE.md §7), publishing RunnerHeartbeat to telemetry."""
-    from runner.flight.recorder import HeartbeatThread
+    """The flight recorder (docs/ARCHITECTURE.md §7), publishing RunnerHeartbeat to telemetry."""
+    from runner.flight.recorder import FlightRecorder
+    from runner.service.heartbeats import LogHeartbeats
 
     stamper = Stamper(Origin(service="runner", node=args.node_id, rank=args.rank))
-    return HeartbeatThread(
+    return FlightRecorder(
         phases,
-        stamper,
-        bridge.publish,
-        instance_id=args.instance,
+        LogHeartbeats(stamper, bridge.publish, instance_id=args.instance, rank=args.rank),
         rank=args.rank,
         interval_s=args.heartbeat_seconds,
         stall_stack_seconds=args.stall_stack_seconds,

@@ -45,13 +45,20 @@ from events.ids import EventId, InstanceId, NodeId, TaskId
 START_NS = 1_767_225_600 * 1_000_000_000  # 2026-01-01T00:00:00Z
 SECOND_NS = 1_000_000_000
 
+# Stacks as the flight recorder formats them, innermost frame last. They name real code (file,
+# function, source line); tests/test_stack_fixtures.py checks each frame against the source.
 COLLECTIVE_STACK = (
-    'File "runner/engine/engine.py", line 212, in _prefill_iteration\n    vote = agree(group, wants_stop)\n'
-    'File "runner/engine/collectives.py", line 41, in agree\n    return mx.distributed.all_sum(flag, group=group)\n'
+    'File "runner/engine/prefill.py", line 38, in run_prefill\n    if run.agree_to_stop("prefill", iteration):\n'
+    'File "runner/engine/task_run.py", line 56, in agree_to_stop\n'
+    "    stop = self.collectives.any(poll and self.wants_stop())\n"
+    'File "runner/engine/collectives.py", line 30, in any\n    return self.agree([int(flag)])[0] > 0\n'
+    'File "runner/engine/collectives.py", line 25, in agree\n    mx.eval(summed)\n'
 )
 COMPUTE_STACK = (
-    'File "runner/engine/engine.py", line 198, in _prefill_iteration\n    hidden = self.model(chunk, cache=cache)\n'
-    'File "mlx_lm/models/llama.py", line 120, in __call__\n    h = layer(h, mask, c)\n'
+    'File "runner/engine/prefill.py", line 54, in _compute_chunk\n    run.forward(piece[None])\n'
+    'File "runner/engine/task_run.py", line 63, in forward\n'
+    "    logits = self.model(tokens, cache=self.caches.slots)\n"
+    'File "mlx_lm/models/llama.py", line 195, in __call__\n    h = layer(h, mask, cache=cache)\n'
 )
 
 

@@ -168,13 +168,20 @@ def node_gone_idle() -> LogBuilder:
 
 KILLED = "runner process killed by SIGKILL; stderr tail:\n"
 PEER_LOST = "RuntimeError: [ring] connection to a peer was lost"
-SLEEP_STACK = (
-    'File "runner/engine/task_run.py", line 39, in agree_to_stop\n    wants_stop = poll and self.cancel.is_cancelled(t)\n'
-    'File "runner/flight/faults.py", line 52, in is_cancelled\n    time.sleep(self._fault.seconds)\n'
+SLEEP_STACK = (  # rank 1 under SHOAL_TEST_FAULT=sleep:1:...: asleep inside its cancel poll
+    'File "runner/engine/task_run.py", line 56, in agree_to_stop\n'
+    "    stop = self.collectives.any(poll and self.wants_stop())\n"
+    'File "runner/engine/task_run.py", line 48, in wants_stop\n'
+    "    return bool(self.cancel.is_cancelled(self.task_id))\n"
+    'File "runner/flight/faults.py", line 119, in is_cancelled\n    self._injector.poll(task_id)\n'
+    'File "runner/flight/faults.py", line 109, in poll\n    self._act(self._fault.action)\n'
+    'File "runner/flight/faults.py", line 69, in perform\n    time.sleep(seconds)\n'
 )
-AGREE_STACK = (
-    'File "runner/engine/task_run.py", line 40, in agree_to_stop\n    stop = self.collectives.any(wants_stop)\n'
-    'File "runner/engine/collectives.py", line 23, in agree\n    mx.eval(summed)\n'
+AGREE_STACK = (  # rank 0 of the same: waiting for rank 1 in the cancel agreement
+    'File "runner/engine/task_run.py", line 56, in agree_to_stop\n'
+    "    stop = self.collectives.any(poll and self.wants_stop())\n"
+    'File "runner/engine/collectives.py", line 30, in any\n    return self.agree([int(flag)])[0] > 0\n'
+    'File "runner/engine/collectives.py", line 25, in agree\n    mx.eval(summed)\n'
 )
 
 

@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from events.catalogue import Origin, RunnerHeartbeat
 from events.stamp import Stamper
 from runner.engine.protocols import PhaseTracker
-from runner.flight.recorder import HeartbeatThread, main_thread_stack
+from runner.flight.recorder import FlightReading, FlightRecorder, main_thread_stack
+from runner.local.rank_main import PhaseFile
+from runner.service.heartbeats import LogHeartbeats
 
 SECOND = 1_000_000_000
 
@@ -36,31 +40,32 @@ class FakeClock:
         return self.now
 
 
-def recorder(tracker: FakeTracker | PhaseTracker, clock: FakeClock | None = None, **kw: float) -> HeartbeatThread:
+class Readings:
+    def __init__(self) -> None:
+        self.seen: list[FlightReading] = []
+
+    def record(self, reading: FlightReading) -> None:
+        self.seen.append(reading)
+
+
+def log_heartbeats(publish: list[RunnerHeartbeat] | None = None) -> LogHeartbeats:
     stamper = Stamper(Origin(service="runner", rank=1), wall_ns=lambda: 7, mono_ns=lambda: 7, new_id=lambda: "id")
-    return HeartbeatThread(
-        tracker,
-        stamper,
-        lambda beat: None,
-        instance_id="inst_a",
-        rank=1,
-        mono_ns=clock if clock is not None else time.monotonic_ns,
-        **kw,
-    )
+    return LogHeartbeats(stamper, (publish if publish is not None else []).append, instance_id="inst_a", rank=1)
 
 
 def test_stack_appears_only_once_the_phase_is_older_than_the_threshold() -> None:
     tracker, clock = FakeTracker(), FakeClock()
     tracker.current = FakeSnapshot("prefill", "task_1", 4, since_ns=100 * SECOND)
-    beats = recorder(tracker, clock, stall_stack_seconds=10.0)
+    recorder = FlightRecorder(tracker, Readings(), rank=1, mono_ns=clock, stall_stack_seconds=10.0)
+    heartbeats = log_heartbeats()
 
     clock.now = 100 * SECOND + 9 * SECOND
-    young = beats.beat()
+    young = heartbeats.heartbeat(recorder.read())
     assert (young.phase, young.task_id, young.iteration, young.phase_age_ms) == ("prefill", "task_1", 4, 9000)
-    assert young.stack is None
+    assert young.instance_id == "inst_a" and young.rank == 1 and young.stack is None
 
     clock.now = 100 * SECOND + 10 * SECOND
-    stale = beats.beat()
+    stale = heartbeats.heartbeat(recorder.read())
     assert stale.phase_age_ms == 10_000
     assert stale.stack is not None
     assert "test_stack_appears_only_once_the_phase_is_older_than_the_threshold" in stale.stack
@@ -68,45 +73,63 @@ def test_stack_appears_only_once_the_phase_is_older_than_the_threshold() -> None
 
 def test_a_new_phase_resets_the_age_and_drops_the_stack() -> None:
     tracker, clock = FakeTracker(), FakeClock()
-    beats = recorder(tracker, clock, stall_stack_seconds=1.0)
+    recorder = FlightRecorder(tracker, Readings(), rank=1, mono_ns=clock, stall_stack_seconds=1.0)
     tracker.current = FakeSnapshot("decode", "t", 0, since_ns=0)
     clock.now = 5 * SECOND
-    assert beats.beat().stack is not None
+    assert recorder.read().stack is not None
     tracker.current = FakeSnapshot("idle", None, 0, since_ns=5 * SECOND)
-    beat = beats.beat()
+    beat = log_heartbeats().heartbeat(recorder.read())
     assert beat.stack is None and beat.task_id is None and beat.phase_age_ms == 0
+
+
+def test_without_a_stall_threshold_no_stack_is_ever_taken() -> None:
+    tracker, clock = FakeTracker(), FakeClock()
+    recorder = FlightRecorder(tracker, Readings(), rank=0, mono_ns=clock, stall_stack_seconds=None)
+    clock.now = 3600 * SECOND
+    reading = recorder.read()
+    assert reading.age_ns == 3600 * SECOND and reading.stack is None
 
 
 def test_thread_beats_while_the_main_thread_is_blocked_and_stops_promptly() -> None:
     tracker = PhaseTracker()  # the engine's real tracker
     published: list[RunnerHeartbeat] = []
-    stamper = Stamper(Origin(service="runner", rank=0))
     tracker.enter("prefill", "task_9", 2)
     blocked = threading.Event()
-    with HeartbeatThread(
-        tracker, stamper, published.append, instance_id="i", rank=0, interval_s=0.01, stall_stack_seconds=0.05
-    ) as thread:
+    heartbeats = log_heartbeats(published)
+    with FlightRecorder(tracker, heartbeats, rank=0, interval_s=0.01, stall_stack_seconds=0.05) as recorder:
         blocked.wait(0.3)  # the main thread "stuck" in a wait, as in a collective
         exiting = time.monotonic()
     assert time.monotonic() - exiting < 0.5  # the stop event wakes the thread: no waiting out a beat
-    assert not thread._thread.is_alive()  # pyright: ignore[reportPrivateUsage]
-    assert len(published) >= 5
+    assert not recorder._thread.is_alive()  # pyright: ignore[reportPrivateUsage]
+    assert len(published) >= 5 and recorder.recorded == len(published)
     assert all(b.phase == "prefill" and b.task_id == "task_9" and b.iteration == 2 for b in published)
-    stale = [b for b in published if b.stack is not None]
-    assert stale and "blocked.wait" in stale[-1].stack  # the stack shows where the main thread sits
+    stacks = [b.stack for b in published if b.stack is not None]
+    assert stacks and "blocked.wait" in stacks[-1]  # the stack shows where the main thread sits
 
 
-def test_a_failing_publish_does_not_stop_the_recorder() -> None:
+def test_a_failing_destination_does_not_stop_the_recorder() -> None:
     calls: list[int] = []
 
-    def flaky(beat: RunnerHeartbeat) -> None:
-        calls.append(1)
-        raise ConnectionError("nats down")
+    class Flaky:
+        def record(self, reading: FlightReading) -> None:
+            calls.append(1)
+            raise ConnectionError("nats down")
 
-    stamper = Stamper(Origin(service="runner", rank=0))
-    with HeartbeatThread(PhaseTracker(), stamper, flaky, instance_id="i", rank=0, interval_s=0.01) as thread:
+    with FlightRecorder(PhaseTracker(), Flaky(), rank=0, interval_s=0.01) as recorder:
         time.sleep(0.1)
-    assert len(calls) >= 3 and thread.failures == len(calls) and thread.published == 0
+    assert len(calls) >= 3 and recorder.failures == len(calls) and recorder.recorded == 0
+
+
+def test_the_local_destination_writes_the_phase_the_launcher_reads(tmp_path: Path) -> None:
+    tracker = PhaseTracker()
+    tracker.enter("decode", "task_3", 7)
+    path = tmp_path / "rank1.phase"
+    with FlightRecorder(tracker, PhaseFile(path), rank=1, interval_s=0.01, stall_stack_seconds=None):
+        time.sleep(0.05)
+    snap = tracker.snapshot()
+    written = json.loads(path.read_text())
+    assert written == {"phase": "decode", "task_id": "task_3", "iteration": 7, "since_ns": snap.since_ns}
+    assert not path.with_suffix(".tmp").exists()  # written to a staging file, then renamed over
 
 
 def test_main_thread_stack_of_a_vanished_thread_is_none() -> None:

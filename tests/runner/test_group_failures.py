@@ -7,6 +7,7 @@ import time
 import pytest
 
 from runner.errors import RankFailedError
+from runner.flight.faults import FAULT_ENV
 from runner.local.launch import run_group
 from runner.models.tiny import cached_tiny
 from tests.runner.harness import CANCEL_PROMPT, request, step_for, sweep_results
@@ -28,8 +29,8 @@ def test_uneven_splits_match_one_rank(ranges: tuple[tuple[int, int], ...]) -> No
         assert [o["token_ids"] for o in rank_result["results"]] == [expected, expected]
 
 
-def _long_job(world: int, **fault: int) -> dict:
-    task = {"request": request("victim", 40, "pipeline", max_tokens=4), **fault}
+def _long_job(world: int) -> dict:
+    task = {"request": request("victim", 40, "pipeline", max_tokens=4)}
     return {
         "model_dir": str(cached_tiny()),
         "layer_ranges": {2: [[0, 4], [4, 8]], 3: [[0, 3], [3, 6], [6, 8]]}[world],
@@ -39,11 +40,16 @@ def _long_job(world: int, **fault: int) -> dict:
     }
 
 
+def fault(spec: str) -> dict[str, str]:
+    """The fault injector the service uses too: poll 0 is the start agreement, poll i prefill iteration i-1."""
+    return {FAULT_ENV: spec}
+
+
 @pytest.mark.timeout(90)
 def test_rank_killed_mid_prefill_fails_fast_naming_it() -> None:
     started = time.monotonic()
     with pytest.raises(RankFailedError) as failure:
-        run_group(_long_job(3, die_rank=1, die_at_poll=2), 3, deadline_s=60)
+        run_group(_long_job(3), 3, deadline_s=60, extra_env=fault("die:1:3"))  # poll 3: prefill iteration 2
     assert failure.value.rank == 1
     assert "rank 1" in str(failure.value) and "SIGKILL" in str(failure.value)
     assert time.monotonic() - started < 45
@@ -53,7 +59,7 @@ def test_rank_killed_mid_prefill_fails_fast_naming_it() -> None:
 def test_frozen_rank_is_named_from_its_silent_heartbeat() -> None:
     started = time.monotonic()
     with pytest.raises(RankFailedError) as failure:
-        run_group(_long_job(3, freeze_rank=2, freeze_at_poll=3), 3, deadline_s=80)
+        run_group(_long_job(3), 3, deadline_s=80, extra_env=fault("freeze:2:4"))  # poll 4: prefill iteration 3
     assert failure.value.rank == 2
     message = str(failure.value)
     # Frozen at prefill iteration 3; the last heartbeat (every 0.2 s) may be an iteration or two older.

@@ -74,7 +74,7 @@ def test_ring_hostfile_has_one_address_list_per_rank() -> None:
 
 
 MLX_FREE = ("local/launch.py", "blas.py", "engine/plan.py", "engine/protocols.py", "errors.py", "models/model_info.py",
-            "local/local_run.py", "engine/stops.py", "models/chat.py", "local/scripted.py", "models/tiny_tokenizer.py")  # fmt: skip
+            "local/local_run.py", "engine/stops.py", "models/chat.py", "local/testing.py", "models/tiny_tokenizer.py")  # fmt: skip
 
 
 @pytest.mark.parametrize("name", MLX_FREE)

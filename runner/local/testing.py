@@ -1,0 +1,71 @@
+"""Test tooling shipped in the package: what a test job may ask a local rank to do (no MLX at import).
+
+The multi-rank tests spawn real rank processes (`python -m runner.local.rank_main`), so what their
+jobs ask for must be importable from the package, not from tests/. Job keys that select it, per
+task: `cancel_before_start_ranks` (`FixedCancel`), `failing_cancel_rank` (`BrokenCancel`),
+`failing_sink_rank` (`RecordingSink.fail_on_tokens`) and `"kind": "mlx_reference"`
+(`mlx_reference`). Every local task records its callbacks in a `RecordingSink`, returned with the
+rank's result for the tests to compare; `shoal generate` ignores it. Killing or freezing a rank
+is not here: that is the fault injector both shells share (`runner.flight.faults`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class BrokenCancel:
+    """A cancel source whose backend is down (tests: the group must still agree)."""
+
+    def is_cancelled(self, task_id: str) -> bool:
+        raise ConnectionError("cancel subscription lost")
+
+
+@dataclass(slots=True)
+class FixedCancel:
+    cancelled: bool
+
+    def is_cancelled(self, task_id: str) -> bool:
+        return self.cancelled
+
+
+@dataclass(slots=True)
+class RecordingSink:
+    started: list[dict[str, object]] = field(default_factory=list)
+    progress: list[tuple[int, int, int]] = field(default_factory=list)
+    chunks: list[tuple[int, str, list[int]]] = field(default_factory=list)
+    fail_on_tokens: bool = False  # tests: a sink whose publisher broke mid-task
+
+    def prefill_started(self, task_id: str, path: str, prompt_tokens: int, chunks: int, step: int) -> None:
+        self.started.append({"path": path, "prompt_tokens": prompt_tokens, "chunks": chunks, "step": step})
+
+    def prefill_progress(self, task_id: str, processed: int, total: int, iteration: int) -> None:
+        self.progress.append((processed, total, iteration))
+
+    def tokens(self, task_id: str, index: int, text: str, token_ids: list[int]) -> None:
+        if self.fail_on_tokens:
+            raise ConnectionError("publisher closed")
+        self.chunks.append((index, text, list(token_ids)))
+
+
+def mlx_reference(shard: Any, task: dict[str, Any]) -> dict[str, Any]:
+    """mlx-lm's own stream_generate on a 1-rank shard: the tokens and callbacks to match."""
+    import mlx.core as mx
+    from mlx_lm.generate import stream_generate
+
+    callbacks: list[tuple[int, int]] = []
+    tokens = []
+    for response in stream_generate(
+        shard.model,
+        shard.tokenizer,
+        mx.array(task["prompt_token_ids"]),
+        max_tokens=task["max_tokens"],
+        prefill_step_size=task["step"],
+        prompt_progress_callback=lambda done, total: callbacks.append((done, total)),
+    ):
+        if response.finish_reason == "stop" and response.token in shard.tokenizer.eos_token_ids:
+            break
+        tokens.append(response.token)
+    return {"kind": "mlx_reference", "ref_id": task.get("ref_id"), "token_ids": tokens, "progress": callbacks}

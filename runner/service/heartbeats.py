@@ -1,0 +1,40 @@
+"""The service's flight-recorder destination: each reading becomes a `RunnerHeartbeat` on the log.
+
+The heartbeats go to the telemetry stream (the bridge routes them), where the watchdog and
+`shoal diagnose` read which phase and iteration each rank is in and, for a stale phase, its stack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from events.catalogue import RunnerHeartbeat
+from events.ids import InstanceId, TaskId
+from events.stamp import Stamper
+from runner.flight.recorder import FlightReading
+
+
+class LogHeartbeats:
+    def __init__(
+        self, stamper: Stamper, publish: Callable[[RunnerHeartbeat], None], *, instance_id: str, rank: int
+    ) -> None:
+        self._stamper = stamper
+        self._publish = publish
+        self._instance_id = InstanceId(instance_id)
+        self._rank = rank
+
+    def heartbeat(self, reading: FlightReading) -> RunnerHeartbeat:
+        snap = reading.snapshot
+        return RunnerHeartbeat(
+            env=self._stamper.stamp(),
+            instance_id=self._instance_id,
+            rank=self._rank,
+            phase=snap.phase,
+            task_id=TaskId(snap.task_id) if snap.task_id is not None else None,
+            iteration=snap.iteration,
+            phase_age_ms=reading.age_ns // 1_000_000,
+            stack=reading.stack,
+        )
+
+    def record(self, reading: FlightReading) -> None:
+        self._publish(self.heartbeat(reading))
