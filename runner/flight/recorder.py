@@ -24,8 +24,10 @@ from loguru import logger
 
 from events.catalogue import RunnerHeartbeat
 from events.ids import InstanceId, TaskId
+from events.runner_settings import RunnerSettings
 from events.stamp import Stamper
 
+RUNNER_DEFAULTS = RunnerSettings()
 MAX_STACK_FRAMES = 40  # the innermost frames: where it sits matters, not how it got there
 
 
@@ -79,8 +81,8 @@ class HeartbeatThread:
         *,
         instance_id: str,
         rank: int,
-        interval_s: float = 1.0,
-        stall_stack_seconds: float = 10.0,
+        interval_s: float = RUNNER_DEFAULTS.heartbeat_interval_seconds,
+        stall_stack_seconds: float = RUNNER_DEFAULTS.stall_stack_seconds,
         mono_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self._tracker = tracker

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from events.runner_settings import RunnerSettings
 from runner.engine.protocols import CancelSource, PhaseTracker
 from runner.errors import CallbackError
 from runner.local.scripted import BrokenCancel, FixedCancel, RecordingSink, ScriptedCancel
@@ -58,7 +59,7 @@ class PhaseFileWriter:
 def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[str, Any]]:
     import mlx.core as mx
 
-    from runner.engine.engine import Engine, EngineSettings, GenerationRequest
+    from runner.engine.engine import Engine, GenerationRequest
     from runner.models.shard import ShardPlacement, load_shard
 
     ranges = tuple((int(s), int(e)) for s, e in job["layer_ranges"])
@@ -70,7 +71,7 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
 
     def engine_for(overrides: dict[str, Any]) -> Engine:
         # Settings are per engine; a job may vary them per task (tests), on the same shard.
-        settings = msgspec.convert({**job.get("settings", {}), **overrides}, EngineSettings)
+        settings = msgspec.convert({**job.get("settings", {}), **overrides}, RunnerSettings)
         key = msgspec.json.encode(settings).decode()
         if key not in engines:
             engines[key] = Engine(group, shard, settings)
