@@ -3,9 +3,9 @@
 Spawned by the worker. The command line says only who the rank is; everything else, settings
 included (`InstancePlaced.settings`), comes from its placement in the log. Reads it, starts its
 heartbeats, joins the ring group, loads its shard, warms up, reports `ready`, then serves
-assignments until SIGTERM. Any error that breaks
-the group ends the process with a `TaskFailed` for the running task and a `failed` status; the
-worker reports the exit, the master retires the instance.
+assignments until SIGTERM. Any error that breaks the group ends the process with a `TaskFailed`
+for the running task and a `failed` status; the worker reports the exit, the master retires the
+instance.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ def fetch_placement(bridge: LogBridge, instance_id: str) -> tuple[int, InstanceP
 
 def run(
     args: argparse.Namespace,
-    placement: tuple[int, InstancePlaced],
+    placed_seq: int,
+    placed: InstancePlaced,
     bridge: LogBridge,
     stamper: Stamper,
     phases: PhaseTracker,
@@ -106,7 +107,6 @@ def run(
     from runner.models.shard import ShardPlacement, load_shard
     from runner.models.tiny import resolve_model
 
-    placed_seq, placed = placement
     server_status = _status_publisher(bridge, stamper, args)
     server_status("loading")
     phases.enter("loading")
@@ -179,9 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     bridge = LogBridge(args.nats_url)
     bridge.start()
     try:
-        placement = fetch_placement(bridge, args.instance)
-        with _flight_recorder(args, placement[1].settings, bridge, phases):
-            run(args, placement, bridge, stamper, phases, stop)
+        placed_seq, placed = fetch_placement(bridge, args.instance)
+        with _flight_recorder(args, placed.settings, bridge, phases):
+            run(args, placed_seq, placed, bridge, stamper, phases, stop)
     except Exception as exc:
         if is_peer_loss(exc):
             logger.error("rank {} of {} lost a peer: {}", args.rank, args.instance, exc)
