@@ -15,6 +15,7 @@ from typing import Literal
 import msgspec
 
 from events.ids import EventId, InstanceId, NodeId, TaskId
+from events.runner_settings import RunnerSettings
 
 
 class Origin(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -58,8 +59,13 @@ class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     content: str
 
 
+# Tokens a task may generate when its request does not say (the API's `max_tokens` default);
+# the most a request may ask for is the config's `max_tokens_limit`.
+DEFAULT_MAX_TOKENS = 256
+
+
 class TaskParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
@@ -102,9 +108,10 @@ class InstancePlaced(Event, tag="instance_placed", frozen=True, kw_only=True):
     model: str
     shards: list[Shard]
     ring_hosts: list[str]  # "host:port" of each rank, index = rank
-    prefill_step_size: int
-    kv_bits: int | None = None
-    kv_group_size: int = 64
+    # What every rank runs with. Logs written before it carried prefill_step_size, kv_bits and
+    # kv_group_size flat here: those decode with the default settings (upgrading restarts the
+    # nodes, and a node that leaves retires its instances, so none is served from them again).
+    settings: RunnerSettings = msgspec.field(default_factory=RunnerSettings)
 
 
 # `RunnerStatusChanged(failed).detail` starts with this when the rank failed only because a peer

@@ -24,6 +24,7 @@ from events.catalogue import (
     Usage,
 )
 from events.ids import InstanceId, NodeId, TaskId
+from events.runner_settings import RunnerSettings
 
 NodeStatus = Literal["up", "left", "timed_out"]
 TaskStatus = Literal["created", "assigned", "prefilling", "decoding", "completed", "cancelled", "failed"]
@@ -55,9 +56,7 @@ class InstanceInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     model: str
     shards: tuple[Shard, ...]
     ring_hosts: tuple[str, ...]
-    prefill_step_size: int
-    kv_bits: int | None
-    kv_group_size: int
+    settings: RunnerSettings
     runners: tuple[RunnerInfo, ...]  # index = rank
     placed_seq: int
     placed_at: int

@@ -77,7 +77,6 @@ def _cluster(st: Stamper) -> Iterator[LogEvent]:
         model="tiny",
         shards=shards,
         ring_hosts=["10.0.0.1:5000", "10.0.0.2:5000"],
-        prefill_step_size=256,
     )
     for rank in (0, 1):
         yield RunnerStatusChanged(env=st.stamp(), instance_id=_INSTANCE, rank=rank, status="ready")

@@ -5,9 +5,14 @@
     resolved.sources["nats_url"]    # "default" | "shoal.yaml" | "env SHOAL_NATS_URL" | "cli --nats-url"
 
 Every value remembers where it came from, so `shoal config show` and `GET /v1/config` report
-exactly what the runtime uses. Invalid values are `ConfigError`s naming the key, the value, the
-source and what is allowed; a value never falls back silently to its default. The YAML file is
-`--config FILE`, else `$SHOAL_CONFIG`, else `./shoal.yaml` when it exists.
+exactly what the runtime uses. Each setting is declared once, on `ShoalConfig`: its type carries
+its constraint and meaning (`Annotated[..., msgspec.Meta(...)]`), then its default; the
+runners' settings are declared in `events/runner_settings.py` and offered here under the same
+names and defaults. Every value, from any layer, is checked against its type
+(`config_values.DeclaredFields`); an invalid one is a `ConfigError` naming the key, the value,
+the source and what is allowed, and never falls back silently to its default. Values fine alone
+but not together are refused the same way (`_refuse_nonsense`). The YAML file is `--config
+FILE`, else `$SHOAL_CONFIG`, else `./shoal.yaml` when it exists.
 """
 
 from __future__ import annotations
@@ -15,50 +20,83 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
+from msgspec import Meta
 
 from eventlog.streams import LogSettings, StreamLimits
+from events.runner_settings import (
+    POSITIVE_SECONDS,
+    DecodeCancelPollTokens,
+    HeartbeatIntervalSeconds,
+    KvBits,
+    KvGroupSize,
+    PrefillStepSize,
+    RunnerSettings,
+    StallStackSeconds,
+)
+from services.config_values import ConfigError, DeclaredFields
 
 ENV_PREFIX = "SHOAL_"
 ENV_NOT_SETTINGS = frozenset({"SHOAL_CONFIG"})  # SHOAL_* variables that are not settings
-LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
-KV_BITS = (2, 3, 4, 6, 8)
+RUNNER_DEFAULTS = RunnerSettings()  # the runners' defaults, declared once in events/runner_settings.py
+
+_NON_EMPTY = Meta(pattern=r"\S", extra={"allowed": "a non-empty string"})
+_NATS_URLS = r"^$|^(nats|tls|tcp)://[^\s/,]+(\s*,\s*(nats|tls|tcp)://[^\s/,]+)*$"
+_SEE_NATS_URLS = "empty (run an embedded server) or nats://host:port, comma-separated for a cluster"
+_MAX_BYTES = "a byte count of at least 1024, or -1 for unlimited"
+_BLAS = "auto, off, or the path of a BLAS library"
 
 
 class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """Every setting of shoal, with its default. `nats_url` empty = run an embedded nats-server."""
+    """Every setting of shoal: its constraint and meaning in its type, then its default."""
 
-    nats_url: str = ""
-    nats_host: str = "127.0.0.1"
-    nats_port: int = 4222
-    data_dir: str = "~/.local/share/shoal"
-    api_host: str = "127.0.0.1"
-    api_port: int = 8000
-    model: str = "tiny"
-    workers: int = 2
-    prefill_step_size: int = 256
-    kv_bits: int | None = None
-    kv_group_size: int = 64
-    max_tokens_limit: int = 4096
-    max_prompt_tokens: int = 32768
-    max_body_bytes: int = 1_000_000
-    task_stall_seconds: float = 30.0
-    node_timeout_seconds: float = 10.0
-    heartbeat_interval_seconds: float = 1.0
-    stall_stack_seconds: float = 5.0
-    decode_cancel_poll_tokens: int = 8
-    events_max_age_seconds: float = 7 * 86400.0
-    events_max_bytes: int = 1 << 30
-    telemetry_max_age_seconds: float = 3600.0
-    stream_replicas: int = 1
-    blas: str = "auto"
-    log_level: str = "INFO"
+    nats_url: Annotated[
+        str, Meta(pattern=_NATS_URLS, extra={"allowed": _SEE_NATS_URLS}, description="NATS server(s) to use")
+    ] = ""
+    nats_host: Annotated[str, _NON_EMPTY, Meta(description="address the embedded nats-server binds")] = "127.0.0.1"
+    nats_port: Annotated[int, Meta(ge=0, le=65535, description="embedded nats-server port; 0 = any free")] = 4222
+    data_dir: Annotated[str, _NON_EMPTY, Meta(description="where the embedded nats-server keeps the log")] = (
+        "~/.local/share/shoal"
+    )
+    api_host: Annotated[str, _NON_EMPTY, Meta(description="address the OpenAI-compatible API binds")] = "127.0.0.1"
+    api_port: Annotated[int, Meta(ge=1, le=65535, description="port of the OpenAI-compatible API")] = 8000
+    model: Annotated[str, _NON_EMPTY, Meta(description="model served: `tiny` or an mlx-lm model directory")] = "tiny"
+    workers: Annotated[int, Meta(ge=1, le=64, description="worker nodes `shoal up` starts")] = 2
+    prefill_step_size: PrefillStepSize = RUNNER_DEFAULTS.prefill_step_size
+    kv_bits: KvBits = RUNNER_DEFAULTS.kv_bits
+    kv_group_size: KvGroupSize = RUNNER_DEFAULTS.kv_group_size
+    max_tokens_limit: Annotated[int, Meta(ge=1, description="the most tokens a request may ask for")] = 4096
+    max_prompt_tokens: Annotated[int, Meta(ge=1, description="the most tokens a prompt may have")] = 32768
+    max_body_bytes: Annotated[int, Meta(ge=1024, description="the largest request body the API reads")] = 1_000_000
+    task_stall_seconds: Annotated[float, POSITIVE_SECONDS, Meta(description="no progress this long fails a task")] = (
+        30.0
+    )
+    node_timeout_seconds: Annotated[float, POSITIVE_SECONDS, Meta(description="silence that times a node out")] = 10.0
+    heartbeat_interval_seconds: HeartbeatIntervalSeconds = RUNNER_DEFAULTS.heartbeat_interval_seconds
+    stall_stack_seconds: StallStackSeconds = RUNNER_DEFAULTS.stall_stack_seconds
+    decode_cancel_poll_tokens: DecodeCancelPollTokens = RUNNER_DEFAULTS.decode_cancel_poll_tokens
+    events_max_age_seconds: Annotated[float, POSITIVE_SECONDS, Meta(description="how long events are kept")] = (
+        7 * 86400.0
+    )
+    events_max_bytes: Annotated[  # 0..1023 are refused in `_refuse_nonsense`: no Meta bound says "or -1"
+        int, Meta(ge=-1, extra={"allowed": _MAX_BYTES}, description="size limit of the event log; -1 = none")
+    ] = 1 << 30
+    telemetry_max_age_seconds: Annotated[float, POSITIVE_SECONDS, Meta(description="how long heartbeats are kept")] = (
+        3600.0
+    )
+    stream_replicas: Annotated[int, Meta(ge=1, le=5, description="copies of each stream in a NATS cluster")] = 1
+    blas: Annotated[str, Meta(pattern=r"\S", extra={"allowed": _BLAS}, description="BLAS of the runners on CPU")] = (
+        "auto"
+    )
+    log_level: Annotated[
+        Literal["TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"],
+        Meta(description="the least severe log message printed"),
+    ] = "INFO"
 
     @property
     def data_path(self) -> Path:
@@ -77,17 +115,6 @@ KEYS: tuple[str, ...] = ShoalConfig.__struct_fields__
 DEFAULTS = ShoalConfig()
 
 
-class ConfigError(ValueError):
-    """An invalid setting: names the key, the value, where it came from and what is allowed."""
-
-    def __init__(self, key: str, value: object, source: str, allowed: str) -> None:
-        super().__init__(f"invalid setting {key}={value!r} (from {source}): {allowed}")
-        self.key = key
-        self.value = value
-        self.source = source
-        self.allowed = allowed
-
-
 class ResolvedConfig(msgspec.Struct, frozen=True, kw_only=True):
     config: ShoalConfig
     sources: dict[str, str]
@@ -102,129 +129,35 @@ class ResolvedConfig(msgspec.Struct, frozen=True, kw_only=True):
         return {key: {"value": value, "source": source} for key, value, source in self.items()}
 
 
-# --- value checks ----------------------------------------------------------------------------
-
-_INT = re.compile(r"^[+-]?\d+$")
-_FLOAT = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
-Check = Callable[[Any], str | None]  # returns what is allowed when the value is not
+def runner_settings(config: ShoalConfig) -> RunnerSettings:
+    """What every rank of an instance placed with this config runs with (same names, same values)."""
+    return msgspec.convert(config, RunnerSettings, from_attributes=True)
 
 
-def _int_range(low: int, high: int | None = None) -> Check:
-    def check(value: Any) -> str | None:
-        if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
-            return f"an integer from {low}" + (f" to {high}" if high is not None else " up")
-        return None
+# --- checks ---------------------------------------------------------------------------------
 
-    return check
+FIELDS = DeclaredFields(ShoalConfig)
 
 
-def _positive_float(value: Any) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
-        return "a number of seconds greater than 0"
-    return None
+def _refuse_nonsense(config: ShoalConfig, sources: Mapping[str, str]) -> None:
+    """Values each fine alone, refused together (or, once, beyond what a Meta bound can say)."""
+    if 0 <= config.events_max_bytes < 1024:
+        key = "events_max_bytes"
+        raise ConfigError(key, config.events_max_bytes, sources[key], FIELDS.allowed(key))
+    why = "a node would time out between two of its heartbeats"
+    _below(config, sources, "heartbeat_interval_seconds", "node_timeout_seconds", why)
+    why = "a stuck task would be failed before a heartbeat carries the stuck rank's stack"
+    _below(config, sources, "stall_stack_seconds", "task_stall_seconds", why)
 
 
-def _one_of(*allowed: object) -> Check:
-    def check(value: Any) -> str | None:
-        return None if value in allowed and not isinstance(value, bool) else f"one of {', '.join(map(str, allowed))}"
-
-    return check
-
-
-def _nonempty(value: Any) -> str | None:
-    return None if isinstance(value, str) and value.strip() else "a non-empty string"
-
-
-def _nats_url(value: Any) -> str | None:
-    if not isinstance(value, str):
-        return "a string"
-    parts = [p.strip() for p in value.split(",")] if value else []
-    if all(re.match(r"^(nats|tls|tcp)://[^\s/]+$", p) for p in parts):
-        return None
-    return "empty (run an embedded server) or nats://host:port, comma-separated for a cluster"
-
-
-def _bytes_limit(value: Any) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, int) or (value < 1024 and value != -1):
-        return "a byte count of at least 1024, or -1 for unlimited"
-    return None
-
-
-CHECKS: dict[str, Check] = {
-    "nats_url": _nats_url,
-    "nats_host": _nonempty,
-    "nats_port": _int_range(0, 65535),  # 0 = any free port (embedded server)
-    "data_dir": _nonempty,
-    "api_host": _nonempty,
-    "api_port": _int_range(1, 65535),
-    "model": _nonempty,
-    "workers": _int_range(1, 64),
-    "prefill_step_size": _int_range(1),
-    "kv_bits": lambda v: None if v is None else _one_of(*KV_BITS)(v) and "none, 2, 3, 4, 6 or 8",
-    "kv_group_size": _one_of(32, 64, 128),
-    "max_tokens_limit": _int_range(1),
-    "max_prompt_tokens": _int_range(1),
-    "max_body_bytes": _int_range(1024),
-    "task_stall_seconds": _positive_float,
-    "node_timeout_seconds": _positive_float,
-    "heartbeat_interval_seconds": _positive_float,
-    "stall_stack_seconds": _positive_float,
-    "decode_cancel_poll_tokens": _int_range(1),
-    "events_max_age_seconds": _positive_float,
-    "events_max_bytes": _bytes_limit,
-    "telemetry_max_age_seconds": _positive_float,
-    "stream_replicas": _int_range(1, 5),
-    "blas": lambda v: _nonempty(v) and "auto, off, or the path of a BLAS library",
-    "log_level": _one_of(*LOG_LEVELS),
-}
-
-
-def _field_type(key: str) -> Any:
-    return ShoalConfig.__annotations__[key]
-
-
-def parse_text(key: str, text: str, source: str) -> object:
-    """A value from a string (env var, CLI flag), parsed strictly for the key's type."""
-    kind = str(_field_type(key))
-    raw = text.strip()
-    if "None" in kind and raw.lower() in ("", "none", "null", "off"):
-        return None
-    if kind.startswith("int"):
-        if not _INT.match(raw):
-            raise ConfigError(key, text, source, "an integer" + (" or none" if "None" in kind else ""))
-        return int(raw)
-    if kind == "float":
-        if not _FLOAT.match(raw):
-            raise ConfigError(key, text, source, "a number such as 30 or 2.5")
-        return float(raw)
-    if kind == "bool":
-        table = {
-            "true": True,
-            "1": True,
-            "yes": True,
-            "on": True,
-            "false": False,
-            "0": False,
-            "no": False,
-            "off": False,
-        }
-        if raw.lower() not in table:
-            raise ConfigError(key, text, source, "true or false")
-        return table[raw.lower()]
-    return text
-
-
-def _coerce(key: str, value: object, source: str) -> object:
-    if isinstance(value, str) and str(_field_type(key)) != "str":
-        value = parse_text(key, value, source)
-    if key == "log_level" and isinstance(value, str):
-        value = value.upper()
-    if str(_field_type(key)) == "float" and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    problem = CHECKS[key](value)
-    if problem:
-        raise ConfigError(key, value, source, problem)
-    return value
+def _below(config: ShoalConfig, sources: Mapping[str, str], key: str, limit: str, why: str) -> None:
+    """Refuse `key >= limit`, blaming the one of the two that was set (`key` when both or neither were)."""
+    value, bound = getattr(config, key), getattr(config, limit)
+    if value < bound:
+        return
+    if sources[key] == "default" and sources[limit] != "default":
+        raise ConfigError(limit, bound, sources[limit], f"more than {key}={value!r} (from {sources[key]}): {why}")
+    raise ConfigError(key, value, sources[key], f"less than {limit}={bound!r} (from {sources[limit]}): {why}")
 
 
 def _closest(name: str) -> str | None:
@@ -274,30 +207,32 @@ def resolve_config(
 ) -> ResolvedConfig:
     """Merge defaults < YAML < SHOAL_* env < CLI overrides (key -> value; None = not given)."""
     env = os.environ if env is None else env
-    values: dict[str, object] = {key: getattr(DEFAULTS, key) for key in KEYS}
+    values: dict[str, object] = {}
     sources = dict.fromkeys(KEYS, "default")
     path = find_yaml(str(yaml_path) if yaml_path else None, env)
     if path is not None:
         for key, value in read_yaml(path).items():
-            if key not in values:
+            if key not in KEYS:
                 raise _unknown_key_error(key, value, f"{path.name} ({path})")
-            values[key], sources[key] = _coerce(key, value, path.name), "shoal.yaml"
+            values[key], sources[key] = FIELDS.checked(key, value, path.name), "shoal.yaml"
     for name, text in sorted(env.items()):
         if not name.startswith(ENV_PREFIX) or name in ENV_NOT_SETTINGS:
             continue
         key = name[len(ENV_PREFIX) :].lower()
-        if key in values:
-            values[key], sources[key] = _coerce(key, text, f"env {name}"), f"env {name}"
+        if key in KEYS:
+            values[key], sources[key] = FIELDS.checked(key, text, f"env {name}"), f"env {name}"
         elif _closest(key) is not None:
             raise _unknown_key_error(key, text, f"env {name}")
     for key, value in (cli_overrides or {}).items():
         if value is None:
             continue
         flag = f"cli --{key.replace('_', '-')}"
-        if key not in values:
+        if key not in KEYS:
             raise _unknown_key_error(key, value, flag)
-        values[key], sources[key] = _coerce(key, value, flag), flag
-    return ResolvedConfig(config=ShoalConfig(**values), sources=sources, yaml_path=str(path) if path else None)  # pyright: ignore[reportArgumentType]
+        values[key], sources[key] = FIELDS.checked(key, value, flag), flag
+    config = msgspec.structs.replace(DEFAULTS, **values)
+    _refuse_nonsense(config, sources)
+    return ResolvedConfig(config=config, sources=sources, yaml_path=str(path) if path else None)
 
 
 # --- CLI helpers -----------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from services.api.app import serve_api
-from services.config import ResolvedConfig, ShoalConfig
+from services.config import ResolvedConfig, ShoalConfig, runner_settings
 from services.master.core import MasterPolicy
 from services.master.service import Master, MasterSettings
 from services.models import LocalModelCatalog, existing_model_dir
@@ -16,9 +16,7 @@ from services.worker.service import Worker, WorkerSettings
 
 def master_policy(config: ShoalConfig, *, min_nodes_for_default: int = 1) -> MasterPolicy:
     return MasterPolicy(
-        prefill_step_size=config.prefill_step_size,
-        kv_bits=config.kv_bits,
-        kv_group_size=config.kv_group_size,
+        runner_settings=runner_settings(config),
         default_model=config.model or None,
         min_nodes_for_default=min_nodes_for_default,
         task_stall_seconds=config.task_stall_seconds,
@@ -65,8 +63,6 @@ async def run_worker(
         host=host,
         heartbeat_interval_seconds=config.heartbeat_interval_seconds,
         blas=config.blas,
-        decode_cancel_poll_tokens=config.decode_cancel_poll_tokens,
-        stall_stack_seconds=config.stall_stack_seconds,
         echo_runner_logs=echo_runner_logs,
     )
     await Worker(settings).run(ready)

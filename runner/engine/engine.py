@@ -14,6 +14,7 @@ import mlx.core as mx
 import msgspec
 from mlx_lm.sample_utils import make_sampler
 
+from events.runner_settings import RunnerSettings
 from runner.engine.collectives import Collectives
 from runner.engine.decode import DecodeSpec, FinishReason, run_decode
 from runner.engine.plan import PathChoice, choose_path, chunk_sizes, effective_step, rank_schedule
@@ -24,20 +25,13 @@ from runner.errors import CallbackError, RequestError
 from runner.models.chat import encode_chat
 from runner.models.shard import LoadedShard, ShardCache
 
-__all__ = ["Engine", "EngineSettings", "GenerationOutcome", "GenerationRequest", "encode_chat"]
-
-
-class EngineSettings(msgspec.Struct, frozen=True, kw_only=True):
-    prefill_step_size: int = 4096
-    kv_bits: int | None = None
-    kv_group_size: int = 64
-    decode_cancel_interval: int = 4  # poll the cancel source every N decode tokens
+__all__ = ["Engine", "GenerationOutcome", "GenerationRequest", "encode_chat"]
 
 
 class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     task_id: str
     prompt_token_ids: list[int]
-    max_tokens: int = 256
+    max_tokens: int  # always said by the caller: the API's default is `events.catalogue.DEFAULT_MAX_TOKENS`
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
@@ -62,11 +56,12 @@ class GenerationOutcome(msgspec.Struct, kw_only=True):
 
 
 class Engine:
-    def __init__(
-        self, group: mx.distributed.Group | None, shard: LoadedShard, settings: EngineSettings | None = None
-    ) -> None:
+    """One rank's engine. `settings` are the instance's (`InstancePlaced.settings`), the same on every
+    rank; the engine uses the prefill step, the KV-cache quantization and the cancel poll interval."""
+
+    def __init__(self, group: mx.distributed.Group | None, shard: LoadedShard, settings: RunnerSettings) -> None:
         self.shard = shard
-        self.settings = settings or EngineSettings()
+        self.settings = settings
         self.collectives = Collectives(group)
         if self.collectives.world != shard.placement.world:
             raise ValueError(f"group has {self.collectives.world} ranks, placement {shard.placement.world}")
@@ -140,7 +135,7 @@ class Engine:
             stop=list(request.stop),
             sampler=make_sampler(temp=request.temperature, top_p=request.top_p),
             eos_ids=frozenset(int(i) for i in self.tokenizer.eos_token_ids),
-            cancel_interval=max(1, settings.decode_cancel_interval),
+            cancel_interval=settings.decode_cancel_poll_tokens,
             prefill_iterations=prefill.iterations,
         )
         decoded = run_decode(run, spec, self.tokenizer)

@@ -28,6 +28,9 @@ from typing import Protocol
 
 from loguru import logger
 
+from events.runner_settings import RunnerSettings
+
+RUNNER_DEFAULTS = RunnerSettings()
 MAX_STACK_FRAMES = 40  # the innermost frames: where it sits matters, not how it got there
 
 
@@ -95,8 +98,8 @@ class FlightRecorder:
         destination: FlightDestination,
         *,
         rank: int,
-        interval_s: float = 1.0,
-        stall_stack_seconds: float | None = 10.0,
+        interval_s: float = RUNNER_DEFAULTS.heartbeat_interval_seconds,
+        stall_stack_seconds: float | None = RUNNER_DEFAULTS.stall_stack_seconds,
         mono_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self._tracker = tracker

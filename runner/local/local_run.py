@@ -10,9 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from events.catalogue import DEFAULT_MAX_TOKENS
+from events.runner_settings import RunnerSettings
 from runner.engine.plan import even_split, split_from_counts
 from runner.errors import RequestError, SplitError
 from runner.models.model_info import ModelInfo, read_model_info
+
+RUNNER_DEFAULTS = RunnerSettings()  # a local group runs with the cluster's defaults
 
 
 @dataclass(slots=True)
@@ -22,12 +28,12 @@ class LocalRunSpec:
     split: list[int] | None = None
     prompt: str | None = None
     prompt_tokens: int | None = None
-    max_tokens: int = 64
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
-    prefill_step: int = 4096
-    kv_bits: int | None = None
+    prefill_step: int = RUNNER_DEFAULTS.prefill_step_size
+    kv_bits: int | None = RUNNER_DEFAULTS.kv_bits
     stop: list[str] = field(default_factory=list)
     cancel_at_iteration: int | None = None
     cancel_rank: int = 0
@@ -95,10 +101,20 @@ def build_job(spec: LocalRunSpec, model_dir: Path) -> dict[str, Any]:
     return {
         "model_dir": str(model_dir),
         "layer_ranges": ranges,
-        "settings": {"prefill_step_size": spec.prefill_step, "kv_bits": spec.kv_bits, "decode_cancel_interval": 1},
+        "settings": msgspec.to_builtins(runner_settings(spec)),
         "warmup": spec.warmup,
         "tasks": [task],
     }
+
+
+def runner_settings(spec: LocalRunSpec) -> RunnerSettings:
+    """The cluster's defaults with the flags given. Cancellation is polled at every decode step, so
+    `--cancel-at-iteration` counts the same polls in prefill and decode."""
+    given = {"prefill_step_size": spec.prefill_step, "kv_bits": spec.kv_bits, "decode_cancel_poll_tokens": 1}
+    try:
+        return msgspec.convert(given, RunnerSettings)  # checked here, before any rank starts
+    except msgspec.ValidationError as exc:
+        raise RequestError(f"invalid --prefill-step or --kv-bits: {exc}") from None
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:

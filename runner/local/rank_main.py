@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from events.runner_settings import RunnerSettings
 from runner.engine.protocols import CancelSource, NeverCancelled, PhaseTracker
 from runner.errors import CallbackError
 from runner.flight.faults import FaultInjector
@@ -70,7 +71,7 @@ class CancelAtPoll:
 def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[str, Any]]:
     import mlx.core as mx
 
-    from runner.engine.engine import Engine, EngineSettings
+    from runner.engine.engine import Engine
     from runner.models.shard import ShardPlacement, load_shard
 
     ranges = tuple((int(s), int(e)) for s, e in job["layer_ranges"])
@@ -83,7 +84,7 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
 
     def engine_for(overrides: dict[str, Any]) -> Engine:
         # Settings are per engine; a job may vary them per task (tests), on the same shard.
-        settings = msgspec.convert({**job.get("settings", {}), **overrides}, EngineSettings)
+        settings = msgspec.convert({**job.get("settings", {}), **overrides}, RunnerSettings)
         key = msgspec.json.encode(settings).decode()
         if key not in engines:
             engines[key] = Engine(group, shard, settings)

@@ -1,9 +1,11 @@
-"""`python -m runner.service.main --nats-url URL --instance ID --rank R`: one rank of an instance.
+"""`python -m runner.service.main --nats-url URL --instance ID --rank R --node-id N`: one rank of an instance.
 
-Spawned by the worker. Reads its placement from the log, joins the ring group, loads its
-shard, warms up, reports `ready`, then serves assignments until SIGTERM. Any error that breaks
-the group ends the process with a `TaskFailed` for the running task and a `failed` status; the
-worker reports the exit, the master retires the instance.
+Spawned by the worker. The command line says only who the rank is; everything else, settings
+included (`InstancePlaced.settings`), comes from its placement in the log. Reads it, starts its
+heartbeats, joins the ring group, loads its shard, warms up, reports `ready`, then serves
+assignments until SIGTERM. Any error that breaks the group ends the process with a `TaskFailed`
+for the running task and a `failed` status; the worker reports the exit, the master retires the
+instance.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from loguru import logger
 
 from events.catalogue import InstancePlaced, Origin, TaskCreated, TaskFailed
 from events.ids import InstanceId, TaskId
+from events.runner_settings import RunnerSettings
 from events.stamp import Stamper
 from events.subjects import instance_subject
 from runner.engine.protocols import PhaseTracker
@@ -40,9 +43,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--instance", required=True)
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--node-id", default="")
-    parser.add_argument("--decode-cancel-poll-tokens", type=int, default=8)
-    parser.add_argument("--heartbeat-seconds", type=float, default=1.0)
-    parser.add_argument("--stall-stack-seconds", type=float, default=5.0)
     return parser.parse_args(argv)
 
 
@@ -86,30 +86,34 @@ def make_request_factory() -> Any:
     return make
 
 
+def fetch_placement(bridge: LogBridge, instance_id: str) -> tuple[int, InstancePlaced]:
+    """The instance's `InstancePlaced` and its sequence number: where the rank learns everything."""
+    found = bridge.fetch_entry(instance_subject(instance_id, "placed"))
+    if found is None or not isinstance(found[1], InstancePlaced):
+        raise RuntimeError(f"instance {instance_id} has no InstancePlaced in the log")
+    return found[0], found[1]
+
+
 def run(
-    args: argparse.Namespace, bridge: LogBridge, stamper: Stamper, phases: PhaseTracker, stop: threading.Event
+    args: argparse.Namespace,
+    placed_seq: int,
+    placed: InstancePlaced,
+    bridge: LogBridge,
+    stamper: Stamper,
+    phases: PhaseTracker,
+    stop: threading.Event,
 ) -> None:
-    from runner.engine.engine import Engine, EngineSettings
+    from runner.engine.engine import Engine
     from runner.models.shard import ShardPlacement, load_shard
     from runner.models.tiny import resolve_model
 
-    found = bridge.fetch_entry(instance_subject(args.instance, "placed"))
-    if found is None or not isinstance(found[1], InstancePlaced):
-        raise RuntimeError(f"instance {args.instance} has no InstancePlaced in the log")
-    placed_seq, placed = found[0], found[1]
     server_status = _status_publisher(bridge, stamper, args)
     server_status("loading")
     phases.enter("loading")
     ranges = tuple((s.start_layer, s.end_layer) for s in sorted(placed.shards, key=lambda s: s.rank))
     group = join_group(placed, args.rank)
     shard = load_shard(resolve_model(placed.model), ShardPlacement(args.rank, len(ranges), ranges), group)
-    settings = EngineSettings(
-        prefill_step_size=placed.prefill_step_size,
-        kv_bits=placed.kv_bits,
-        kv_group_size=placed.kv_group_size,
-        decode_cancel_interval=args.decode_cancel_poll_tokens,
-    )
-    engine = Engine(group, shard, settings)
+    engine = Engine(group, shard, placed.settings)
     server_status("warming_up")
     engine.warm_up(phases)
     bridge.watch(args.instance, placed_seq + 1)
@@ -173,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     bridge = LogBridge(args.nats_url)
     bridge.start()
     try:
-        with _flight_recorder(args, bridge, phases):
-            run(args, bridge, stamper, phases, stop)
+        placed_seq, placed = fetch_placement(bridge, args.instance)
+        with _flight_recorder(args, placed.settings, bridge, phases):
+            run(args, placed_seq, placed, bridge, stamper, phases, stop)
     except Exception as exc:
         if is_peer_loss(exc):
             logger.error("rank {} of {} lost a peer: {}", args.rank, args.instance, exc)
@@ -190,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _flight_recorder(args: argparse.Namespace, bridge: LogBridge, phases: PhaseTracker) -> Any:
+def _flight_recorder(
+    args: argparse.Namespace, settings: RunnerSettings, bridge: LogBridge, phases: PhaseTracker
+) -> Any:
     """The flight recorder (docs/ARCHITECTURE.md §7), publishing RunnerHeartbeat to telemetry."""
     from runner.flight.recorder import FlightRecorder
     from runner.service.heartbeats import LogHeartbeats
@@ -200,8 +207,8 @@ def _flight_recorder(args: argparse.Namespace, bridge: LogBridge, phases: PhaseT
         phases,
         LogHeartbeats(stamper, bridge.publish, instance_id=args.instance, rank=args.rank),
         rank=args.rank,
-        interval_s=args.heartbeat_seconds,
-        stall_stack_seconds=args.stall_stack_seconds,
+        interval_s=settings.heartbeat_interval_seconds,
+        stall_stack_seconds=settings.stall_stack_seconds,
     )
 
 

@@ -17,8 +17,6 @@ from services.api.hub import TaskListener
 from services.api.openai_format import DONE, ChunkMaker, completion, error_body, sse
 from services.api.schemas import ChatCompletionRequest, RequestProblem, decode_chat_request, to_task
 
-DEFAULT_MAX_TOKENS = 256
-
 
 async def chat_completions(request: Request, ctx: ApiContext) -> Response:
     body = await _read_body(request, ctx.resolved.config.max_body_bytes)
@@ -48,7 +46,7 @@ def _check(chat: ChatCompletionRequest, ctx: ApiContext) -> TaskCreated:
             param="model",
             code="model_not_found",
         )
-    messages, params = to_task(chat, max_tokens_limit=config.max_tokens_limit, default_max_tokens=DEFAULT_MAX_TOKENS)
+    messages, params = to_task(chat, max_tokens_limit=config.max_tokens_limit)
     prompt_tokens = ctx.count_prompt_tokens(chat.model, [m.content for m in messages])
     if prompt_tokens > config.max_prompt_tokens:
         raise RequestProblem(

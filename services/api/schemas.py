@@ -1,7 +1,8 @@
 """Request bodies of the HTTP API, decoded strictly with msgspec at the edge.
 
 A decoding error names the field (`$.messages[0].role`), which is what the 400 response says.
-Limits from the config (max_tokens, prompt size) are checked after decoding, in `check_limits`.
+Limits from the config (max_tokens, prompt size) are checked after decoding, in `to_task` and
+the chat route.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Literal
 
 import msgspec
 
-from events.catalogue import ChatMessage, TaskParams
+from events.catalogue import DEFAULT_MAX_TOKENS, ChatMessage, TaskParams
 
 
 class TextPart(msgspec.Struct, frozen=True, kw_only=True):
@@ -82,15 +83,17 @@ def decode_chat_request(body: bytes) -> ChatCompletionRequest:
         raise RequestProblem(400, f"request body is not valid JSON: {exc}") from exc
 
 
-def to_task(
-    request: ChatCompletionRequest, *, max_tokens_limit: int, default_max_tokens: int
-) -> tuple[list[ChatMessage], TaskParams]:
-    """Messages and params for `TaskCreated`, after checking the values a model cannot fix."""
+def to_task(request: ChatCompletionRequest, *, max_tokens_limit: int) -> tuple[list[ChatMessage], TaskParams]:
+    """Messages and params for `TaskCreated`, after checking the values a model cannot fix.
+
+    A request that does not say `max_tokens` gets `DEFAULT_MAX_TOKENS`, or the server's limit when
+    that is lower: the limit bounds what a client asks for, so it cannot refuse a request that asked
+    for nothing."""
     if not request.messages:
         raise RequestProblem(400, "messages must hold at least one message", param="messages")
     if request.n != 1:
         raise RequestProblem(400, "only n=1 is supported", param="n")
-    max_tokens = request.max_completion_tokens or request.max_tokens or default_max_tokens
+    max_tokens = request.max_completion_tokens or request.max_tokens or min(DEFAULT_MAX_TOKENS, max_tokens_limit)
     if max_tokens <= 0:
         raise RequestProblem(400, f"max_tokens must be > 0, got {max_tokens}", param="max_tokens")
     if max_tokens > max_tokens_limit:

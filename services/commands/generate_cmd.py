@@ -7,6 +7,9 @@ import json
 import sys
 from typing import Any
 
+from events.catalogue import DEFAULT_MAX_TOKENS
+from runner.local.local_run import RUNNER_DEFAULTS
+
 
 def register(subparsers: Any) -> None:
     gen = subparsers.add_parser("generate", help="generate on N local ranks (ring backend on 127.0.0.1)")
@@ -16,13 +19,13 @@ def register(subparsers: Any) -> None:
     prompt = gen.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", help="user message (the model's chat template is applied)")
     prompt.add_argument("--prompt-tokens", type=int, help="use K synthetic prompt tokens instead")
-    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    gen.add_argument("--prefill-step", type=int, default=4096)
-    gen.add_argument("--kv-bits", type=int, default=None)
+    gen.add_argument("--prefill-step", type=int, default=RUNNER_DEFAULTS.prefill_step_size)
+    gen.add_argument("--kv-bits", type=int, default=RUNNER_DEFAULTS.kv_bits, help="KV-cache bits (default: off)")
     gen.add_argument("--cancel-at-iteration", type=int, default=None, help="cancel at this prefill iteration")
     gen.add_argument("--cancel-rank", type=int, default=0, help="the rank that sees the cancel")
     gen.add_argument("--deadline", type=float, default=120.0, help="fail if the group is not done by then (s)")

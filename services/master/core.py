@@ -32,6 +32,7 @@ from events.catalogue import (
     TaskCreated,
     TaskFailed,
 )
+from events.runner_settings import RunnerSettings
 from events.stamp import Stamper
 from events.state import InstanceInfo, RunnerInfo, State, TaskInfo
 from services.master.placement import PlacementError, nodes_up, plan_instance
@@ -48,9 +49,7 @@ class ModelCatalog(Protocol):
 
 
 class MasterPolicy(msgspec.Struct, frozen=True, kw_only=True):
-    prefill_step_size: int = 256
-    kv_bits: int | None = None
-    kv_group_size: int = 64
+    runner_settings: RunnerSettings = msgspec.field(default_factory=RunnerSettings)  # what each placed rank runs with
     ring_base_port: int = 52100
     max_nodes_per_instance: int = 8
     default_model: str | None = None  # kept placed once enough nodes joined (shoal up)
@@ -161,9 +160,7 @@ class MasterCore:
             model=model,
             shards=plan.shards,
             ring_hosts=plan.ring_hosts,
-            prefill_step_size=self.policy.prefill_step_size,
-            kv_bits=self.policy.kv_bits,
-            kv_group_size=self.policy.kv_group_size,
+            settings=self.policy.runner_settings,
         )
 
     def _ensure_default(self, state: State) -> list[LogEvent]:

@@ -41,6 +41,7 @@ from events.catalogue import (
 )
 from events.codec import ExportRecord
 from events.ids import EventId, InstanceId, NodeId, TaskId
+from events.runner_settings import RunnerSettings
 
 START_NS = 1_767_225_600 * 1_000_000_000  # 2026-01-01T00:00:00Z
 SECOND_NS = 1_000_000_000
@@ -116,10 +117,9 @@ class LogBuilder:
         hosts = [f"10.0.0.{rank + 1}:5000" for rank in range(len(nodes))]
         env = self._env("master")
         iid = InstanceId(instance_id)
+        settings = RunnerSettings(prefill_step_size=step)
         self._emit(
-            InstancePlaced(
-                env=env, instance_id=iid, model=model, shards=shards, ring_hosts=hosts, prefill_step_size=step
-            )
+            InstancePlaced(env=env, instance_id=iid, model=model, shards=shards, ring_hosts=hosts, settings=settings)
         )
 
     def runner_status(self, instance_id: str, rank: int, status: RunnerStatus, detail: str = "") -> None:

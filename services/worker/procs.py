@@ -19,6 +19,19 @@ STOP_GRACE_SECONDS = 3.0
 ExitReport = Callable[[RunnerKey, int, str], Awaitable[None]]
 
 
+def runner_argv(nats_url: str, key: RunnerKey, node_id: str) -> list[str]:
+    """A rank's command line: who it is and where the log is, nothing else. Its settings come from
+    the log (`InstancePlaced.settings`), so every rank of an instance runs with the same ones."""
+    instance_id, rank = key
+    return [
+        "-m", "runner.service.main",
+        "--nats-url", nats_url,
+        "--instance", instance_id,
+        "--rank", str(rank),
+        "--node-id", node_id,
+    ]  # fmt: skip
+
+
 class RunnerProcess:
     def __init__(self, key: RunnerKey, process: asyncio.subprocess.Process) -> None:
         self.key = key

@@ -20,19 +20,19 @@ from events.state import State
 from runner.blas import blas_env
 from runner.service.exit_codes import PEER_LOST_DETAIL, PEER_LOST_EXIT
 from services.worker.plan import RunnerKey, plan_runners, ranks_sharing_host
-from services.worker.procs import RunnerProcesses, child_env, describe_exit
+from services.worker.procs import RunnerProcesses, child_env, describe_exit, runner_argv
 
 VERSION = "0.1.0"
 
 
 class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """The node's own settings; its runners' come with their instance (`InstancePlaced.settings`)."""
+
     nats_url: str
     node_id: str
     host: str = "127.0.0.1"  # the address peers reach this node's ring ports on
-    heartbeat_interval_seconds: float = 1.0
-    blas: str = "auto"
-    decode_cancel_poll_tokens: int = 8
-    stall_stack_seconds: float = 5.0
+    heartbeat_interval_seconds: float
+    blas: str
     echo_runner_logs: bool = False
 
 
@@ -94,20 +94,9 @@ class Worker:
         for key in plan.stop:
             await runners.stop(key)
         for key in plan.start:
-            await runners.start(key, self._runner_argv(key), self._runner_env())
-
-    def _runner_argv(self, key: RunnerKey) -> list[str]:
-        s = self.settings
-        return [
-            "-m", "runner.service.main",
-            "--nats-url", s.nats_url,
-            "--instance", key[0],
-            "--rank", str(key[1]),
-            "--node-id", s.node_id,
-            "--decode-cancel-poll-tokens", str(s.decode_cancel_poll_tokens),
-            "--heartbeat-seconds", str(s.heartbeat_interval_seconds),
-            "--stall-stack-seconds", str(s.stall_stack_seconds),
-        ]  # fmt: skip
+            await runners.start(
+                key, runner_argv(self.settings.nats_url, key, self.settings.node_id), self._runner_env()
+            )
 
     def _runner_env(self) -> dict[str, str]:
         sharing = max(1, ranks_sharing_host(self.state, self.settings.host))

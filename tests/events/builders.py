@@ -83,7 +83,6 @@ class Events:
             model="tiny",
             shards=shards,
             ring_hosts=[f"127.0.0.1:{5000 + r}" for r in range(len(nodes))],
-            prefill_step_size=256,
         )
 
     def runner(self, rank: int, status: str, instance_id: str = "i1") -> RunnerStatusChanged:

@@ -18,10 +18,20 @@ _ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789_-"
 
 def strategy_for(info: msgspec.inspect.Type) -> st.SearchStrategy[Any]:
     match info:
-        case msgspec.inspect.IntType():
-            return st.integers(min_value=-(2**63), max_value=2**63 - 1)
-        case msgspec.inspect.FloatType():
-            return st.floats(allow_nan=False, allow_infinity=False)  # JSON has no infinity
+        case msgspec.inspect.IntType():  # within its Meta bounds, or the decoder refuses it
+            low = info.ge if info.ge is not None else -(2**63) if info.gt is None else info.gt + 1
+            high = info.le if info.le is not None else 2**63 - 1 if info.lt is None else info.lt - 1
+            return st.integers(min_value=low, max_value=high)
+        case msgspec.inspect.FloatType():  # JSON has no infinity
+            low, high = info.gt if info.ge is None else info.ge, info.lt if info.le is None else info.le
+            return st.floats(
+                min_value=low,
+                max_value=high,
+                exclude_min=info.gt is not None,
+                exclude_max=info.lt is not None,
+                allow_nan=False,
+                allow_infinity=False,
+            )
         case msgspec.inspect.BoolType():
             return st.booleans()
         case msgspec.inspect.StrType():
@@ -34,6 +44,8 @@ def strategy_for(info: msgspec.inspect.Type) -> st.SearchStrategy[Any]:
             return st.lists(strategy_for(info.item_type), max_size=4)
         case msgspec.inspect.UnionType():
             return st.one_of(*(strategy_for(t) for t in info.types))
+        case msgspec.inspect.Metadata():  # Annotated[..., Meta(...)]: its constraints are on the inner type
+            return strategy_for(info.type)
         case msgspec.inspect.StructType():
             fields = {f.name: strategy_for(f.type) for f in info.fields}
             return st.builds(info.cls, **fields)

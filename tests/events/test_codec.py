@@ -7,7 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from events import codec
-from events.catalogue import AnyEvent, LogEvent, TelemetryEvent
+from events.catalogue import AnyEvent, InstancePlaced, LogEvent, TelemetryEvent
+from events.runner_settings import RunnerSettings
 from events.subjects import is_telemetry_subject, subject_for
 from tests.events.strategies import event_strategy
 
@@ -65,3 +66,31 @@ def test_subjects_route_telemetry_and_log_to_their_streams(event: AnyEvent) -> N
     subject = subject_for(event)
     assert is_telemetry_subject(subject) == (type(event) in _kinds(TelemetryEvent))
     assert subject.startswith("shoal.")
+
+
+_ENVELOPE = {"event_id": "e1", "origin": {"service": "master"}, "wall_time": 1, "mono_ns": 1}
+_PLACED = {
+    "type": "instance_placed",
+    "env": _ENVELOPE,
+    "instance_id": "i1",
+    "model": "tiny",
+    "shards": [{"node_id": "n1", "rank": 0, "start_layer": 0, "end_layer": 8}],
+    "ring_hosts": ["127.0.0.1:5000"],
+}
+
+
+def test_an_instance_placed_written_before_runner_settings_still_decodes() -> None:
+    old = {**_PLACED, "prefill_step_size": 64, "kv_bits": 8, "kv_group_size": 32}  # the flat fields of old logs
+    event = codec.decode_log_event(msgspec.msgpack.encode(old))
+    assert isinstance(event, InstancePlaced)
+    assert (event.instance_id, event.model, event.ring_hosts) == ("i1", "tiny", ["127.0.0.1:5000"])
+    assert event.settings == RunnerSettings()  # the old flat values are not carried over
+
+
+def test_runner_settings_out_of_their_bounds_are_malformed() -> None:
+    placed = {**_PLACED, "settings": {"prefill_step_size": 0}}
+    with pytest.raises(codec.MalformedEvent, match="prefill_step_size"):
+        codec.decode_log_event(msgspec.msgpack.encode(placed))
+    placed = {**_PLACED, "settings": {"kv_bits": 5}}
+    with pytest.raises(codec.MalformedEvent, match="kv_bits"):
+        codec.decode_log_event(msgspec.msgpack.encode(placed))

@@ -110,7 +110,7 @@ def sweep_job(world: int, ranges: list[tuple[int, int]] | None = None) -> dict[s
     return {
         "model_dir": str(cached_tiny()),
         "layer_ranges": ranges or even_split(8, world),
-        "settings": {"prefill_step_size": step_for(world), "decode_cancel_interval": 1},
+        "settings": {"prefill_step_size": step_for(world), "decode_cancel_poll_tokens": 1},
         "warmup": True,
         "tasks": tasks,
     }

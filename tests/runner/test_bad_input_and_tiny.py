@@ -8,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from events.runner_settings import RunnerSettings
 from runner.errors import ModelDirError, RequestError, SplitError
 from runner.local.local_run import LocalRunSpec, build_job
 from runner.models.tiny import cached_tiny
@@ -98,11 +100,18 @@ def test_bad_model_dirs(tmp_path: Path, make_dir, message: str) -> None:
         ({"prompt_tokens": 0}, RequestError, "empty prompt"),
         ({"max_tokens": 0}, RequestError, "max-tokens must be > 0"),
         ({"prompt_tokens": 5000}, RequestError, "context is 4096"),
+        ({"prefill_step": 0}, RequestError, "invalid --prefill-step or --kv-bits: Expected `int` >= 1"),
+        ({"kv_bits": 5}, RequestError, "invalid --prefill-step or --kv-bits: Invalid enum value 5"),
     ],
 )
 def test_bad_requests(overrides: dict, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
         build_job(_spec(**overrides), cached_tiny())
+
+
+def test_a_local_group_runs_with_the_cluster_defaults_polling_every_token() -> None:
+    settings = msgspec.convert(build_job(_spec(), cached_tiny())["settings"], RunnerSettings)
+    assert settings == RunnerSettings(decode_cancel_poll_tokens=1)
 
 
 def test_shoal_generate_prints_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from events.runner_settings import RunnerSettings
 from services.cli import main
 from services.config import (
+    FIELDS,
     KEYS,
     ConfigError,
     ShoalConfig,
@@ -16,8 +19,8 @@ from services.config import (
     add_setting_flag,
     config_from_args,
     log_settings,
-    parse_text,
     resolve_config,
+    runner_settings,
 )
 
 
@@ -65,6 +68,10 @@ def test_env_beats_the_yaml_file_even_when_the_file_sets_the_key(yaml_file: Path
         ({"SHOAL_KV_BITS": "5"}, "kv_bits", "2, 3, 4, 6 or 8"),
         ({"SHOAL_TASK_STALL_SECONDS": "nan"}, "task_stall_seconds", "a number"),
         ({"SHOAL_TASK_STALL_SECONDS": "0"}, "task_stall_seconds", "greater than 0"),
+        ({"SHOAL_TASK_STALL_SECONDS": "inf"}, "task_stall_seconds", "at most 1e+09"),
+        ({"SHOAL_PREFILL_STEP_SIZE": "0"}, "prefill_step_size", "an integer from 1 up"),
+        ({"SHOAL_KV_GROUP_SIZE": "48"}, "kv_group_size", "one of 32, 64 or 128"),
+        ({"SHOAL_BLAS": " "}, "blas", "the path of a BLAS library"),
         ({"SHOAL_LOG_LEVEL": "loud"}, "log_level", "one of TRACE"),
         ({"SHOAL_NATS_URL": "http://x"}, "nats_url", "nats://host:port"),
         ({"SHOAL_EVENTS_MAX_BYTES": "10"}, "events_max_bytes", "-1 for unlimited"),
@@ -83,8 +90,35 @@ def test_invalid_env_values_name_key_value_source_and_what_is_allowed(
     assert repr(error.value).strip("'") in str(error)
 
 
-def test_unrelated_shoal_variables_are_not_settings() -> None:
-    resolve_config({}, env={"SHOAL_RUNNER_JOB_DIRECTORY_PATH": "/x", "SHOAL_CONFIG": ""})
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "shoal.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("layer", "source"),
+    [("yaml", "shoal.yaml"), ("env", "env SHOAL_WORKERS"), ("flag", "cli --workers")],
+)
+def test_a_bad_value_from_any_layer_names_key_value_source_and_what_is_allowed(
+    tmp_path: Path, layer: str, source: str
+) -> None:
+    yaml_path = _write(tmp_path, "workers: 99\n" if layer == "yaml" else "")
+    env = {"SHOAL_WORKERS": "99"} if layer == "env" else {}
+    flags = {"workers": 99} if layer == "flag" else {}
+    with pytest.raises(ConfigError) as caught:
+        resolve_config(flags, env=env, yaml_path=yaml_path)
+    assert (caught.value.key, caught.value.source) == ("workers", source)
+    shown = "'99'" if layer == "env" else "99"  # env text is shown as the text it was
+    assert str(caught.value) == f"invalid setting workers={shown} (from {source}): an integer from 1 to 64"
+
+
+def test_unrelated_shoal_variables_are_not_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no ./shoal.yaml here
+    resolved = resolve_config({}, env={"SHOAL_RUNNER_JOB_DIRECTORY_PATH": "/x", "SHOAL_CONFIG": ""})
+    assert resolved.config == ShoalConfig() and set(resolved.sources.values()) == {"default"}
+    with pytest.raises(ConfigError, match="did you mean workers"):  # a near miss is a typo, not another tool's
+        resolve_config({}, env={"SHOAL_WORKRES": "3"})
 
 
 def test_yaml_errors_name_the_key_and_the_file(tmp_path: Path) -> None:
@@ -109,13 +143,70 @@ def test_cli_values_are_checked_like_the_rest() -> None:
         resolve_config({"no_such": 1}, env={})
 
 
-def test_strict_text_parsing() -> None:
-    assert parse_text("api_port", " 42 ", "t") == 42
-    assert parse_text("kv_bits", "None", "t") is None
-    assert parse_text("task_stall_seconds", "1e1", "t") == 10.0
-    for bad in ("4_2", "0x10", "", "1.5"):
-        with pytest.raises(ConfigError):
-            parse_text("api_port", bad, "t")
+def test_text_is_read_strictly_as_the_declared_type() -> None:
+    assert FIELDS.checked("api_port", " 42 ", "t") == 42
+    assert FIELDS.checked("kv_bits", "None", "t") is None and FIELDS.checked("kv_bits", "8", "t") == 8
+    assert FIELDS.checked("task_stall_seconds", "1e1", "t") == 10.0
+    assert FIELDS.checked("log_level", "debug", "t") == "DEBUG"
+    assert FIELDS.checked("data_dir", " 8 ", "t") == " 8 "  # a string setting takes the text as it is
+    for bad in ("4_2", "0x10", "", "1.5", "2.0", "true", "null"):
+        with pytest.raises(ConfigError, match="an integer from 1 to 65535"):
+            FIELDS.checked("api_port", bad, "t")
+    with pytest.raises(ConfigError):
+        FIELDS.checked("workers", True, "t")  # YAML's `true` is no count
+
+
+def test_every_setting_says_what_it_allows() -> None:
+    for key in KEYS:
+        assert FIELDS.allowed(key) and "regex" not in FIELDS.allowed(key)
+
+
+@pytest.mark.parametrize(
+    ("env", "blamed", "fragment"),
+    [
+        ({"SHOAL_HEARTBEAT_INTERVAL_SECONDS": "10"}, "heartbeat_interval_seconds", "less than node_timeout_seconds=10.0 (from default)"),
+        ({"SHOAL_NODE_TIMEOUT_SECONDS": "0.5"}, "node_timeout_seconds", "more than heartbeat_interval_seconds=1.0 (from default)"),
+        ({"SHOAL_STALL_STACK_SECONDS": "45"}, "stall_stack_seconds", "less than task_stall_seconds=30.0"),
+        ({"SHOAL_TASK_STALL_SECONDS": "5"}, "task_stall_seconds", "more than stall_stack_seconds=5.0"),
+        ({"SHOAL_EVENTS_MAX_BYTES": "0"}, "events_max_bytes", "-1 for unlimited"),
+    ],
+)  # fmt: skip
+def test_values_that_make_no_sense_together_are_refused(env: dict[str, str], blamed: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        resolve_config({}, env=env)
+    assert caught.value.key == blamed and caught.value.source == f"env {next(iter(env))}"
+    assert fragment in str(caught.value)
+
+
+def test_the_same_pair_is_fine_the_right_way_round() -> None:
+    env = {"SHOAL_HEARTBEAT_INTERVAL_SECONDS": "0.5", "SHOAL_NODE_TIMEOUT_SECONDS": "2", "SHOAL_EVENTS_MAX_BYTES": "-1"}
+    config = resolve_config({}, env=env).config
+    assert (config.heartbeat_interval_seconds, config.node_timeout_seconds, config.events_max_bytes) == (0.5, 2.0, -1)
+
+
+def _fields(struct: type[msgspec.Struct]) -> dict[str, msgspec.inspect.Field]:
+    info = msgspec.inspect.type_info(struct)
+    assert isinstance(info, msgspec.inspect.StructType)
+    return {field.name: field for field in info.fields}
+
+
+def test_runner_settings_are_config_keys_with_the_same_type_and_default() -> None:
+    config_fields = _fields(ShoalConfig)
+    for name, field in _fields(RunnerSettings).items():
+        assert (config_fields[name].type, config_fields[name].default) == (field.type, field.default)
+    assert runner_settings(ShoalConfig()) == RunnerSettings()
+
+
+def test_runner_settings_carry_the_configs_values(yaml_file: Path) -> None:
+    env = {"SHOAL_PREFILL_STEP_SIZE": "64", "SHOAL_DECODE_CANCEL_POLL_TOKENS": "2", "SHOAL_STALL_STACK_SECONDS": "3"}
+    settings = runner_settings(resolve_config({"heartbeat_interval_seconds": 0.5}, env=env, yaml_path=yaml_file).config)
+    assert settings == RunnerSettings(
+        prefill_step_size=64,
+        kv_bits=4,  # from the file
+        decode_cancel_poll_tokens=2,
+        heartbeat_interval_seconds=0.5,
+        stall_stack_seconds=3.0,
+    )
 
 
 def test_common_flags_feed_the_resolution(yaml_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,6 +21,7 @@ from events.catalogue import (
     TaskStalled,
 )
 from events.ids import InstanceId, TaskId
+from events.runner_settings import RunnerSettings
 from events.state import State
 from services.master.core import MasterCore, MasterPolicy, UnknownModel
 from services.master.watchdog import Liveness, tick
@@ -91,6 +92,15 @@ def test_first_task_places_then_assigns_once_ready() -> None:
         ("t1", instance.instance_id),
         ("t2", instance.instance_id),
     ]
+
+
+def test_an_instance_is_placed_with_the_policys_runner_settings_and_folded_with_them() -> None:
+    settings = RunnerSettings(prefill_step_size=64, kv_bits=8, decode_cancel_poll_tokens=2, stall_stack_seconds=3.0)
+    c = Cluster(MasterPolicy(runner_settings=settings))
+    c.feed(c.ev.node("n1"))
+    placed = c.feed(c.ev.created("t1"))
+    assert isinstance(placed[0], InstancePlaced) and placed[0].settings == settings
+    assert c.state.instances[placed[0].instance_id].settings == settings
 
 
 def test_assignment_prefers_the_instance_with_fewest_queued() -> None:

@@ -1,0 +1,53 @@
+"""What every rank of an instance runs with: one typed struct, carried by `InstancePlaced`.
+
+Each runner setting is declared here once: its name, its type with its constraint and meaning
+(the aliases below) and its default (on `RunnerSettings`). `services/config.py` offers the
+same names as config keys with these types and defaults; the master places every instance with
+the `RunnerSettings` of its config, and each rank reads them from the log. One channel, written
+once per instance, so the ranks of an instance cannot disagree, and they must not: they cut the
+prompt into the same chunks and poll for cancellation together (a collective every
+`decode_cancel_poll_tokens` decode steps). `shoal generate` (runner/local) takes the same
+defaults from here.
+
+It lives in events/ because `InstancePlaced` embeds it and both services/ and runner/ import
+events/ (runner/ does not import services/, and events/ imports neither).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+MAX_SECONDS = 1e9  # keeps a duration finite (a msgspec bound must be): 31 years is "never"
+
+# The constraint of every duration setting: greater than 0 and finite.
+POSITIVE_SECONDS = msgspec.Meta(gt=0.0, le=MAX_SECONDS)
+
+PrefillStepSize = Annotated[
+    int, msgspec.Meta(ge=1, description="prompt tokens per prefill step; a rank's chunk is it / min(4, ranks)")
+]
+KvBits = Annotated[
+    Literal[2, 3, 4, 6, 8] | None, msgspec.Meta(description="quantize the KV cache to this many bits; none = off")
+]
+KvGroupSize = Annotated[Literal[32, 64, 128], msgspec.Meta(description="group size of the KV-cache quantization")]
+DecodeCancelPollTokens = Annotated[
+    int, msgspec.Meta(ge=1, description="decode steps between the ranks' agreed checks for a cancelled task")
+]
+HeartbeatIntervalSeconds = Annotated[
+    float, POSITIVE_SECONDS, msgspec.Meta(description="seconds between two heartbeats of a node, and of a rank")
+]
+StallStackSeconds = Annotated[
+    float, POSITIVE_SECONDS, msgspec.Meta(description="a rank's heartbeat carries its stack once its phase is this old")
+]
+
+
+class RunnerSettings(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Everything a rank needs beyond its identity (nats url, instance, rank, node)."""
+
+    prefill_step_size: PrefillStepSize = 256
+    kv_bits: KvBits = None
+    kv_group_size: KvGroupSize = 64
+    decode_cancel_poll_tokens: DecodeCancelPollTokens = 8
+    heartbeat_interval_seconds: HeartbeatIntervalSeconds = 1.0
+    stall_stack_seconds: StallStackSeconds = 5.0
