@@ -25,6 +25,7 @@ from loguru import logger
 from events.catalogue import RunnerHeartbeat
 from events.ids import InstanceId, TaskId
 from events.stamp import Stamper
+from events.vocabulary import Phase
 
 MAX_STACK_FRAMES = 40  # the innermost frames: where it sits matters, not how it got there
 
@@ -33,7 +34,7 @@ class PhaseView(Protocol):
     """What `runner.engine.protocols.PhaseSnapshot` offers (kept structural so either side can evolve)."""
 
     @property
-    def phase(self) -> str: ...
+    def phase(self) -> Phase: ...
     @property
     def task_id(self) -> str | None: ...
     @property
