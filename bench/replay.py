@@ -29,6 +29,7 @@ from typing import Any, BinaryIO
 from events.catalogue import Origin
 from events.codec import ExportRecord, encode, encode_record
 from events.stamp import Stamper
+from events.vocabulary import Phase
 from runner.engine.protocols import PhaseTracker
 from runner.flight.recorder import FlightRecorder
 from runner.service.heartbeats import LogHeartbeats
@@ -53,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # --- the log -----------------------------------------------------------------------------------
 
 
-def _beat_all(log: LogBuilder, instance: str, task: str, phase: str, iteration: int, world: int) -> None:
+def _beat_all(log: LogBuilder, instance: str, task: str, phase: Phase, iteration: int, world: int) -> None:
     for rank in range(world):
         log.heartbeat(instance, rank, phase, task, iteration)
 

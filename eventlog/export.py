@@ -14,9 +14,10 @@ from typing import BinaryIO
 import msgspec
 
 from events.catalogue import LogEvent, TelemetryEvent
-from events.codec import ExportRecord, MalformedEvent, StreamName, decode_record, encode_record
+from events.codec import ExportRecord, MalformedEvent, decode_record, encode_record
 from events.fold import Folder
 from events.state import State
+from events.vocabulary import StreamKey
 
 _records = msgspec.json.Decoder(ExportRecord)
 _TELEMETRY_TYPES = TelemetryEvent.__args__  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
@@ -69,7 +70,7 @@ def read_export(path: str | Path) -> list[ExportRecord]:
     """Every record of an export file, validated; `BadExportLine` on the first bad line."""
     path = Path(path)
     records: list[ExportRecord] = []
-    last: dict[StreamName, int] = {}
+    last: dict[StreamKey, int] = {}
     for number, line in _lines(path):
         try:
             record = decode_record(line)

@@ -40,13 +40,14 @@ from nats.aio.client import Client
 
 from eventlog.consume import ConsumerRestart, Position, StreamNotFound, StreamReader
 from eventlog.publish import LogError, Outbox, pipeline
-from eventlog.streams import LogSettings, StreamKey, stream_config, stream_name
+from eventlog.streams import LogSettings, stream_config, stream_name
 from eventlog.wire import Wire, WireClosed, WireError, split_servers
 from events.catalogue import AnyEvent, LogEvent, TelemetryEvent
 from events.codec import MalformedEvent, decode_log_event, decode_telemetry_event, encode
 from events.fold import Folder
 from events.state import State
 from events.subjects import is_telemetry_subject, subject_for
+from events.vocabulary import StreamKey
 
 
 class EventLog:

@@ -5,14 +5,12 @@ Pure data. `services.config.log_settings(config)` builds `LogSettings` from the 
 
 from __future__ import annotations
 
-from typing import Literal
-
 import msgspec
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
 from events.subjects import EVENTS_STREAM, EVENTS_SUBJECTS, TELEMETRY_STREAM, TELEMETRY_SUBJECTS
+from events.vocabulary import StreamKey
 
-StreamKey = Literal["events", "telemetry"]
 DAY_S = 86_400.0
 GIB = 1 << 30
 

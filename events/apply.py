@@ -346,7 +346,11 @@ def _runner_status_changed(state: State, seq: int, event: RunnerStatusChanged) -
             f"of {len(instance.runners)} ranks"
         )
     runner = replace(
-        instance.runners[event.rank], status=event.status, detail=event.detail, changed_at=event.env.wall_time
+        instance.runners[event.rank],
+        status=event.status,
+        detail=event.detail,
+        cause=event.cause,
+        changed_at=event.env.wall_time,
     )
     runners = (*instance.runners[: event.rank], runner, *instance.runners[event.rank + 1 :])
     updated = replace(instance, runners=runners)

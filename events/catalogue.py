@@ -16,6 +16,7 @@ import msgspec
 
 from events.ids import EventId, InstanceId, NodeId, TaskId
 from events.runner_settings import RunnerSettings
+from events.vocabulary import CancelReason, FinishReason, Phase, PrefillPath, RunnerStatus, RunnerStatusCause
 
 
 class Origin(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -39,12 +40,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", gc=Fals
     env: Envelope
 
 
-# --- shared value types ---------------------------------------------------------------------
-
-RunnerStatus = Literal["loading", "warming_up", "ready", "running", "failed", "stopped"]
-PrefillPath = Literal["pipeline", "sequential"]
-CancelReason = Literal["client_disconnect", "api", "deadline", "shutdown"]
-FinishReason = Literal["stop", "length", "cancelled"]
+# --- shared value types (the literals live in events.vocabulary) ----------------------------
 
 
 class Shard(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -114,16 +110,14 @@ class InstancePlaced(Event, tag="instance_placed", frozen=True, kw_only=True):
     settings: RunnerSettings = msgspec.field(default_factory=RunnerSettings)
 
 
-# `RunnerStatusChanged(failed).detail` starts with this when the rank failed only because a peer
-# went away (a casualty): the master then waits briefly to name the rank that actually died.
-PEER_LOST_DETAIL = "lost peer"
-
-
 class RunnerStatusChanged(Event, tag="runner_status_changed", frozen=True, kw_only=True):
     instance_id: InstanceId
     rank: int
     status: RunnerStatus
-    detail: str = ""
+    detail: str = ""  # for people: an error, an exit, a stderr tail; code reads `cause`
+    # Why a runner went down (failed/stopped); None for the other statuses, and in logs written
+    # before causes existed. `peer_lost` marks a casualty: the master waits to name the culprit.
+    cause: RunnerStatusCause | None = None
 
 
 class InstanceRetired(Event, tag="instance_retired", frozen=True, kw_only=True):
@@ -198,7 +192,7 @@ class TaskStalled(Event, tag="task_stalled", frozen=True, kw_only=True):
 class RunnerHeartbeat(Event, tag="runner_heartbeat", frozen=True, kw_only=True):
     instance_id: InstanceId
     rank: int
-    phase: str
+    phase: Phase
     task_id: TaskId | None = None
     iteration: int = 0
     phase_age_ms: int = 0

@@ -6,13 +6,10 @@ error) so edges can log, count and skip a poison message.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import msgspec
 
 from events.catalogue import AnyEvent, LogEvent, TelemetryEvent
-
-StreamName = Literal["events", "telemetry"]
+from events.vocabulary import StreamKey
 
 
 class MalformedEvent(ValueError):
@@ -22,7 +19,7 @@ class MalformedEvent(ValueError):
 class ExportRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One line of an export file: which stream, its sequence there, and the event."""
 
-    stream: StreamName
+    stream: StreamKey
     seq: int
     event: AnyEvent
 

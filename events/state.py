@@ -13,22 +13,23 @@ from typing import Any, Literal
 import immutables
 import msgspec
 
-from events.catalogue import (
+from events.catalogue import ChatMessage, Shard, TaskParams, Usage
+from events.ids import InstanceId, NodeId, TaskId
+from events.runner_settings import RunnerSettings
+from events.vocabulary import (
+    DOWN_STATUSES,
+    SERVING_STATUSES,
     CancelReason,
-    ChatMessage,
     FinishReason,
     PrefillPath,
     RunnerStatus,
-    Shard,
-    TaskParams,
-    Usage,
+    RunnerStatusCause,
 )
-from events.ids import InstanceId, NodeId, TaskId
-from events.runner_settings import RunnerSettings
 
 NodeStatus = Literal["up", "left", "timed_out"]
 TaskStatus = Literal["created", "assigned", "prefilling", "decoding", "completed", "cancelled", "failed"]
 ENDED_STATUSES: frozenset[str] = frozenset({"completed", "cancelled", "failed"})
+RunnerState = RunnerStatus | Literal["placed"]  # "placed": no status reported yet
 
 
 class NodeInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -46,9 +47,14 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 class RunnerInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     rank: int
     node_id: NodeId
-    status: RunnerStatus | Literal["placed"] = "placed"
+    status: RunnerState = "placed"
     detail: str = ""
+    cause: RunnerStatusCause | None = None  # of the last status change (see RunnerStatusChanged)
     changed_at: int = 0
+
+    @property
+    def down(self) -> bool:
+        return self.status in DOWN_STATUSES
 
 
 class InstanceInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -73,11 +79,11 @@ class InstanceInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     @property
     def ready(self) -> bool:
         """Every rank warmed up (a running rank is also ready for the next task)."""
-        return not self.retired and all(r.status in ("ready", "running") for r in self.runners)
+        return not self.retired and all(r.status in SERVING_STATUSES for r in self.runners)
 
     @property
     def failed(self) -> bool:
-        return any(r.status in ("failed", "stopped") for r in self.runners)
+        return any(r.down for r in self.runners)
 
 
 class RankProgress(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import mlx.core as mx
 
+from events.vocabulary import FinishReason
 from runner.engine.stops import TextAssembler
 from runner.engine.task_run import TaskRun
-
-FinishReason = Literal["stop", "length", "cancelled"]
 
 
 @dataclass(slots=True)

@@ -15,8 +15,9 @@ import msgspec
 from mlx_lm.sample_utils import make_sampler
 
 from events.runner_settings import RunnerSettings
+from events.vocabulary import FinishReason, PrefillPath
 from runner.engine.collectives import Collectives
-from runner.engine.decode import DecodeSpec, FinishReason, run_decode
+from runner.engine.decode import DecodeSpec, run_decode
 from runner.engine.plan import PathChoice, choose_path, chunk_sizes, effective_step, rank_schedule
 from runner.engine.prefill import run_prefill
 from runner.engine.protocols import CancelSource, NeverCancelled, NullSink, PhaseTracker, RunnerSink
@@ -46,7 +47,7 @@ class GenerationOutcome(msgspec.Struct, kw_only=True):
     completion_tokens: int
     token_ids: list[int]
     text: str
-    path: str
+    path: PrefillPath
     ttft_ms: float | None
     prefill_tps: float | None
     decode_tps: float | None
@@ -187,7 +188,7 @@ def _raise_callback_errors(run: TaskRun) -> None:
 def _outcome(
     request: GenerationRequest,
     run: TaskRun,
-    path: str,
+    path: PrefillPath,
     finish_reason: FinishReason,
     token_ids: list[int],
     text: str,

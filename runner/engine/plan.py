@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Literal
 
+from events.vocabulary import PrefillPath
 from runner.errors import SplitError
 
-PrefillPath = Literal["pipeline", "sequential"]
-PathChoice = Literal["auto", "pipeline", "sequential"]
+PathChoice = Literal["auto", PrefillPath]
 
 # Past four stages the per-rank chunk would get too small to keep a core busy.
 MAX_STEP_DIVISOR = 4

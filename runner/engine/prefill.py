@@ -14,7 +14,7 @@ from itertools import accumulate
 
 import mlx.core as mx
 
-from runner.engine.plan import PrefillPath
+from events.vocabulary import PrefillPath
 from runner.engine.task_run import TaskRun
 
 

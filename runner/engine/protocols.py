@@ -9,15 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-PHASES: tuple[str, ...] = (
-    "idle",
-    "loading",
-    "warming_up",
-    "agree_start",
-    "prefill",
-    "decode",
-    "agree_cancel",
-)
+from events.vocabulary import Phase, PrefillPath
 
 
 class CancelSource(Protocol):
@@ -27,7 +19,7 @@ class CancelSource(Protocol):
 
 
 class RunnerSink(Protocol):
-    def prefill_started(self, task_id: str, path: str, prompt_tokens: int, chunks: int, step: int) -> None: ...
+    def prefill_started(self, task_id: str, path: PrefillPath, prompt_tokens: int, chunks: int, step: int) -> None: ...
 
     def prefill_progress(self, task_id: str, processed: int, total: int, iteration: int) -> None: ...
 
@@ -42,7 +34,7 @@ class NeverCancelled:
 
 
 class NullSink:
-    def prefill_started(self, task_id: str, path: str, prompt_tokens: int, chunks: int, step: int) -> None:
+    def prefill_started(self, task_id: str, path: PrefillPath, prompt_tokens: int, chunks: int, step: int) -> None:
         pass
 
     def prefill_progress(self, task_id: str, processed: int, total: int, iteration: int) -> None:
@@ -54,7 +46,7 @@ class NullSink:
 
 @dataclass(frozen=True, slots=True)
 class PhaseSnapshot:
-    phase: str
+    phase: Phase
     task_id: str | None
     iteration: int
     since_ns: int  # time.monotonic_ns() when the phase was entered
@@ -72,7 +64,7 @@ class PhaseTracker:
     def __init__(self) -> None:
         self._current = PhaseSnapshot("idle", None, 0, time.monotonic_ns())
 
-    def enter(self, phase: str, task_id: str | None = None, iteration: int = 0) -> None:
+    def enter(self, phase: Phase, task_id: str | None = None, iteration: int = 0) -> None:
         snapshot = PhaseSnapshot(phase, task_id, iteration, time.monotonic_ns())
         self._current = snapshot
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import mlx.nn as nn
 
+from events.vocabulary import ComputePhase
 from runner.engine.collectives import Collectives
 from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
 from runner.engine.sends import PendingSends
@@ -50,7 +51,7 @@ class TaskRun:
             self.callback_errors.append(err)
             return True
 
-    def agree_to_stop(self, phase: str, iteration: int, poll: bool = True) -> bool:
+    def agree_to_stop(self, phase: ComputePhase, iteration: int, poll: bool = True) -> bool:
         """Poll the local cancel source, then agree with every rank (one scalar all-reduce)."""
         self.phases.enter("agree_cancel", self.task_id, iteration)
         stop = self.collectives.any(poll and self.wants_stop())

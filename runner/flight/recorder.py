@@ -29,6 +29,7 @@ from typing import Protocol
 from loguru import logger
 
 from events.runner_settings import RunnerSettings
+from events.vocabulary import Phase
 
 RUNNER_DEFAULTS = RunnerSettings()
 MAX_STACK_FRAMES = 40  # the innermost frames: where it sits matters, not how it got there
@@ -38,7 +39,7 @@ class PhaseView(Protocol):
     """What `runner.engine.protocols.PhaseSnapshot` offers (kept structural so either side can evolve)."""
 
     @property
-    def phase(self) -> str: ...
+    def phase(self) -> Phase: ...
     @property
     def task_id(self) -> str | None: ...
     @property

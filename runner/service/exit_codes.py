@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from events.catalogue import PEER_LOST_DETAIL
-
-__all__ = ["PEER_LOST_DETAIL", "PEER_LOST_EXIT", "is_peer_loss"]
+from events.vocabulary import RunnerStatusCause
 
 # The ring group broke because another rank went away (killed, crashed, node gone). This rank is
 # a casualty, not the culprit: the worker reports it as such so the master can wait for (and
@@ -16,3 +14,10 @@ def is_peer_loss(exc: BaseException) -> bool:
     """A collective failed because a peer's connection dropped (mlx's ring backend says so)."""
     text = str(exc).lower()
     return "peer" in text and ("[ring]" in text or "connection" in text)
+
+
+def exit_cause(code: int) -> RunnerStatusCause:
+    """Why a runner process that its worker did not stop went away, from its exit status."""
+    if code == PEER_LOST_EXIT:
+        return "peer_lost"
+    return "killed" if code < 0 else "exited"

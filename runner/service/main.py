@@ -29,6 +29,7 @@ from events.ids import InstanceId, TaskId
 from events.runner_settings import RunnerSettings
 from events.stamp import Stamper
 from events.subjects import instance_subject
+from events.vocabulary import RunnerStatus, RunnerStatusCause
 from runner.engine.protocols import PhaseTracker
 from runner.flight.faults import FaultInjector
 from runner.service.bridge import LogBridge
@@ -142,10 +143,15 @@ def run(
 def _status_publisher(bridge: LogBridge, stamper: Stamper, args: argparse.Namespace) -> Any:
     from events.catalogue import RunnerStatusChanged
 
-    def publish(status: Any, detail: str = "") -> None:
+    def publish(status: RunnerStatus, detail: str = "", cause: RunnerStatusCause | None = None) -> None:
         bridge.publish(
             RunnerStatusChanged(
-                env=stamper.stamp(), instance_id=InstanceId(args.instance), rank=args.rank, status=status, detail=detail
+                env=stamper.stamp(),
+                instance_id=InstanceId(args.instance),
+                rank=args.rank,
+                status=status,
+                detail=detail,
+                cause=cause,
             )
         )
 
@@ -187,10 +193,10 @@ def main(argv: list[str] | None = None) -> int:
             return PEER_LOST_EXIT  # the worker reports it; the master waits to name the rank that died
         logger.error("rank {} of {} failed: {}", args.rank, args.instance, exc)
         traceback.print_exc()
-        _status_publisher(bridge, stamper, args)("failed", f"{type(exc).__name__}: {exc}"[:500])
+        _status_publisher(bridge, stamper, args)("failed", f"{type(exc).__name__}: {exc}"[:500], "error")
         bridge.close()
         return 1
-    _status_publisher(bridge, stamper, args)("stopped", "SIGTERM")
+    _status_publisher(bridge, stamper, args)("stopped", "SIGTERM", "terminated")
     bridge.close()
     return 0
 

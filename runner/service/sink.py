@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Protocol
 
 from events.catalogue import (
     ChunkGenerated,
@@ -13,6 +13,7 @@ from events.catalogue import (
 )
 from events.ids import TaskId
 from events.stamp import Stamper
+from events.vocabulary import PrefillPath
 
 
 class Publisher(Protocol):
@@ -28,14 +29,13 @@ class LogSink:
         self._stamper = stamper
         self._rank = rank
 
-    def prefill_started(self, task_id: str, path: str, prompt_tokens: int, chunks: int, step: int) -> None:
-        prefill_path: Literal["pipeline", "sequential"] = "pipeline" if path == "pipeline" else "sequential"
+    def prefill_started(self, task_id: str, path: PrefillPath, prompt_tokens: int, chunks: int, step: int) -> None:
         self._publisher.publish(
             PrefillStarted(
                 env=self._stamper.stamp(),
                 task_id=TaskId(task_id),
                 rank=self._rank,
-                path=prefill_path,
+                path=path,
                 prompt_tokens=prompt_tokens,
                 chunks=chunks,
                 step=step,

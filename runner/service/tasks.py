@@ -21,7 +21,6 @@ from loguru import logger
 from events.catalogue import (
     ChatMessage,
     LogEvent,
-    RunnerStatus,
     RunnerStatusChanged,
     TaskCompleted,
     TaskCreated,
@@ -32,6 +31,7 @@ from events.catalogue import (
 from events.ids import InstanceId, TaskId
 from events.stamp import Stamper
 from events.subjects import task_subject
+from events.vocabulary import FinishReason, RunnerStatus
 from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
 from runner.errors import RequestError
 from runner.models.chat import encode_chat
@@ -40,7 +40,7 @@ from runner.service.bridge import Assignment
 
 class Outcome(Protocol):
     @property
-    def finish_reason(self) -> str: ...
+    def finish_reason(self) -> FinishReason: ...
     @property
     def prompt_tokens(self) -> int: ...
     @property
@@ -128,7 +128,7 @@ class TaskServer:
             TaskCompleted(
                 env=self.stamper.stamp(),
                 task_id=task_id,
-                finish_reason=_finish(outcome.finish_reason),
+                finish_reason=outcome.finish_reason,
                 usage=Usage(
                     prompt_tokens=outcome.prompt_tokens,
                     completion_tokens=outcome.completion_tokens,
@@ -155,7 +155,3 @@ class TaskServer:
 
 def _as_dict(message: ChatMessage) -> dict[str, str]:
     return {"role": message.role, "content": message.content}
-
-
-def _finish(reason: str) -> Any:
-    return reason if reason in ("stop", "length", "cancelled") else "stop"

@@ -16,10 +16,10 @@ import msgspec
 
 from eventlog.export import BadExportLine, read_export, split_streams, write_export
 from eventlog.log import EventLog, LogError
-from eventlog.streams import StreamKey
 from events.catalogue import AnyEvent, tag_of
 from events.codec import ExportRecord
 from events.subjects import task_events
+from events.vocabulary import StreamKey
 from services.config import (
     ConfigError,
     ShoalConfig,

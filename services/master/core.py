@@ -18,7 +18,6 @@ from typing import Protocol
 import msgspec
 
 from events.catalogue import (
-    PEER_LOST_DETAIL,
     InstancePlaced,
     InstanceRetired,
     LogEvent,
@@ -32,9 +31,10 @@ from events.catalogue import (
     TaskCreated,
     TaskFailed,
 )
+from events.culprit import STALLED_TASK_BOUNDS, Culprit, Evidence, name_culprit
 from events.runner_settings import RunnerSettings
 from events.stamp import Stamper
-from events.state import InstanceInfo, RunnerInfo, State, TaskInfo
+from events.state import InstanceInfo, State, TaskInfo
 from services.master.placement import PlacementError, nodes_up, plan_instance
 
 
@@ -80,9 +80,10 @@ class MasterCore:
                 if instance.retired:
                     return []
                 if instance.failed:
-                    if not culprits(instance):
+                    culprit = judge_instance(state, instance)
+                    if culprit is None or culprit.cause == "unreported":
                         return []  # only casualties so far: wait for the rank that died (watchdog grace)
-                    return self._retire(state, instance, _runner_failure(instance))
+                    return self._retire(state, instance, _runner_failure(instance, culprit))
                 return self._serve_waiting(state, instance.model) if instance.ready else []
             case InstanceRetired():
                 model = state.instances[event.instance_id].model
@@ -183,8 +184,8 @@ class MasterCore:
         return [TaskCompleted(env=env, task_id=task.task_id, finish_reason="cancelled")]
 
     def _retire(self, state: State, instance: InstanceInfo, reason: str) -> list[LogEvent]:
-        failed = culprits(instance) or [r for r in instance.runners if r.status in ("failed", "stopped")]
-        return retire_instance(self.stamper, instance, reason, rank=failed[0].rank if failed else None)
+        culprit = judge_instance(state, instance)
+        return retire_instance(self.stamper, instance, reason, rank=culprit.sole_rank if culprit else None)
 
     def _retire_on_node(self, state: State, node_id: str) -> list[LogEvent]:
         decisions: list[LogEvent] = []
@@ -252,16 +253,17 @@ def _last_retire_reason(state: State, model: str) -> str:
     return max(retired, key=lambda i: i.placed_seq).retire_reason if retired else ""
 
 
-def culprits(instance: InstanceInfo) -> list[RunnerInfo]:
-    """Failed runners that are not mere casualties of a peer's loss."""
-    return [
-        r for r in instance.runners if r.status in ("failed", "stopped") and not r.detail.startswith(PEER_LOST_DETAIL)
-    ]
+def judge_instance(state: State, instance: InstanceInfo) -> Culprit | None:
+    """Who broke `instance`, from the log alone: a node gone, a rank down (the watchdog adds what
+    the heartbeats say). Judged as of the last status a rank reported."""
+    reported_at = max(r.changed_at for r in instance.runners)
+    return name_culprit(Evidence.about_instance(state, instance, {}, reported_at, STALLED_TASK_BOUNDS))
 
 
-def _runner_failure(instance: InstanceInfo) -> str:
-    for runner in [*culprits(instance), *instance.runners]:
-        if runner.status in ("failed", "stopped"):
+def _runner_failure(instance: InstanceInfo, culprit: Culprit | None) -> str:
+    blamed = [instance.runners[rank] for rank in culprit.ranks] if culprit else []
+    for runner in [*blamed, *instance.runners]:
+        if runner.down:
             detail = f": {runner.detail}" if runner.detail else ""
             return f"rank {runner.rank} on node {runner.node_id} {runner.status}{detail}"
     return "a runner failed"
@@ -269,7 +271,7 @@ def _runner_failure(instance: InstanceInfo) -> str:
 
 def _broken_reason(state: State, instance: InstanceInfo) -> str:
     if instance.failed:
-        return _runner_failure(instance)
+        return _runner_failure(instance, judge_instance(state, instance))
     for shard in instance.shards:
         node = state.nodes.get(shard.node_id)
         if node is None or node.status != "up":

@@ -16,7 +16,7 @@ from loguru import logger
 
 from eventlog.log import EventLog
 from events.apply import apply_live
-from events.catalogue import LogEvent, NodeHeartbeat, Origin
+from events.catalogue import LogEvent, NodeHeartbeat, Origin, RunnerHeartbeat
 from events.ids import NodeId
 from events.stamp import Stamper
 from events.state import State
@@ -41,7 +41,7 @@ class Master:
         self.wall_ns = wall_ns
         self.state = State()
         self.node_last_seen: dict[NodeId, int] = {}
-        self.runner_last_seen: dict[RunnerKey, int] = {}
+        self.runner_beats: dict[RunnerKey, RunnerHeartbeat] = {}  # the newest of each runner
         self._awaiting_seq = 0
         self._undecided: collections.deque[LogEvent] = collections.deque()
         self._log: EventLog | None = None
@@ -91,7 +91,7 @@ class Master:
             await asyncio.sleep(self.settings.tick_seconds)
             if self._awaiting_seq > self.state.last_seq:
                 continue
-            liveness = Liveness(nodes=self.node_last_seen, runners=self.runner_last_seen)
+            liveness = Liveness(nodes=self.node_last_seen, runners=self.runner_beats)
             decisions = tick(self.state, self.wall_ns(), liveness, self.settings.policy, self.stamper)
             await self._publish(decisions)
 
@@ -101,7 +101,7 @@ class Master:
             if isinstance(beat, NodeHeartbeat):
                 self.node_last_seen[beat.node_id] = beat.env.wall_time
             else:
-                self.runner_last_seen[(beat.instance_id, beat.rank)] = beat.env.wall_time
+                self.runner_beats[(beat.instance_id, beat.rank)] = beat
 
 
 def _describe(event: LogEvent) -> str:

@@ -3,6 +3,8 @@
 A hang never lasts forever: the task at the head of an instance's queue whose ranks report
 nothing for `task_stall_seconds` gets a `TaskStalled` naming each rank's last position, then a
 `TaskFailed`. A waiting task that no instance serves within `assign_timeout_seconds` fails too.
+The rank blamed is `events.culprit.name_culprit`'s, from the newest heartbeat of each rank: the
+same judgment `shoal diagnose` makes from the log.
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from collections.abc import Mapping
 
 import msgspec
 
-from events.catalogue import LogEvent, NodeTimedOut, TaskFailed, TaskStalled
+from events.catalogue import LogEvent, NodeTimedOut, RunnerHeartbeat, TaskFailed, TaskStalled
+from events.culprit import STALLED_TASK_BOUNDS, Culprit, TaskEvidence, name_culprit
 from events.ids import InstanceId, NodeId
 from events.stamp import Stamper
 from events.state import InstanceInfo, State, TaskInfo
-from services.master.core import MasterPolicy, culprits, retire_instance
+from services.master.core import MasterPolicy, judge_instance, retire_instance
 
 NS = 1_000_000_000
 
@@ -24,10 +27,14 @@ RunnerKey = tuple[InstanceId, int]
 
 
 class Liveness(msgspec.Struct, frozen=True, kw_only=True):
-    """When the master last heard each node's and each runner's heartbeat (wall ns)."""
+    """When the master last heard each node's heartbeat (wall ns), and each runner's newest one."""
 
     nodes: Mapping[NodeId, int] = msgspec.field(default_factory=dict[NodeId, int])
-    runners: Mapping[RunnerKey, int] = msgspec.field(default_factory=dict[RunnerKey, int])
+    runners: Mapping[RunnerKey, RunnerHeartbeat] = msgspec.field(default_factory=dict[RunnerKey, RunnerHeartbeat])
+
+    def beats_of(self, instance: InstanceInfo) -> dict[int, RunnerHeartbeat]:
+        keys = [(instance.instance_id, r.rank) for r in instance.runners]
+        return {key[1]: self.runners[key] for key in keys if key in self.runners}
 
 
 def tick(state: State, now_ns: int, liveness: Liveness, policy: MasterPolicy, stamper: Stamper) -> list[LogEvent]:
@@ -44,13 +51,16 @@ def _orphaned_instances(state: State, now_ns: int, policy: MasterPolicy, stamper
     (its node may be gone, or its worker too), so retire with what is known."""
     decisions: list[LogEvent] = []
     for instance in state.instances.values():
-        if instance.retired or not instance.failed or culprits(instance):
+        if instance.retired or not instance.failed:
             continue
-        lost = [r for r in instance.runners if r.status == "failed"]
+        culprit = judge_instance(state, instance)
+        if culprit is None or culprit.cause != "unreported":
+            continue  # the core retired it already, or will on its next event
+        lost = [instance.runners[rank] for rank in culprit.followers]
         if now_ns - max(r.changed_at for r in lost) > policy.peer_loss_grace_seconds * NS:
-            silent = [r.rank for r in instance.runners if r.status != "failed"]
+            silent = [rank for rank in culprit.ranks if rank not in culprit.followers]
             reason = f"rank {lost[0].rank} lost its peers; rank(s) {silent} never reported (node or worker gone?)"
-            decisions += retire_instance(stamper, instance, reason, rank=silent[0] if silent else None)
+            decisions += retire_instance(stamper, instance, reason, rank=culprit.sole_rank if silent else None)
     return decisions
 
 
@@ -80,19 +90,23 @@ def _stalled_tasks(
         if now_ns - since <= policy.task_stall_seconds * NS:
             continue
         diagnosis = describe_positions(task, instance, now_ns)
-        laggard = _silent_rank(instance, liveness, now_ns, policy)
-        if laggard is None:
-            laggard = _laggard_rank(task, instance)
+        culprit = blame(state, instance, task, liveness, now_ns)
         decisions.append(
             TaskStalled(env=stamper.stamp(f"stall-{task.task_id}"), task_id=task.task_id, diagnosis=diagnosis)
         )
         error = f"stalled: no progress for {policy.task_stall_seconds:g}s ({diagnosis})"
         # The group is wedged (a rank frozen or gone, a collective nobody completes): the only cure
         # is new processes, so the instance is retired and its runners stopped.
-        culprit = laggard if laggard is not None else "?"
-        reason = f"task {task.task_id} stalled; rank {culprit} is the likely culprit"
-        decisions += retire_instance(stamper, instance, reason, rank=laggard, head_error=error)
+        reason = f"task {task.task_id} stalled; likely culprit: {culprit.describe()}"
+        decisions += retire_instance(stamper, instance, reason, rank=culprit.sole_rank, head_error=error)
     return decisions
+
+
+def blame(state: State, instance: InstanceInfo, task: TaskInfo, liveness: Liveness, now_ns: int) -> Culprit:
+    """Who stalled `task` on `instance`, as the master sees it at `now_ns`: the log's State and the
+    newest heartbeat of each rank, judged with the stalled-task bounds."""
+    beats = liveness.beats_of(instance)
+    return name_culprit(TaskEvidence.about_task(state, instance, task, beats, now_ns, STALLED_TASK_BOUNDS))
 
 
 def _unserved_tasks(state: State, now_ns: int, policy: MasterPolicy, stamper: Stamper) -> list[LogEvent]:
@@ -129,25 +143,3 @@ def describe_positions(task: TaskInfo, instance: InstanceInfo, now_ns: int) -> s
             f"cancel ({task.cancel_reason}) requested {(now_ns - task.cancelled_at) / NS:.1f}s ago, not acted on"
         )
     return "; ".join(parts)
-
-
-def _silent_rank(instance: InstanceInfo, liveness: Liveness, now_ns: int, policy: MasterPolicy) -> int | None:
-    """A rank whose heartbeats stopped (frozen or dead) while its peers' go on: the culprit."""
-    silence = max(3.0, policy.node_timeout_seconds / 2) * NS
-    last = {r.rank: liveness.runners.get((instance.instance_id, r.rank), 0) for r in instance.runners}
-    heard = [rank for rank, at in last.items() if at and now_ns - at <= silence]
-    silent = [rank for rank, at in last.items() if at and now_ns - at > silence]
-    return silent[0] if silent and heard else None
-
-
-def _laggard_rank(task: TaskInfo, instance: InstanceInfo) -> int | None:
-    """The rank most likely stuck: a failed runner, else one that never reported, else the one furthest behind."""
-    for runner in instance.runners:
-        if runner.status in ("failed", "stopped"):
-            return runner.rank
-    missing = [r.rank for r in instance.runners if r.rank not in task.progress]
-    if missing and task.progress:
-        return missing[0]
-    if not task.progress:
-        return None
-    return min(task.progress, key=lambda rank: (task.progress[rank].iteration, task.progress[rank].at))

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from events.evidence import RankView, ago, rank_views
 from events.state import InstanceInfo, NodeInfo, State
-from services.ops.findings import Cause, Finding, RankView
-from services.ops.ranks import ago, top_frame
+from services.ops.findings import Cause, Finding
+from services.ops.ranks import top_frame
 
 
 def _where(views: list[RankView]) -> str:
@@ -104,7 +105,7 @@ def unassigned_next_step(state: State, model: str) -> str:
 
 def instance_finding(instance: InstanceInfo, cause: Cause, ranks: list[int], now_ns: int) -> Finding:
     runners = [instance.runners[r] for r in ranks]
-    views = [RankView(rank=r.rank, node_id=r.node_id, runner_status=r.status, phase=r.status) for r in instance.runners]
+    views = rank_views(None, instance, {}, now_ns)
     stuck = [views[r] for r in ranks]
     evidence = tuple(f"rank {r.rank} on {r.node_id}: {r.status} {r.detail}".strip() for r in runners)
     summary = {

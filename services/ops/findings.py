@@ -6,6 +6,9 @@ from typing import Literal
 
 import msgspec
 
+from events.culprit import STALLED_TASK_BOUNDS, Bounds
+from events.evidence import RankView
+
 Cause = Literal[
     "rank_died",  # a rank's process is gone: runner failed/stopped, or its heartbeats stopped
     "stalled_in_compute",  # a live rank sits in one phase, its stack in model code
@@ -43,26 +46,18 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     cancel_grace_s: float = 10.0  # every rank must have stopped this long after a cancel
     assign_timeout_s: float = 30.0  # a task unassigned this long will not be
     load_timeout_s: float = 600.0  # an instance not ready this long after placement is stuck
-    # Once the master's watchdog declared a task stalled, shorter bounds name the culprit (the
-    # watchdog's deadline, `task_stall_seconds`, may be far below the ones above):
-    stalled_task_phase_s: float = 3.0  # a phase this old in a stalled task is where the rank is stuck
-    stalled_task_silence_s: float = 5.0  # a rank this silent (~5 beats) while others beat stopped
 
-
-class RankView(msgspec.Struct, frozen=True, kw_only=True):
-    """One rank as the log last saw it (times are seconds before the diagnosis reference)."""
-
-    rank: int
-    node_id: str
-    runner_status: str
-    phase: str  # the heartbeat's phase, else inferred from the log (prefill / decode / waiting)
-    iteration: int | None = None
-    processed: int | None = None
-    total: int | None = None
-    last_progress_ago_s: float | None = None
-    heartbeat_ago_s: float | None = None  # None: no heartbeat from this rank in the log
-    phase_age_s: float | None = None  # how long the rank had been in `phase` at its last heartbeat
-    stack: str | None = None
+    def bounds(self, *, stalled: bool) -> Bounds:
+        """Once the master's watchdog declared a task stalled, the watchdog's own (shorter) bounds
+        name the culprit, as they did when it gave the task up: its deadline,
+        `task_stall_seconds`, may be far below the ones above."""
+        own = Bounds(silence_s=self.heartbeat_timeout_s, phase_s=self.stall_phase_s)
+        if not stalled:
+            return own
+        return Bounds(
+            silence_s=min(own.silence_s, STALLED_TASK_BOUNDS.silence_s),
+            phase_s=min(own.phase_s, STALLED_TASK_BOUNDS.phase_s),
+        )
 
 
 class Finding(msgspec.Struct, frozen=True, kw_only=True):

@@ -5,9 +5,10 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 
+from events.evidence import ago
 from events.state import State, TaskInfo
 from services.ops.findings import Diagnosis, Finding
-from services.ops.ranks import Heartbeats, ago
+from services.ops.ranks import Heartbeats
 from services.ops.timeline import Timeline
 
 MAX_BAR_LINES = 400  # past this, a lane prints a summary: a 100k-token prompt has hundreds of chunks
@@ -108,7 +109,7 @@ def finding_text(finding: Finding) -> str:
         beat = f"heartbeat {view.heartbeat_ago_s}s ago" if view.heartbeat_ago_s is not None else "no heartbeat"
         age = f", in phase {view.phase_age_s}s" if view.phase_age_s is not None else ""
         lines.append(
-            f" {mark} rank {view.rank} on {view.node_id}: runner {view.runner_status}, {view.phase} "
+            f" {mark} rank {view.rank} on {view.node_id}: runner {view.runner_status}, {view.phase_text} "
             f"{position}{tokens}, {beat}{age}"
         )
         if view.stack and view.rank in finding.stuck_ranks:

@@ -18,10 +18,11 @@ import msgspec
 
 from events.apply import ApplyError
 from events.catalogue import AnyEvent, NodeHeartbeat, RunnerHeartbeat
-from events.codec import ExportRecord, StreamName
+from events.codec import ExportRecord
 from events.fold import Folder
 from events.ids import InstanceId, TaskId
 from events.state import State
+from events.vocabulary import StreamKey
 from services.ops.load import SkippedLines
 
 _TELEMETRY_TYPES = (RunnerHeartbeat, NodeHeartbeat)
@@ -33,7 +34,7 @@ class Cutoff(msgspec.Struct, frozen=True, kw_only=True):
     seq: int | None = None
     wall_ns: int | None = None
 
-    def excludes(self, stream: StreamName, seq: int, wall_ns: int) -> bool:
+    def excludes(self, stream: StreamKey, seq: int, wall_ns: int) -> bool:
         if self.wall_ns is not None and wall_ns > self.wall_ns:
             return True
         return stream == "events" and self.seq is not None and seq > self.seq
@@ -130,14 +131,14 @@ def scan(
 
 
 def numbered(
-    pairs: Iterable[tuple[int, AnyEvent]], stream_of: Callable[[AnyEvent], StreamName]
+    pairs: Iterable[tuple[int, AnyEvent]], stream_of: Callable[[AnyEvent], StreamKey]
 ) -> Iterable[tuple[int, ExportRecord]]:
     """Adapt live `(seq, event)` pairs to `scan`'s input; the position stands in for a line number."""
     for position, (seq, event) in enumerate(pairs, 1):
         yield position, ExportRecord(stream=stream_of(event), seq=seq, event=event)
 
 
-def stream_of(event: AnyEvent) -> StreamName:
+def stream_of(event: AnyEvent) -> StreamKey:
     return "telemetry" if isinstance(event, RunnerHeartbeat | NodeHeartbeat) else "events"
 
 

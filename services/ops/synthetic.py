@@ -14,11 +14,9 @@ import msgspec
 
 from events.catalogue import (
     AnyEvent,
-    CancelReason,
     ChatMessage,
     ChunkGenerated,
     Envelope,
-    FinishReason,
     InstancePlaced,
     InstanceRetired,
     NodeJoined,
@@ -28,7 +26,6 @@ from events.catalogue import (
     PrefillProgress,
     PrefillStarted,
     RunnerHeartbeat,
-    RunnerStatus,
     RunnerStatusChanged,
     Shard,
     TaskAssigned,
@@ -42,6 +39,7 @@ from events.catalogue import (
 from events.codec import ExportRecord
 from events.ids import EventId, InstanceId, NodeId, TaskId
 from events.runner_settings import RunnerSettings
+from events.vocabulary import CancelReason, FinishReason, Phase, RunnerStatus, RunnerStatusCause
 
 START_NS = 1_767_225_600 * 1_000_000_000  # 2026-01-01T00:00:00Z
 SECOND_NS = 1_000_000_000
@@ -81,6 +79,10 @@ class LogBuilder:
         self._ids += 1
         origin = Origin(service=service, node="", rank=rank)
         return Envelope(event_id=EventId(f"ev{self._ids}"), origin=origin, wall_time=self.now_ns, mono_ns=self.now_ns)
+
+    def record(self, event: AnyEvent) -> None:
+        """Append an event made elsewhere (a master's decisions, stamped with this log's clock)."""
+        self._emit(event)
 
     def _emit(self, event: AnyEvent) -> AnyEvent:
         if isinstance(event, RunnerHeartbeat):
@@ -122,11 +124,17 @@ class LogBuilder:
             InstancePlaced(env=env, instance_id=iid, model=model, shards=shards, ring_hosts=hosts, settings=settings)
         )
 
-    def runner_status(self, instance_id: str, rank: int, status: RunnerStatus, detail: str = "") -> None:
+    def runner_status(
+        self,
+        instance_id: str,
+        rank: int,
+        status: RunnerStatus,
+        detail: str = "",
+        cause: RunnerStatusCause | None = None,
+    ) -> None:
         env = self._env("worker", rank)
-        self._emit(
-            RunnerStatusChanged(env=env, instance_id=InstanceId(instance_id), rank=rank, status=status, detail=detail)
-        )
+        iid = InstanceId(instance_id)
+        self._emit(RunnerStatusChanged(env=env, instance_id=iid, rank=rank, status=status, detail=detail, cause=cause))
 
     def ready_instance(self, instance_id: str, nodes: Sequence[str], model: str = "tiny", step: int = 1024) -> None:
         """Nodes joined, instance placed, every rank ready: the usual start of a log."""
@@ -184,7 +192,9 @@ class LogBuilder:
         )
 
     def failed(self, task_id: str, error: str, rank: int | None = None) -> None:
-        self._emit(TaskFailed(env=self._env("master"), task_id=TaskId(task_id), error=error, rank=rank))
+        """A rank's own report when `rank` is given, else the master's (a task nobody can serve)."""
+        env = self._env("runner" if rank is not None else "master", rank)
+        self._emit(TaskFailed(env=env, task_id=TaskId(task_id), error=error, rank=rank))
 
     def stalled(self, task_id: str, diagnosis: str) -> None:
         self._emit(TaskStalled(env=self._env("master"), task_id=TaskId(task_id), diagnosis=diagnosis))
@@ -193,7 +203,7 @@ class LogBuilder:
         self,
         instance_id: str,
         rank: int,
-        phase: str,
+        phase: Phase,
         task_id: str | None = None,
         iteration: int = 0,
         phase_age_s: float = 0.0,

@@ -18,7 +18,7 @@ from events.ids import InstanceId, NodeId
 from events.stamp import Stamper
 from events.state import State
 from runner.blas import blas_env
-from runner.service.exit_codes import PEER_LOST_DETAIL, PEER_LOST_EXIT
+from runner.service.exit_codes import exit_cause
 from services.worker.plan import RunnerKey, plan_runners, ranks_sharing_host
 from services.worker.procs import RunnerProcesses, child_env, describe_exit, runner_argv
 
@@ -104,12 +104,20 @@ class Worker:
 
     async def _runner_exited(self, key: RunnerKey, code: int, stderr_tail: str) -> None:
         assert self._log is not None
-        cause = (
-            PEER_LOST_DETAIL + ": the ring group broke when another rank went away" if code == PEER_LOST_EXIT else ""
+        cause = exit_cause(code)
+        what = (
+            "lost a peer: the ring group broke when another rank went away"
+            if cause == "peer_lost"
+            else describe_exit(code)
         )
-        detail = f"{cause or 'runner process ' + describe_exit(code)}; stderr tail:\n{stderr_tail[-1500:]}"
+        detail = f"runner process {what}; stderr tail:\n{stderr_tail[-1500:]}"
         event = RunnerStatusChanged(
-            env=self.stamper.stamp(), instance_id=InstanceId(key[0]), rank=key[1], status="failed", detail=detail
+            env=self.stamper.stamp(),
+            instance_id=InstanceId(key[0]),
+            rank=key[1],
+            status="failed",
+            detail=detail,
+            cause=cause,
         )
         await self._log.append(event)
 

@@ -13,6 +13,7 @@ from events.catalogue import (
     Origin,
     PrefillProgress,
     PrefillStarted,
+    RunnerHeartbeat,
     RunnerStatusChanged,
     Shard,
     TaskAssigned,
@@ -20,6 +21,7 @@ from events.catalogue import (
 )
 from events.ids import InstanceId, NodeId, TaskId
 from events.stamp import Stamper
+from events.vocabulary import Phase, RunnerStatus
 
 
 class FakeClock:
@@ -85,12 +87,15 @@ class Events:
             ring_hosts=[f"127.0.0.1:{5000 + r}" for r in range(len(nodes))],
         )
 
-    def runner(self, rank: int, status: str, instance_id: str = "i1") -> RunnerStatusChanged:
+    def runner(self, rank: int, status: RunnerStatus, instance_id: str = "i1") -> RunnerStatusChanged:
         return RunnerStatusChanged(
-            env=self.stamper.stamp(),
-            instance_id=InstanceId(instance_id),
-            rank=rank,
-            status=status,  # pyright: ignore[reportArgumentType]
+            env=self.stamper.stamp(), instance_id=InstanceId(instance_id), rank=rank, status=status
+        )
+
+    def heartbeat(self, instance_id: str, rank: int, phase: Phase, task_id: str | None = None) -> RunnerHeartbeat:
+        tid = TaskId(task_id) if task_id is not None else None
+        return RunnerHeartbeat(
+            env=self.stamper.stamp(), instance_id=InstanceId(instance_id), rank=rank, phase=phase, task_id=tid
         )
 
     def created(self, task_id: str = "t1", model: str = "tiny") -> TaskCreated:

@@ -1,10 +1,25 @@
-"""Small logs, one per hang shape, built with `LogBuilder` (2 ranks unless said otherwise)."""
+"""Small logs, one per hang shape, built with `LogBuilder` (2 ranks unless said otherwise).
+
+What the master decides in them (a stalled task given up, an instance retired) is never typed by
+hand: the real master core and watchdog run on the log as it stands (`master_decides`,
+`watchdog_ticks`). `CATALOGUE` lists every shape with the finding `shoal diagnose` must make.
+"""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from events.apply import fold
+from events.catalogue import LogEvent, Origin, RunnerHeartbeat
 from events.codec import ExportRecord
+from events.stamp import Stamper
+from events.state import State
+from services.master.core import MasterCore, MasterPolicy
+from services.master.watchdog import Liveness, RunnerKey, tick
+from services.models import LocalModelCatalog
+from services.ops.findings import Cause, SubjectKind
 from services.ops.synthetic import (
     COLLECTIVE_STACK,
     COMPUTE_STACK,
@@ -49,7 +64,7 @@ def healthy() -> LogBuilder:
 
 def runner_failed() -> LogBuilder:
     log = started(stop_after=3)
-    log.runner_status("i1", 1, "failed", "exit code -9")
+    log.runner_status("i1", 1, "failed", "exit code -9", cause="killed")
     beats(log, 40, {0: ("prefill", 3, COLLECTIVE_STACK)})
     return log
 
@@ -143,8 +158,7 @@ def watchdog_failed_after_silence() -> LogBuilder:
     log = started(stop_after=3)
     beats(log, 5, {0: ("prefill", 3, None), 1: ("prefill", 3, None)})
     beats(log, 30, {0: ("prefill", 3, COLLECTIVE_STACK)}, since=5)
-    log.stalled("t1", "no progress for 30s")
-    log.failed("t1", "stalled: no progress for 30s")
+    watchdog_ticks(log, stall_s=30)
     return log
 
 
@@ -152,7 +166,7 @@ def idle_instance_rank_failed() -> LogBuilder:
     log = LogBuilder()
     log.ready_instance("i1", NODES)
     log.advance(5)
-    log.runner_status("i1", 1, "failed", "segfault")
+    log.runner_status("i1", 1, "failed", "segfault", cause="exited")
     return log
 
 
@@ -186,21 +200,19 @@ AGREE_STACK = (  # rank 0 of the same: waiting for rank 1 in the cancel agreemen
 
 
 def teardown(log: LogBuilder) -> None:
-    """After a task failed: the instance is retired and its runners stopped (not evidence)."""
-    log.advance(0.1)
-    log.retired("i1", "retired")
+    """After the master retired the instance: its runners are stopped (not evidence)."""
     log.advance(1)
-    log.runner_status("i1", 0, "stopped", "SIGTERM")
-    log.runner_status("i1", 1, "stopped", "SIGTERM")
+    log.runner_status("i1", 0, "stopped", "SIGTERM", cause="terminated")
+    log.runner_status("i1", 1, "stopped", "SIGTERM", cause="terminated")
 
 
 def killed_then_peer_failed() -> LogBuilder:
     """SIGKILL of rank 1: the worker reports it, the master fails the task, rank 0 then loses its peer."""
     log = started(stop_after=3)
-    log.runner_status("i1", 1, "failed", KILLED)
-    log.failed("t1", f"instance i1 was retired: rank 1 failed: {KILLED}", rank=1)
+    log.runner_status("i1", 1, "failed", KILLED, cause="killed")
+    master_decides(log)
     log.advance(0.2)
-    log.runner_status("i1", 0, "failed", PEER_LOST)
+    log.runner_status("i1", 0, "failed", PEER_LOST, cause="peer_lost")
     return log
 
 
@@ -208,9 +220,11 @@ def peer_failed_before_kill_reported() -> LogBuilder:
     """The same, with rank 0's own error first: the kill report lands just after the task failed."""
     log = started(stop_after=3)
     log.failed("t1", f"rank 0 failed: {PEER_LOST}", rank=0)
-    log.runner_status("i1", 0, "failed", PEER_LOST)
+    log.runner_status("i1", 0, "failed", PEER_LOST, cause="peer_lost")
+    master_decides(log)  # a casualty alone: the master waits for the rank that died
     log.advance(0.5)
-    log.runner_status("i1", 1, "failed", KILLED)
+    log.runner_status("i1", 1, "failed", KILLED, cause="killed")
+    master_decides(log)
     return log
 
 
@@ -218,8 +232,7 @@ def sleeping_rank_short_deadline() -> LogBuilder:
     """Rank 1 sleeps inside its cancel poll; the watchdog (12 s) fails the task before 20 s."""
     log = started(stop_after=3)
     beats(log, 12, {0: ("agree_cancel", 3, AGREE_STACK), 1: ("agree_cancel", 3, SLEEP_STACK)})
-    log.stalled("t1", "no progress for 12s")
-    log.failed("t1", "stalled: no progress for 12s", rank=0)
+    watchdog_ticks(log, stall_s=12)
     teardown(log)
     return log
 
@@ -228,8 +241,7 @@ def frozen_rank_short_deadline() -> LogBuilder:
     """SIGSTOP of rank 1: its heartbeats stop, no exit is reported; the watchdog fails the task."""
     log = started(stop_after=3)
     beats(log, 12, {0: ("agree_cancel", 3, AGREE_STACK)})
-    log.stalled("t1", "no progress for 12s")
-    log.failed("t1", "stalled: no progress for 12s", rank=0)
+    watchdog_ticks(log, stall_s=12)
     teardown(log)
     return log
 
@@ -255,3 +267,87 @@ Scenario = Callable[[], LogBuilder]
 
 def records(scenario: Scenario) -> list[ExportRecord]:
     return scenario().records
+
+
+@dataclass(frozen=True)
+class Case:
+    """A hang shape and the one finding `shoal diagnose` makes of it."""
+
+    scenario: Scenario
+    kind: SubjectKind
+    cause: Cause
+    stuck: tuple[int, ...]
+
+
+CATALOGUE: tuple[Case, ...] = (
+    Case(runner_failed, "task", "rank_died", (1,)),
+    Case(heartbeat_silence, "task", "rank_died", (1,)),
+    Case(watchdog_failed_after_silence, "task", "rank_died", (1,)),
+    Case(compute_stall, "task", "stalled_in_compute", (1,)),
+    Case(collective_stall, "task", "stalled_in_collective", (0, 1)),
+    Case(iteration_mismatch, "task", "iteration_mismatch", (1,)),
+    Case(cancel_split, "task", "cancel_ignored", (1,)),
+    Case(cancel_no_telemetry, "task", "cancel_ignored", (0, 1)),
+    Case(node_timed_out, "task", "node_timed_out", (1,)),
+    Case(no_instance, "task", "never_assigned", ()),
+    Case(instance_loading, "task", "never_assigned", ()),
+    Case(failed_with_error, "task", "rank_error", (0,)),
+    Case(quiet_no_telemetry, "task", "no_evidence", (0, 1)),
+    Case(idle_instance_rank_failed, "instance", "rank_died", (1,)),
+    Case(node_gone_idle, "node", "node_timed_out", (1,)),
+    Case(killed_then_peer_failed, "task", "rank_died", (1,)),
+    Case(peer_failed_before_kill_reported, "task", "rank_died", (1,)),
+    Case(sleeping_rank_short_deadline, "task", "stalled_in_compute", (1,)),
+    Case(frozen_rank_short_deadline, "task", "rank_died", (1,)),
+    Case(unplaceable_model, "task", "never_assigned", ()),
+    Case(rank_error_then_shutdown, "task", "rank_error", (0,)),
+)
+
+
+# --- the master, run on the log as it stands ------------------------------------------------------
+
+TICK_S = 0.5  # the master service's watchdog tick (MasterSettings.tick_seconds)
+
+
+def log_events(log: LogBuilder) -> list[tuple[int, LogEvent]]:
+    return [(r.seq, r.event) for r in log.records if isinstance(r.event, LogEvent)]
+
+
+def folded(log: LogBuilder) -> State:
+    """The State folded from the log's events stream, as the master (and diagnose) hold it."""
+    return fold(log_events(log))
+
+
+def liveness(log: LogBuilder, until_ns: int) -> Liveness:
+    """What the master heard by `until_ns`: every node alive (the logs carry no node heartbeats)
+    and the newest heartbeat of each runner."""
+    runners: dict[RunnerKey, RunnerHeartbeat] = {}
+    for record in log.records:
+        beat = record.event
+        if isinstance(beat, RunnerHeartbeat) and beat.env.wall_time <= until_ns:
+            runners[(beat.instance_id, beat.rank)] = beat
+    nodes = {node: until_ns for node in folded(log).nodes}
+    return Liveness(nodes=nodes, runners=runners)
+
+
+def _master_stamper(log: LogBuilder) -> Stamper:
+    ids = itertools.count(1)
+    return Stamper(
+        Origin(service="master"), wall_ns=lambda: log.now_ns, mono_ns=lambda: log.now_ns, new_id=lambda: f"m{next(ids)}"
+    )
+
+
+def master_decides(log: LogBuilder) -> None:
+    """The master core's decisions on the log's last event, appended as the master would."""
+    events = log_events(log)
+    core = MasterCore(MasterPolicy(), LocalModelCatalog(["tiny"]), _master_stamper(log))
+    for event in core.decide(fold(events), events[-1][1]):
+        log.record(event)
+
+
+def watchdog_ticks(log: LogBuilder, stall_s: float) -> None:
+    """One watchdog tick after the log's end, with `stall_s` as the stall deadline."""
+    log.advance(TICK_S)
+    policy = MasterPolicy(task_stall_seconds=stall_s)
+    for event in tick(folded(log), log.now_ns, liveness(log, log.now_ns), policy, _master_stamper(log)):
+        log.record(event)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.ops.findings import CAUSES, Cause, Diagnosis
+from services.ops.findings import CAUSES, Diagnosis
 from services.ops.offline import diagnose_scan
 from services.ops.scan import scan
 from tests.ops import scenarios
@@ -14,42 +14,16 @@ def diagnosis_of(scenario: Scenario) -> Diagnosis:
     return diagnose_scan(scan(enumerate(log.records, 1)))
 
 
-@pytest.mark.parametrize(
-    ("scenario", "kind", "cause", "stuck"),
-    [
-        (scenarios.runner_failed, "task", "rank_died", (1,)),
-        (scenarios.heartbeat_silence, "task", "rank_died", (1,)),
-        (scenarios.watchdog_failed_after_silence, "task", "rank_died", (1,)),
-        (scenarios.compute_stall, "task", "stalled_in_compute", (1,)),
-        (scenarios.collective_stall, "task", "stalled_in_collective", (0, 1)),
-        (scenarios.iteration_mismatch, "task", "iteration_mismatch", (1,)),
-        (scenarios.cancel_split, "task", "cancel_ignored", (1,)),
-        (scenarios.cancel_no_telemetry, "task", "cancel_ignored", (0, 1)),
-        (scenarios.node_timed_out, "task", "node_timed_out", (1,)),
-        (scenarios.no_instance, "task", "never_assigned", ()),
-        (scenarios.instance_loading, "task", "never_assigned", ()),
-        (scenarios.failed_with_error, "task", "rank_error", (0,)),
-        (scenarios.quiet_no_telemetry, "task", "no_evidence", (0, 1)),
-        (scenarios.idle_instance_rank_failed, "instance", "rank_died", (1,)),
-        (scenarios.node_gone_idle, "node", "node_timed_out", (1,)),
-        (scenarios.killed_then_peer_failed, "task", "rank_died", (1,)),
-        (scenarios.peer_failed_before_kill_reported, "task", "rank_died", (1,)),
-        (scenarios.sleeping_rank_short_deadline, "task", "stalled_in_compute", (1,)),
-        (scenarios.frozen_rank_short_deadline, "task", "rank_died", (1,)),
-        (scenarios.unplaceable_model, "task", "never_assigned", ()),
-        (scenarios.rank_error_then_shutdown, "task", "rank_error", (0,)),
-    ],
-)
-def test_each_hang_shape_gets_its_cause(scenario: Scenario, kind: str, cause: Cause, stuck: tuple[int, ...]) -> None:
-    findings = diagnosis_of(scenario).findings
-    assert [(f.kind, f.cause, f.stuck_ranks) for f in findings] == [(kind, cause, stuck)]
+@pytest.mark.parametrize("case", scenarios.CATALOGUE, ids=lambda case: case.scenario.__name__)
+def test_each_hang_shape_gets_its_cause(case: scenarios.Case) -> None:
+    findings = diagnosis_of(case.scenario).findings
+    assert [(f.kind, f.cause, f.stuck_ranks) for f in findings] == [(case.kind, case.cause, case.stuck)]
     finding = findings[0]
     assert finding.next_step and finding.summary and finding.evidence
 
 
 def test_every_cause_is_covered_by_a_scenario() -> None:
-    covered = {"rank_died", "stalled_in_compute", "stalled_in_collective", "iteration_mismatch", "cancel_ignored"}
-    covered |= {"node_timed_out", "never_assigned", "rank_error", "no_evidence"}
+    covered = {case.cause for case in scenarios.CATALOGUE}
     assert set(CAUSES) - covered == {"instance_not_ready"}  # covered below
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from events.catalogue import LogEvent, RunnerStatusChanged, TaskAssigned, TaskCompleted, TaskFailed, TelemetryEvent
 from events.ids import InstanceId, TaskId
+from events.vocabulary import FinishReason
 from runner.engine.protocols import CancelSource, NullSink, PhaseTracker, RunnerSink
 from runner.errors import RequestError
 from runner.service.bridge import Assignment
@@ -25,7 +26,7 @@ class FakeTokenizer:
 
 @dataclass
 class FakeOutcome:
-    finish_reason: str = "length"
+    finish_reason: FinishReason = "length"
     prompt_tokens: int = 5
     completion_tokens: int = 3
     ttft_ms: float | None = 12.0

@@ -8,7 +8,6 @@ import pytest
 
 from events.apply import apply, fold
 from events.catalogue import (
-    PEER_LOST_DETAIL,
     InstancePlaced,
     InstanceRetired,
     LogEvent,
@@ -23,6 +22,7 @@ from events.catalogue import (
 from events.ids import InstanceId, TaskId
 from events.runner_settings import RunnerSettings
 from events.state import State
+from events.vocabulary import RunnerStatusCause
 from services.master.core import MasterCore, MasterPolicy, UnknownModel
 from services.master.watchdog import Liveness, tick
 from tests.events.builders import Events, FakeClock, fake_stamper
@@ -255,17 +255,23 @@ def test_watchdog_names_the_rank_whose_heartbeats_stopped() -> None:
     c.feed(
         c.ev.started("warm", 0), c.ev.progress("warm", rank=0, iteration=0), c.ev.progress("warm", rank=1, iteration=0)
     )
-    frozen_at = c.clock.now_ns
+    frozen = c.ev.heartbeat(instance, 1, "prefill", "warm")
     c.clock.advance(31)
-    liveness = Liveness(runners={(instance, 0): c.clock.now_ns, (instance, 1): frozen_at})  # pyright: ignore[reportArgumentType]
+    alive = c.ev.heartbeat(instance, 0, "prefill", "warm")
+    liveness = Liveness(runners={(alive.instance_id, 0): alive, (frozen.instance_id, 1): frozen})
     out = tick(c.state, c.clock.now_ns, liveness, c.policy, fake_stamper("wd", c.clock))
     failed = [e for e in out if isinstance(e, TaskFailed)]
     assert failed[0].rank == 1
 
 
-def _failed(c: Cluster, instance: str, rank: int, detail: str) -> RunnerStatusChanged:
+def _failed(c: Cluster, instance: str, rank: int, detail: str, cause: RunnerStatusCause) -> RunnerStatusChanged:
     return RunnerStatusChanged(
-        env=c.ev.stamper.stamp(), instance_id=InstanceId(instance), rank=rank, status="failed", detail=detail
+        env=c.ev.stamper.stamp(),
+        instance_id=InstanceId(instance),
+        rank=rank,
+        status="failed",
+        detail=detail,
+        cause=cause,
     )
 
 
@@ -273,8 +279,8 @@ def test_a_casualty_of_a_lost_peer_waits_for_the_rank_that_died() -> None:
     c = Cluster()
     instance = c.ready_instance()
     c.feed(c.ev.created("t1"))
-    assert c.feed(_failed(c, instance, 0, f"{PEER_LOST_DETAIL}: the ring group broke")) == []
-    out = c.feed(_failed(c, instance, 1, "runner process killed by SIGKILL"))
+    assert c.feed(_failed(c, instance, 0, "the ring group broke", "peer_lost")) == []
+    out = c.feed(_failed(c, instance, 1, "runner process killed by SIGKILL", "killed"))
     retired = [e for e in out if isinstance(e, InstanceRetired)]
     assert retired and "rank 1" in retired[0].reason and "SIGKILL" in retired[0].reason
     assert {e.rank for e in out if isinstance(e, TaskFailed)} == {1}
@@ -283,7 +289,7 @@ def test_a_casualty_of_a_lost_peer_waits_for_the_rank_that_died() -> None:
 def test_only_casualties_are_retired_after_the_grace() -> None:
     c = Cluster(MasterPolicy(peer_loss_grace_seconds=2.0))
     instance = c.ready_instance()
-    assert c.feed(_failed(c, instance, 0, f"{PEER_LOST_DETAIL}: the ring group broke")) == []
+    assert c.feed(_failed(c, instance, 0, "the ring group broke", "peer_lost")) == []
     c.clock.advance(1)
     assert tick(c.state, c.clock.now_ns, Liveness(), c.policy, fake_stamper("wd", c.clock)) == []
     c.clock.advance(2)

@@ -1,0 +1,57 @@
+"""The words shared by the runner, the events, the master and the operator tools, defined once.
+
+Each is a `Literal`, so basedpyright rejects a misspelt value at every hop and msgspec rejects one
+on the wire. The sets derived from them come from `get_args`: the list of values exists only in
+the `Literal`. Pure: nothing here imports more than `typing`.
+
+Changing a value is a wire change: events carry these words, and old logs must still decode.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+# --- where a runner's main thread is (`PhaseTracker.enter`, carried by `RunnerHeartbeat`) ------
+
+ComputePhase = Literal["prefill", "decode"]  # running the model for a task
+Phase = Literal[
+    "idle",  # between tasks (also before the first one)
+    "loading",  # joining the group and loading its shard
+    "warming_up",  # a tiny task through every path, before reporting ready
+    "agree_start",  # all ranks vote on starting a task (one all-reduce)
+    "agree_cancel",  # all ranks vote on stopping it (one all-reduce)
+    ComputePhase,
+]
+COMPUTE_PHASES: frozenset[Phase] = frozenset(get_args(ComputePhase))
+# On a task and not (yet) asked to stop: what a rank that ignores a cancel is still in.
+WORKING_PHASES: frozenset[Phase] = COMPUTE_PHASES | frozenset[Phase]({"agree_start"})
+# Voting to stop, or done: what a rank that acted on a cancel is in.
+STOPPING_PHASES: frozenset[Phase] = frozenset({"agree_cancel", "idle"})
+
+# --- a runner's lifecycle (`RunnerStatusChanged`) ------------------------------------------------
+
+ServingStatus = Literal["ready", "running"]  # warmed up: a running rank is also ready for the next task
+DownStatus = Literal["failed", "stopped"]
+RunnerStatus = Literal["loading", "warming_up", ServingStatus, DownStatus]
+SERVING_STATUSES: frozenset[RunnerStatus] = frozenset(get_args(ServingStatus))
+DOWN_STATUSES: frozenset[RunnerStatus] = frozenset(get_args(DownStatus))
+
+# Why a runner went down: set by whoever saw it go (the runner itself, or its worker reading the
+# process's exit), so nobody has to read it out of the human `detail` text.
+RunnerStatusCause = Literal[
+    "peer_lost",  # its ring group broke because another rank went away: a casualty, not a culprit
+    "killed",  # its process was killed by a signal (SIGKILL, the OOM killer)
+    "exited",  # its process exited on its own (a crash, an exit status)
+    "error",  # the runner caught an exception and reported it
+    "terminated",  # asked to stop (SIGTERM), it did
+]
+
+# --- tasks ---------------------------------------------------------------------------------------
+
+PrefillPath = Literal["pipeline", "sequential"]
+FinishReason = Literal["stop", "length", "cancelled"]
+CancelReason = Literal["client_disconnect", "api", "deadline", "shutdown"]
+
+# --- the log's two streams -----------------------------------------------------------------------
+
+StreamKey = Literal["events", "telemetry"]  # SHOAL_EVENTS and SHOAL_TELEMETRY
