@@ -28,7 +28,7 @@ from events.stamp import Stamper
 from events.subjects import instance_subject
 from runner.engine.protocols import CancelSource, PhaseTracker
 from runner.flight.faults import FAULT_ENV, FaultyCancel, parse_fault
-from runner.service.bridge import LogBridge
+from runner.service.bridge import LogBridge, LogBridgeDown
 from runner.service.exit_codes import PEER_LOST_EXIT, is_peer_loss
 from runner.service.sink import LogSink
 from runner.service.tasks import TaskServer
@@ -131,7 +131,7 @@ def run(
     try:
         server.serve(stop)
     except Exception as exc:
-        if server.current is not None and not is_peer_loss(exc):
+        if server.current is not None and not is_peer_loss(exc) and not isinstance(exc, LogBridgeDown):
             error = f"rank {args.rank} failed: {type(exc).__name__}: {exc}"
             bridge.publish(TaskFailed(env=stamper.stamp(), task_id=TaskId(server.current), error=error, rank=args.rank))
         raise
@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
             return PEER_LOST_EXIT  # the worker reports it; the master waits to name the rank that died
         logger.error("rank {} of {} failed: {}", args.rank, args.instance, exc)
         traceback.print_exc()
-        _status_publisher(bridge, stamper, args)("failed", f"{type(exc).__name__}: {exc}"[:500])
+        if not isinstance(exc, LogBridgeDown):  # a bridge that is down carries no report: the worker's will
+            _status_publisher(bridge, stamper, args)("failed", f"{type(exc).__name__}: {exc}"[:500])
         bridge.close()
         return 1
     _status_publisher(bridge, stamper, args)("stopped", "SIGTERM")

@@ -1,7 +1,8 @@
 """Request bodies of the HTTP API, decoded strictly with msgspec at the edge.
 
 A decoding error names the field (`$.messages[0].role`), which is what the 400 response says.
-Limits from the config (max_tokens, prompt size) are checked after decoding, in `check_limits`.
+Limits from the config are checked after decoding: max_tokens in `to_task`, the prompt's size by
+the chat handler (it needs the model's tokenizer).
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ class MasterCore:
             case TaskCreated():
                 return self._serve_waiting(state, event.model)
             case TaskCancelled():
-                return self._finish_if_waiting(state, state.tasks[event.task_id])
+                return self._finish_if_waiting(state.tasks[event.task_id])
             case RunnerStatusChanged():
                 instance = state.instances[event.instance_id]
                 if instance.retired:
@@ -83,7 +83,7 @@ class MasterCore:
                 if instance.failed:
                     if not culprits(instance):
                         return []  # only casualties so far: wait for the rank that died (watchdog grace)
-                    return self._retire(state, instance, _runner_failure(instance))
+                    return self._retire(instance, _runner_failure(instance))
                 return self._serve_waiting(state, instance.model) if instance.ready else []
             case InstanceRetired():
                 model = state.instances[event.instance_id].model
@@ -99,13 +99,13 @@ class MasterCore:
         """Everything owed by the current State, for a master that just (re)started."""
         decisions: list[LogEvent] = []
         for task in _waiting_tasks(state, model=None):
-            decisions += self._finish_if_waiting(state, task)
+            decisions += self._finish_if_waiting(task)
         for instance in state.instances.values():
             if instance.retired:
                 continue
             broken = _broken_reason(state, instance)
             if broken:
-                decisions += self._retire(state, instance, broken)
+                decisions += self._retire(instance, broken)
         if decisions:
             return decisions  # placement and assignment follow once these are in the log
         for model in sorted({t.model for t in _waiting_tasks(state, model=None)}):
@@ -179,13 +179,13 @@ class MasterCore:
         except (PlacementError, UnknownModel):
             return []  # nothing waits on it; a task for it will get the error
 
-    def _finish_if_waiting(self, state: State, task: TaskInfo) -> list[LogEvent]:
+    def _finish_if_waiting(self, task: TaskInfo) -> list[LogEvent]:
         if task.ended or task.cancel_reason is None or task.instance_id is not None:
             return []  # an assigned task is ended by its ranks, which agree to skip it
         env = self.stamper.stamp(f"cancel-waiting-{task.task_id}")
         return [TaskCompleted(env=env, task_id=task.task_id, finish_reason="cancelled")]
 
-    def _retire(self, state: State, instance: InstanceInfo, reason: str) -> list[LogEvent]:
+    def _retire(self, instance: InstanceInfo, reason: str) -> list[LogEvent]:
         failed = culprits(instance) or [r for r in instance.runners if r.status in ("failed", "stopped")]
         return retire_instance(self.stamper, instance, reason, rank=failed[0].rank if failed else None)
 
@@ -193,7 +193,7 @@ class MasterCore:
         decisions: list[LogEvent] = []
         for instance in state.instances.values():
             if not instance.retired and any(s.node_id == node_id for s in instance.shards):
-                decisions += self._retire(state, instance, _broken_reason(state, instance) or f"node {node_id} is gone")
+                decisions += self._retire(instance, _broken_reason(state, instance) or f"node {node_id} is gone")
         return decisions
 
     def _fail_all(self, tasks: Sequence[TaskInfo], error: str) -> list[LogEvent]:

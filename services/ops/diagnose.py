@@ -68,7 +68,7 @@ def diagnose(state: State, heartbeats: Heartbeats, now_ns: int, limits: Limits |
             findings.append(finding)
             if finding.instance_id is not None:
                 named_instances.add(finding.instance_id)
-    findings.extend(_instance_findings(state, heartbeats, now_ns, limits, named_instances))
+    findings.extend(_instance_findings(state, now_ns, limits, named_instances))
     findings.extend(_node_findings(state, named_instances))
     return findings
 
@@ -303,7 +303,7 @@ def _never_assigned(state: State, task: TaskInfo, now_ns: int) -> Finding:
     )
 
 
-def _instance_findings(state: State, beats: Heartbeats, now_ns: int, limits: Limits, named: set[str]) -> list[Finding]:
+def _instance_findings(state: State, now_ns: int, limits: Limits, named: set[str]) -> list[Finding]:
     findings: list[Finding] = []
     for instance in state.instances.values():
         if instance.retired or instance.instance_id in named:

@@ -42,9 +42,6 @@ class Heartbeats:
             return self.by_task.get((task.task_id, rank))
         return self.latest.get((instance_id, rank))
 
-    def any_for(self, instance: InstanceInfo) -> bool:
-        return any((instance.instance_id, r.rank) in self.latest for r in instance.runners)
-
 
 def ago(reference_ns: int, at_ns: int) -> float:
     return round(max(0, reference_ns - at_ns) / NS, 3)
