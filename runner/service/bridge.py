@@ -63,7 +63,7 @@ class LogBridge:
         self._open_log = open_log
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="log-bridge", daemon=True)
-        self._scope = anyio.CancelScope()  # the bridge's whole life on its loop; `close` cancels it
+        self._closing = asyncio.Event()  # set by `close`: the bridge's tasks stop
         self._log: EventLog | None = None
         self._group: TaskGroup | None = None
         self._opened: Future[None] = Future()
@@ -94,7 +94,7 @@ class LogBridge:
             self._call(self._outbox.join, timeout)
         except (LogBridgeDown, TimeoutError) as exc:  # best-effort: the process is exiting anyway
             logger.warning("log bridge closed without flushing its queue: {}", exc)
-        self._loop.call_soon_threadsafe(self._scope.cancel)
+        self._loop.call_soon_threadsafe(self._closing.set)
         self._thread.join(timeout)
 
     # --- MLX-thread API ---------------------------------------------------------------------
@@ -163,20 +163,21 @@ class LogBridge:
 
     async def _serve(self) -> None:
         """Open the log, then run the bridge's tasks in one group until `close` or a failure."""
-        with self._scope:
-            try:
-                log = await self._open_log(self._url)
-            except Exception as exc:
-                self._go_down(LogBridgeDown(f"cannot open the event log at {self._url}: {exc}"))
-                return
-            try:
-                async with anyio.create_task_group() as group:
-                    self._log, self._group = log, group
-                    group.start_soon(self._supervise, "publisher", partial(self._publisher, log))
-                    self._opened.set_result(None)
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await log.close()
+        try:
+            log = await self._open_log(self._url)
+        except Exception as exc:
+            self._go_down(LogBridgeDown(f"cannot open the event log at {self._url}: {exc}"))
+            return
+        try:
+            async with anyio.create_task_group() as group:
+                self._log, self._group = log, group
+                group.start_soon(self._supervise, "publisher", partial(self._publisher, log))
+                self._opened.set_result(None)
+                await self._closing.wait()
+                group.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await log.close()
 
     async def _supervise(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
         """Run one of the bridge's loops. They run until cancelled, so any end is a failure: it
@@ -188,7 +189,8 @@ class LogBridge:
             logger.exception("the log bridge's {} crashed", name)
             failure = LogBridgeDown(f"the log bridge's {name} crashed: {type(exc).__name__}: {exc}")
         self._go_down(failure)
-        self._scope.cancel()
+        assert self._group is not None  # it runs this task
+        self._group.cancel_scope.cancel()
 
     async def _watch(self, instance_id: str, from_seq: int) -> None:
         assert self._group is not None and self._log is not None  # `start` returned, so both are set

@@ -14,7 +14,7 @@ from eventlog.log import EventLog
 from events.catalogue import TaskCancelled, TaskCreated
 from events.ids import TaskId
 from events.subjects import subject_for, task_subject
-from runner.service.bridge import LogBridge, LogBridgeDown
+from runner.service.bridge import LogBridge, LogBridgeDown, OpenLog, open_runner_log
 from tests.events.builders import Events
 
 pytestmark = pytest.mark.timeout(60)
@@ -32,15 +32,22 @@ class FollowCrashes(EventLog):
             yield seq, event
 
 
-async def _started(bridge: LogBridge, instance_id: str = "i1") -> LogBridge:
-    await asyncio.to_thread(bridge.start)
-    await asyncio.to_thread(bridge.watch, instance_id, 1)
-    return bridge
+async def watching_bridge(nats_url: str, open_log: OpenLog = open_runner_log) -> LogBridge:
+    """A bridge built, started and watching instance i1 as a runner's main thread does it: on a
+    thread without an event loop."""
+
+    def build() -> LogBridge:
+        bridge = LogBridge(nats_url, open_log=open_log)
+        bridge.start()
+        bridge.watch("i1", 1)
+        return bridge
+
+    return await asyncio.to_thread(build)
 
 
 async def test_assignments_cancels_and_publishes_go_through(event_log: EventLog, nats_url: str) -> None:
     ev = Events()
-    bridge = await _started(LogBridge(nats_url))
+    bridge = await watching_bridge(nats_url)
     try:
         await event_log.append_many([ev.created("t1"), ev.assigned("t2", "i2"), ev.assigned("t1", "i1")])
         assignment = await asyncio.to_thread(bridge.next_assignment, 10.0)
@@ -66,7 +73,7 @@ async def test_assignments_cancels_and_publishes_go_through(event_log: EventLog,
 
 async def test_a_crashed_bridge_task_wakes_a_blocked_next_assignment(event_log: EventLog, nats_url: str) -> None:
     ev = Events()
-    bridge = await _started(LogBridge(nats_url, open_log=FollowCrashes.connect))
+    bridge = await watching_bridge(nats_url, FollowCrashes.connect)
     try:
         waiting = asyncio.create_task(asyncio.to_thread(bridge.next_assignment, 50.0))
         await asyncio.sleep(0.3)
