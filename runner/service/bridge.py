@@ -171,7 +171,7 @@ class LogBridge:
         try:
             async with anyio.create_task_group() as group:
                 self._log, self._group = log, group
-                group.start_soon(self._supervise, "publisher", partial(self._publisher, log))
+                group.start_soon(self._supervise, "publisher", partial(self._publisher, log), group.cancel_scope)
                 self._opened.set_result(None)
                 await self._closing.wait()
                 group.cancel_scope.cancel()
@@ -179,9 +179,9 @@ class LogBridge:
             with anyio.CancelScope(shield=True):
                 await log.close()
 
-    async def _supervise(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
+    async def _supervise(self, name: str, loop: Callable[[], Awaitable[None]], group: anyio.CancelScope) -> None:
         """Run one of the bridge's loops. They run until cancelled, so any end is a failure: it
-        takes the bridge down at once (waking every waiter), then stops the other tasks."""
+        takes the bridge down at once (waking every waiter), then stops the `group`'s tasks."""
         try:
             await loop()
             failure = LogBridgeDown(f"the log bridge's {name} stopped")
@@ -189,14 +189,15 @@ class LogBridge:
             logger.exception("the log bridge's {} crashed", name)
             failure = LogBridgeDown(f"the log bridge's {name} crashed: {type(exc).__name__}: {exc}")
         self._go_down(failure)
-        assert self._group is not None  # it runs this task
-        self._group.cancel_scope.cancel()
+        group.cancel()
 
     async def _watch(self, instance_id: str, from_seq: int) -> None:
         assert self._group is not None and self._log is not None  # `start` returned, so both are set
-        consume = partial(self._consume_assignments, self._log, instance_id, from_seq)
-        self._group.start_soon(self._supervise, "assignment consumer", consume)
-        self._group.start_soon(self._supervise, "cancel consumer", partial(self._consume_stops, self._log, from_seq))
+        group, log = self._group, self._log
+        consume = partial(self._consume_assignments, log, instance_id, from_seq)
+        group.start_soon(self._supervise, "assignment consumer", consume, group.cancel_scope)
+        stops = partial(self._consume_stops, log, from_seq)
+        group.start_soon(self._supervise, "cancel consumer", stops, group.cancel_scope)
 
     async def _publisher(self, log: EventLog) -> None:
         while True:
