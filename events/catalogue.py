@@ -5,7 +5,7 @@ Rules for changing this file without breaking the wire or old logs:
 - new fields get defaults; a field's type never changes;
 - `LogEvent` (stream SHOAL_EVENTS) and `TelemetryEvent` (stream SHOAL_TELEMETRY) are closed
   unions: adding a kind means adding it to the union, to `subjects.subject_for` and to
-  `state.apply` (basedpyright and `assert_never` point at every place).
+  `apply.apply` (basedpyright and `assert_never` point at every place).
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ class Engine:
         prefill = run_prefill(run, prompt, chunks, schedule, path)
         if prefill.cancelled:
             _raise_callback_errors(run)
-            return _outcome(request, run, path, "cancelled", [], "", prefill.iterations, started, None, None)
+            return _outcome(request, run, path, "cancelled", [], "", prefill.iterations, started, None)
         if request.seed is not None:
             mx.random.seed(request.seed)
         spec = DecodeSpec(
@@ -145,7 +145,7 @@ class Engine:
         _raise_callback_errors(run)
         return _outcome(
             request, run, path, decoded.finish_reason, decoded.token_ids, decoded.text,
-            prefill.iterations, started, decoded.first_token_at, decoded.steps,
+            prefill.iterations, started, decoded.first_token_at,
         )  # fmt: skip
 
     def _task_run(self, task_id: str, cancel: CancelSource, sink: RunnerSink, phases: PhaseTracker) -> TaskRun:
@@ -195,7 +195,6 @@ def _outcome(
     prefill_iterations: int,
     started: float,
     first_token_at: float | None,
-    decode_steps: int | None,
 ) -> GenerationOutcome:
     now = time.perf_counter()
     ttft = None if first_token_at is None else first_token_at - started

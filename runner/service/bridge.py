@@ -1,24 +1,32 @@
 """The runner's link to the event log, on its own thread, so the MLX thread never awaits.
 
 The MLX thread calls:
-- `publish(event)` / `publish_telemetry(event)`: queued, appended in order by one task;
+- `publish(event)`: queued, appended in order by one task (heartbeats go to telemetry);
 - `is_cancelled(task_id)`: a set lookup, filled by a consumer of every task's cancel and
   failure subjects *from the log* (a cancel published before the runner looked is not missed);
 - `next_assignment(timeout)`: the instance's `TaskAssigned`s (with their `TaskCreated`), in log
   order on every rank;
-- `fetch(subject)`: the newest event on a subject (a task's `TaskCreated`).
+- `fetch(subject)` / `fetch_entry(subject)`: the newest event on a subject.
+
+Every task of the bridge runs in one task group and is meant to run until `close`. One that
+crashes, or ends, takes the bridge down: every call above raises `LogBridgeDown` from then on,
+and a call already blocked (`next_assignment`, `fetch`) is woken to raise it at once. The runner
+ends with that error, and its worker reports the runner failed — never a rank waiting forever
+for assignments that a dead consumer will not deliver.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import queue
 import threading
-from collections.abc import Coroutine
-from concurrent.futures import Future
+from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import FIRST_COMPLETED, Future, InvalidStateError, wait
+from functools import partial
 from typing import Any, NamedTuple, TypeVar
 
+import anyio
+from anyio.abc import TaskGroup
 from loguru import logger
 
 from eventlog.log import EventLog
@@ -26,11 +34,17 @@ from events.catalogue import AnyEvent, LogEvent, TaskAssigned, TaskCreated, Task
 from events.subjects import task_subject
 
 T = TypeVar("T")
+OpenLog = Callable[[str], Awaitable[EventLog]]
 
 
 class Assignment(NamedTuple):
     assigned: TaskAssigned
     created: TaskCreated | None  # None: created before the runner started watching; fetch it
+
+
+class LogBridgeDown(RuntimeError):
+    """The bridge carries nothing any more: one of its tasks failed (the message says which and
+    why), or it was closed."""
 
 
 ASSIGNED = task_subject("*", "assigned")
@@ -39,57 +53,66 @@ CREATED_CACHE_SIZE = 4096  # tasks created but not yet assigned that we remember
 STOPPING_SUBJECTS = (task_subject("*", "cancelled"), task_subject("*", "failed"))
 
 
+async def open_runner_log(url: str) -> EventLog:
+    return await EventLog.connect(url, name="shoal-runner")
+
+
 class LogBridge:
-    def __init__(self, nats_url: str) -> None:
+    def __init__(self, nats_url: str, *, open_log: OpenLog = open_runner_log) -> None:
         self._url = nats_url
+        self._open_log = open_log
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="log-bridge", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="log-bridge", daemon=True)
+        self._closing = asyncio.Event()  # set by `close`: the bridge's tasks stop
         self._log: EventLog | None = None
-        self._outbox: asyncio.Queue[LogEvent | TelemetryEvent | None] | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._group: TaskGroup | None = None
+        self._opened: Future[None] = Future()
+        self._down: Future[None] = Future()  # fails with LogBridgeDown when the bridge stops
+        self._down.add_done_callback(self._wake_waiters)
+        self._outbox: asyncio.Queue[LogEvent | TelemetryEvent] = asyncio.Queue()
         self._stopping: set[str] = set()
         self._stopping_lock = threading.Lock()
-        self._assignments: queue.Queue[Assignment] = queue.Queue()
+        self._assignments: collections.deque[Assignment] = collections.deque()
+        self._assigned = threading.Condition()
         self._created: collections.OrderedDict[str, TaskCreated] = collections.OrderedDict()
-        self.publish_errors = 0
 
     # --- lifecycle (MLX thread) -------------------------------------------------------------
 
     def start(self, timeout: float = 30.0) -> None:
         self._thread.start()
-        self._call(self._open(), timeout)
+        self._wait(self._opened, timeout)
 
     def watch(self, instance_id: str, from_seq: int) -> None:
         """Start consuming assignments for `instance_id` and every task's stop subjects."""
-        self._call(self._watch(instance_id, from_seq), 10.0)
+        self._call(partial(self._watch, instance_id, from_seq), 10.0)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Publish what is queued, then stop the loop and the thread."""
-        if self._thread.is_alive():
-            try:
-                self._call(self._close(), timeout)
-            except Exception as exc:  # closing is best-effort: the process is exiting anyway
-                logger.warning("log bridge did not close cleanly: {}", exc)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout)
+        """Publish what is queued, then stop the bridge's tasks and its thread."""
+        if not self._thread.is_alive():
+            return
+        try:
+            self._call(self._outbox.join, timeout)
+        except (LogBridgeDown, TimeoutError) as exc:  # best-effort: the process is exiting anyway
+            logger.warning("log bridge closed without flushing its queue: {}", exc)
+        self._loop.call_soon_threadsafe(self._closing.set)
+        self._thread.join(timeout)
 
     # --- MLX-thread API ---------------------------------------------------------------------
 
     def publish(self, event: LogEvent | TelemetryEvent) -> None:
-        outbox = self._outbox
-        if outbox is None:
-            raise RuntimeError("log bridge is not started")
-        self._loop.call_soon_threadsafe(outbox.put_nowait, event)
+        self._raise_if_down()
+        self._loop.call_soon_threadsafe(self._outbox.put_nowait, event)
 
     def is_cancelled(self, task_id: str) -> bool:
+        self._raise_if_down()
         with self._stopping_lock:
             return task_id in self._stopping
 
     def next_assignment(self, timeout: float) -> Assignment | None:
-        try:
-            return self._assignments.get(timeout=timeout)
-        except queue.Empty:
-            return None
+        with self._assigned:
+            self._assigned.wait_for(lambda: self._assignments or self._down.done(), timeout)
+            self._raise_if_down()
+            return self._assignments.popleft() if self._assignments else None
 
     def fetch(self, subject: str, timeout: float = 10.0) -> AnyEvent | None:
         found = self.fetch_entry(subject, timeout)
@@ -97,49 +120,102 @@ class LogBridge:
 
     def fetch_entry(self, subject: str, timeout: float = 10.0) -> tuple[int, AnyEvent] | None:
         """(seq, event) of the newest event on `subject`, or None."""
-        return self._call(self._get_last(subject), timeout)
+        return self._call(partial(self._get_last, subject), timeout)
 
-    def flush(self, timeout: float = 10.0) -> None:
-        """Block until every event published so far is stored."""
-        self._call(self._drain(), timeout)
+    # --- between the threads ----------------------------------------------------------------
+
+    def _call(self, make: Callable[[], Coroutine[Any, Any, T]], timeout: float) -> T:
+        """Run a coroutine on the bridge's loop and wait for its result (or the bridge going down)."""
+        self._raise_if_down()
+        return self._wait(asyncio.run_coroutine_threadsafe(make(), self._loop), timeout)
+
+    def _wait(self, future: Future[T], timeout: float) -> T:
+        either: list[Future[Any]] = [future, self._down]
+        done, _ = wait(either, timeout, return_when=FIRST_COMPLETED)
+        if future in done:
+            return future.result()
+        future.cancel()
+        self._raise_if_down()
+        raise TimeoutError(f"the log bridge did not answer within {timeout}s")
+
+    def _raise_if_down(self) -> None:
+        if self._down.done():
+            failure = self._down.exception()
+            raise LogBridgeDown(str(failure)) from failure
+
+    def _go_down(self, failure: LogBridgeDown) -> None:
+        try:
+            self._down.set_exception(failure)
+        except InvalidStateError:
+            pass  # already down: the first cause stands
+
+    def _wake_waiters(self, _down: Future[None]) -> None:
+        with self._assigned:
+            self._assigned.notify_all()
 
     # --- loop side --------------------------------------------------------------------------
 
-    def _call(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
-        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        return future.result(timeout)
+    def _run(self) -> None:
+        try:
+            self._loop.run_until_complete(self._serve())
+        finally:
+            self._go_down(LogBridgeDown("the log bridge is closed"))  # no-op after a failure
 
-    async def _open(self) -> None:
-        self._log = await EventLog.connect(self._url, name="shoal-runner")
-        self._outbox = asyncio.Queue()
-        self._tasks.append(asyncio.create_task(self._publisher()))
+    async def _serve(self) -> None:
+        """Open the log, then run the bridge's tasks in one group until `close` or a failure."""
+        try:
+            log = await self._open_log(self._url)
+        except Exception as exc:
+            self._go_down(LogBridgeDown(f"cannot open the event log at {self._url}: {exc}"))
+            return
+        try:
+            async with anyio.create_task_group() as group:
+                self._log, self._group = log, group
+                group.start_soon(self._supervise, "publisher", partial(self._publisher, log), group.cancel_scope)
+                self._opened.set_result(None)
+                await self._closing.wait()
+                group.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await log.close()
+
+    async def _supervise(self, name: str, loop: Callable[[], Awaitable[None]], group: anyio.CancelScope) -> None:
+        """Run one of the bridge's loops. They run until cancelled, so any end is a failure: it
+        takes the bridge down at once (waking every waiter), then stops the `group`'s tasks."""
+        try:
+            await loop()
+            failure = LogBridgeDown(f"the log bridge's {name} stopped")
+        except Exception as exc:
+            logger.exception("the log bridge's {} crashed", name)
+            failure = LogBridgeDown(f"the log bridge's {name} crashed: {type(exc).__name__}: {exc}")
+        self._go_down(failure)
+        group.cancel()
 
     async def _watch(self, instance_id: str, from_seq: int) -> None:
-        self._tasks.append(asyncio.create_task(self._consume_assignments(instance_id, from_seq)))
-        self._tasks.append(asyncio.create_task(self._consume_stops(from_seq)))
+        assert self._group is not None and self._log is not None  # `start` returned, so both are set
+        group, log = self._group, self._log
+        consume = partial(self._consume_assignments, log, instance_id, from_seq)
+        group.start_soon(self._supervise, "assignment consumer", consume, group.cancel_scope)
+        stops = partial(self._consume_stops, log, from_seq)
+        group.start_soon(self._supervise, "cancel consumer", stops, group.cancel_scope)
 
-    async def _publisher(self) -> None:
-        assert self._outbox is not None and self._log is not None
+    async def _publisher(self, log: EventLog) -> None:
         while True:
             event = await self._outbox.get()
             try:
-                if event is None:
-                    return
                 if isinstance(event, TelemetryEvent):
-                    await self._log.publish_telemetry(event)
+                    await log.publish_telemetry(event)
                 else:
-                    await self._log.append(event)
+                    await log.append(event)
             except Exception as exc:  # a lost progress event must not kill the runner
-                self.publish_errors += 1
                 logger.error("could not publish {}: {}", type(event).__name__, exc)
             finally:
                 self._outbox.task_done()
 
-    async def _consume_assignments(self, instance_id: str, from_seq: int) -> None:
+    async def _consume_assignments(self, log: EventLog, instance_id: str, from_seq: int) -> None:
         """Assignments in log order, each with its TaskCreated when it came after `from_seq`
         (one consumer for both saves the runner a request per task on the way to first token)."""
-        assert self._log is not None
-        async for _seq, event in self._log.follow(from_seq=from_seq, subjects=[CREATED, ASSIGNED]):
+        async for _seq, event in log.follow(from_seq=from_seq, subjects=[CREATED, ASSIGNED]):
             if isinstance(event, TaskCreated):
                 self._created[event.task_id] = event
                 if len(self._created) > CREATED_CACHE_SIZE:
@@ -147,11 +223,12 @@ class LogBridge:
             elif isinstance(event, TaskAssigned):
                 created = self._created.pop(event.task_id, None)
                 if event.instance_id == instance_id:
-                    self._assignments.put(Assignment(event, created))
+                    with self._assigned:
+                        self._assignments.append(Assignment(event, created))
+                        self._assigned.notify_all()
 
-    async def _consume_stops(self, from_seq: int) -> None:
-        assert self._log is not None
-        async for _seq, event in self._log.follow(from_seq=from_seq, subjects=list(STOPPING_SUBJECTS)):
+    async def _consume_stops(self, log: EventLog, from_seq: int) -> None:
+        async for _seq, event in log.follow(from_seq=from_seq, subjects=list(STOPPING_SUBJECTS)):
             task_id = getattr(event, "task_id", None)
             if task_id is not None:
                 if isinstance(event, TaskFailed) and event.env.origin.service == "runner":
@@ -160,17 +237,5 @@ class LogBridge:
                     self._stopping.add(task_id)
 
     async def _get_last(self, subject: str) -> tuple[int, AnyEvent] | None:
-        assert self._log is not None
+        assert self._log is not None  # `start` returned, so the log is open
         return await self._log.get_last(subject)
-
-    async def _drain(self) -> None:
-        if self._outbox is not None:
-            await self._outbox.join()
-
-    async def _close(self) -> None:
-        await self._drain()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._log is not None:
-            await self._log.close()

@@ -32,7 +32,7 @@ from events.subjects import instance_subject
 from events.vocabulary import RunnerStatus, RunnerStatusCause
 from runner.engine.protocols import PhaseTracker
 from runner.flight.faults import FaultInjector
-from runner.service.bridge import LogBridge
+from runner.service.bridge import LogBridge, LogBridgeDown
 from runner.service.exit_codes import PEER_LOST_EXIT, is_peer_loss
 from runner.service.sink import LogSink
 from runner.service.tasks import TaskServer
@@ -134,7 +134,7 @@ def run(
     try:
         server.serve(stop)
     except Exception as exc:
-        if server.current is not None and not is_peer_loss(exc):
+        if server.current is not None and not is_peer_loss(exc) and not isinstance(exc, LogBridgeDown):
             error = f"rank {args.rank} failed: {type(exc).__name__}: {exc}"
             bridge.publish(TaskFailed(env=stamper.stamp(), task_id=TaskId(server.current), error=error, rank=args.rank))
         raise
@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
             return PEER_LOST_EXIT  # the worker reports it; the master waits to name the rank that died
         logger.error("rank {} of {} failed: {}", args.rank, args.instance, exc)
         traceback.print_exc()
-        _status_publisher(bridge, stamper, args)("failed", f"{type(exc).__name__}: {exc}"[:500], "error")
+        if not isinstance(exc, LogBridgeDown):  # a bridge that is down carries no report: the worker's will
+            _status_publisher(bridge, stamper, args)("failed", f"{type(exc).__name__}: {exc}"[:500], "error")
         bridge.close()
         return 1
     _status_publisher(bridge, stamper, args)("stopped", "SIGTERM", "terminated")

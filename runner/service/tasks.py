@@ -95,7 +95,8 @@ class TaskServer:
         self.current: TaskId | None = None  # the task the ranks are running, for error reports
 
     def serve(self, stop: threading.Event, poll_seconds: float = 0.2) -> None:
-        """Run assignments until `stop` is set. Engine errors propagate: the group is broken."""
+        """Run assignments until `stop` is set. Engine errors propagate (the group is broken), and so
+        does `LogBridgeDown` (no assignment can come any more)."""
         while not stop.is_set():
             assignment = self.inbox.next_assignment(poll_seconds)
             if assignment is not None:

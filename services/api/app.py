@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -14,12 +15,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from eventlog.log import EventLog
-from events.catalogue import Origin
-from events.stamp import Stamper
 from services.api import chat, routes
 from services.api.context import ApiContext
-from services.api.hub import LogHub
-from services.api.metrics import Metrics
 from services.api.openapi import openapi_document
 from services.api.schemas import RequestProblem
 from services.api.timeline import timeline_page
@@ -65,34 +62,35 @@ async def serve_api(
     """Run the API until cancelled: the log follower and uvicorn, in one task group."""
     config = resolved.config
     log = await EventLog.connect(config.client_nats_url, log_settings(config), name="shoal-api")
-    metrics = Metrics()
-    hub = LogHub(log, metrics)
-    ctx = ApiContext(
-        log=log,
-        hub=hub,
-        stamper=Stamper(Origin(service="api")),
-        resolved=resolved,
-        metrics=metrics,
-        served=served,
-        tokenizer_files=tokenizer_files,
-    )
-    server = uvicorn.Server(
-        uvicorn.Config(build_app(ctx), host=config.api_host, port=config.api_port, log_level="warning", lifespan="off")
+    ctx = ApiContext.on(log, resolved, served, tokenizer_files)
+
+    def listening() -> None:
+        logger.info("API listening on http://{}:{}", config.api_host, config.api_port)
+        if ready is not None:
+            ready.set()
+
+    server = _Server(
+        uvicorn.Config(build_app(ctx), host=config.api_host, port=config.api_port, log_level="warning", lifespan="off"),
+        on_listening=listening,
     )
     try:
         async with asyncio.TaskGroup() as group:
-            follower = group.create_task(hub.run())
-            await hub.caught_up.wait()
-            serving = group.create_task(server.serve())
-            while not server.started:
-                if serving.done() or follower.done():
-                    break
-                await asyncio.sleep(0.02)
-            if server.started:
-                logger.info("API listening on http://{}:{}", config.api_host, config.api_port)
-                if ready is not None:
-                    ready.set()
-            await serving
+            follower = group.create_task(ctx.hub.run())
+            await ctx.hub.caught_up.wait()
+            await server.serve()
             follower.cancel()
     finally:
         await log.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server that says when it listens, rather than leaving a `started` flag to poll."""
+
+    def __init__(self, config: uvicorn.Config, *, on_listening: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_listening = on_listening
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self._on_listening()

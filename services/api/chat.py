@@ -1,39 +1,49 @@
 """POST /v1/chat/completions: validate, publish `TaskCreated`, turn the task's events into an
-OpenAI response (JSON or SSE). A client that goes away cancels its task."""
+OpenAI response (JSON or SSE). A client that goes away cancels its task.
+
+Both shapes run the task through `run_task`, which owns everything the task needs while it runs:
+the listener (entered before publishing), the consumer of its events, and a watch for the
+client's `http.disconnect`, in one task group. A streamed response runs it inside the response
+itself (`ChatStream`), so nothing outlives the request.
+"""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 
-from events.catalogue import ChunkGenerated, PrefillProgress, TaskCompleted, TaskCreated, TaskFailed
+from events.catalogue import ChunkGenerated, LogEvent, PrefillProgress, TaskCompleted, TaskCreated, TaskFailed
 from events.ids import TaskId, new_task_id
 from services.api.context import ApiContext
-from services.api.hub import TaskListener
+from services.api.hub import TaskEvents
 from services.api.openai_format import DONE, ChunkMaker, completion, error_body, sse
 from services.api.schemas import ChatCompletionRequest, RequestProblem, decode_chat_request, to_task
+
+T = TypeVar("T")
 
 
 async def chat_completions(request: Request, ctx: ApiContext) -> Response:
     body = await _read_body(request, ctx.resolved.config.max_body_bytes)
     chat = decode_chat_request(body)
     task = _check(chat, ctx)
-    task_id = task.task_id
-    listener = ctx.hub.listen(task_id)
-    listener.__enter__()  # before publishing: no event of the task can be missed
-    try:
-        await ctx.publish(task)
-    except BaseException:
-        listener.__exit__(None, None, None)
-        raise
-    headers: dict[str, str] = {"x-shoal-task-id": str(task_id)}
+    headers: dict[str, str] = {"x-shoal-task-id": str(task.task_id)}
     if chat.stream:
-        return StreamingResponse(_stream(ctx, task_id, listener, chat), media_type="text/event-stream", headers=headers)
-    return await _complete(request, ctx, task_id, listener, chat, headers)
+        return ChatStream(ctx, task, chat, headers)
+    outcome = await run_task(ctx, task, request.receive, _collect)
+    if outcome is None:
+        return Response(status_code=499)
+    text, terminal = outcome
+    if isinstance(terminal, TaskFailed):
+        return JSONResponse(
+            error_body(terminal.error, kind="task_failed", code="task_failed"), status_code=500, headers=headers
+        )
+    body = completion(f"chatcmpl-{task.task_id}", chat.model, text, terminal.finish_reason, terminal.usage)
+    return JSONResponse(body, headers=headers)
 
 
 def _check(chat: ChatCompletionRequest, ctx: ApiContext) -> TaskCreated:
@@ -79,84 +89,94 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _stream(
-    ctx: ApiContext, task_id: TaskId, listener: TaskListener, chat: ChatCompletionRequest
-) -> AsyncIterator[bytes]:
-    maker = ChunkMaker(f"chatcmpl-{task_id}", chat.model)
-    ended = False
-    try:
-        yield maker.role()
-        async for event in listener:
-            match event:
-                case PrefillProgress() if chat.wants_progress and _is_last_rank(ctx, task_id, event.rank):
-                    yield maker.progress(
-                        event.processed, event.total, _since_created_ms(ctx, task_id, event.env.wall_time)
-                    )
-                case ChunkGenerated() if event.text:
-                    yield maker.content(event.text)
-                case TaskCompleted():
-                    ended = True
-                    yield maker.finish(event.finish_reason)
-                    if chat.wants_usage:
-                        yield maker.usage(event.usage)
-                    yield DONE
-                    return
-                case TaskFailed():
-                    ended = True
-                    yield sse(error_body(event.error, kind="task_failed", code="task_failed"))
-                    yield DONE
-                    return
-                case _:
-                    pass
-    finally:
-        listener.__exit__(None, None, None)
-        if not ended:
-            with anyio.CancelScope(shield=True):  # the client is gone; its cancel must still be published
-                await ctx.cancel(task_id, "client_disconnect")
+async def run_task(
+    ctx: ApiContext, task: TaskCreated, receive: Receive, consume: Callable[[TaskEvents], Awaitable[T]]
+) -> T | None:
+    """Publish `task` and hand its events to `consume`: what it returns, or None if the client went
+    away first. A task not followed to its end is cancelled: nobody is waiting for it any more."""
+    outcome: T | None = None
+    with ctx.hub.listen(task.task_id) as events:  # before publishing: no event of the task can be missed
+        await ctx.publish(task)
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(_stop_on_disconnect, receive, group.cancel_scope)
+                outcome = await consume(events)
+                group.cancel_scope.cancel()
+        finally:
+            if outcome is None:
+                with anyio.CancelScope(shield=True):  # the client is gone; its cancel must still be published
+                    await ctx.cancel(task.task_id, "client_disconnect")
+    return outcome
 
 
-async def _complete(
-    request: Request,
-    ctx: ApiContext,
-    task_id: TaskId,
-    listener: TaskListener,
-    chat: ChatCompletionRequest,
-    headers: dict[str, str],
-) -> Response:
-    watcher = asyncio.create_task(_wait_disconnect(request))
-    collector = asyncio.create_task(_collect(listener))
-    try:
-        done, _ = await asyncio.wait({watcher, collector}, return_when=asyncio.FIRST_COMPLETED)
-        if collector not in done:
-            with anyio.CancelScope(shield=True):
-                await ctx.cancel(task_id, "client_disconnect")
-            return Response(status_code=499)
-        text, terminal = collector.result()
-    finally:
-        watcher.cancel()
-        collector.cancel()
-        listener.__exit__(None, None, None)
-    if isinstance(terminal, TaskFailed):
-        return JSONResponse(
-            error_body(terminal.error, kind="task_failed", code="task_failed"), status_code=500, headers=headers
-        )
-    body = completion(f"chatcmpl-{task_id}", chat.model, text, terminal.finish_reason, terminal.usage)
-    return JSONResponse(body, headers=headers)
+async def _stop_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+    """Wait for the ASGI server to say the client went away, then stop the request's work."""
+    while (await receive())["type"] != "http.disconnect":
+        pass  # request body after its end is no one's to read
+    scope.cancel()
 
 
-async def _collect(listener: TaskListener) -> tuple[str, TaskCompleted | TaskFailed]:
+class ChatStream(Response):
+    """The SSE response of a streamed chat: it publishes and follows the task while it streams."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self, ctx: ApiContext, task: TaskCreated, chat: ChatCompletionRequest, headers: dict[str, str]
+    ) -> None:
+        self.status_code = 200
+        self.background = None
+        self.init_headers(headers)
+        self._ctx = ctx
+        self._task = task
+        self._chat = chat
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def stream(events: TaskEvents) -> TaskCompleted | TaskFailed:
+            return await self._stream(events, send)
+
+        await run_task(self._ctx, self._task, receive, stream)
+
+    async def _stream(self, events: TaskEvents, send: Send) -> TaskCompleted | TaskFailed:
+        """Send the task's events as chunks until its terminal event, which ends the response."""
+        task_id = self._task.task_id
+        maker = ChunkMaker(f"chatcmpl-{task_id}", self._chat.model)
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": maker.role(), "more_body": True})
+        while True:
+            event = await events.next()
+            for chunk in _sse_chunks(self._ctx, self._chat, task_id, maker, event):
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if isinstance(event, TaskCompleted | TaskFailed):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return event
+
+
+def _sse_chunks(
+    ctx: ApiContext, chat: ChatCompletionRequest, task_id: TaskId, maker: ChunkMaker, event: LogEvent
+) -> list[bytes]:
+    match event:
+        case PrefillProgress() if chat.wants_progress and _is_last_rank(ctx, task_id, event.rank):
+            return [maker.progress(event.processed, event.total, _since_created_ms(ctx, task_id, event.env.wall_time))]
+        case ChunkGenerated() if event.text:
+            return [maker.content(event.text)]
+        case TaskCompleted():
+            usage = [maker.usage(event.usage)] if chat.wants_usage else []
+            return [maker.finish(event.finish_reason), *usage, DONE]
+        case TaskFailed():
+            return [sse(error_body(event.error, kind="task_failed", code="task_failed")), DONE]
+        case _:
+            return []
+
+
+async def _collect(events: TaskEvents) -> tuple[str, TaskCompleted | TaskFailed]:
     parts: list[str] = []
-    async for event in listener:
+    while True:
+        event = await events.next()
         if isinstance(event, ChunkGenerated):
             parts.append(event.text)
         elif isinstance(event, TaskCompleted | TaskFailed):
             return "".join(parts), event
-    raise RuntimeError("task event stream ended without a terminal event")
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while not await request.is_disconnected():
-        await asyncio.sleep(0.1)
 
 
 def _is_last_rank(ctx: ApiContext, task_id: TaskId, rank: int) -> bool:

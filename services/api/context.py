@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from eventlog.log import EventLog
-from events.catalogue import LogEvent, TaskCancelled
+from events.catalogue import LogEvent, Origin, TaskCancelled
 from events.ids import TaskId
 from events.stamp import Stamper
 from services.api.hub import LogHub
@@ -26,6 +26,22 @@ class ApiContext:
     served: list[str]
     tokenizer_files: dict[str, Path]  # model -> tokenizer.json, for prompt size checks
     _tokenizers: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def on(
+        cls, log: EventLog, resolved: ResolvedConfig, served: list[str], tokenizer_files: dict[str, Path]
+    ) -> ApiContext:
+        """The context of an API on `log`, with its own hub (not yet running) and metrics."""
+        metrics = Metrics()
+        return cls(
+            log=log,
+            hub=LogHub(log, metrics),
+            stamper=Stamper(Origin(service="api")),
+            resolved=resolved,
+            metrics=metrics,
+            served=served,
+            tokenizer_files=tokenizer_files,
+        )
 
     async def publish(self, event: LogEvent) -> int:
         seq = await self.log.append(event)

@@ -1,14 +1,15 @@
 """The API's view of the log: one follow that folds the State and hands each task's events to
 whoever is waiting on that task.
 
-A request registers its listener *before* it publishes `TaskCreated`, and the follow delivers
+A request enters `listen(task_id)` *before* it publishes `TaskCreated`, and the follow delivers
 every event stored after that, so no event of the task can be missed.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import Generator
+from contextlib import contextmanager
 
 from loguru import logger
 
@@ -20,13 +21,26 @@ from events.state import State
 from services.api.metrics import Metrics
 
 
+class TaskEvents:
+    """One listener's events of one task, in log order."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[LogEvent] = asyncio.Queue()
+
+    def put(self, event: LogEvent) -> None:
+        self._queue.put_nowait(event)
+
+    async def next(self) -> LogEvent:
+        return await self._queue.get()
+
+
 class LogHub:
     def __init__(self, log: EventLog, metrics: Metrics) -> None:
         self.log = log
         self.metrics = metrics
         self.state = State()
         self.caught_up = asyncio.Event()
-        self._listeners: dict[TaskId, list[asyncio.Queue[LogEvent]]] = {}
+        self._listeners: dict[TaskId, list[TaskEvents]] = {}
 
     async def run(self) -> None:
         """Fold the log to its end, then follow it live (until cancelled)."""
@@ -35,7 +49,7 @@ class LogHub:
         async for seq, event in self.log.follow(from_seq=self.state.last_seq + 1):
             self._apply(seq, event)
             for listener in self._listeners.get(getattr(event, "task_id", TaskId("")), ()):
-                listener.put_nowait(event)
+                listener.put(event)
 
     def _apply(self, seq: int, event: LogEvent) -> None:
         self.state, error = apply_live(self.state, seq, event)
@@ -44,38 +58,15 @@ class LogHub:
             return
         self.metrics.observe(self.state, event)
 
-    def listen(self, task_id: TaskId) -> TaskListener:
-        return TaskListener(self, task_id)
-
-    def _add(self, task_id: TaskId, queue: asyncio.Queue[LogEvent]) -> None:
-        self._listeners.setdefault(task_id, []).append(queue)
-
-    def _remove(self, task_id: TaskId, queue: asyncio.Queue[LogEvent]) -> None:
-        queues = self._listeners.get(task_id, [])
-        if queue in queues:
-            queues.remove(queue)
-        if not queues:
-            self._listeners.pop(task_id, None)
-
-
-class TaskListener:
-    """Use as `with hub.listen(task_id) as events:` then `async for event in events`."""
-
-    def __init__(self, hub: LogHub, task_id: TaskId) -> None:
-        self._hub = hub
-        self._task_id = task_id
-        self._queue: asyncio.Queue[LogEvent] = asyncio.Queue()
-
-    def __enter__(self) -> TaskListener:
-        self._hub._add(self._task_id, self._queue)  # pyright: ignore[reportPrivateUsage]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._hub._remove(self._task_id, self._queue)  # pyright: ignore[reportPrivateUsage]
-
-    def __aiter__(self) -> AsyncIterator[LogEvent]:
-        return self._events()
-
-    async def _events(self) -> AsyncIterator[LogEvent]:
-        while True:
-            yield await self._queue.get()
+    @contextmanager
+    def listen(self, task_id: TaskId) -> Generator[TaskEvents]:
+        """The task's events stored while the block runs: `with hub.listen(task_id) as events:`."""
+        events = TaskEvents()
+        self._listeners.setdefault(task_id, []).append(events)
+        try:
+            yield events
+        finally:
+            listeners = self._listeners.get(task_id, [])
+            listeners.remove(events)
+            if not listeners:
+                self._listeners.pop(task_id, None)

@@ -1,7 +1,9 @@
 """GET /debug/timeline?task=ID: the task as a waterfall, with its diagnosis, from the live log.
 
-The page is built by the operators' tools (`services.ops`) from the whole log — both streams —
-exactly as `shoal replay --html` builds it from an export, so the two can never disagree.
+The page is drawn by the operators' tools (`services.ops`), as `shoal replay --html` draws it
+from an export. It reads only what the task can appear in: the events from the task's own
+creation (`TaskInfo.created_seq`) and the telemetry since then; the diagnosis takes the rest
+(instances, nodes) from the State the API already follows, so no request replays the whole log.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from datetime import UTC, datetime
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
+from eventlog.log import EventLog
 from events.catalogue import AnyEvent
 from events.ids import TaskId
+from events.state import TaskInfo
 from services.api.context import ApiContext
 from services.api.schemas import RequestProblem
 from services.ops.nearest import unknown_id_message
@@ -30,8 +34,14 @@ async def timeline_page(request: Request, ctx: ApiContext) -> Response:
         raise RequestProblem(
             404, unknown_id_message("task", task_id, ctx.hub.state.tasks.keys()), code="task_not_found"
         )
-    events: list[tuple[int, AnyEvent]] = [pair async for pair in ctx.log.replay()]
-    since = datetime.fromtimestamp(task.created_at / 1e9, tz=UTC)
-    events += [pair async for pair in ctx.log.replay(from_time=since, stream="telemetry")]
-    timeline, findings = timeline_and_findings(task_id, events, now_ns=time.time_ns())
+    events = await events_since_created(ctx.log, task)
+    timeline, findings = timeline_and_findings(task_id, ctx.hub.state, events, now_ns=time.time_ns())
     return HTMLResponse(render_timeline_html(timeline, findings))
+
+
+async def events_since_created(log: EventLog, task: TaskInfo) -> list[tuple[int, AnyEvent]]:
+    """Both streams from the task's creation on: every event the task's timeline can use."""
+    events: list[tuple[int, AnyEvent]] = [pair async for pair in log.replay(from_seq=task.created_seq)]
+    since = datetime.fromtimestamp(task.created_at / 1e9, tz=UTC)
+    events += [pair async for pair in log.replay(from_time=since, stream="telemetry")]
+    return events

@@ -87,7 +87,7 @@ def parse_since(text: str | None) -> tuple[int | None, datetime | None]:
     if text.isdigit():
         return int(text), None
     try:
-        return None, datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone()
+        return None, datetime.fromisoformat(text).astimezone()
     except ValueError as exc:
         raise ValueError(f"--since {text!r}: give a sequence number or an ISO time like 2025-01-31T12:00:00Z") from exc
 

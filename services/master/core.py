@@ -74,7 +74,7 @@ class MasterCore:
             case TaskCreated():
                 return self._serve_waiting(state, event.model)
             case TaskCancelled():
-                return self._finish_if_waiting(state, state.tasks[event.task_id])
+                return self._finish_if_waiting(state.tasks[event.task_id])
             case RunnerStatusChanged():
                 instance = state.instances[event.instance_id]
                 if instance.retired:
@@ -99,7 +99,7 @@ class MasterCore:
         """Everything owed by the current State, for a master that just (re)started."""
         decisions: list[LogEvent] = []
         for task in _waiting_tasks(state, model=None):
-            decisions += self._finish_if_waiting(state, task)
+            decisions += self._finish_if_waiting(task)
         for instance in state.instances.values():
             if instance.retired:
                 continue
@@ -177,7 +177,7 @@ class MasterCore:
         except (PlacementError, UnknownModel):
             return []  # nothing waits on it; a task for it will get the error
 
-    def _finish_if_waiting(self, state: State, task: TaskInfo) -> list[LogEvent]:
+    def _finish_if_waiting(self, task: TaskInfo) -> list[LogEvent]:
         if task.ended or task.cancel_reason is None or task.instance_id is not None:
             return []  # an assigned task is ended by its ranks, which agree to skip it
         env = self.stamper.stamp(f"cancel-waiting-{task.task_id}")

@@ -5,16 +5,17 @@ These glue the pure pieces together; all I/O here is reading one export file.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
-from events.catalogue import AnyEvent
+from events.catalogue import AnyEvent, RunnerHeartbeat
 from events.ids import TaskId
+from events.state import State
 from services.ops.diagnose import diagnose
 from services.ops.findings import Diagnosis, Finding, Limits
 from services.ops.load import ExportReader, SkippedLines
 from services.ops.ranks import Heartbeats
-from services.ops.scan import Cutoff, EventObserver, ScanResult, numbered, scan, stream_of, wall_time_of_seq
+from services.ops.scan import Cutoff, EventObserver, HeartbeatIndex, ScanResult, scan
 from services.ops.timeline import Timeline, TimelineBuilder
 
 
@@ -25,12 +26,6 @@ def scan_file(
     reader = ExportReader(path)
     result = scan(reader, cutoff=cutoff, observers=observers, abandon=reader.abandon)
     return result, reader.skipped or result.fold_error
-
-
-def resolve_seq_cutoff(path: Path, seq: int) -> Cutoff:
-    """`--at SEQ`: cut events after `seq` and telemetry after that event's wall time."""
-    reader = ExportReader(path)
-    return Cutoff(seq=seq, wall_ns=wall_time_of_seq(reader, seq))
 
 
 def heartbeats_of(result: ScanResult) -> Heartbeats:
@@ -65,23 +60,19 @@ def findings_for_task(diagnosis: Diagnosis, task_id: str) -> list[Finding]:
 
 
 def timeline_and_findings(
-    task_id: str, events: Iterable[tuple[int, AnyEvent]], *, limits: Limits | None = None, now_ns: int | None = None
+    task_id: str, state: State, events: Iterable[tuple[int, AnyEvent]], *, now_ns: int, limits: Limits | None = None
 ) -> tuple[Timeline, list[Finding]]:
-    """For the API's `/debug/timeline`: the task's timeline and its findings from any `(seq, event)` log.
+    """For the API's `/debug/timeline`: the task's timeline from `events`, and its findings from
+    `state` (the API's live fold: the log is not folded again) and the heartbeats among `events`.
 
-    Give it the whole log (both streams) for a complete diagnosis; given only the task's own
-    subjects it still draws the timeline, and the findings are whatever that much evidence shows.
+    `events` need only start at the task's creation (both streams): the timeline has nothing
+    before it, and the diagnosis takes the instance and the nodes from `state`.
     """
     builder = TimelineBuilder(TaskId(task_id))
-    tapped = _tap(events, builder)
-    result = scan(numbered(tapped, stream_of))
-    for _ in tapped:
-        pass  # the fold stopped early (a partial log): the timeline still gets every event
-    diagnosis = diagnose_scan(result, now_ns=now_ns, limits=limits, skipped=result.fold_error)
-    return builder.build(), findings_for_task(diagnosis, task_id)
-
-
-def _tap(events: Iterable[tuple[int, AnyEvent]], builder: TimelineBuilder) -> Iterator[tuple[int, AnyEvent]]:
+    beats = HeartbeatIndex()
     for seq, event in events:
         builder.observe(seq, event)
-        yield seq, event
+        if isinstance(event, RunnerHeartbeat):
+            beats.add(event)
+    findings = diagnose(state, Heartbeats(beats.latest, beats.by_task), now_ns, limits)
+    return builder.build(), [f for f in findings if f.task_id == task_id]

@@ -5,13 +5,13 @@ the State is folded once (apply is O(log n) per event) and, of the telemetry str
 newest heartbeat per (instance, rank) and per (task, rank) is kept — never the whole log.
 
 Records may come from an export file (`ExportReader`, with line numbers) or from JetStream
-(`(seq, event)` pairs); a record that cannot be folded (a sequence gap, an unknown id) ends the
-pass at that point and is reported, like a corrupt line.
+(`LiveSource`, numbered by position); a record that cannot be folded (a sequence gap, an
+unknown id) ends the pass at that point and is reported, like a corrupt line.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Protocol
 
 import msgspec
@@ -128,18 +128,6 @@ def scan(
             watcher.observe(record.seq, event)
     result.state, result.newest_wall_ns, result.records_read, result.events_folded = folder.state, newest, read, folded
     return result
-
-
-def numbered(
-    pairs: Iterable[tuple[int, AnyEvent]], stream_of: Callable[[AnyEvent], StreamKey]
-) -> Iterable[tuple[int, ExportRecord]]:
-    """Adapt live `(seq, event)` pairs to `scan`'s input; the position stands in for a line number."""
-    for position, (seq, event) in enumerate(pairs, 1):
-        yield position, ExportRecord(stream=stream_of(event), seq=seq, event=event)
-
-
-def stream_of(event: AnyEvent) -> StreamKey:
-    return "telemetry" if isinstance(event, RunnerHeartbeat | NodeHeartbeat) else "events"
 
 
 def wall_time_of_seq(records: Iterable[tuple[int, ExportRecord]], seq: int) -> int | None:

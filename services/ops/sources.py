@@ -133,7 +133,7 @@ def parse_at(text: str) -> tuple[int | None, int | None]:
     if text.isdigit():
         return int(text), None
     try:
-        moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        moment = dt.datetime.fromisoformat(text)
     except ValueError as exc:
         raise SourceError(
             f"--at {text!r}: give an event sequence number or an ISO time like 2026-01-01T12:00:05Z"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Callable
 
 import msgspec
 from loguru import logger
@@ -37,7 +36,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def default_node_id() -> str:
-    return socket.gethostname().split(".")[0].replace(".", "-") or "node"
+    return socket.gethostname().split(".")[0] or "node"
 
 
 def memory_available_bytes() -> int:
@@ -52,7 +51,7 @@ def memory_available_bytes() -> int:
 
 
 class Worker:
-    def __init__(self, settings: WorkerSettings, *, clock_ns: Callable[[], int] | None = None) -> None:
+    def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
         self.node_id = NodeId(settings.node_id)
         self.stamper = Stamper(Origin(service="worker", node=settings.node_id))

@@ -3,8 +3,9 @@ from __future__ import annotations
 import pytest
 
 from events.catalogue import AnyEvent
-from events.subjects import subject_for
+from events.ids import TaskId
 from services.ops.offline import timeline_and_findings
+from services.ops.scan import scan
 from services.ops.synthetic import LogBuilder, PrefillPlan, simulate_decode, simulate_prefill
 from services.ops.timeline import build_timeline
 from tests.ops import scenarios
@@ -68,12 +69,17 @@ def test_stack_heartbeats_mark_where_a_rank_got_stuck() -> None:
     assert any(m.kind == "stack" and m.rank == 1 for m in timeline.markers)
 
 
-def test_the_api_path_works_from_the_tasks_own_subjects_only() -> None:
+def test_the_api_path_reads_from_the_tasks_creation_and_diagnoses_with_the_live_state() -> None:
     log = scenarios.failed_with_error()
-    own = [(seq, e) for seq, e in pairs(log) if subject_for(e).startswith("shoal.ev.task.t1.")]
-    timeline, findings = timeline_and_findings("t1", own)
-    assert timeline.status == "failed" and len(timeline.lanes) == 2
-    assert findings == []  # the instance is unknown without its events: no finding, but a timeline
-
-    timeline, findings = timeline_and_findings("t1", pairs(log))
+    state = scan(enumerate(log.records, 1)).state  # what the API's hub holds
+    task = state.tasks[TaskId("t1")]
+    assert task.created_seq > 1  # the instance and nodes came before: only the State knows them
+    since_created = [
+        (r.seq, r.event)
+        for r in log.records
+        if (r.stream == "events" and r.seq >= task.created_seq)
+        or (r.stream == "telemetry" and r.event.env.wall_time >= task.created_at)
+    ]
+    timeline, findings = timeline_and_findings("t1", state, since_created, now_ns=log.now_ns)
+    assert timeline == build_timeline("t1", pairs(log))  # nothing of the task is older than its creation
     assert [f.cause for f in findings] == ["rank_error"]

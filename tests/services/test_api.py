@@ -1,0 +1,188 @@
+"""The API app on a real nats-server, driven as an ASGI server drives it (no HTTP socket): what a
+client that goes away does to its task, and what `/debug/timeline` reads."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+from starlette.applications import Starlette
+from starlette.types import Message
+
+from eventlog.log import EventLog
+from events.catalogue import TaskCancelled, TaskCompleted, Usage
+from events.ids import TaskId
+from events.subjects import task_subject
+from services.api.app import build_app
+from services.api.context import ApiContext
+from services.api.timeline import events_since_created
+from services.config import ResolvedConfig, ShoalConfig
+from tests.events.builders import Events
+
+pytestmark = pytest.mark.timeout(60)
+CANCEL_WITHIN_S = 1.0  # a disconnect is a message, not something found by polling
+
+
+@asynccontextmanager
+async def running_api(log: EventLog) -> AsyncIterator[tuple[ApiContext, Starlette]]:
+    ctx = ApiContext.on(log, ResolvedConfig(config=ShoalConfig(), sources={}, yaml_path=None), ["tiny"], {})
+    async with anyio.create_task_group() as group:
+        group.start_soon(ctx.hub.run)
+        await ctx.hub.caught_up.wait()
+        yield ctx, build_app(ctx)
+        group.cancel_scope.cancel()
+
+
+class Client:
+    """One HTTP request as the ASGI server presents it: the body, then nothing until the client
+    disconnects. Records what the app sends."""
+
+    def __init__(self, method: str, path: str, body: dict[str, Any] | None = None) -> None:
+        raw = json.dumps(body).encode() if body is not None else b""
+        self.scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": path.split("?")[0],
+            "raw_path": path.encode(),
+            "query_string": path.partition("?")[2].encode(),
+            "root_path": "",
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
+            "client": ("127.0.0.1", 50000),
+            "server": ("127.0.0.1", 8000),
+        }
+        self._pending: list[Message] = [{"type": "http.request", "body": raw, "more_body": False}]
+        self._gone = anyio.Event()
+        self.sent: list[Message] = []
+        self.started = anyio.Event()
+        self.texts: list[str] = []
+
+    def disconnect(self) -> None:
+        self._gone.set()
+
+    async def receive(self) -> Message:
+        if self._pending:
+            return self._pending.pop(0)
+        await self._gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: Message) -> None:
+        self.sent.append(message)
+        if message["type"] == "http.response.start":
+            self.started.set()
+        elif message.get("body"):
+            self.texts.append(message["body"].decode())
+
+    @property
+    def status(self) -> int:
+        return self.sent[0]["status"]
+
+    @property
+    def task_id(self) -> TaskId:
+        return TaskId(dict(self.sent[0]["headers"])[b"x-shoal-task-id"].decode())
+
+
+def chat(stream: bool) -> dict[str, Any]:
+    return {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "stream": stream}
+
+
+async def first_cancel(log: EventLog, task_id: TaskId) -> TaskCancelled:
+    async for _seq, event in log.follow(from_seq=1, subjects=[task_subject(task_id, "cancelled")]):
+        assert isinstance(event, TaskCancelled)
+        return event
+    raise AssertionError("the log closed")
+
+
+async def test_a_client_that_leaves_mid_stream_gets_its_task_cancelled_at_once(event_log: EventLog) -> None:
+    ev = Events()
+    await event_log.append(ev.node("n1"))
+    async with running_api(event_log) as (ctx, app), anyio.create_task_group() as group:
+        client = Client("POST", "/v1/chat/completions", chat(stream=True))
+        group.start_soon(app, client.scope, client.receive, client.send)
+        await client.started.wait()
+        task_id = client.task_id
+        await event_log.append(ev.chunk(task_id, text="Once"))
+        with anyio.fail_after(10):
+            while not any("Once" in text for text in client.texts):
+                await anyio.sleep(0.01)
+
+        left_at = time.monotonic()
+        client.disconnect()
+        with anyio.fail_after(10):
+            cancel = await first_cancel(event_log, task_id)
+        assert cancel.reason == "client_disconnect"
+        assert time.monotonic() - left_at < CANCEL_WITHIN_S
+    assert not any(m.get("more_body") is False for m in client.sent)  # the stream never ended normally
+    assert ctx.hub._listeners == {}  # pyright: ignore[reportPrivateUsage]  # the listener went with the request
+
+
+async def test_a_client_that_leaves_a_non_streamed_request_gets_499_and_a_cancel(event_log: EventLog) -> None:
+    ev = Events()
+    await event_log.append(ev.node("n1"))
+    async with running_api(event_log) as (ctx, app):
+        client = Client("POST", "/v1/chat/completions", chat(stream=False))
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(app, client.scope, client.receive, client.send)
+                while not ctx.hub.state.tasks:  # published: the request now waits for the task's end
+                    await anyio.sleep(0.01)
+                left_at = time.monotonic()
+                client.disconnect()
+        assert client.status == 499
+        task_id = next(iter(ctx.hub.state.tasks))
+        with anyio.fail_after(10):
+            cancel = await first_cancel(event_log, task_id)
+        assert cancel.reason == "client_disconnect"
+        assert time.monotonic() - left_at < CANCEL_WITHIN_S
+
+
+async def test_a_stream_that_ends_sends_its_end_and_cancels_nothing(event_log: EventLog) -> None:
+    ev = Events()
+    await event_log.append(ev.node("n1"))
+    async with running_api(event_log) as (_ctx, app), anyio.create_task_group() as group:
+        client = Client("POST", "/v1/chat/completions", chat(stream=True))
+        done = anyio.Event()
+
+        async def request() -> None:
+            await app(client.scope, client.receive, client.send)
+            done.set()
+
+        group.start_soon(request)
+        await client.started.wait()
+        task_id = client.task_id
+        usage = Usage(prompt_tokens=3, completion_tokens=1)
+        await event_log.append(ev.chunk(task_id, text="Once"))
+        await event_log.append(
+            TaskCompleted(env=ev.stamper.stamp(), task_id=task_id, finish_reason="stop", usage=usage)
+        )
+        with anyio.fail_after(10):
+            await done.wait()
+    assert client.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    assert client.texts[-1] == "data: [DONE]\n\n" and any("Once" in text for text in client.texts)
+    assert await event_log.get_last(task_subject(task_id, "cancelled")) is None
+
+
+async def test_the_timeline_page_reads_the_log_from_the_tasks_creation(event_log: EventLog) -> None:
+    ev = Events()
+    await event_log.append(ev.node("n1"))
+    await event_log.append_many([ev.created(f"before-{i}") for i in range(300)])
+    await event_log.append_many([ev.created("t1"), ev.chunk("t1", text="x"), ev.created("after")])
+    async with running_api(event_log) as (ctx, app):
+        with anyio.fail_after(10):
+            while "after" not in ctx.hub.state.tasks:
+                await anyio.sleep(0.01)
+        task = ctx.hub.state.tasks[TaskId("t1")]
+        read = await events_since_created(event_log, task)
+        assert task.created_seq == 302
+        assert [seq for seq, _ in read] == [302, 303, 304]  # not the 301 events before it
+
+        client = Client("GET", "/debug/timeline?task=t1")
+        await app(client.scope, client.receive, client.send)
+        assert client.status == 200 and "<svg" in "".join(client.texts)
