@@ -124,24 +124,24 @@ class FrameParser:
                 break
             # [H]MSG <subject> <sid> [reply] [<header size>] <total size>: the hot path, parsed inline
             fields = buf[pos:eol].split(b" ")
-            op = fields[0]
+            op, count = fields[0], len(fields)
             try:
-                if op == b"HMSG" and len(fields) == 6:
+                if count == 6 and op == b"HMSG":  # a JetStream delivery
                     _, subject, sid, reply, hlen, tlen = fields
-                elif op == b"HMSG":
-                    _, subject, sid, hlen, tlen = fields
-                    reply = b""
-                elif op == b"MSG" and len(fields) == 5:
-                    _, subject, sid, reply, tlen = fields
-                    hlen = b"0"
-                elif op == b"MSG":
+                    hlen, tlen = int(hlen), int(tlen)
+                elif count == 4 and op == b"MSG":  # e.g. a publish acknowledgement
                     _, subject, sid, tlen = fields
-                    reply, hlen = b"", b"0"
+                    reply, hlen, tlen = b"", 0, int(tlen)
+                elif count == 5 and op == b"HMSG":
+                    _, subject, sid, hlen, tlen = fields
+                    reply, hlen, tlen = b"", int(hlen), int(tlen)
+                elif count == 5 and op == b"MSG":
+                    _, subject, sid, reply, tlen = fields
+                    hlen, tlen = 0, int(tlen)
                 else:
                     append(_control(buf[pos:eol]))
                     pos = eol + 2
                     continue
-                hlen, tlen = int(hlen), int(tlen)
             except ValueError as exc:
                 raise FrameError(f"bad message line ({exc}): {buf[pos : min(eol, pos + 120)]!r}") from None
             if not 0 <= hlen <= tlen <= limit:
@@ -171,4 +171,6 @@ def _control(line: bytes) -> Frame:
         return Err(line[4:].strip().strip(b"'").decode(errors="replace"))
     if line.startswith(b"INFO "):
         return Info(line[5:].strip())
+    if line.startswith((b"MSG ", b"HMSG ")):
+        raise FrameError(f"bad message line (wrong number of fields): {line[:120]!r}")
     raise FrameError(f"unknown protocol line: {line[:120]!r}")

@@ -94,7 +94,7 @@ class _AckReader:
         for message in await self._wire.read_messages():
             if message.sid != self._sid:
                 continue
-            if message.status == 503:
+            if message.headers and message.status == 503:  # acks have no headers: skip the parse
                 raise LogError("no stream accepts the log's subjects: run ensure_streams() (or start shoal's NATS)")
             self._ack(int(message.subject[self._cut :]), message.payload)
 
