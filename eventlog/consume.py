@@ -17,7 +17,8 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from eventlog.wire import Wire, WireError, WireMessage, request
+from eventlog.frames import Msg
+from eventlog.wire import Wire, WireError, request
 
 IDLE_HEARTBEAT_S = 1.0
 
@@ -97,14 +98,6 @@ def consumer_config(name: str, deliver: str, position: Position, subjects: list[
     return config
 
 
-def _header(headers: bytes, name: bytes) -> bytes | None:
-    for line in headers.split(b"\r\n")[1:]:
-        key, _, value = line.partition(b":")
-        if key.strip().lower() == name.lower():
-            return value.strip()
-    return None
-
-
 async def stream_last_seq(wire: Wire, stream: str) -> int:
     reply = _stream_info.decode(await request(wire, f"$JS.API.STREAM.INFO.{stream}", b""))
     if reply.error is not None or reply.state is None:
@@ -112,8 +105,17 @@ async def stream_last_seq(wire: Wire, stream: str) -> int:
     return reply.state.last_seq
 
 
+class Deliveries(msgspec.Struct):
+    """Stream messages in order, as one socket read brought them: `seqs[i]` is the stream
+    sequence of `messages[i]`. Two parallel lists rather than a pair per message: the replay's
+    hot path builds and walks them (`zip`) at the cost of two appends per message."""
+
+    seqs: list[int] = msgspec.field(default_factory=list[int])
+    messages: list[Msg] = msgspec.field(default_factory=list[Msg])
+
+
 class StreamReader:
-    """One consumer on one wire; `batches()` yields lists of (seq, subject, payload).
+    """One consumer on one wire; `batches()` yields `Deliveries`.
 
     `live=False` stops at the end of the stream as it was when the read began.
     """
@@ -125,8 +127,8 @@ class StreamReader:
         self._live = live
         self._name = ""
         self._deliver = ""
-        self._sid = 0
-        self._early: list[WireMessage] = []  # deliveries that raced the create reply
+        self._sid = b""
+        self._early: list[Msg] = []  # deliveries that raced the create reply
         self._expected = 1
 
     async def _create(self, position: Position) -> int:
@@ -143,7 +145,7 @@ class StreamReader:
             raise _api_failure(f"cannot read stream {self._stream}", created.error)
         return created.num_pending
 
-    async def batches(self, position: Position) -> AsyncIterator[list[tuple[int, bytes, bytes]]]:
+    async def batches(self, position: Position) -> AsyncIterator[Deliveries]:
         end = 0 if self._live else await stream_last_seq(self._wire, self._stream)
         if not self._live and (end == 0 or (position.seq is not None and position.seq > end)):
             return
@@ -153,75 +155,68 @@ class StreamReader:
         self._expected = 1  # next delivery sequence
         early, self._early = self._early, []
         out, done = self._select(early, end)
-        if out or self._live:
+        if out.seqs or self._live:
             yield out
         while not done:
             out, done = await self._next(end)
-            if out or self._live:
+            if out.seqs or self._live:
                 yield out  # live: empty batches too, so the caller can notice a close
 
-    async def _next(self, end: int) -> tuple[list[tuple[int, bytes, bytes]], bool]:
-        """The deliveries in the next socket read.
-
-        The common frame, a JetStream delivery with a v1 reply subject, is parsed inline here (two
-        splits, three ints: this loop is the replay's hot path); anything else goes through the
-        wire's generic parser and `_select`. Delivery sequences are checked per batch: the server
-        sends them increasing, so first == expected and last == first + count - 1 means no gap.
-        """
-        buf = await self._read()
-        out: list[tuple[int, bytes, bytes]] = []
-        pos, size, sid, live = 0, len(buf), str(self._sid).encode(), self._live
-        first_dseq = last_dseq = b""
-        mark = 0  # index in `out` where the inline deliveries since the last check begin
-        done = False
-        while True:
-            eol = buf.find(b"\r\n", pos)
-            if eol < 0:
-                break
-            if buf.startswith(b"HMSG ", pos):
-                parts = buf[pos + 5 : eol].split(b" ")
-                if len(parts) == 5 and parts[1] == sid and parts[2].count(b".") == 8:
-                    subject, _, reply, hlen, tlen = parts
-                    stop = eol + 2 + int(tlen)
-                    if stop + 2 > size:
-                        break  # incomplete: the rest comes with the next read
-                    _, seq_text, dseq, _, pending = reply.rsplit(b".", 4)
-                    seq = int(seq_text)
-                    out.append((seq, subject, buf[eol + 2 + int(hlen) : stop]))
-                    first_dseq = first_dseq or dseq
-                    last_dseq = dseq
-                    pos = stop + 2
-                    if not live and (seq >= end or pending == b"0"):
-                        done = True
-                        break
-                    continue
-            self._check(len(out) - mark, first_dseq, last_dseq)
-            first_dseq, last_dseq, mark = b"", b"", len(out)
-            message, after = self._wire.parse_frame(buf, pos)
-            if after < 0:
-                break
-            pos = after
-            if message is not None:
-                more, done = self._select([message], end)
-                out += more
-                mark = len(out)
-                if done:
-                    break
-        self._check(len(out) - mark, first_dseq, last_dseq)
-        self._wire.unread(buf[pos:])
+    async def _next(self, end: int) -> tuple[Deliveries, bool]:
+        """The deliveries in the next socket read, and whether a bounded read is done."""
+        out, done = self._select(await self._read(), end)
         if not done:
             await self._wire.flush()  # flow-control replies now: the server refills while we fold
         return out, done
 
-    async def _read(self) -> bytes:
+    async def _read(self) -> list[Msg]:
         try:
             async with asyncio.timeout(3 * IDLE_HEARTBEAT_S):
-                return await self._wire.read_data()
+                return await self._wire.read_messages()
         except TimeoutError as exc:
             raise ConsumerRestart("no message nor heartbeat for 3 heartbeat intervals") from exc
 
-    def _check(self, count: int, first: bytes, last: bytes) -> None:
-        """Account for `count` deliveries parsed inline, numbered `first`..`last`."""
+    def _select(self, messages: list[Msg], end: int) -> tuple[Deliveries, bool]:
+        """The stream messages of this consumer in `messages`, and whether a bounded read is done.
+
+        This loop is the replay's hot path. A delivery's reply subject carries its stream and
+        delivery sequences: `$JS.ACK.<stream>.<consumer>.<delivered>.<seq>.<dseq>.<time>.<pending>`
+        (v1), or the v2 layout with `<domain>.<account>.` before the stream and a token after.
+        Delivery sequences are checked per run of deliveries (`_account`), not one by one.
+        """
+        out = Deliveries()
+        seqs, delivered = out.seqs, out.messages
+        sid, live = self._sid, self._live
+        first = last = b""  # the delivery sequences of seqs[checked:], not yet accounted for
+        checked = 0
+        try:
+            for message in messages:
+                if message.sid != sid:
+                    continue
+                tokens = message.reply.split(b".")
+                if len(tokens) != 9:
+                    if len(tokens) != 12:  # neither layout: a status message (no reply, or $JS.FC...)
+                        self._account(len(seqs) - checked, first, last)
+                        checked, first = len(seqs), b""
+                        self._control(message)
+                        continue
+                    tokens = tokens[2:-1]  # v2
+                last = tokens[6]
+                first = first or last
+                seq = int(tokens[5])
+                seqs.append(seq)
+                delivered.append(message)
+                if not live and (seq >= end or tokens[8] == b"0"):
+                    self._account(len(seqs) - checked, first, last)
+                    return out, True
+            self._account(len(seqs) - checked, first, last)
+        except ValueError as exc:
+            raise ConsumerRestart(f"a delivery's reply subject is not numbered: {exc}") from exc
+        return out, False
+
+    def _account(self, count: int, first: bytes, last: bytes) -> None:
+        """Account for `count` deliveries numbered `first`..`last`. The server numbers deliveries
+        increasing, so first == expected and last == first + count - 1 means none is missing."""
         if not count:
             return
         start, stop = int(first), int(last)
@@ -229,41 +224,19 @@ class StreamReader:
             raise ConsumerRestart(f"delivery gap: expected deliveries {self._expected}.., got {start}..{stop}")
         self._expected = stop + 1
 
-    def _select(self, messages: list[WireMessage], end: int) -> tuple[list[tuple[int, bytes, bytes]], bool]:
-        """The stream messages of this consumer in `messages`, and whether a bounded read is done."""
-        out: list[tuple[int, bytes, bytes]] = []
-        sid, expected, live = self._sid, self._expected, self._live
-        for msid, subject, reply, headers, payload in messages:
-            if msid != sid:
-                continue
-            if headers.startswith(b"NATS/1.0 100"):
-                self._control(reply, headers, expected)
-                continue
-            tokens = reply.split(b".")
-            if len(tokens) != 9:  # v2 layout: $JS.ACK.<domain>.<account>.<stream>...<pending>.<token>
-                tokens = tokens[2:-1]
-            if len(tokens) != 9 or int(tokens[6]) != expected:
-                self._expected = expected
-                raise ConsumerRestart(f"delivery gap or odd reply: expected delivery {expected}, got {reply[:120]!r}")
-            expected += 1
-            seq = int(tokens[5])
-            out.append((seq, subject, payload))
-            if not live and (seq >= end or tokens[8] == b"0"):
-                self._expected = expected
-                return out, True
-        self._expected = expected
-        return out, False
-
-    def _control(self, reply: bytes, headers: bytes, expected: int) -> None:
-        if reply:  # flow control request: answered with the next read, after what came before
-            self._wire.publish(reply, b"")
+    def _control(self, message: Msg) -> None:
+        """A status message on the deliver subject: flow control or an idle heartbeat."""
+        if message.status != 100:
+            raise ConsumerRestart(f"unexpected message on the deliver subject: {message.headers[:120]!r}")
+        if message.reply:  # flow control request: answered with the next read, after what came before
+            self._wire.publish(message.reply, b"")
             return
-        stalled = _header(headers, b"Nats-Consumer-Stalled")
+        stalled = message.header(b"Nats-Consumer-Stalled")
         if stalled:
             self._wire.publish(stalled, b"")
-        last = _header(headers, b"Nats-Last-Consumer")
-        if last is not None and int(last) >= expected:
-            raise ConsumerRestart(f"heartbeat says delivery {int(last)} was sent; we saw {expected - 1}")
+        last = message.header(b"Nats-Last-Consumer")
+        if last is not None and int(last) >= self._expected:
+            raise ConsumerRestart(f"heartbeat says delivery {int(last)} was sent; we saw {self._expected - 1}")
 
     def drop(self) -> None:
         """Delete the consumer (best effort; it also expires on its own after 30 s idle)."""

@@ -38,7 +38,7 @@ import nats.js.errors
 from loguru import logger
 from nats.aio.client import Client
 
-from eventlog.consume import ConsumerRestart, Position, StreamNotFound, StreamReader
+from eventlog.consume import ConsumerRestart, Deliveries, Position, StreamNotFound, StreamReader
 from eventlog.publish import LogError, Outbox, pipeline
 from eventlog.streams import LogSettings, stream_config, stream_name
 from eventlog.wire import Wire, WireClosed, WireError, split_servers
@@ -239,11 +239,11 @@ class EventLog:
         """(seq, event) from `from_seq` (or `from_time`, or the start) up to the end as of now."""
         decode = _decoder(stream)
         async for batch in self._batches(Position(seq=from_seq, time=from_time), subjects, stream, live=False):
-            for seq, subject, payload in batch:  # decoded inline: this loop is the replay's hot path
+            for seq, message in zip(batch.seqs, batch.messages, strict=True):  # the replay's hot path
                 try:
-                    event = decode(payload)
+                    event = decode(message.payload)
                 except MalformedEvent as exc:
-                    self._poison(subject, seq, exc)
+                    self._poison(message.subject, seq, exc)
                     continue
                 yield seq, event
 
@@ -291,18 +291,18 @@ class EventLog:
         """Like replay/follow, but a malformed message yields (seq, None) instead of nothing."""
         decode = _decoder(stream)
         async for batch in self._batches(Position(seq=from_seq, time=from_time), subjects, stream, live=live):
-            for seq, subject, payload in batch:
+            for seq, message in zip(batch.seqs, batch.messages, strict=True):
                 try:
-                    event: AnyEvent | None = decode(payload)
+                    event: AnyEvent | None = decode(message.payload)
                 except MalformedEvent as exc:
-                    self._poison(subject, seq, exc)
+                    self._poison(message.subject, seq, exc)
                     event = None
                 yield seq, event
 
     async def _batches(
         self, position: Position, subjects: Sequence[str] | None, stream: StreamKey, live: bool
-    ) -> AsyncIterator[list[tuple[int, bytes, bytes]]]:
-        """Batches of (seq, subject, payload); reconnects and resumes at the last seq + 1 on any doubt."""
+    ) -> AsyncIterator[Deliveries]:
+        """Batches of stream messages; reconnects and resumes at the last seq + 1 on any doubt."""
         failing_since: float | None = None
         while not self._closed:
             wire: Wire | None = None
@@ -312,8 +312,8 @@ class EventLog:
                 reader = StreamReader(wire, stream_name(stream), list(subjects or ()), live=live)
                 async for raw in reader.batches(position):
                     failing_since = None
-                    if raw:
-                        position.seq = raw[-1][0] + 1
+                    if raw.seqs:
+                        position.seq = raw.seqs[-1] + 1
                     yield raw
                     if self._closed:
                         return
@@ -345,11 +345,11 @@ class EventLog:
         folder = Folder(state)
         position = Position(seq=folder.last_seq + 1)
         async for batch in self._batches(position, None, "events", live=False):
-            for seq, subject, payload in batch:
+            for seq, message in zip(batch.seqs, batch.messages, strict=True):
                 try:
-                    event = decode_log_event(payload)
+                    event = decode_log_event(message.payload)
                 except MalformedEvent as exc:
-                    self._poison(subject, seq, exc)
+                    self._poison(message.subject, seq, exc)
                     folder.skip_to(seq + 1)
                     continue
                 folder.skip_to(seq)  # a gap: messages deleted from the stream

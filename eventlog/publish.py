@@ -83,39 +83,20 @@ async def pipeline(wire: Wire, outbox: Outbox, todo: list[int]) -> None:
 class _AckReader:
     """Reads acknowledgements (`MSG <inbox>.<index> <sid> <len>`) from the wire into `seqs`."""
 
-    def __init__(self, wire: Wire, sid: int, cut: int, seqs: list[int]) -> None:
+    def __init__(self, wire: Wire, sid: bytes, cut: int, seqs: list[int]) -> None:
         self._wire = wire
         self._sid = sid
-        self._sid_text = str(sid).encode()
         self._cut = cut
         self._seqs = seqs
         self.count = 0
 
     async def read(self) -> None:
-        buf = await self._wire.read_data()
-        pos, size, sid = 0, len(buf), self._sid_text
-        while True:
-            eol = buf.find(b"\r\n", pos)
-            if eol < 0:
-                break
-            if buf.startswith(b"MSG ", pos):
-                parts = buf[pos + 4 : eol].split(b" ")
-                if len(parts) == 3 and parts[1] == sid:
-                    stop = eol + 2 + int(parts[2])
-                    if stop + 2 > size:
-                        break
-                    self._ack(int(parts[0][self._cut :]), buf[eol + 2 : stop])
-                    pos = stop + 2
-                    continue
-            message, after = self._wire.parse_frame(buf, pos)
-            if after < 0:
-                break
-            pos = after
-            if message is not None and message[0] == self._sid:
-                if message[3].startswith(b"NATS/1.0 503"):
-                    raise LogError("no stream accepts the log's subjects: run ensure_streams() (or start shoal's NATS)")
-                self._ack(int(message[1][self._cut :]), message[4])
-        self._wire.unread(buf[pos:])
+        for message in await self._wire.read_messages():
+            if message.sid != self._sid:
+                continue
+            if message.headers and message.status == 503:  # acks have no headers: skip the parse
+                raise LogError("no stream accepts the log's subjects: run ensure_streams() (or start shoal's NATS)")
+            self._ack(int(message.subject[self._cut :]), message.payload)
 
     def _ack(self, index: int, payload: bytes) -> None:
         ack = _pub_ack.decode(payload)

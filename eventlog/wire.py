@@ -5,7 +5,8 @@ parser, an asyncio queue hop) caps a replay near 50k msgs/s on a small machine; 
 parses whole socket reads in one loop and keeps replay + fold above 100k/s. nats-py remains the
 client for everything else (stream management, single appends, telemetry).
 
-The connection has no background task: whoever calls `read_batch()` drives it, answering server
+Frames are parsed by `eventlog.frames.FrameParser`, the one parser of server frames.
+The connection has no background task: whoever calls `read_messages()` drives it, answering server
 PINGs as it goes. One owner at a time. It speaks plain `nats://` (optionally `user:pass@` or a
 token in the URL); for TLS or credential files use nats-py.
 """
@@ -18,6 +19,8 @@ import json
 import secrets
 from urllib.parse import urlsplit
 
+from eventlog.frames import Err, Frame, FrameError, FrameParser, Info, Msg, Ping, Pong
+
 _CRLF = b"\r\n"
 READ_SIZE = 1 << 20
 
@@ -28,10 +31,6 @@ class WireError(ConnectionError):
 
 class WireClosed(ConnectionError):
     """The connection ended (server stopped, network gone)."""
-
-
-# (sid, subject, reply, headers, payload); headers is the raw "NATS/1.0 ..." block, b"" when none
-WireMessage = tuple[int, bytes, bytes, bytes, bytes]
 
 
 def split_servers(url: str) -> list[tuple[str, int, dict[str, str]]]:
@@ -62,7 +61,7 @@ class Wire:
         self._reader = reader
         self._writer = writer
         self._out = bytearray()
-        self._in = b""
+        self._parser = FrameParser()
         self._next_sid = 0
         self._pongs = 0
 
@@ -79,36 +78,54 @@ class Wire:
     @classmethod
     async def _handshake(cls, host: str, port: int, auth: dict[str, str], name: str) -> Wire:
         reader, writer = await asyncio.open_connection(host, port, limit=READ_SIZE * 4)
-        info = await reader.readline()
-        if not info.startswith(b"INFO "):
-            writer.close()
-            raise WireError(f"{host}:{port} did not greet like a NATS server: {info[:80]!r}")
-        connect = {
-            "verbose": False,
-            "pedantic": False,
-            "headers": True,
-            "no_responders": True,
-            "protocol": 1,
-            "lang": "python-shoal",
-            "version": "0",
-            "name": name,
-            **auth,
-        }
         wire = cls(reader, writer)
-        writer.write(b"CONNECT " + json.dumps(connect).encode() + _CRLF)
-        await wire.roundtrip()
+        try:
+            await wire._greeting(f"{host}:{port}")
+            connect = {
+                "verbose": False,
+                "pedantic": False,
+                "headers": True,
+                "no_responders": True,
+                "protocol": 1,
+                "lang": "python-shoal",
+                "version": "0",
+                "name": name,
+                **auth,
+            }
+            writer.write(b"CONNECT " + json.dumps(connect).encode() + _CRLF)
+            await wire.roundtrip()
+        except BaseException:  # a timeout cancels us here too: do not leave the socket open
+            wire.close()
+            raise
         return wire
+
+    async def _greeting(self, where: str) -> None:
+        """Read up to the server's first frame, which must be INFO."""
+        frames: list[Frame] = []
+        try:
+            while not frames:
+                frames = self._parser.feed(await self._receive())
+        except FrameError as exc:
+            raise WireError(f"{where} did not greet like a NATS server: {exc}") from exc
+        first = frames[0]
+        if isinstance(first, Err):
+            raise WireError(f"{where} refused the connection: {first.text}")
+        if not isinstance(first, Info):
+            raise WireError(f"{where} did not greet like a NATS server: {first!r}")
+        self._answer(frames[1:])  # nothing is subscribed yet: control frames only
 
     def new_inbox(self) -> str:
         return f"_INBOX.shoal.{secrets.token_hex(8)}"
 
-    def subscribe(self, subject: str) -> int:
+    def subscribe(self, subject: str) -> bytes:
+        """Subscribe; returns the subscription id, the token `Msg.sid` carries (bytes, as sent)."""
         self._next_sid += 1
-        self._out += f"SUB {subject} {self._next_sid}\r\n".encode()
-        return self._next_sid
+        sid = str(self._next_sid).encode()
+        self._out += b"SUB %s %s\r\n" % (subject.encode(), sid)
+        return sid
 
-    def unsubscribe(self, sid: int) -> None:
-        self._out += f"UNSUB {sid}\r\n".encode()
+    def unsubscribe(self, sid: bytes) -> None:
+        self._out += b"UNSUB %s\r\n" % sid
 
     def publish(self, subject: bytes, payload: bytes, reply: bytes = b"", headers: bytes = b"") -> None:
         """Queue one message; `flush()` sends the queue. `headers` is a full "NATS/1.0\\r\\n...\\r\\n\\r\\n" block."""
@@ -144,7 +161,7 @@ class Wire:
         except OSError as exc:
             raise WireClosed(str(exc)) from exc
 
-    async def roundtrip(self) -> list[WireMessage]:
+    async def roundtrip(self) -> list[Msg]:
         """PING and read until its PONG: everything sent before is processed by the server.
 
         Returns the messages that arrived meanwhile (the caller must not drop them).
@@ -152,78 +169,42 @@ class Wire:
         self._out += b"PING\r\n"
         await self.flush()
         want = self._pongs + 1
-        got: list[WireMessage] = []
+        got: list[Msg] = []
         while self._pongs < want:
-            got.extend(await self.read_batch())
+            got.extend(await self.read_messages())
         return got
 
-    async def read_batch(self) -> list[WireMessage]:
-        """Wait for data and return every complete message in it (possibly none)."""
-        buf = await self.read_data()
-        messages: list[WireMessage] = []
-        pos = 0
-        while True:
-            message, end = self.parse_frame(buf, pos)
-            if end < 0:
-                break
-            if message is not None:
-                messages.append(message)
-            pos = end
-        self.unread(buf[pos:])
-        return messages
-
-    async def read_data(self) -> bytes:
-        """Send what is queued (PONGs, flow-control replies), then wait for bytes.
-
-        Returns the unparsed bytes kept from before followed by the new ones; the caller parses
-        what it can and hands the incomplete tail back with `unread()`.
-        """
+    async def read_messages(self) -> list[Msg]:
+        """Send what is queued (PONGs, flow-control replies), wait for bytes, and return every
+        message they complete (possibly none). Control frames are handled on the way."""
         if self._out:
             await self.flush()
+        frames = self._parser.feed(await self._receive())
+        messages = [frame for frame in frames if type(frame) is Msg]
+        if len(messages) < len(frames):
+            self._answer(frames)
+        return messages
+
+    async def _receive(self) -> bytes:
+        """One socket read."""
         try:
             data = await self._reader.read(READ_SIZE)
         except OSError as exc:
             raise WireClosed(str(exc)) from exc
         if not data:
             raise WireClosed("connection closed by the server")
-        buf = self._in + data if self._in else data
-        self._in = b""
-        return buf
+        return data
 
-    def unread(self, rest: bytes) -> None:
-        self._in = rest
-
-    def parse_frame(self, buf: bytes, pos: int) -> tuple[WireMessage | None, int]:
-        """One frame at `pos`: (message or None for control lines, position after it), or (None, -1)
-        when the frame is incomplete. Control lines (PING, PONG, -ERR, INFO, +OK) are handled here."""
-        eol = buf.find(_CRLF, pos)
-        if eol < 0:
-            return None, -1
-        op = buf[pos : pos + 4]
-        if op != b"HMSG" and op != b"MSG ":
-            self._control(buf[pos:eol])
-            return None, eol + 2
-        parts = buf[pos:eol].split(b" ")
-        if op == b"HMSG":
-            reply = parts[3] if len(parts) == 6 else b""
-            hlen, tlen = int(parts[-2]), int(parts[-1])
-        else:
-            reply = parts[3] if len(parts) == 5 else b""
-            hlen, tlen = 0, int(parts[-1])
-        start = eol + 2
-        end = start + tlen
-        if end + 2 > len(buf):
-            return None, -1  # incomplete payload: wait for more bytes
-        return (int(parts[2]), parts[1], reply, buf[start : start + hlen], buf[start + hlen : end]), end + 2
-
-    def _control(self, line: bytes) -> None:
-        if line == b"PING":
-            self._out += b"PONG\r\n"
-        elif line == b"PONG":
-            self._pongs += 1
-        elif line.startswith(b"-ERR"):
-            raise WireError(f"NATS server error: {line[5:].decode(errors='replace').strip()}")
-        # INFO (cluster updates) and +OK need no answer
+    def _answer(self, frames: list[Frame]) -> None:
+        """Act on the control frames among `frames`: PING is answered, PONG counted, -ERR raised."""
+        for frame in frames:
+            if type(frame) is Ping:
+                self._out += b"PONG\r\n"
+            elif type(frame) is Pong:
+                self._pongs += 1
+            elif type(frame) is Err:
+                raise WireError(f"NATS server error: {frame.text}")
+            # INFO (cluster updates) and +OK need no answer
 
     def close(self) -> None:
         """Send what is queued (best effort, without waiting) and close."""
@@ -235,7 +216,7 @@ class Wire:
 
 
 async def request(
-    wire: Wire, subject: str, payload: bytes, *, timeout: float = 5.0, others: list[WireMessage] | None = None
+    wire: Wire, subject: str, payload: bytes, *, timeout: float = 5.0, others: list[Msg] | None = None
 ) -> bytes:
     """A request/reply over `wire`; returns the reply payload.
 
@@ -249,14 +230,14 @@ async def request(
         async with asyncio.timeout(timeout):
             reply: bytes | None = None
             while reply is None:
-                for message in await wire.read_batch():  # keep the whole batch: more may follow the reply
-                    if message[0] != sid:
+                for message in await wire.read_messages():  # keep them all: more may follow the reply
+                    if message.sid != sid:
                         if others is not None:
                             others.append(message)
-                    elif message[3].startswith(b"NATS/1.0 503"):
+                    elif message.status == 503:
                         raise WireError(f"no responders on {subject} (is JetStream enabled?)")
                     else:
-                        reply = message[4]
+                        reply = message.payload
             return reply
     finally:
         wire.unsubscribe(sid)

@@ -1,4 +1,5 @@
-"""The log's NATS protocol reader, fed crafted bytes (no server): framing, ordering checks, control."""
+"""The log's NATS connection and ordered reader, fed crafted bytes (no server): ordering checks,
+flow control, heartbeats, -ERR. The frame parser itself is tested in test_frames.py."""
 
 from __future__ import annotations
 
@@ -7,27 +8,22 @@ import asyncio
 import pytest
 
 from eventlog.consume import ConsumerRestart, StreamReader
-from eventlog.wire import Wire, WireError, split_servers
+from eventlog.frames import Msg
+from eventlog.wire import Wire, WireError, request, split_servers
 
 SID = 7
 
 
 class FakeWire(Wire):
-    """A Wire whose socket reads return the given chunks, one per read."""
+    """A Wire whose socket reads return the given chunks, one per read, and whose sends are kept."""
 
     def __init__(self, chunks: list[bytes]) -> None:
+        super().__init__(None, None)  # pyright: ignore[reportArgumentType]  (the socket methods are replaced)
         self._chunks = list(chunks)
-        self._out = bytearray()
-        self._in = b""
-        self._next_sid = 0
-        self._pongs = 0
-
         self.flushed = b""
 
-    async def read_data(self) -> bytes:
-        data = self._chunks.pop(0)
-        buf, self._in = self._in + data, b""
-        return buf
+    async def _receive(self) -> bytes:
+        return self._chunks.pop(0)
 
     async def flush(self) -> None:
         self.flushed += bytes(self._out)
@@ -51,28 +47,36 @@ def delivery(seq: int, dseq: int, pending: int, payload: bytes = b"x", *, v2: bo
 def reader(chunks: list[bytes], *, live: bool = True) -> tuple[StreamReader, FakeWire]:
     wire = FakeWire(chunks)
     stream_reader = StreamReader(wire, "SHOAL_EVENTS", [], live=live)
-    stream_reader._sid = SID  # pyright: ignore[reportPrivateUsage]
+    stream_reader._sid = str(SID).encode()  # pyright: ignore[reportPrivateUsage]
     return stream_reader, wire
 
 
 def next_batch(stream_reader: StreamReader, end: int = 0) -> tuple[list[tuple[int, bytes, bytes]], bool]:
-    return asyncio.run(stream_reader._next(end))  # pyright: ignore[reportPrivateUsage]
+    """(seq, subject, payload) of the deliveries in the next read, and whether the read is done."""
+    out, done = asyncio.run(stream_reader._next(end))  # pyright: ignore[reportPrivateUsage]
+    return [(seq, m.subject, m.payload) for seq, m in zip(out.seqs, out.messages, strict=True)], done
 
 
-def test_generic_frames_and_control_lines() -> None:
-    wire = FakeWire([])
-    frame = b"MSG a.b 3 _INBOX.x 5\r\nhello\r\nPING\r\nHMSG c 4 12 14\r\nNATS/1.0\r\n\r\nhi\r\n+OK\r\n"
-    message, pos = wire.parse_frame(frame, 0)
-    assert message == (3, b"a.b", b"_INBOX.x", b"", b"hello")
-    message, pos = wire.parse_frame(frame, pos)
-    assert message is None and wire.sent == b"PONG\r\n"
-    message, pos = wire.parse_frame(frame, pos)
-    assert message == (4, b"c", b"", b"NATS/1.0\r\n\r\n", b"hi")
-    assert wire.parse_frame(frame, pos) == (None, len(frame))
-    assert wire.parse_frame(b"MSG a 1 10\r\nshort", 0) == (None, -1)
-    assert wire.parse_frame(b"PIN", 0) == (None, -1)
-    with pytest.raises(WireError, match="Authorization"):
-        wire.parse_frame(b"-ERR 'Authorization Violation'\r\n", 0)
+def test_control_frames_are_answered_counted_or_raised_and_messages_returned() -> None:
+    wire = FakeWire([b"MSG a.b 3 _INBOX.x 5\r\nhel", b"lo\r\nPING\r\nPONG\r\n+OK\r\nINFO {}\r\n"])
+    assert asyncio.run(wire.read_messages()) == []
+    [message] = asyncio.run(wire.read_messages())
+    assert (message.subject, message.sid, message.reply, message.payload) == (b"a.b", b"3", b"_INBOX.x", b"hello")
+    assert wire.sent == b"PONG\r\n" and wire._pongs == 1  # pyright: ignore[reportPrivateUsage]
+    wire = FakeWire([b"MSG a 3 1\r\nx\r\n-ERR 'Authorization Violation'\r\n"])
+    with pytest.raises(WireError, match="Authorization Violation"):
+        asyncio.run(wire.read_messages())
+
+
+def test_a_request_keeps_other_messages_and_names_missing_responders() -> None:
+    others: list[Msg] = []
+    wire = FakeWire([b"MSG d 9 2\r\nhi\r\nMSG _INBOX.r 1 5\r\nreply\r\n"])
+    assert asyncio.run(request(wire, "svc", b"q", others=others)) == b"reply"
+    assert [m.payload for m in others] == [b"hi"]
+    assert wire.sent.startswith(b"SUB _INBOX.") and wire.sent.endswith(b" 1\r\nq\r\nUNSUB 1\r\n")
+    wire = FakeWire([b"HMSG _INBOX.r 1 16 16\r\nNATS/1.0 503\r\n\r\n\r\n"])
+    with pytest.raises(WireError, match="no responders on svc"):
+        asyncio.run(request(wire, "svc", b"q"))
 
 
 def test_in_order_deliveries_across_split_reads() -> None:
@@ -106,7 +110,7 @@ def test_a_delivery_gap_restarts_the_consumer() -> None:
 
 
 def test_flow_control_is_answered_and_a_heartbeat_reporting_unseen_deliveries_restarts() -> None:
-    flow = b"HMSG _INBOX.d 7 $JS.FC.SHOAL_EVENTS.x.1 34 34\r\nNATS/1.0 100 FlowControl Request\r\n\r\n\r\n"
+    flow = b"HMSG _INBOX.d 7 $JS.FC.SHOAL_EVENTS.x.1 36 36\r\nNATS/1.0 100 FlowControl Request\r\n\r\n\r\n"
     stream_reader, wire = reader([delivery(1, 1, 0) + flow + delivery(2, 2, 0)])
     out, _ = next_batch(stream_reader)
     assert [seq for seq, _, _ in out] == [1, 2]
@@ -118,11 +122,25 @@ def test_flow_control_is_answered_and_a_heartbeat_reporting_unseen_deliveries_re
         next_batch(stream_reader)
 
 
-def test_v2_reply_layout_and_other_subscriptions_take_the_slow_path() -> None:
+def test_v2_reply_layout_is_read_and_other_subscriptions_are_ignored() -> None:
     other = delivery(99, 1, 0, sid=8)
     stream_reader, _ = reader([delivery(1, 1, 2, v2=True) + other + delivery(2, 2, 1) + delivery(3, 3, 0, v2=True)])
     out, _ = next_batch(stream_reader)
     assert [seq for seq, _, _ in out] == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        b"HMSG _INBOX.d 7 33 33\r\nNATS/1.0 409 Consumer Deleted\r\n\r\n\r\n",  # a status other than 100
+        b"MSG _INBOX.d 7 $JS.ACK.S.c.1.x.1.0.0 1\r\nx\r\n",  # a reply that is not numbered
+        b"MSG _INBOX.d 7 _INBOX.elsewhere 1\r\nx\r\n",  # neither a delivery nor a status
+    ],
+)
+def test_an_odd_message_on_the_deliver_subject_restarts_the_consumer(odd: bytes) -> None:
+    stream_reader, _ = reader([delivery(1, 1, 5) + odd])
+    with pytest.raises(ConsumerRestart):
+        next_batch(stream_reader)
 
 
 def test_server_urls() -> None:
