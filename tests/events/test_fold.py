@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from events.apply import UnknownTask, fold
 from events.fold import Folder
+from events.ids import TaskId
 from events.state import State, canonical_bytes
 from events.synthetic import synthetic_history
 from tests.events.builders import Events
@@ -41,7 +42,7 @@ def test_a_bad_hot_event_leaves_the_state_as_before() -> None:
     events.append(ev.chunk("t1", index=2))
     folder.add(8, events[-1])  # and seq 8 is still the next one it takes
     assert canonical_bytes(folder.state) == canonical_bytes(fold(enumerate(events, start=1)))
-    assert folder.state.tasks["t1"].chunks == 3
+    assert folder.state.tasks[TaskId("t1")].chunks == 3
 
 
 def test_skip_to_accounts_for_missing_seqs() -> None:
