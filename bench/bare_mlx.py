@@ -1,14 +1,24 @@
-"""Bare mlx-lm, no shoal: `stream_generate` on one process, the reference for `shoal bench e2e`.
+"""Bare mlx-lm, no shoal: `stream_generate` in one process, the reference side of `shoal bench e2e`.
 
-Run as `python -m bench.bare_mlx MODEL_DIR PROMPT MAX_TOKENS RUNS PREFILL_STEP` by the bench, in a
-subprocess with the same BLAS environment as a 1-rank runner, and prints one JSON object.
+Run as `python -m bench.bare_mlx MODEL_DIR PROMPT MAX_TOKENS PREFILL_STEP` by the bench, in a
+subprocess with the same BLAS environment as a 1-rank runner. It loads the model, runs two
+warm-up generations, prints `ready`, then runs one generation per `go` line read from stdin and
+prints one JSON line for each (`{"ttft_ms", "decode_tps", "tokens"}`), so the bench can
+interleave it with requests through shoal. Times are those of the first and last piece of
+text, as an openai client streaming from shoal sees them, so both sides are timed alike. It exits at the end of stdin.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
 
 
 def main(argv: list[str]) -> int:
@@ -18,29 +28,84 @@ def main(argv: list[str]) -> int:
 
     from runner.models.chat import encode_chat
 
-    model_dir, prompt, max_tokens, runs, step = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
+    model_dir, prompt, max_tokens, step = argv[0], argv[1], int(argv[2]), int(argv[3])
     model, tokenizer = load(model_dir)[:2]
-    tokens = encode_chat(tokenizer, [{"role": "user", "content": prompt}])
-    ttfts: list[float] = []
-    decode_rates: list[float] = []
-    counts: list[int] = []
-    for run in range(runs + 2):  # two warm-up runs first
+    tokens = mx.array(encode_chat(tokenizer, [{"role": "user", "content": prompt}]))
+
+    def one() -> dict[str, Any]:
         started = time.perf_counter()
         first = last = started
         count = 0
-        for _response in stream_generate(
-            model, tokenizer, mx.array(tokens), max_tokens=max_tokens, prefill_step_size=step
-        ):
-            last = time.perf_counter()
-            if count == 0:
-                first = last
+        for response in stream_generate(model, tokenizer, tokens, max_tokens=max_tokens, prefill_step_size=step):
             count += 1
-        if run >= 2:
-            ttfts.append((first - started) * 1000)
-            decode_rates.append((count - 1) / (last - first) if count > 1 and last > first else 0.0)
-            counts.append(count)
-    print(json.dumps({"ttft_ms": ttfts, "decode_tps": decode_rates, "tokens": counts, "prompt_tokens": len(tokens)}))
+            if response.text:  # timed like the client through shoal sees it: when text arrives
+                last = time.perf_counter()
+                first = last if first == started else first
+        rate = (count - 1) / (last - first) if count > 1 and last > first else 0.0
+        return {"ttft_ms": (first - started) * 1000, "decode_tps": rate, "tokens": count}
+
+    for _ in range(2):  # warm-up: compile, allocate, fill caches
+        one()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "go":
+            print(json.dumps(one()), flush=True)
     return 0
+
+
+class BareMlx:
+    """The bare mlx-lm process, kept up for the whole bench: one `generate()` per request."""
+
+    def __init__(
+        self, env: dict[str, str], model_dir: str, prompt: str, max_tokens: int, step: int, log_dir: Path
+    ) -> None:
+        from runner.blas import blas_env
+
+        child_env = {**env, **blas_env(env.get("SHOAL_BLAS"), 1, os.cpu_count() or 1, env)}
+        argv = [sys.executable, "-m", "bench.bare_mlx", model_dir, prompt, str(max_tokens), str(step)]
+        self._stderr_path = log_dir / "bare_mlx.err"
+        with self._stderr_path.open("wb") as stderr:
+            self._process = subprocess.Popen(
+                argv, env=child_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True
+            )
+        stdin, stdout = self._process.stdin, self._process.stdout
+        if stdin is None or stdout is None:  # never with PIPE: this keeps the types honest
+            raise RuntimeError("bare mlx-lm: no pipes")
+        self._stdin: IO[str] = stdin
+        self._stdout: IO[str] = stdout
+
+    def __enter__(self) -> BareMlx:
+        if self._line(lambda line: line == "ready") is None:
+            self._process.kill()
+            self._process.wait()
+            raise RuntimeError(f"bare mlx-lm did not start: {self._stderr_tail()}")
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._stdin.close()
+        try:
+            self._process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+    def generate(self) -> dict[str, Any]:
+        self._stdin.write("go\n")
+        self._stdin.flush()
+        line = self._line(lambda line: line.startswith("{"))
+        if line is None:
+            raise RuntimeError(f"bare mlx-lm exited: {self._stderr_tail()}")
+        return json.loads(line)
+
+    def _line(self, wanted: Callable[[str], bool]) -> str | None:
+        """The next line `wanted` accepts (a library may print to stdout too); None at the end."""
+        for raw in self._stdout:
+            if wanted(raw.strip()):
+                return raw.strip()
+        return None
+
+    def _stderr_tail(self) -> str:
+        return self._stderr_path.read_text(errors="replace")[-2000:]
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
-"""`shoal bench cancel`: how fast a cancel stops every rank, against the prefill chunk time.
+"""`shoal bench cancel`: how fast a cancel stops every rank, in prefill and in decode.
 
-`shoal up --workers 2`, then `--cancels` requests with a long prompt, each cancelled through
-`POST /v1/tasks/{id}/cancel` after a random number of prefill chunks. From the log: the time
-from `TaskCancelled` to the last rank's `RunnerStatusChanged(ready)` for that task (every rank
-idle), and the median time between the last rank's `PrefillProgress` events (one chunk).
+`shoal up --workers 2`, then rounds of two requests, each cancelled with
+`POST /v1/tasks/{id}/cancel` (the order rotates per round): a long prompt cancelled after a
+random number of prefill chunks, and a short prompt with many tokens cancelled after a random
+number of streamed tokens. Then, from the log (`bench.cancel_outcomes`): where each cancel
+really landed, the time from `TaskCancelled` to every rank idle, and hangs (a task whose ranks
+do not all go idle within `--idle-deadline`). Latencies are reported per landing phase, with a
+p99 that says when it is only the maximum (fewer than 100 samples).
 """
 
 from __future__ import annotations
@@ -11,122 +14,180 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
+from bench.cancel_outcomes import Outcome, cadence, outcomes, pending
 from bench.cluster import Cluster, long_prompt
+from bench.options import Sized, add_sized, resolve
+from bench.result import bench_result, readable
+from bench.rounds import run_rounds
+from bench.stats import summarize, tail, target
 from eventlog.log import EventLog
-from events.catalogue import LogEvent, PrefillProgress, RunnerStatusChanged, TaskCancelled, TaskCompleted, TaskFailed
+from events.catalogue import LogEvent
+
+ABOUT = (
+    "`POST /v1/tasks/{id}/cancel` on 2 ranks, alternately after 1-8 prefill chunks of a long prompt and after "
+    "1-32 streamed tokens; `TaskCancelled` to every rank idle, from the log, by where the cancel landed"
+)
+SIZED = (Sized("--rounds", 120, 2, "rounds; each cancels one request in prefill and one in decode"),)
+WORLD = 2
+DECODE_PROMPT = "Write a long story about a river, a stone and a lantern."
+PREFILL_MAX_TOKENS = 4  # a prefill cancel that comes too late ends the task at once: a miss, not a decode cancel
+DECODE_MAX_TOKENS = 1024
+PREFILL_CANCEL_CHUNKS = (1, 8)  # cancel after this many prefill progress chunks (inclusive range)
+DECODE_CANCEL_CHUNKS = (1, 32)  # ... or after this many streamed token chunks
+Counted = Literal["prompt_progress", "content"]  # which streamed chunks a cancel waits for
+SLACK_MS = 50.0  # a cancel may take one chunk (prefill) or one poll interval (decode), plus this
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cancels", type=int, default=50, help="cancelled requests (default 50)")
+    add_sized(parser, SIZED)
     parser.add_argument(
-        "--prompt-words", type=int, default=400, help="prompt length in words (~5 tokens each with the tiny tokenizer)"
+        "--prompt-words", type=int, default=400, help="prefill-cancel prompt length in words (~5 tokens each)"
     )
     parser.add_argument("--prefill-step", type=int, default=256)
+    parser.add_argument("--decode-poll-tokens", type=int, default=8, help="decode_cancel_poll_tokens of the cluster")
+    parser.add_argument("--idle-deadline", type=float, default=10.0, help="seconds after which a cancel is a hang")
     parser.add_argument("--seed", type=int, default=0)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    settings = resolve(args, SIZED) | {
+        "prompt_words": args.prompt_words,
+        "prefill_step": args.prefill_step,
+        "decode_poll_tokens": args.decode_poll_tokens,
+        "idle_deadline_s": args.idle_deadline,
+        "seed": args.seed,
+        "ranks": WORLD,
+    }
     rng = random.Random(args.seed)
-    prompt = long_prompt(args.prompt_words)
     with tempfile.TemporaryDirectory(prefix="shoal-bench-cancel-") as root:
-        cluster = Cluster(Path(root), workers=2, prefill_step_size=str(args.prefill_step), log_level="WARNING")
+        cluster = Cluster(
+            Path(root),
+            workers=WORLD,
+            prefill_step_size=str(args.prefill_step),
+            decode_cancel_poll_tokens=str(args.decode_poll_tokens),
+            log_level="WARNING",
+        )
         try:
             cluster.wait_ready(timeout=300)
-            outcomes = [_cancel_once(cluster, prompt, rng) for _ in range(args.cancels)]
-            events = asyncio.run(_read_log(cluster.nats_url))
+            prompt = long_prompt(settings["prompt_words"])
+            sides: dict[str, Callable[[], str]] = {
+                "prefill": lambda: _cancel_once(cluster, prompt, PREFILL_MAX_TOKENS, "prompt_progress", rng,
+                                                PREFILL_CANCEL_CHUNKS),
+                "decode": lambda: _cancel_once(cluster, DECODE_PROMPT, DECODE_MAX_TOKENS, "content", rng,
+                                               DECODE_CANCEL_CHUNKS),
+            }  # fmt: skip
+            tasks = run_rounds(sides, settings["rounds"])
+            events = asyncio.run(_settled_log(cluster.nats_url, [*tasks["prefill"], *tasks["decode"]], args))
         finally:
             cluster.stop()
-    return _report(args, outcomes, events)
+    return _report(settings, tasks, events, quick=bool(args.quick))
 
 
-def _cancel_once(cluster: Cluster, prompt: str, rng: random.Random) -> dict[str, Any]:
-    """Stream a request; after a random number of progress chunks, cancel it; read to the end."""
-    client = cluster.client(timeout=120)
-    cancel_after = rng.randint(1, 8)
+def _cancel_once(
+    cluster: Cluster, prompt: str, max_tokens: int, counted: Counted, rng: random.Random, after: tuple[int, int]
+) -> str:
+    """Stream a request; cancel it after a random number of `counted` chunks; read to the end."""
+    cancel_after = rng.randint(*after)
     seen = 0
-    task_id = ""
-    started = time.monotonic()
     with (
-        client.chat.completions.with_streaming_response.create(
+        cluster.client(timeout=120).chat.completions.with_streaming_response.create(
             model="tiny",
             messages=[{"role": "user", "content": prompt}],
-            max_tokens=4,
+            max_tokens=max_tokens,
             stream=True,
             extra_body={"shoal_progress": True},
         ) as response,
         httpx.Client(base_url=cluster.base_url, timeout=30) as http,
     ):
         task_id = response.headers["x-shoal-task-id"]
-        finish = None
         for chunk in response.parse():
-            progress = (chunk.model_extra or {}).get("prompt_progress")
-            if progress and progress["processed"] > 0:
+            if _counts(chunk, counted):
                 seen += 1
                 if seen == cancel_after:
                     http.post(f"/v1/tasks/{task_id}/cancel")
-            if chunk.choices and chunk.choices[0].finish_reason:
-                finish = (chunk.model_extra or {}).get("shoal_finish_reason")
-    return {"task_id": task_id, "finish": finish, "after_chunks": cancel_after, "seconds": time.monotonic() - started}
+    return task_id
 
 
-async def _read_log(url: str) -> list[LogEvent]:
+def _counts(chunk: Any, counted: Counted) -> bool:
+    if counted == "prompt_progress":
+        progress = (chunk.model_extra or {}).get("prompt_progress")
+        return bool(progress) and progress["processed"] > 0
+    return bool(chunk.choices) and bool(chunk.choices[0].delta.content)
+
+
+async def _settled_log(url: str, task_ids: list[str], args: argparse.Namespace) -> list[LogEvent]:
+    """The log once every cancelled task has all ranks idle, or the idle deadline has passed."""
     log = await EventLog.connect(url, name="shoal-bench-cancel")
     try:
-        return [event async for _seq, event in log.replay()]
+        give_up = time.monotonic() + args.idle_deadline
+        while True:
+            events = [event async for _seq, event in log.replay()]
+            if not pending(events, task_ids, WORLD) or time.monotonic() > give_up:
+                return events
+            await asyncio.sleep(0.25)
     finally:
         await log.close()
 
 
-def _report(args: argparse.Namespace, outcomes: list[dict[str, Any]], events: list[LogEvent]) -> dict[str, Any]:
-    cancelled_at: dict[str, int] = {}
-    idle_at: dict[str, dict[int, int]] = {}
-    chunk_gaps: list[float] = []
-    last_progress: dict[str, int] = {}
-    ended: dict[str, str] = {}
-    for event in events:
-        match event:
-            case TaskCancelled():
-                cancelled_at.setdefault(event.task_id, event.env.wall_time)
-            case RunnerStatusChanged(status="ready", detail=task_id) if task_id:
-                idle_at.setdefault(task_id, {})[event.rank] = event.env.wall_time
-            case PrefillProgress(rank=1, processed=processed) if processed > 0:
-                previous = last_progress.get(event.task_id)
-                if previous is not None:
-                    chunk_gaps.append((event.env.wall_time - previous) / 1e6)
-                last_progress[event.task_id] = event.env.wall_time
-            case TaskCompleted() | TaskFailed():
-                ended[event.task_id] = event.finish_reason if isinstance(event, TaskCompleted) else "failed"
-            case _:
-                pass
-    latencies = sorted(
-        (max(idle_at[t].values()) - cancelled_at[t]) / 1e6
-        for t in cancelled_at
-        if t in idle_at and len(idle_at[t]) == 2
-    )
-    hangs = [o["task_id"] for o in outcomes if ended.get(o["task_id"]) not in ("cancelled", "stop", "length")]
-    chunk_ms = statistics.median(chunk_gaps) if chunk_gaps else 0.0
-    p99 = latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))] if latencies else float("nan")
-    return {
-        "bench": "cancel",
-        "ranks": 2,
-        "cancels": len(outcomes),
-        "cancelled_in_prefill": sum(1 for o in outcomes if ended.get(o["task_id"]) == "cancelled"),
-        "measured": len(latencies),
-        "hangs": len(hangs),
-        "chunk_ms": round(chunk_ms, 1),
-        "cancel_to_idle_ms": {
-            "p50": round(statistics.median(latencies), 1) if latencies else None,
-            "p99": round(p99, 1),
-            "max": round(latencies[-1], 1) if latencies else None,
-        },
-        "p99_within_target": bool(latencies) and p99 <= chunk_ms + 50,
-        "target": "p99 <= chunk_ms + 50 ms, zero hangs",
+def _report(
+    settings: dict[str, Any], tasks: dict[str, list[str]], events: list[LogEvent], quick: bool
+) -> dict[str, Any]:
+    deadline_ms = settings["idle_deadline_s"] * 1000
+    results = outcomes(events, [*tasks["prefill"], *tasks["decode"]], WORLD, deadline_ms)
+    steps = cadence(events, rank=WORLD - 1)
+    measures = {
+        "prefill_cancel_to_idle_ms": _with_tail(_latencies(results, "prefill")),
+        "decode_cancel_to_idle_ms": _with_tail(_latencies(results, "decode")),
+        "prefill_chunk_ms": summarize(steps.prefill_chunk_ms, "ms"),
+        "decode_token_ms": summarize(steps.decode_token_ms, "ms"),
     }
+    chunk_ms = measures["prefill_chunk_ms"]["median"] or 0.0
+    poll_ms = (measures["decode_token_ms"]["median"] or 0.0) * settings["decode_poll_tokens"]
+    hangs = [o.task_id for o in results if o.landed == "hang"]
+    targets = {
+        "prefill_p99_ms": target(
+            measures["prefill_cancel_to_idle_ms"]["p99"], "<=", round(chunk_ms + SLACK_MS, 1), "ms"
+        ),
+        "decode_p99_ms": target(measures["decode_cancel_to_idle_ms"]["p99"], "<=", round(poll_ms + SLACK_MS, 1), "ms"),
+        "hangs": target(len(hangs), "==", 0),
+    }
+    landed = {kind: sum(1 for o in results if o.landed == kind) for kind in ("prefill", "decode", "missed", "hang")}
+    return bench_result(
+        "cancel",
+        about=ABOUT,
+        quick=quick,
+        settings=settings,
+        measures=measures,
+        comparisons={},
+        targets=targets,
+        headline=list(measures),
+        notes=[
+            f"the targets: prefill p99 <= one chunk ({readable(chunk_ms)} ms) + {SLACK_MS:g} ms; decode p99 <= one poll "
+            f"interval ({settings['decode_poll_tokens']} tokens = {readable(poll_ms)} ms) + {SLACK_MS:g} ms; zero hangs"
+        ],
+        details={
+            "requested": {kind: len(ids) for kind, ids in tasks.items()},
+            "cancelled_in_prefill": landed["prefill"],
+            "cancelled_in_decode": landed["decode"],
+            "missed": landed["missed"],
+            "hangs": landed["hang"],
+            "hung_tasks": hangs,
+        },
+    )
+
+
+def _latencies(results: list[Outcome], landed: str) -> list[float]:
+    return [o.latency_ms for o in results if o.landed == landed and o.latency_ms is not None]
+
+
+def _with_tail(values: list[float]) -> dict[str, Any]:
+    p99 = tail(values, 0.99)
+    return summarize(values, "ms") | {"p99": p99["value"], "p99_is_max": p99["is_max"]}

@@ -1,56 +1,87 @@
-"""`shoal bench e2e`: time to first token and decode rate, bare mlx-lm vs through shoal.
+"""`shoal bench e2e`: time to first token and decode rate, bare mlx-lm vs through shoal, interleaved.
 
-In one process tree and one run: bare mlx-lm `stream_generate` (a subprocess with a 1-rank
-runner's BLAS environment), then the same prompt through `shoal up --workers 1` with the
-official openai client, then `--workers 2`. Medians over `--runs` requests after warm-up.
+Three sides stay up for the whole run: bare mlx-lm `stream_generate` (a subprocess with a
+1-rank runner's BLAS environment, `bench.bare_mlx`), `shoal up --workers 1` and
+`shoal up --workers 2`, both reached with the official openai client. After a warm-up, each
+round sends one request to every side (the order rotates per round), so a neighbour's load
+lands on all three; the ratios and differences are taken per round and their medians judged.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from bench.bare_mlx import BareMlx
 from bench.cluster import Cluster
+from bench.options import Sized, add_sized, resolve
+from bench.result import bench_result
+from bench.rounds import run_rounds
+from bench.stats import compare, summarize, target
 
 PROMPT = "Write a long story about a river, a stone and a lantern."
+ABOUT = (
+    "streamed chat requests after warm-up, interleaved per round: bare mlx-lm `stream_generate` vs "
+    "`shoal up --workers 1` and `--workers 2` through the openai client (tiny model)"
+)
+SIZED = (
+    Sized("--rounds", 20, 2, "rounds; each sends one request to every side"),
+    Sized("--max-tokens", 64, 16, "tokens to generate per request"),
+    Sized("--warmup", 2, 1, "unmeasured requests per side before the rounds"),
+)
+SIDES = ("bare_mlx_lm", "shoal_1w", "shoal_2w")
+DECODE_RATIO_MIN = 0.95
+TTFT_OVERHEAD_MAX_MS = 15.0
+
+
+class Sample(NamedTuple):
+    ttft_ms: float
+    decode_tps: float
+    tokens: int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--runs", type=int, default=20, help="measured requests per setup (default 20)")
-    parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per request")
+    add_sized(parser, SIZED)
     parser.add_argument("--prefill-step", type=int, default=256)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="shoal-bench-e2e-") as root:
+    settings = resolve(args, SIZED) | {"prefill_step": args.prefill_step, "prompt": PROMPT}
+    with tempfile.TemporaryDirectory(prefix="shoal-bench-e2e-") as root, contextlib.ExitStack() as stack:
         env = {**os.environ, "SHOAL_DATA_DIR": str(Path(root) / "data")}
         model_dir = _tiny_dir(env)
-        bare = _bare(env, model_dir, args)
-        through: dict[str, dict[str, Any]] = {}
-        for workers in (1, 2):
-            through[f"shoal_{workers}w"] = _through_shoal(Path(root) / f"w{workers}", workers, args)
-    one = through["shoal_1w"]
-    return {
-        "bench": "e2e",
-        "model": "tiny",
-        "runs": args.runs,
-        "max_tokens": args.max_tokens,
-        "bare_mlx_lm": bare,
-        **through,
-        "decode_ratio_1w": round(one["decode_tps"] / bare["decode_tps"], 3),
-        "decode_ratio_2w": round(through["shoal_2w"]["decode_tps"] / bare["decode_tps"], 3),
-        "ttft_overhead_ms_1w": round(one["ttft_ms"] - bare["ttft_ms"], 1),
-        "ttft_overhead_ms_2w": round(through["shoal_2w"]["ttft_ms"] - bare["ttft_ms"], 1),
-        "targets": {"decode_ratio_1w": ">= 0.95", "ttft_overhead_ms_1w": "<= 15"},
-    }
+        clusters = [_cluster(Path(root), workers, args.prefill_step) for workers in (1, 2)]
+        for cluster in clusters:
+            stack.callback(cluster.stop)
+        bare = stack.enter_context(
+            BareMlx(env, model_dir, PROMPT, settings["max_tokens"], args.prefill_step, Path(root))
+        )
+        for cluster in clusters:
+            cluster.wait_ready(timeout=300)
+        sides: dict[str, Callable[[], Sample]] = {"bare_mlx_lm": lambda: Sample(**bare.generate())}
+        for workers, cluster in zip((1, 2), clusters, strict=True):
+            sides[f"shoal_{workers}w"] = partial(_one_request, cluster.client(timeout=120), settings["max_tokens"])
+        for side in sides.values():
+            for _ in range(settings["warmup"]):
+                side()
+        samples = run_rounds(sides, settings["rounds"])
+    return _report(settings, samples, quick=bool(args.quick))
+
+
+def _cluster(root: Path, workers: int, prefill_step: int) -> Cluster:
+    home = root / f"w{workers}"
+    home.mkdir(parents=True)
+    return Cluster(home, workers=workers, prefill_step_size=str(prefill_step), log_level="WARNING")
 
 
 def _tiny_dir(env: dict[str, str]) -> str:
@@ -60,46 +91,7 @@ def _tiny_dir(env: dict[str, str]) -> str:
     ).stdout.strip()
 
 
-def _bare(env: dict[str, str], model_dir: str, args: argparse.Namespace) -> dict[str, Any]:
-    from runner.blas import blas_env
-
-    child_env = {**env, **blas_env(env.get("SHOAL_BLAS"), 1, os.cpu_count() or 1, env)}
-    argv = [
-        sys.executable,
-        "-m",
-        "bench.bare_mlx",
-        model_dir,
-        PROMPT,
-        str(args.max_tokens),
-        str(args.runs),
-        str(args.prefill_step),
-    ]
-    out = subprocess.run(argv, env=child_env, capture_output=True, text=True, check=True, timeout=600).stdout
-    raw = json.loads(out)
-    return _summary(raw["ttft_ms"], raw["decode_tps"], raw["tokens"])
-
-
-def _through_shoal(root: Path, workers: int, args: argparse.Namespace) -> dict[str, Any]:
-    root.mkdir(parents=True)
-    cluster = Cluster(root, workers=workers, prefill_step_size=str(args.prefill_step), log_level="WARNING")
-    try:
-        cluster.wait_ready(timeout=300)
-        client = cluster.client(timeout=120)
-        ttfts: list[float] = []
-        rates: list[float] = []
-        counts: list[int] = []
-        for attempt in range(args.runs + 2):
-            ttft, rate, count = _one_request(client, args.max_tokens)
-            if attempt >= 2:
-                ttfts.append(ttft)
-                rates.append(rate)
-                counts.append(count)
-        return _summary(ttfts, rates, counts)
-    finally:
-        cluster.stop()
-
-
-def _one_request(client: Any, max_tokens: int) -> tuple[float, float, int]:
+def _one_request(client: Any, max_tokens: int) -> Sample:
     started = time.perf_counter()
     first = last = started
     count = 0
@@ -119,13 +111,39 @@ def _one_request(client: Any, max_tokens: int) -> tuple[float, float, int]:
         if chunk.usage is not None:
             count = chunk.usage.completion_tokens
     rate = (count - 1) / (last - first) if count > 1 and last > first else 0.0
-    return (first - started) * 1000, rate, count
+    return Sample((first - started) * 1000, rate, count)
 
 
-def _summary(ttfts: list[float], rates: list[float], counts: list[int]) -> dict[str, Any]:
-    return {
-        "ttft_ms": round(statistics.median(ttfts), 2),
-        "ttft_ms_p90": round(sorted(ttfts)[int(0.9 * (len(ttfts) - 1))], 2),
-        "decode_tps": round(statistics.median(rates), 1),
-        "tokens_per_request": statistics.median(counts),
+def _report(settings: dict[str, Any], samples: dict[str, list[Sample]], quick: bool) -> dict[str, Any]:
+    ttft = {side: [s.ttft_ms for s in samples[side]] for side in SIDES}
+    decode = {side: [s.decode_tps for s in samples[side]] for side in SIDES}
+    measures: dict[str, Any] = {}
+    for side in SIDES:
+        measures[f"{side}_ttft_ms"] = summarize(ttft[side], "ms")
+        measures[f"{side}_decode_tps"] = summarize(decode[side], "tok/s")
+    comparisons: dict[str, Any] = {}
+    for workers in (1, 2):
+        side = f"shoal_{workers}w"
+        comparisons[f"decode_ratio_{workers}w"] = compare(
+            decode[side], decode["bare_mlx_lm"], "ratio", f"{side}_decode_tps / bare_mlx_lm_decode_tps"
+        )
+        comparisons[f"ttft_overhead_ms_{workers}w"] = compare(
+            ttft[side], ttft["bare_mlx_lm"], "difference", f"{side}_ttft_ms - bare_mlx_lm_ttft_ms", "ms"
+        )
+    targets = {
+        "decode_ratio_1w": target(comparisons["decode_ratio_1w"]["median"], ">=", DECODE_RATIO_MIN),
+        "ttft_overhead_ms_1w": target(comparisons["ttft_overhead_ms_1w"]["median"], "<=", TTFT_OVERHEAD_MAX_MS, "ms"),
     }
+    tokens = {side: statistics.median(s.tokens for s in samples[side]) for side in SIDES}
+    return bench_result(
+        "e2e",
+        about=ABOUT,
+        quick=quick,
+        settings=settings,
+        measures=measures,
+        comparisons=comparisons,
+        targets=targets,
+        headline=["bare_mlx_lm_ttft_ms", "bare_mlx_lm_decode_tps", *comparisons],
+        checks={"every_side_generated_the_same_tokens": len(set(tokens.values())) == 1},
+        details={"tokens_per_request": tokens},
+    )

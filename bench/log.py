@@ -1,17 +1,13 @@
-"""`shoal bench log`: append, replay and offline fold rates of the event log, with a raw reference.
+"""`shoal bench log`: append, replay and offline fold rates of the event log, with raw references.
 
-One run, one fresh nats-server (embedded, in a temp dir) unless `--nats-url` is given:
-- `raw_nats_publish_per_s`: a bare nats-py `publish` of the same subjects, bytes and Nats-Msg-Id
-  headers (no acknowledgement, no shoal code), timed to its final flush. The reference.
-- `raw_js_publish_async_per_s`: nats-py's own acknowledged pipelined JetStream publish (context).
-- `append_per_s`: `EventLog.append_many`, every append acknowledged by JetStream.
-- `replay_per_s`: `EventLog.fold()` from seq 1: read from JetStream, each event decoded and folded
-  with `apply` (batch by batch). `replay_iterator_per_s`: the same through the per-event
-  `async for seq, event in log.replay()` iterator, folded by the caller.
-- `fold_per_s`: `fold_export` of a JSON Lines export file, offline (no NATS).
-Each rate is the best of `--repeat` runs (default 3), the `timeit` convention: on a shared machine
-the slower runs measure other processes, not this code. `medians` and every run (`runs`) are
-reported beside them. The replayed States are checked against the in-memory fold.
+One fresh nats-server (embedded, in a temp dir) unless `--nats-url` is given. Each round runs
+the writers, then the readers, then the offline fold (`bench.log_sides` describes each side);
+within writers and within readers the order rotates per round. Judged on medians:
+- append within 2x of a raw nats-py publish: the median of the per-round `raw / append`;
+- replay (our reader, decoded and folded) >= 100k events/s; offline fold >= 300k events/s.
+Beside our reader, nats-py's own ordered consumer replays the same stream into the same fold,
+in the same rounds: `replay_vs_nats_py` is what the hand-written protocol reader earns.
+Every replayed State is checked against the in-memory fold of the same events.
 """
 
 from __future__ import annotations
@@ -19,182 +15,148 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import os
-import statistics
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import nats
-
-from eventlog.export import fold_export, write_export
+from bench import log_sides as sides
+from bench.options import Sized, add_sized, resolve
+from bench.result import bench_result
+from bench.rounds import rotated
+from bench.stats import compare, summarize, target
 from eventlog.log import EventLog
-from events.apply import apply, fold
+from events.apply import fold
 from events.catalogue import LogEvent
-from events.codec import ExportRecord, encode
+from events.codec import encode
 from events.state import State
 from events.subjects import subject_for
 from events.synthetic import synthetic_history
 from services.config import configure_logging, resolve_config
 from services.nats import EmbeddedNats
 
-TARGETS = {"replay_per_s": 100_000, "fold_per_s": 300_000, "append_vs_raw_max": 2.0}
+REPLAY_MIN = 100_000
+FOLD_MIN = 300_000
+APPEND_SLOWDOWN_MAX = 2.0
+ABOUT = (
+    "synthetic events: acknowledged pipelined appends vs a raw nats-py publish; replay from JetStream by our reader "
+    "and by nats-py's ordered consumer (both decoded and folded); offline fold of an export"
+)
+SIZED = (
+    Sized("--events", 100_000, 2_000, "events per measurement"),
+    Sized("--rounds", 5, 2, "rounds; each runs every side once"),
+)
+WRITERS = ("raw_nats_publish_per_s", "raw_js_publish_async_per_s", "append_per_s")
+READERS = ("replay_per_s", "replay_nats_py_per_s", "replay_iterator_per_s")
+RATES = (*WRITERS, *READERS, "fold_per_s")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--events", type=int, default=100_000, help="events per measurement (default 100000)")
+    add_sized(parser, SIZED)
     parser.add_argument("--nats-url", default=None, help="use this server (its SHOAL_* streams are reset!)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per rate; the best is reported (default 3)")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     configure_logging(resolve_config().config)  # log_level from shoal.yaml / SHOAL_LOG_LEVEL, to stderr
-    count = max(1000, int(args.events))
+    settings = resolve(args, SIZED)
     with tempfile.TemporaryDirectory(prefix="shoal-bench-log-") as tmp:
-        repeat = max(1, int(args.repeat))
         if args.nats_url:
-            return asyncio.run(_measure(args.nats_url, count, Path(tmp), repeat))
-        with EmbeddedNats(data_dir=tmp, port=0) as server:
-            return asyncio.run(_measure(server.url, count, Path(tmp), repeat))
+            runs, checks = asyncio.run(_measure(args.nats_url, settings, Path(tmp)))
+        else:
+            with EmbeddedNats(data_dir=tmp, port=0) as server:
+                runs, checks = asyncio.run(_measure(server.url, settings, Path(tmp)))
+    return _report(settings, runs, checks, quick=bool(args.quick))
 
 
-async def _fresh(log: EventLog) -> None:
-    await log.delete_streams()
-    await log.ensure_streams()
-
-
-async def _raw_publish(url: str, frames: list[tuple[str, bytes, str]]) -> float:
-    nc = await nats.connect(url)
-    try:
-        start = time.perf_counter()
-        for subject, payload, event_id in frames:
-            await nc.publish(subject, payload, headers={"Nats-Msg-Id": event_id})
-        await nc.flush(timeout=60)
-        return len(frames) / (time.perf_counter() - start)
-    finally:
-        await nc.close()
-
-
-async def _raw_js_publish_async(url: str, frames: list[tuple[str, bytes, str]]) -> float:
-    nc = await nats.connect(url)
-    js = nc.jetstream(publish_async_max_pending=4096)
-    try:
-        start = time.perf_counter()
-        futures = [await js.publish_async(s, p, headers={"Nats-Msg-Id": i}) for s, p, i in frames]
-        await asyncio.gather(*futures)
-        return len(frames) / (time.perf_counter() - start)
-    finally:
-        await nc.close()
-
-
-async def _replay_fold(log: EventLog, count: int) -> tuple[float, State]:
-    start = time.perf_counter()
-    state = await log.fold()
-    return count / (time.perf_counter() - start), state
-
-
-async def _replay_iterator(log: EventLog) -> tuple[float, State]:
-    start = time.perf_counter()
-    state = State()
-    replayed = 0
-    async for seq, event in log.replay(from_seq=1):
-        state = apply(state, seq, event)
-        replayed += 1
-    return replayed / (time.perf_counter() - start), state
-
-
-async def _export(log: EventLog, path: Path) -> None:
-    with path.open("wb") as out:
-        async for seq, event in log.replay(from_seq=1):
-            write_export((ExportRecord(stream="events", seq=seq, event=event),), out)
-
-
-def _offline_fold(path: Path, count: int) -> tuple[float, State]:
-    start = time.perf_counter()
-    state = fold_export(path)
-    return count / (time.perf_counter() - start), state
-
-
-async def _measure(url: str, count: int, tmp: Path, repeat: int) -> dict[str, Any]:
+async def _measure(url: str, settings: dict[str, Any], tmp: Path) -> tuple[dict[str, list[float]], dict[str, bool]]:
+    count = max(1000, int(settings["events"]))
     events: list[LogEvent] = synthetic_history(count, id_prefix=f"bench{time.time_ns()}")
-    frames = [(subject_for(e), encode(e), str(e.env.event_id)) for e in events]
-    live = fold(enumerate(events, 1))
     runs: dict[str, list[float]] = {name: [] for name in RATES}
     checks: dict[str, bool] = {}
     gc.collect()
     gc.freeze()  # the benchmark's own inputs need not be scanned by every collection
     log = await EventLog.connect(url)
     try:
-        for _ in range(repeat):
-            await _one_run(log, url, events, frames, live, tmp, runs, checks)
+        round_ = _Round(log, url, events, fold(enumerate(events, 1)), tmp)
+        for index in range(settings["rounds"]):
+            for name, ok in (await round_.run(index, runs)).items():
+                checks[name] = checks.get(name, True) and ok
+        await sides.fresh(log)
     finally:
         await log.close()
         gc.unfreeze()
-    return _report(count, runs, checks)
+    return runs, checks
 
 
-RATES = ("append_per_s", "replay_per_s", "replay_iterator_per_s", "fold_per_s", "raw_nats_publish_per_s",
-         "raw_js_publish_async_per_s")  # fmt: skip
+class _Round:
+    """One round: every writer on fresh streams, every reader on what they left, the offline fold."""
+
+    def __init__(self, log: EventLog, url: str, events: list[LogEvent], live: State, tmp: Path) -> None:
+        self.log, self.url, self.events, self.live, self.tmp = log, url, events, live, tmp
+        self.frames = [(subject_for(e), encode(e), str(e.env.event_id)) for e in events]
+        self.checks: dict[str, bool] = {}
+
+    async def run(self, index: int, runs: dict[str, list[float]]) -> dict[str, bool]:
+        self.checks = {}
+        writers: dict[str, Callable[[], Awaitable[float]]] = {
+            "raw_nats_publish_per_s": lambda: sides.raw_publish(self.url, self.frames),
+            "raw_js_publish_async_per_s": lambda: sides.raw_js_publish_async(self.url, self.frames),
+            "append_per_s": self._append,
+        }
+        readers: dict[str, Callable[[], Awaitable[float]]] = {
+            "replay_per_s": lambda: self._read("replay", sides.replay(self.log, len(self.events))),
+            "replay_nats_py_per_s": lambda: self._read("replay_nats_py", sides.replay_nats_py(self.url, len(self.events))),
+            "replay_iterator_per_s": lambda: self._read("replay_iterator", sides.replay_iterator(self.log)),
+        }  # fmt: skip
+        for name in rotated(WRITERS, index):
+            await sides.fresh(self.log)
+            runs[name].append(await writers[name]())
+        # Every writer stored the same messages; the last one's stream is what the readers read.
+        self.checks["stream_holds_every_event"] = await sides.stored(self.log, len(self.events))
+        for name in rotated(READERS, index):
+            runs[name].append(await readers[name]())
+        path = self.tmp / "export.jsonl"
+        await sides.export(self.log, path)
+        rate, offline = sides.offline_fold(path, len(self.events))
+        runs["fold_per_s"].append(rate)
+        self.checks["offline_state_equals_live"] = offline == self.live
+        return self.checks
+
+    async def _append(self) -> float:
+        rate, seqs = await sides.append(self.log, self.events)
+        self.checks["appended_once"] = seqs == list(range(1, len(self.events) + 1))
+        return rate
+
+    async def _read(self, name: str, reading: Awaitable[tuple[float, State]]) -> float:
+        rate, state = await reading
+        self.checks[f"{name}_state_equals_live"] = state == self.live
+        return rate
 
 
-async def _one_run(
-    log: EventLog,
-    url: str,
-    events: list[LogEvent],
-    frames: list[tuple[str, bytes, str]],
-    live: State,
-    tmp: Path,
-    runs: dict[str, list[float]],
-    checks: dict[str, bool],
-) -> None:
-    count = len(events)
-    await _fresh(log)
-    runs["raw_nats_publish_per_s"].append(await _raw_publish(url, frames))
-    await _fresh(log)
-    runs["raw_js_publish_async_per_s"].append(await _raw_js_publish_async(url, frames))
-    await _fresh(log)
-    start = time.perf_counter()
-    seqs = await log.append_many(events)
-    runs["append_per_s"].append(count / (time.perf_counter() - start))
-    rate, replayed = await _replay_fold(log, count)
-    runs["replay_per_s"].append(rate)
-    rate, iterated = await _replay_iterator(log)
-    runs["replay_iterator_per_s"].append(rate)
-    path = tmp / "export.jsonl"
-    await _export(log, path)
-    rate, offline = _offline_fold(path, count)
-    runs["fold_per_s"].append(rate)
-    await _fresh(log)
-    results = {
-        "appended_once": seqs == list(range(1, count + 1)),
-        "replay_state_equals_live": replayed == live and iterated == live,
-        "offline_state_equals_live": offline == live,
+def _report(
+    settings: dict[str, Any], runs: dict[str, list[float]], checks: dict[str, bool], quick: bool
+) -> dict[str, Any]:
+    measures = {name: summarize(values, "events/s") for name, values in runs.items()}
+    comparisons = {
+        "raw_over_append": compare(runs["raw_nats_publish_per_s"], runs["append_per_s"], "ratio", "raw publish / append"),
+        "replay_vs_nats_py": compare(runs["replay_per_s"], runs["replay_nats_py_per_s"], "ratio",
+                                     "our reader / nats-py ordered consumer (both decoded and folded)"),
+    }  # fmt: skip
+    targets = {
+        "replay_per_s": target(measures["replay_per_s"]["median"], ">=", REPLAY_MIN, "events/s"),
+        "fold_per_s": target(measures["fold_per_s"]["median"], ">=", FOLD_MIN, "events/s"),
+        "raw_over_append": target(comparisons["raw_over_append"]["median"], "<=", APPEND_SLOWDOWN_MAX),
     }
-    for name, ok in results.items():
-        checks[name] = checks.get(name, True) and ok
-
-
-def _report(count: int, runs: dict[str, list[float]], checks: dict[str, bool]) -> dict[str, Any]:
-    rates = {name: round(max(values)) for name, values in runs.items()}
-    medians = {name: round(statistics.median(values)) for name, values in runs.items()}
-    ratio = rates["raw_nats_publish_per_s"] / rates["append_per_s"]
-    return {
-        "bench": "log",
-        "events": count,
-        "statistic": f"best of {len(runs['append_per_s'])} runs (timeit convention); medians and runs below",
-        **rates,
-        "raw_over_append": round(ratio, 2),
-        "targets": {
-            "replay_per_s>=100k": rates["replay_per_s"] >= TARGETS["replay_per_s"],
-            "fold_per_s>=300k": rates["fold_per_s"] >= TARGETS["fold_per_s"],
-            "append_within_2x_of_raw": ratio <= TARGETS["append_vs_raw_max"],
-        },
-        "checks": checks,
-        "medians": {
-            **medians,
-            "raw_over_append": round(medians["raw_nats_publish_per_s"] / medians["append_per_s"], 2),
-        },
-        "runs": {name: [round(v) for v in values] for name, values in runs.items()},
-        "cpus": os.cpu_count(),
-    }
+    return bench_result(
+        "log",
+        about=ABOUT,
+        quick=quick,
+        settings=settings,
+        measures=measures,
+        comparisons=comparisons,
+        targets=targets,
+        headline=["append_per_s", "raw_nats_publish_per_s", "raw_over_append", "replay_per_s",
+                  "replay_nats_py_per_s", "replay_vs_nats_py", "fold_per_s"],
+        checks=checks,
+    )  # fmt: skip

@@ -1,96 +1,181 @@
-"""`shoal bench prefill`: overlapped pipeline prefill vs the sequential path vs one rank.
+"""`shoal bench prefill`: overlapped pipeline prefill vs the sequential path, and the baselines that explain it.
 
-One process tree, one run: an N-rank group runs the pipeline and sequential paths alternately
-on the same prompt (after a warm-up), then a 1-rank group using all of the node's cores runs
-the same prompt with the same chunk size. Prefill rate = prompt tokens / time to first token.
-`ideal = N*M/(M+N-1)` is the GPipe bound for M chunks; `efficiency = speedup / ideal`.
+Each round (sides in rotating order) runs, on the same prompt and chunk size:
+- an N-rank ring group (one BLAS thread per rank on a 2-core node) running the pipeline and the
+  sequential path back to back;
+- one process on all the node's cores (`OPENBLAS_NUM_THREADS` = cores);
+- one process on one thread (`OPENBLAS_NUM_THREADS=1`).
+Prefill rate = prompt tokens / the slowest rank's time to first token. Then a ring probe
+(`bench.ring_probe`) times the protocol's per-chunk costs: one all-reduce and one send/recv
+of a chunk's activations. `ideal = N*M/(M+N-1)` is the GPipe bound for M chunks and
+`efficiency = median(per-round pipeline/sequential) / ideal`. The ceiling a node can give is
+measured, not assumed: one process on all cores over one process on one thread.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import os
+from pathlib import Path
 from typing import Any
 
+from bench.options import Sized, add_sized, resolve
+from bench.result import bench_result, readable
+from bench.ring_probe import probe
+from bench.rounds import rotated, run_rounds
+from bench.stats import compare, summarize, target
+
 BENCH_MODEL = {"layers": 8, "hidden": 512, "vocab": 1024, "seed": 0}
+EFFICIENCY_MIN = 0.95
+ABOUT = (
+    "prefill rate of the overlapped pipeline vs the sequential path on N ranks, vs one process on all cores and "
+    "on one thread (interleaved rounds; tiny model d=512, 8 layers); ring all-reduce and send/recv costs"
+)
+SIZED = (
+    Sized("--rounds", 5, 1, "rounds; each runs every side once"),
+    Sized("--tokens", 2048, 384, "prompt length"),
+    Sized("--probe-reps", 200, 20, "repetitions of each ring probe operation"),
+)
+PATHS = ("pipeline", "sequential")
+SIDES = ("group", "one_process_all_cores", "one_process_one_thread")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_sized(parser, SIZED)
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--tokens", type=int, default=2048, help="prompt length")
     parser.add_argument("--step", type=int, default=256, help="chunk size of both paths (tokens)")
-    parser.add_argument("--repeats", type=int, default=5, help="runs of each path; the best is reported")
     parser.add_argument("--model", default=None, help="model dir (default: an 8-layer d=512 tiny model)")
-    parser.add_argument("--deadline", type=float, default=300.0)
+    parser.add_argument("--deadline", type=float, default=300.0, help="seconds one group run may take")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from pathlib import Path
-
     from runner.engine.plan import MAX_STEP_DIVISOR, chunk_sizes, even_split
     from runner.local.launch import run_group
     from runner.local.local_run import synthetic_prompt
     from runner.models.model_info import read_model_info
     from runner.models.tiny import TinySpec, cached_tiny
 
+    settings = resolve(args, SIZED) | {"ranks": args.ranks, "step": args.step}
     model_dir = Path(args.model) if args.model else cached_tiny(TinySpec(**BENCH_MODEL))
-    load_before = round(os.getloadavg()[0], 2)
     n_layers = read_model_info(model_dir).n_layers
-    world, chunk = args.ranks, args.step
-    # The engine divides prefill_step_size by min(4, world); undo it so both sides use `chunk`.
+    world, chunk, cores = args.ranks, args.step, os.cpu_count() or 1
+    # The engine divides prefill_step_size by min(4, world); undo it so every side uses `chunk`.
     group_step = chunk * min(MAX_STEP_DIVISOR, world)
-    prompt = synthetic_prompt(args.tokens)
-    paths = ["pipeline", "sequential"] * args.repeats
-    group = _job(model_dir, even_split(n_layers, world), group_step, prompt, paths)
-    single = _job(model_dir, [(0, n_layers)], chunk, prompt, ["sequential"] * args.repeats)
-    group_results = run_group(group, world, args.deadline)
-    single_results = run_group(single, 1, args.deadline, {"OPENBLAS_NUM_THREADS": str(os.cpu_count() or 1)})
-    rates = _best_rates(group_results, paths)
-    single_rate = _best_rates(single_results, ["sequential"] * args.repeats)["sequential"]
-    m = len(chunk_sizes(args.tokens, chunk))
-    speedup = rates["pipeline"] / rates["sequential"]
-    ideal = world * m / (m + world - 1)
-    return {
-        "ranks": world,
-        "tokens": args.tokens,
-        "step": chunk,
-        "chunks": m,
-        "model": str(model_dir),
-        "blas": os.environ.get("SHOAL_BLAS", "auto"),
-        "cpu_count": os.cpu_count(),
-        # Ranks share the node's cores: anything else running skews every ratio, so say so.
-        "load_avg_1m_before": load_before,
-        "load_avg_1m_after": round(os.getloadavg()[0], 2),
-        "overlapped_tps": round(rates["pipeline"], 1),
-        "sequential_tps": round(rates["sequential"], 1),
-        "single_rank_tps": round(single_rate, 1),
-        "speedup": round(speedup, 3),
-        "ideal": round(ideal, 3),
-        "efficiency": round(speedup / ideal, 3),
-        "overlapped_vs_single_rank": round(rates["pipeline"] / single_rate, 3),
-        "samples_tps": {path: [round(r, 1) for r in _rates(group_results, paths, path)] for path in set(paths)},
+    prompt = synthetic_prompt(settings["tokens"])
+    group_runs = itertools.count()
+
+    def group() -> dict[str, float]:
+        paths = rotated(PATHS, next(group_runs))  # the two paths take turns going first, too
+        results = run_group(
+            _job(model_dir, even_split(n_layers, world), group_step, prompt, paths), world, args.deadline
+        )
+        return {path: _rate(results, index) for index, path in enumerate(paths)}
+
+    def one_process(threads: int) -> float:
+        job = _job(model_dir, [(0, n_layers)], chunk, prompt, ["sequential"])
+        return _rate(run_group(job, 1, args.deadline, {"OPENBLAS_NUM_THREADS": str(threads)}), 0)
+
+    sides = {
+        "group": group,
+        "one_process_all_cores": lambda: one_process(cores),
+        "one_process_one_thread": lambda: one_process(1),
     }
+    samples = run_rounds(sides, settings["rounds"])
+    hidden, dtype = _activation_shape(model_dir)
+    costs = probe(world, chunk, hidden, dtype, settings["probe_reps"])
+    m = len(chunk_sizes(settings["tokens"], chunk))
+    return _report(settings, samples, costs, chunks=m, cores=cores, model=str(model_dir), quick=bool(args.quick))
 
 
-def _job(model_dir: Any, ranges: list[tuple[int, int]], step: int, prompt: list[int], paths: list[str]) -> dict:
+def _job(model_dir: Path, ranges: list[tuple[int, int]], step: int, prompt: list[int], paths: list[str]) -> dict:
     tasks = [
         {"request": {"task_id": f"{path}-{i}", "prompt_token_ids": prompt, "max_tokens": 1, "prefill_path": path}}
         for i, path in enumerate(paths)
     ]
-    settings = {"prefill_step_size": step}
-    return {"model_dir": str(model_dir), "layer_ranges": ranges, "settings": settings, "tasks": tasks}
+    return {
+        "model_dir": str(model_dir),
+        "layer_ranges": ranges,
+        "settings": {"prefill_step_size": step},
+        "tasks": tasks,
+    }
 
 
-def _rates(results: list[dict], paths: list[str], path: str) -> list[float]:
-    """Per run: prompt tokens / the slowest rank's time to first token."""
-    rates = []
-    for index, task_path in enumerate(paths):
-        if task_path == path:
-            outcomes = [r["results"][index] for r in results]
-            ttft_s = max(o["ttft_ms"] for o in outcomes) / 1000
-            rates.append(outcomes[0]["prompt_tokens"] / ttft_s)
-    return rates
+def _rate(results: list[dict], index: int) -> float:
+    """Task `index`: prompt tokens / the slowest rank's time to first token."""
+    outcomes = [r["results"][index] for r in results]
+    return outcomes[0]["prompt_tokens"] / (max(o["ttft_ms"] for o in outcomes) / 1000)
 
 
-def _best_rates(results: list[dict], paths: list[str]) -> dict[str, float]:
-    return {path: max(_rates(results, paths, path)) for path in set(paths)}
+def _activation_shape(model_dir: Path) -> tuple[int, str]:
+    config = json.loads((model_dir / "config.json").read_text())
+    return int(config["hidden_size"]), str(config.get("torch_dtype", "float32"))
+
+
+def _report(
+    settings: dict[str, Any], samples: dict[str, list[Any]], costs: dict[str, list[float]], *, chunks: int,
+    cores: int, model: str, quick: bool,
+) -> dict[str, Any]:  # fmt: skip
+    world = settings["ranks"]
+    rates = {
+        "overlapped_tps": [g["pipeline"] for g in samples["group"]],
+        "sequential_tps": [g["sequential"] for g in samples["group"]],
+        "one_process_all_cores_tps": samples["one_process_all_cores"],
+        "one_process_one_thread_tps": samples["one_process_one_thread"],
+    }
+    measures: dict[str, Any] = {name: summarize(values, "tok/s") for name, values in rates.items()}
+    measures["all_reduce_ms"] = summarize(costs["all_reduce"], "ms")
+    measures["send_recv_ms"] = summarize(costs["send_recv"], "ms")
+    measures["chunk_one_thread_ms"] = summarize(
+        [settings["step"] / r * 1000 for r in rates["one_process_one_thread_tps"]], "ms"
+    )
+    comparisons = {
+        "speedup": compare(rates["overlapped_tps"], rates["sequential_tps"], "ratio", "overlapped / sequential"),
+        "overlapped_vs_one_process_all_cores": compare(
+            rates["overlapped_tps"], rates["one_process_all_cores_tps"], "ratio", "overlapped / one process, all cores"
+        ),
+        "ceiling": compare(rates["one_process_all_cores_tps"], rates["one_process_one_thread_tps"], "ratio",
+                           f"one process on {cores} cores / one process on one thread"),
+        "sequential_vs_one_thread": compare(
+            rates["sequential_tps"], rates["one_process_one_thread_tps"], "ratio", "sequential / one process, one thread"
+        ),
+    }  # fmt: skip
+    ideal = world * chunks / (chunks + world - 1)
+    speedup = comparisons["speedup"]["median"]
+    efficiency = None if speedup is None else round(speedup / ideal, 3)
+    return bench_result(
+        "prefill",
+        about=ABOUT,
+        variant=f"{world}ranks",
+        quick=quick,
+        settings=settings,
+        measures=measures,
+        comparisons=comparisons,
+        targets={"efficiency": target(efficiency, ">=", EFFICIENCY_MIN)},
+        headline=["overlapped_tps", "sequential_tps", "one_process_all_cores_tps", "one_process_one_thread_tps",
+                  "speedup", "ceiling", "overlapped_vs_one_process_all_cores"],
+        notes=_notes(measures, comparisons, ideal, efficiency, world, cores, settings["step"]),
+        details={"chunks": chunks, "ideal": round(ideal, 3), "efficiency": efficiency, "model": model},
+    )  # fmt: skip
+
+
+def _notes(
+    measures: dict[str, Any], comparisons: dict[str, Any], ideal: float, efficiency: float | None, world: int,
+    cores: int, step: int,
+) -> list[str]:  # fmt: skip
+    def median(name: str) -> str:
+        value = (measures.get(name) or comparisons[name])["median"]
+        return "none" if value is None else readable(value)
+
+    return [
+        f"overlapped / sequential = {median('speedup')} on {world} ranks, against a GPipe ideal of "
+        f"{readable(ideal)} (efficiency {efficiency}); the ideal assumes {world} ranks computing at once run "
+        f"{world}x as fast as one.",
+        f"the node's ceiling: one process on {cores} cores runs {median('ceiling')}x one process on one thread "
+        f"({median('one_process_all_cores_tps')} vs {median('one_process_one_thread_tps')} tok/s); the overlapped "
+        f"pipeline runs {median('overlapped_vs_one_process_all_cores')}x one process on all cores.",
+        f"per chunk of {step} tokens: {median('chunk_one_thread_ms')} ms of compute through every layer on one "
+        f"thread, against an all-reduce of {median('all_reduce_ms')} ms and a send/recv of "
+        f"{median('send_recv_ms')} ms on the ring (medians).",
+    ]

@@ -1,7 +1,12 @@
 """`shoal bench <name>`: each benchmark lives in `bench/<name>.py` and prints one JSON object.
 
-A bench module exposes `add_arguments(parser)` and `run(args) -> dict`. Modules are imported
-only when their subcommand runs, so a bench that needs MLX does not load it for the others.
+A bench module exposes `add_arguments(parser)` and `run(args) -> dict` (the shape of
+`bench.result.bench_result`). Every bench also takes `--quick` (brief sizes, for the smoke
+test) and `--record DIR` (write the JSON to `DIR/<bench>[-<variant>].json`). Each result
+carries `environment` (commit, machine, versions, BLAS: `bench.environment`) and `command`,
+the command line that reproduces it. `shoal bench all` runs every bench the README quotes;
+`shoal bench render-readme` renders the README's table from the recorded files.
+Modules are imported only when their subcommand runs or registers, never mlx at start-up.
 """
 
 from __future__ import annotations
@@ -9,47 +14,123 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import shlex
 import sys
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 BENCHES: dict[str, str] = {
-    "log": "append, replay and offline fold rates of the event log against a raw NATS publish",
-    "prefill": "overlapped pipeline prefill vs the sequential path vs one rank",
+    "log": "append, replay and offline fold rates of the event log against raw NATS and nats-py",
+    "prefill": "overlapped pipeline prefill vs the sequential path vs one process, and the ring's costs",
     "e2e": "time to first token and decode rate through shoal vs bare mlx-lm",
-    "cancel": "time from TaskCancelled to every rank idle",
+    "cancel": "time from TaskCancelled to every rank idle, in prefill and in decode",
     "replay": "offline fold and diagnose over a generated million-event log",
 }
+# What `shoal bench all` runs: every figure the README's table quotes, in its order.
+ALL_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("log", ()),
+    ("prefill", ("--ranks", "2")),
+    ("prefill", ("--ranks", "3")),
+    ("e2e", ()),
+    ("cancel", ()),
+    ("replay", ()),
+)
+SKIPPED_IN_COMMAND = {"json", "record", "handler", "bench", "command"}
 
 
 def register(subparsers: Any) -> None:
     bench = subparsers.add_parser("bench", help="run a benchmark and print one JSON object")
     names = bench.add_subparsers(dest="bench", metavar="NAME", required=True)
+    parsers: dict[str, argparse.ArgumentParser] = {}
     for name, help_text in BENCHES.items():
         parser = names.add_parser(name, help=help_text)
-        parser.add_argument("--json", action="store_true", help="print only the JSON object (the default output)")
-        parser.set_defaults(handler=_runner_for(name), bench_parser=parser)
-        module = _load(name)
-        if module is not None:
-            module.add_arguments(parser)
+        _add_common(parser)
+        _load(name).add_arguments(parser)
+        parser.set_defaults(handler=partial(_run_one, name, parser))
+        parsers[name] = parser
+    every = names.add_parser("all", help="every bench the README quotes, one after another")
+    _add_common(every)
+    every.set_defaults(handler=partial(_run_all, parsers))
+    render = names.add_parser("render-readme", help="render README.md's benchmark table from recorded results")
+    render.add_argument("--results", type=Path, default=Path("bench/results"), help="recorded results (JSON files)")
+    render.add_argument("--readme", type=Path, default=Path("README.md"))
+    render.add_argument("--check", action="store_true", help="only check: exit 1 if the table is out of date")
+    render.set_defaults(handler=_render)
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the JSON object on one line")
+    parser.add_argument("--quick", action="store_true", help="brief sizes: checks the bench runs, not its figures")
+    parser.add_argument("--record", type=Path, metavar="DIR", help="also write the JSON to DIR/<bench>.json")
 
 
 def _load(name: str) -> Any:
-    try:
-        return importlib.import_module(f"bench.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"bench.{name}":
-            return None  # not written yet: the subcommand says so when run
-        raise
+    return importlib.import_module(f"bench.{name}")
 
 
-def _runner_for(name: str) -> Any:
-    def run(args: argparse.Namespace) -> int:
-        module = _load(name)
-        if module is None:
-            print(f"shoal bench {name}: this benchmark is not available in this build", file=sys.stderr)
-            return 2
-        result = module.run(args)
-        print(json.dumps(result, indent=None if args.json else 2, sort_keys=False))
+def _measure(name: str, parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    from bench.environment import capture, finish
+    from bench.result import write_record
+
+    environment = capture()
+    result: dict[str, Any] = _load(name).run(args)
+    result["environment"] = finish(environment)
+    result["command"] = command_line(name, parser, args)
+    if args.record is not None:
+        path = write_record(args.record, result)
+        print(f"shoal bench {name}: recorded {path}", file=sys.stderr)
+    return result
+
+
+def _run_one(name: str, parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    _print(_measure(name, parser, args), one_line=args.json)
+    return 0
+
+
+def _run_all(parsers: dict[str, argparse.ArgumentParser], args: argparse.Namespace) -> int:
+    results: list[dict[str, Any]] = []
+    for name, extra in ALL_RUNS:
+        argv = [*extra, *(["--quick"] if args.quick else [])]
+        if args.record is not None:
+            argv += ["--record", str(args.record)]
+        print(f"shoal bench all: {name} {shlex.join(argv)}", file=sys.stderr)
+        results.append(_measure(name, parsers[name], parsers[name].parse_args(argv)))
+    _print({"bench": "all", "results": results}, one_line=args.json)
+    return 0
+
+
+def _print(result: dict[str, Any], one_line: bool) -> None:
+    print(json.dumps(result, indent=None if one_line else 2))
+
+
+def command_line(name: str, parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The `shoal bench` command that reproduces `args`: every option not at its default."""
+    words = ["shoal", "bench", name]
+    for action in parser._actions:  # pyright: ignore[reportPrivateUsage]  # argparse has no public list
+        if not action.option_strings or action.dest in SKIPPED_IN_COMMAND:
+            continue
+        value = getattr(args, action.dest, action.default)
+        if value == action.default:
+            continue
+        flag = action.option_strings[-1]
+        words += [flag] if isinstance(value, bool) else [flag, str(value)]
+    return shlex.join(words)
+
+
+def _render(args: argparse.Namespace) -> int:
+    from bench.readme_table import render_readme
+    from bench.result import load_records
+
+    readme: Path = args.readme
+    current = readme.read_text()
+    rendered = render_readme(current, load_records(args.results))
+    if rendered == current:
+        print(f"{readme}: the benchmark table matches {args.results}", file=sys.stderr)
         return 0
-
-    return run
+    if args.check:
+        print(f"{readme}: the benchmark table is out of date; run `shoal bench render-readme`", file=sys.stderr)
+        return 1
+    readme.write_text(rendered)
+    print(f"{readme}: benchmark table rendered from {args.results}", file=sys.stderr)
+    return 0

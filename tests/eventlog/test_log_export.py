@@ -156,17 +156,3 @@ def test_since_takes_a_seq_or_an_iso_time_and_tail_lines_are_readable() -> None:
     line = describe(7, synthetic_history(3)[2])
     assert line.split()[0] == "7" and "instance_placed" in line and 'model="tiny"' in line
     assert "[synthetic@node-a]" in line
-
-
-def test_the_log_benchmark_runs_and_its_states_agree(nats_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import argparse
-
-    import bench.log
-    from bench.log import run
-
-    monkeypatch.setattr(bench.log, "configure_logging", lambda _config: None)  # keep pytest's log capture
-    result = run(argparse.Namespace(events=1000, repeat=1, nats_url=nats_url))
-    assert result["events"] == 1000
-    assert all(result["checks"].values()), result["checks"]
-    for name in ("append_per_s", "replay_per_s", "fold_per_s", "raw_nats_publish_per_s"):
-        assert result[name] > 0

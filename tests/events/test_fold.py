@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from events.apply import UnknownTask, fold
 from events.fold import Folder
+from events.ids import TaskId
 from events.state import State, canonical_bytes
 from events.synthetic import synthetic_history
 from tests.events.builders import Events
@@ -32,12 +33,16 @@ def test_a_bad_hot_event_leaves_the_state_as_before() -> None:
     events = [ev.node("n1"), ev.node("n2"), ev.placed("i1"), ev.created("t1"), ev.assigned("t1", "i1"), ev.chunk("t1")]
     folder = Folder()
     folder.add_all(enumerate(events, start=1))
-    before = canonical_bytes(folder.state)
-    folder.add(7, ev.chunk("t1"))
+    events.append(ev.chunk("t1", index=1))
+    folder.add(7, events[-1])  # hot: held in the folder's transient map, not yet in a State
     with pytest.raises(UnknownTask):
         folder.add(8, ev.chunk("ghost"))
     assert folder.last_seq == 7
-    assert canonical_bytes(folder.state) != before  # seq 7 was folded, seq 8 was not
+    assert canonical_bytes(folder.state) == canonical_bytes(fold(enumerate(events, start=1)))  # seq 8 left no trace
+    events.append(ev.chunk("t1", index=2))
+    folder.add(8, events[-1])  # and seq 8 is still the next one it takes
+    assert canonical_bytes(folder.state) == canonical_bytes(fold(enumerate(events, start=1)))
+    assert folder.state.tasks[TaskId("t1")].chunks == 3
 
 
 def test_skip_to_accounts_for_missing_seqs() -> None:
