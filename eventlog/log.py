@@ -40,7 +40,7 @@ from nats.aio.client import Client
 
 from eventlog.consume import ConsumerRestart, Deliveries, Position, StreamNotFound, StreamReader
 from eventlog.publish import LogError, Outbox, pipeline
-from eventlog.streams import LogSettings, stream_config, stream_name
+from eventlog.streams import LogSettings, create_stream, stream_config, stream_name
 from eventlog.wire import Wire, WireClosed, WireError, split_servers
 from events.catalogue import AnyEvent, LogEvent, TelemetryEvent
 from events.codec import MalformedEvent, decode_log_event, decode_telemetry_event, encode
@@ -115,7 +115,7 @@ class EventLog:
             try:
                 await self._js.stream_info(stream_name(key))
             except nats.js.errors.NotFoundError:
-                await self._js.add_stream(config)  # pyright: ignore[reportUnknownMemberType]
+                await create_stream(self._js, config)
                 logger.debug("created stream {}", config.name)
             else:
                 await self._js.update_stream(config)  # pyright: ignore[reportUnknownMemberType]
@@ -132,7 +132,7 @@ class EventLog:
         config.first_seq = first_seq if first_seq > 1 else None
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await self._js.delete_stream(stream_name(stream))
-        await self._js.add_stream(config)  # pyright: ignore[reportUnknownMemberType]
+        await create_stream(self._js, config)
 
     async def last_seq(self, stream: StreamKey = "events") -> int:
         """The sequence of the newest message in the stream (0 when it never held one)."""

@@ -1,11 +1,16 @@
 """Stream settings for the log: retention, replicas and the de-duplication window (docs/ARCHITECTURE.md §2).
 
-Pure data. `services.config.log_settings(config)` builds `LogSettings` from the shoal config.
+`services.config.log_settings(config)` builds `LogSettings` from the shoal config;
+`create_stream` is the one place a stream is created.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
+import nats.js.errors
+from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
 from events.subjects import EVENTS_STREAM, EVENTS_SUBJECTS, TELEMETRY_STREAM, TELEMETRY_SUBJECTS
@@ -67,3 +72,20 @@ def stream_config(key: StreamKey, settings: LogSettings) -> StreamConfig:
         duplicate_window=window,
         allow_direct=True,
     )
+
+
+STORE_BUSY_ERR_CODE = 10049  # JetStream: "error creating store for stream"
+STORE_BUSY_RETRIES = 8
+
+
+async def create_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    """Create a stream. Right after a delete of the same name the server may still be removing the
+    old store ("error creating store for stream"), so that one error is retried briefly."""
+    for attempt in range(STORE_BUSY_RETRIES):
+        try:
+            await js.add_stream(config)  # pyright: ignore[reportUnknownMemberType]
+            return
+        except nats.js.errors.ServerError as err:
+            if err.err_code != STORE_BUSY_ERR_CODE or attempt == STORE_BUSY_RETRIES - 1:
+                raise
+            await asyncio.sleep(0.05 * (attempt + 1))
