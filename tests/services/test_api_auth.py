@@ -117,7 +117,8 @@ def test_the_key_file_takes_comments_and_warns_when_others_can_read_it(tmp_path:
 
 
 @pytest.mark.parametrize(
-    ("host", "name"), [("127.0.0.1:8000", "127.0.0.1"), ("[::1]:8000", "::1"), ("LocalHost", "localhost"), ("::1", "::1")]
+    ("host", "name"),
+    [("127.0.0.1:8000", "127.0.0.1"), ("[::1]:8000", "::1"), ("LocalHost", "localhost"), ("::1", "::1")],
 )
 def test_hostname_of_a_host_header(host: str, name: str) -> None:
     assert hostname(host) == name
