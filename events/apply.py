@@ -229,6 +229,7 @@ def _task_created(state: State, seq: int, event: TaskCreated) -> State:
         model=event.model,
         messages=event.messages,
         params=event.params,
+        owner=event.owner,
         created_seq=seq,
         created_at=at,
         last_activity_at=at,

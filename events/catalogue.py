@@ -14,7 +14,7 @@ from typing import Literal
 
 import msgspec
 
-from events.ids import EventId, InstanceId, NodeId, TaskId
+from events.ids import EventId, InstanceId, KeyId, NodeId, TaskId
 from events.runner_settings import RunnerSettings
 from events.vocabulary import CancelReason, FinishReason, Phase, PrefillPath, RunnerStatus, RunnerStatusCause
 
@@ -133,6 +133,7 @@ class TaskCreated(Event, tag="task_created", frozen=True, kw_only=True):
     model: str
     messages: list[ChatMessage]
     params: TaskParams = msgspec.field(default_factory=TaskParams)
+    owner: KeyId = KeyId("")  # the API key that created it, by id; "" when the API ran without keys
 
 
 class TaskAssigned(Event, tag="task_assigned", frozen=True, kw_only=True):

@@ -14,6 +14,7 @@ TaskId = NewType("TaskId", str)
 NodeId = NewType("NodeId", str)
 InstanceId = NewType("InstanceId", str)
 EventId = NewType("EventId", str)
+KeyId = NewType("KeyId", str)  # names an API key without revealing it (a prefix of its SHA-256)
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_\-]{1,128}$")
 

@@ -14,7 +14,7 @@ import immutables
 import msgspec
 
 from events.catalogue import ChatMessage, Shard, TaskParams, Usage
-from events.ids import InstanceId, NodeId, TaskId
+from events.ids import InstanceId, KeyId, NodeId, TaskId
 from events.runner_settings import RunnerSettings
 from events.vocabulary import (
     DOWN_STATUSES,
@@ -106,6 +106,7 @@ class TaskInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     model: str
     messages: list[ChatMessage]
     params: TaskParams
+    owner: KeyId = KeyId("")  # who may read and cancel it (with admins): see TaskCreated.owner
     status: TaskStatus = "created"
     created_seq: int = 0
     created_at: int = 0

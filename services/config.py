@@ -22,7 +22,7 @@ import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import msgspec
 import yaml
@@ -39,7 +39,7 @@ from events.runner_settings import (
     RunnerSettings,
     StallStackSeconds,
 )
-from services.config_values import ConfigError, DeclaredFields
+from services.config_values import REDACTED, ConfigError, DeclaredFields
 
 ENV_PREFIX = "SHOAL_"
 ENV_NOT_SETTINGS = frozenset({"SHOAL_CONFIG"})  # SHOAL_* variables that are not settings
@@ -50,6 +50,12 @@ _NATS_URLS = r"^$|^(nats|tls|tcp)://[^\s/,]+(\s*,\s*(nats|tls|tcp)://[^\s/,]+)*$
 _SEE_NATS_URLS = "empty (run an embedded server) or nats://host:port, comma-separated for a cluster"
 _MAX_BYTES = "a byte count of at least 1024, or -1 for unlimited"
 _BLAS = "auto, off, or the path of a BLAS library"
+# Bearer tokens as RFC 6750 writes them (no ":"), long enough not to be guessed; ":admin" marks an admin key.
+_API_KEY = Annotated[str, Meta(pattern=r"^[A-Za-z0-9._~+/=-]{16,512}(:admin)?$")]
+_API_KEYS = "keys of 16-512 characters from A-Z a-z 0-9 . _ ~ + / = -, comma-separated, each may end in :admin"
+_ORIGIN = Annotated[str, Meta(pattern=r"^https?://[^\s/,*]+$")]
+_ORIGINS = "origins such as https://app.example:8443 (scheme://host[:port], no wildcard), comma-separated"
+SECRET = Meta(extra={"secret": True})  # never shown: `shoal config show` and /v1/config say only where it came from
 
 
 class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -65,6 +71,19 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     )
     api_host: Annotated[str, _NON_EMPTY, Meta(description="address the OpenAI-compatible API binds")] = "127.0.0.1"
     api_port: Annotated[int, Meta(ge=1, le=65535, description="port of the OpenAI-compatible API")] = 8000
+    api_keys: Annotated[
+        tuple[_API_KEY, ...],
+        SECRET,
+        Meta(extra={"allowed": _API_KEYS}, description="bearer tokens the API accepts; KEY:admin for an admin"),
+    ] = ()
+    api_keys_file: Annotated[
+        str,
+        Meta(extra={"allowed": "a file path, or empty"}, description="file of API keys, one a line; keep it 0600"),
+    ] = ""
+    cors_origins: Annotated[
+        tuple[_ORIGIN, ...],
+        Meta(extra={"allowed": _ORIGINS}, description="browser origins allowed to call the API; none by default"),
+    ] = ()
     model: Annotated[str, _NON_EMPTY, Meta(description="model served: `tiny` or an mlx-lm model directory")] = "tiny"
     workers: Annotated[int, Meta(ge=1, le=64, description="worker nodes `shoal up` starts")] = 2
     prefill_step_size: PrefillStepSize = RUNNER_DEFAULTS.prefill_step_size
@@ -121,12 +140,22 @@ class ResolvedConfig(msgspec.Struct, frozen=True, kw_only=True):
     yaml_path: str | None = None
 
     def items(self) -> list[tuple[str, object, str]]:
-        """(key, effective value, source) for every setting, in declaration order."""
-        return [(key, getattr(self.config, key), self.sources[key]) for key in KEYS]
+        """(key, effective value, source) for every setting, in declaration order, secrets redacted:
+        this is what people see (`shoal config show`, `GET /v1/config`); services read `config`."""
+        return [(key, _shown(key, getattr(self.config, key)), self.sources[key]) for key in KEYS]
 
     def to_dict(self) -> dict[str, dict[str, object]]:
-        """{key: {"value": v, "source": s}}: what `GET /v1/config` returns."""
+        """{key: {"value": v, "source": s}}: what `GET /v1/config` returns (secrets redacted)."""
         return {key: {"value": value, "source": source} for key, value, source in self.items()}
+
+
+def _shown(key: str, value: object) -> object:
+    """`value` as it may be shown: a secret says only how many values it holds."""
+    if not FIELDS.is_secret(key) or not value:
+        return value
+    if isinstance(value, tuple):
+        return f"<redacted: {len(cast('tuple[object, ...]', value))} values>"
+    return REDACTED
 
 
 def runner_settings(config: ShoalConfig) -> RunnerSettings:
@@ -168,7 +197,8 @@ def _closest(name: str) -> str | None:
 def _unknown_key_error(key: str, value: object, source: str) -> ConfigError:
     near = _closest(key)
     hint = f"did you mean {near}?" if near else f"known settings: {', '.join(KEYS)}"
-    return ConfigError(key, value, source, f"not a shoal setting; {hint}")
+    shown = REDACTED if near is not None and FIELDS.is_secret(near) else value  # SHOAL_API_KEY=<a key>
+    return ConfigError(key, shown, source, f"not a shoal setting; {hint}")
 
 
 # --- resolution ------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ The declared type is the whole rule: `Annotated[int, msgspec.Meta(ge=1, le=64)]`
 `X | None`, a string with a `pattern`. msgspec does the checking, and what a setting allows is
 said in words from the same declaration (a `pattern` says it through `Meta(extra={"allowed":
 ...})`, since a regex is no message for a user). Text from env vars and flags is read as JSON
-for numbers and choices, taken as is for strings; a value never falls back to its default.
+for numbers and choices, taken as is for strings, split at commas for a tuple of strings; a value
+never falls back to its default. A field declared secret (`Meta(extra={"secret": True})`) is never
+shown, not even in the error that refuses it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Literal
 import msgspec
 
 NONE_WORDS = frozenset({"", "none", "null", "off"})  # env/flag text for "no value" of an optional setting
+REDACTED = "<redacted>"  # what is shown of a secret (Meta extra={"secret": True}), even in an error
 
 
 class ConfigError(ValueError):
@@ -48,12 +51,29 @@ class DeclaredFields:
             typed = self._from_text(key, value) if isinstance(value, str) else value
             return msgspec.convert(typed, self._hints[key])
         except (msgspec.ValidationError, msgspec.DecodeError):
-            raise ConfigError(key, value, source, self.allowed(key)) from None
+            shown = REDACTED if self.is_secret(key) else value
+            raise ConfigError(key, shown, source, self.allowed(key)) from None
+
+    def is_secret(self, key: str) -> bool:
+        """Whether field `key` is declared secret (`Meta(extra={"secret": True})`): never to be shown."""
+        info = self._info[key]
+        while True:
+            match info:
+                case msgspec.inspect.Metadata(extra={"secret": True}):
+                    return True
+                case msgspec.inspect.Metadata():
+                    info = info.type
+                case _:
+                    return False
 
     def _from_text(self, key: str, text: str) -> object:
         info = _inner(self._info[key])
         if isinstance(info, msgspec.inspect.StrType):
             return text
+        if isinstance(info, msgspec.inspect.VarTupleType) and isinstance(
+            _inner(info.item_type), msgspec.inspect.StrType
+        ):
+            return [part.strip() for part in text.split(",") if part.strip()]  # a list of strings, comma-separated
         if isinstance(info, msgspec.inspect.LiteralType) and all(isinstance(v, str) for v in info.values):
             return next((v for v in info.values if str(v).lower() == text.strip().lower()), text)  # debug = DEBUG
         optional = isinstance(info, msgspec.inspect.UnionType) and msgspec.inspect.NoneType() in info.types

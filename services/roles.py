@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 from services.api.app import serve_api
+from services.api.auth import ApiAccess
 from services.config import ResolvedConfig, ShoalConfig, runner_settings
 from services.master.core import MasterPolicy
 from services.master.service import Master, MasterSettings
@@ -68,6 +69,6 @@ async def run_worker(
     await Worker(settings).run(ready)
 
 
-async def run_api(resolved: ResolvedConfig, ready: asyncio.Event | None = None) -> None:
+async def run_api(resolved: ResolvedConfig, access: ApiAccess, ready: asyncio.Event | None = None) -> None:
     config = resolved.config
-    await serve_api(resolved, served(config), tokenizer_files(config), ready)
+    await serve_api(resolved, access, served(config), tokenizer_files(config), ready)

@@ -1,5 +1,7 @@
 """`shoal up`: embedded NATS (unless a URL is given), the master, N workers and the API in one
-process tree; a ready line once a warm instance of the model exists; Ctrl-C stops it all."""
+process tree; a ready line once a warm instance of the model exists, saying whether the API is
+open or needs keys; Ctrl-C stops it all. The API's keys are read (and an open API on a network
+refused) before anything starts."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import sys
 from eventlog.log import EventLog
 from events.apply import apply_live
 from events.state import State
+from services.api.auth import ApiAccess, load_api_access
 from services.config import ResolvedConfig
 from services.nats import EmbeddedNats
 from services.roles import run_api, run_master, run_worker
@@ -32,7 +35,7 @@ async def wait_until_ready(url: str, model: str) -> str:
     raise RuntimeError("the event log ended before an instance was ready")
 
 
-async def run_cluster(resolved: ResolvedConfig, workers: int) -> None:
+async def run_cluster(resolved: ResolvedConfig, access: ApiAccess, workers: int) -> None:
     config = resolved.config
     async with asyncio.TaskGroup() as group:
         master_ready = asyncio.Event()
@@ -41,35 +44,36 @@ async def run_cluster(resolved: ResolvedConfig, workers: int) -> None:
         for i in range(workers):
             group.create_task(run_worker(resolved, f"{NODE_PREFIX}-{i}"))
         api_ready = asyncio.Event()
-        group.create_task(run_api(resolved, api_ready))
+        group.create_task(run_api(resolved, access, api_ready))
         await api_ready.wait()
         url = f"http://{config.api_host}:{config.api_port}"
         print(f"shoal: API at {url}/v1 (model {config.model!r}, {workers} worker(s)); warming up...", flush=True)
         instance = await wait_until_ready(config.client_nats_url, config.model)
-        print(f"shoal: ready: instance {instance} serves {config.model!r} at {url}/v1", flush=True)
+        print(f"shoal: ready: instance {instance} serves {config.model!r} at {url}/v1; {access.describe()}", flush=True)
 
 
 def up(resolved: ResolvedConfig, workers: int) -> int:
     config = resolved.config
+    access = load_api_access(resolved)
     nats: EmbeddedNats | None = None
     if not config.nats_url:
         nats = EmbeddedNats(data_dir=config.data_path, host=config.nats_host, port=config.nats_port).start()
         resolved = _with_nats_url(resolved, nats.url)
     try:
-        return asyncio.run(_main(resolved, workers))
+        return asyncio.run(_main(resolved, access, workers))
     finally:
         if nats is not None:
             nats.stop()
 
 
-async def _main(resolved: ResolvedConfig, workers: int) -> int:
+async def _main(resolved: ResolvedConfig, access: ApiAccess, workers: int) -> int:
     main = asyncio.current_task()
     assert main is not None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, main.cancel)
     try:
-        await run_cluster(resolved, workers)
+        await run_cluster(resolved, access, workers)
     except asyncio.CancelledError:
         print("shoal: stopped", file=sys.stderr, flush=True)
         return 0

@@ -10,28 +10,35 @@ from pathlib import Path
 import uvicorn
 from loguru import logger
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from eventlog.log import EventLog
 from services.api import chat, routes
+from services.api.auth import ApiAccess, Caller, Need, Refusal, admit
+from services.api.browser import BrowserGuard, BrowserRules
 from services.api.context import ApiContext
 from services.api.openapi import openapi_document
 from services.api.schemas import RequestProblem
 from services.api.timeline import timeline_page
-from services.config import ResolvedConfig, log_settings
+from services.config import ResolvedConfig, ShoalConfig, log_settings
 
 Handler = Callable[[Request, ApiContext], Awaitable[Response]]
 
 
 def build_app(ctx: ApiContext) -> Starlette:
-    def bind(name: str, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    def bind(name: str, handler: Handler, need: Need) -> Callable[[Request], Awaitable[Response]]:
+        """The route `name`: its caller checked against `need`, its problems as JSON errors, counted."""
+
         async def endpoint(request: Request) -> Response:
-            try:
-                response = await handler(request, ctx)
-            except RequestProblem as problem:
-                response = chat.problem_response(problem)
+            checked = ctx.access.check(request.headers.get("authorization"), need)
+            if isinstance(checked, Refusal):
+                response = checked.response()
+            else:
+                response = await _answer(handler, request, ctx, checked)
             ctx.metrics.requests[(name, response.status_code)] += 1
             return response
 
@@ -42,30 +49,62 @@ def build_app(ctx: ApiContext) -> Starlette:
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)
 
+    # Who may call what: a task's routes any key (ownership is checked in the route); the config and
+    # the debug pages an admin key (they show every task and setting); /metrics any key (aggregates
+    # only, but not for anyone on the network, and a scraper needs no admin power); /healthz and the
+    # OpenAPI document nobody (load balancers and client generators have no key).
     route_table = [
-        Route("/v1/chat/completions", bind("chat", chat.chat_completions), methods=["POST"]),
-        Route("/v1/models", bind("models", routes.list_models), methods=["GET"]),
-        Route("/v1/tasks/{task_id}", bind("task", routes.get_task), methods=["GET"]),
-        Route("/v1/tasks/{task_id}/cancel", bind("cancel", routes.cancel_task), methods=["POST"]),
-        Route("/v1/config", bind("config", routes.get_config), methods=["GET"]),
-        Route("/healthz", bind("healthz", routes.healthz), methods=["GET"]),
-        Route("/metrics", bind("metrics", routes.metrics), methods=["GET"]),
+        Route("/v1/chat/completions", bind("chat", chat.chat_completions, "key"), methods=["POST"]),
+        Route("/v1/models", bind("models", routes.list_models, "key"), methods=["GET"]),
+        Route("/v1/tasks/{task_id}", bind("task", routes.get_task, "key"), methods=["GET"]),
+        Route("/v1/tasks/{task_id}/cancel", bind("cancel", routes.cancel_task, "key"), methods=["POST"]),
+        Route("/v1/config", bind("config", routes.get_config, "admin"), methods=["GET"]),
+        Route("/healthz", bind("healthz", routes.healthz, "nothing"), methods=["GET"]),
+        Route("/metrics", bind("metrics", routes.metrics, "key"), methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
-    route_table.append(Route("/debug/timeline", bind("timeline", timeline_page), methods=["GET"]))
-    return Starlette(routes=route_table)
+    route_table.append(Route("/debug/timeline", bind("timeline", timeline_page, "admin"), methods=["GET"]))
+    return Starlette(routes=route_table, middleware=_middleware(ctx.resolved.config))
+
+
+async def _answer(handler: Handler, request: Request, ctx: ApiContext, caller: Caller) -> Response:
+    admit(request, caller)
+    try:
+        return await handler(request, ctx)
+    except RequestProblem as problem:
+        return chat.problem_response(problem)
+
+
+def _middleware(config: ShoalConfig) -> list[Middleware]:
+    """The browser rules first (a refused Host or origin gets nothing further), then CORS if configured."""
+    layers = [Middleware(BrowserGuard, rules=BrowserRules(config.api_host, config.cors_origins))]
+    if config.cors_origins:
+        cors = Middleware(
+            CORSMiddleware,
+            allow_origins=list(config.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type"],
+            expose_headers=["x-shoal-task-id"],
+            max_age=600,
+        )
+        layers.append(cors)
+    return layers
 
 
 async def serve_api(
-    resolved: ResolvedConfig, served: list[str], tokenizer_files: dict[str, Path], ready: asyncio.Event | None = None
+    resolved: ResolvedConfig,
+    access: ApiAccess,
+    served: list[str],
+    tokenizer_files: dict[str, Path],
+    ready: asyncio.Event | None = None,
 ) -> None:
     """Run the API until cancelled: the log follower and uvicorn, in one task group."""
     config = resolved.config
     log = await EventLog.connect(config.client_nats_url, log_settings(config), name="shoal-api")
-    ctx = ApiContext.on(log, resolved, served, tokenizer_files)
+    ctx = ApiContext.on(log, resolved, served, tokenizer_files, access=access)
 
     def listening() -> None:
-        logger.info("API listening on http://{}:{}", config.api_host, config.api_port)
+        logger.info("API listening on http://{}:{} ({})", config.api_host, config.api_port, access.describe())
         if ready is not None:
             ready.set()
 

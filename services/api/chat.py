@@ -18,7 +18,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from events.catalogue import ChunkGenerated, LogEvent, PrefillProgress, TaskCompleted, TaskCreated, TaskFailed
-from events.ids import TaskId, new_task_id
+from events.ids import KeyId, TaskId, new_task_id
+from services.api.auth import caller_of
 from services.api.context import ApiContext
 from services.api.hub import TaskEvents
 from services.api.openai_format import DONE, ChunkMaker, completion, error_body, sse
@@ -30,7 +31,7 @@ T = TypeVar("T")
 async def chat_completions(request: Request, ctx: ApiContext) -> Response:
     body = await _read_body(request, ctx.resolved.config.max_body_bytes)
     chat = decode_chat_request(body)
-    task = _check(chat, ctx)
+    task = _check(chat, ctx, caller_of(request).key_id)
     headers: dict[str, str] = {"x-shoal-task-id": str(task.task_id)}
     if chat.stream:
         return ChatStream(ctx, task, chat, headers)
@@ -46,7 +47,7 @@ async def chat_completions(request: Request, ctx: ApiContext) -> Response:
     return JSONResponse(body, headers=headers)
 
 
-def _check(chat: ChatCompletionRequest, ctx: ApiContext) -> TaskCreated:
+def _check(chat: ChatCompletionRequest, ctx: ApiContext, owner: KeyId) -> TaskCreated:
     config = ctx.resolved.config
     known = ctx.known_models()
     if chat.model not in known:
@@ -71,7 +72,7 @@ def _check(chat: ChatCompletionRequest, ctx: ApiContext) -> TaskCreated:
             code="no_workers",
         )
     return TaskCreated(
-        env=ctx.stamper.stamp(), task_id=new_task_id(), model=chat.model, messages=messages, params=params
+        env=ctx.stamper.stamp(), task_id=new_task_id(), model=chat.model, messages=messages, params=params, owner=owner
     )
 
 

@@ -10,6 +10,7 @@ from eventlog.log import EventLog
 from events.catalogue import LogEvent, Origin, TaskCancelled
 from events.ids import TaskId
 from events.stamp import Stamper
+from services.api.auth import ApiAccess
 from services.api.hub import LogHub
 from services.api.metrics import Metrics
 from services.config import ResolvedConfig
@@ -22,6 +23,7 @@ class ApiContext:
     hub: LogHub
     stamper: Stamper
     resolved: ResolvedConfig
+    access: ApiAccess
     metrics: Metrics
     served: list[str]
     tokenizer_files: dict[str, Path]  # model -> tokenizer.json, for prompt size checks
@@ -29,7 +31,13 @@ class ApiContext:
 
     @classmethod
     def on(
-        cls, log: EventLog, resolved: ResolvedConfig, served: list[str], tokenizer_files: dict[str, Path]
+        cls,
+        log: EventLog,
+        resolved: ResolvedConfig,
+        served: list[str],
+        tokenizer_files: dict[str, Path],
+        *,
+        access: ApiAccess,
     ) -> ApiContext:
         """The context of an API on `log`, with its own hub (not yet running) and metrics."""
         metrics = Metrics()
@@ -38,6 +46,7 @@ class ApiContext:
             hub=LogHub(log, metrics),
             stamper=Stamper(Origin(service="api")),
             resolved=resolved,
+            access=access,
             metrics=metrics,
             served=served,
             tokenizer_files=tokenizer_files,

@@ -9,6 +9,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from events.ids import TaskId
+from events.state import TaskInfo
+from services.api.auth import caller_of
 from services.api.context import ApiContext
 from services.api.schemas import RequestProblem
 
@@ -18,18 +20,23 @@ async def list_models(request: Request, ctx: ApiContext) -> Response:
     return JSONResponse({"object": "list", "data": data})
 
 
+def _callers_task(request: Request, ctx: ApiContext) -> TaskInfo:
+    """The task named in the path, if the caller may see it: another key's task is answered exactly
+    as a task that does not exist, so a 404 tells nothing about other keys' tasks."""
+    task_id = TaskId(request.path_params["task_id"])
+    task = ctx.hub.state.tasks.get(task_id)
+    if task is None or not caller_of(request).may_see(task.owner):
+        raise RequestProblem(404, f"task {task_id!r} does not exist", code="task_not_found")
+    return task
+
+
 async def get_task(request: Request, ctx: ApiContext) -> Response:
-    task = ctx.hub.state.tasks.get(TaskId(request.path_params["task_id"]))
-    if task is None:
-        raise RequestProblem(404, f"task {request.path_params['task_id']!r} does not exist", code="task_not_found")
-    return Response(msgspec.json.encode(task), media_type="application/json")
+    return Response(msgspec.json.encode(_callers_task(request, ctx)), media_type="application/json")
 
 
 async def cancel_task(request: Request, ctx: ApiContext) -> Response:
-    task_id = TaskId(request.path_params["task_id"])
-    task = ctx.hub.state.tasks.get(task_id)
-    if task is None:
-        raise RequestProblem(404, f"task {task_id!r} does not exist", code="task_not_found")
+    task = _callers_task(request, ctx)
+    task_id = task.task_id
     if task.ended:
         raise RequestProblem(409, f"task {task_id!r} already ended ({task.status})", code="task_ended")
     await ctx.cancel(task_id, "api")

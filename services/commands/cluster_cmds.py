@@ -72,7 +72,7 @@ def _up(args: argparse.Namespace) -> int:
     try:
         _prepare_model(resolved.config.model)
         return up(resolved, resolved.config.workers)
-    except (NatsError, LogError) as exc:
+    except (NatsError, LogError, ConfigError) as exc:
         print(f"shoal up: {exc}", file=sys.stderr)
         return 1
 
@@ -86,6 +86,7 @@ def _prepare_model(model: str) -> None:
 
 def _serve(args: argparse.Namespace, role: str) -> int:
     from services import roles
+    from services.api.auth import load_api_access
     from services.worker.service import default_node_id
 
     resolved = _resolve(args, role)
@@ -104,13 +105,13 @@ def _serve(args: argparse.Namespace, role: str) -> int:
     runs: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
         "master": lambda: roles.run_master(resolved),
         "worker": lambda: roles.run_worker(resolved, node_id, host=args.host),
-        "api": lambda: roles.run_api(resolved),
+        "api": lambda: roles.run_api(resolved, load_api_access(resolved)),
     }
     try:
         asyncio.run(runs[role]())
     except KeyboardInterrupt:
         return 0
-    except LogError as exc:
+    except (LogError, ConfigError) as exc:
         print(f"shoal {role}: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -19,6 +19,7 @@ from events.catalogue import TaskCancelled, TaskCompleted, Usage
 from events.ids import TaskId
 from events.subjects import task_subject
 from services.api.app import build_app
+from services.api.auth import ApiAccess
 from services.api.context import ApiContext
 from services.api.timeline import events_since_created
 from services.config import ResolvedConfig, ShoalConfig
@@ -30,7 +31,8 @@ CANCEL_WITHIN_S = 1.0  # a disconnect is a message, not something found by polli
 
 @asynccontextmanager
 async def running_api(log: EventLog) -> AsyncIterator[tuple[ApiContext, Starlette]]:
-    ctx = ApiContext.on(log, ResolvedConfig(config=ShoalConfig(), sources={}, yaml_path=None), ["tiny"], {})
+    resolved = ResolvedConfig(config=ShoalConfig(), sources={}, yaml_path=None)
+    ctx = ApiContext.on(log, resolved, ["tiny"], {}, access=ApiAccess())
     async with anyio.create_task_group() as group:
         group.start_soon(ctx.hub.run)
         await ctx.hub.caught_up.wait()
