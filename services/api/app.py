@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import uvicorn
 from loguru import logger
@@ -15,8 +14,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from eventlog.log import EventLog
+from eventlog.publish import LogError
 from services.api import chat, routes
 from services.api.context import ApiContext
+from services.api.errors import EXCEPTION_HANDLERS, error_for
 from services.api.openapi import openapi_document
 from services.api.schemas import RequestProblem
 from services.api.timeline import timeline_page
@@ -30,8 +31,8 @@ def build_app(ctx: ApiContext) -> Starlette:
         async def endpoint(request: Request) -> Response:
             try:
                 response = await handler(request, ctx)
-            except RequestProblem as problem:
-                response = chat.problem_response(problem)
+            except (RequestProblem, LogError) as exc:
+                response = error_for(exc)
             ctx.metrics.requests[(name, response.status_code)] += 1
             return response
 
@@ -53,16 +54,14 @@ def build_app(ctx: ApiContext) -> Starlette:
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
     route_table.append(Route("/debug/timeline", bind("timeline", timeline_page), methods=["GET"]))
-    return Starlette(routes=route_table)
+    return Starlette(routes=route_table, exception_handlers=EXCEPTION_HANDLERS)
 
 
-async def serve_api(
-    resolved: ResolvedConfig, served: list[str], tokenizer_files: dict[str, Path], ready: asyncio.Event | None = None
-) -> None:
+async def serve_api(resolved: ResolvedConfig, served: list[str], ready: asyncio.Event | None = None) -> None:
     """Run the API until cancelled: the log follower and uvicorn, in one task group."""
     config = resolved.config
     log = await EventLog.connect(config.client_nats_url, log_settings(config), name="shoal-api")
-    ctx = ApiContext.on(log, resolved, served, tokenizer_files)
+    ctx = ApiContext.on(log, resolved, served)
 
     def listening() -> None:
         logger.info("API listening on http://{}:{}", config.api_host, config.api_port)
