@@ -30,7 +30,9 @@ def openapi_document() -> dict[str, Any]:
 
     task_param = [{"name": "task_id", "in": "path", "required": True, "schema": {"type": "string"}}]
     completion = json("completion (with stream=true: text/event-stream); header x-shoal-task-id", chat_completion)
-    completion["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+    # each server-sent event's `data` is a JSON chat.completion.chunk, then the literal [DONE]
+    event = {"type": "object", "properties": {"data": {"type": "string"}}, "required": ["data"]}
+    completion["content"]["text/event-stream"] = {"schema": event}
     return {
         "openapi": "3.1.0",
         "info": {"title": "shoal", "version": "0.1.0", "description": "OpenAI-compatible API of a shoal cluster"},
