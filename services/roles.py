@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 from services.api.app import serve_api
 from services.api.auth import ApiAccess
 from services.config import ResolvedConfig, ShoalConfig, runner_settings
 from services.master.core import MasterPolicy
 from services.master.service import Master, MasterSettings
-from services.models import LocalModelCatalog, existing_model_dir
+from services.models import LocalModelCatalog
 from services.worker.service import Worker, WorkerSettings
 
 
@@ -27,16 +26,6 @@ def master_policy(config: ShoalConfig, *, min_nodes_for_default: int = 1) -> Mas
 
 def served(config: ShoalConfig) -> list[str]:
     return [config.model] if config.model else []
-
-
-def tokenizer_files(config: ShoalConfig) -> dict[str, Path]:
-    """tokenizer.json of each served model that is on this machine (for prompt size checks)."""
-    files: dict[str, Path] = {}
-    for model in served(config):
-        directory = existing_model_dir(model)
-        if directory is not None and (directory / "tokenizer.json").exists():
-            files[model] = directory / "tokenizer.json"
-    return files
 
 
 async def run_master(
@@ -71,4 +60,4 @@ async def run_worker(
 
 async def run_api(resolved: ResolvedConfig, access: ApiAccess, ready: asyncio.Event | None = None) -> None:
     config = resolved.config
-    await serve_api(resolved, access, served(config), tokenizer_files(config), ready)
+    await serve_api(resolved, access, served(config), ready)

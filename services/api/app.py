@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import uvicorn
 from loguru import logger
@@ -17,10 +16,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from eventlog.log import EventLog
+from eventlog.publish import LogError
 from services.api import chat, routes
 from services.api.auth import ApiAccess, Caller, Need, Refusal, admit
 from services.api.browser import BrowserGuard, BrowserRules
 from services.api.context import ApiContext
+from services.api.errors import EXCEPTION_HANDLERS, error_for
 from services.api.openapi import openapi_document
 from services.api.schemas import RequestProblem
 from services.api.timeline import timeline_page
@@ -64,15 +65,17 @@ def build_app(ctx: ApiContext) -> Starlette:
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
     route_table.append(Route("/debug/timeline", bind("timeline", timeline_page, "admin"), methods=["GET"]))
-    return Starlette(routes=route_table, middleware=_middleware(ctx.resolved.config))
+    return Starlette(
+        routes=route_table, middleware=_middleware(ctx.resolved.config), exception_handlers=EXCEPTION_HANDLERS
+    )
 
 
 async def _answer(handler: Handler, request: Request, ctx: ApiContext, caller: Caller) -> Response:
     admit(request, caller)
     try:
         return await handler(request, ctx)
-    except RequestProblem as problem:
-        return chat.problem_response(problem)
+    except (RequestProblem, LogError) as exc:
+        return error_for(exc)
 
 
 def _middleware(config: ShoalConfig) -> list[Middleware]:
@@ -95,13 +98,12 @@ async def serve_api(
     resolved: ResolvedConfig,
     access: ApiAccess,
     served: list[str],
-    tokenizer_files: dict[str, Path],
     ready: asyncio.Event | None = None,
 ) -> None:
     """Run the API until cancelled: the log follower and uvicorn, in one task group."""
     config = resolved.config
     log = await EventLog.connect(config.client_nats_url, log_settings(config), name="shoal-api")
-    ctx = ApiContext.on(log, resolved, served, tokenizer_files, access=access)
+    ctx = ApiContext.on(log, resolved, served, access=access)
 
     def listening() -> None:
         logger.info("API listening on http://{}:{} ({})", config.api_host, config.api_port, access.describe())

@@ -26,10 +26,10 @@ from typing import Literal
 
 from loguru import logger
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import Response
 
 from events.ids import KeyId
-from services.api.openai_format import error_body
+from services.api.errors import error_response
 from services.config import FIELDS, ConfigError, ResolvedConfig
 
 Need = Literal["nothing", "key", "admin"]  # what a route asks of its caller
@@ -61,10 +61,9 @@ class Refusal:
     code: str
     challenge: str | None = None  # the WWW-Authenticate header of a 401/403
 
-    def response(self) -> JSONResponse:
+    def response(self) -> Response:
         headers = {"WWW-Authenticate": self.challenge} if self.challenge else None
-        body = error_body(self.message, kind="invalid_request_error", code=self.code)
-        return JSONResponse(body, status_code=self.status, headers=headers)
+        return error_response(self.status, self.message, code=self.code, headers=headers)
 
 
 @dataclass(frozen=True)

@@ -13,16 +13,21 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import anyio
+import msgspec
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from eventlog.publish import LogError
 from events.catalogue import ChunkGenerated, LogEvent, PrefillProgress, TaskCompleted, TaskCreated, TaskFailed
 from events.ids import KeyId, TaskId, new_task_id
 from services.api.auth import caller_of
 from services.api.context import ApiContext
+from services.api.errors import error_body, error_for, error_response, log_refused
 from services.api.hub import TaskEvents
-from services.api.openai_format import DONE, ChunkMaker, completion, error_body, sse
+from services.api.openai_format import DONE, ChunkMaker, completion, sse
+from services.api.prompts import check_context, prompt_tokens, stop_tokens
+from services.api.responses import json_response
 from services.api.schemas import ChatCompletionRequest, RequestProblem, decode_chat_request, to_task
 
 T = TypeVar("T")
@@ -31,7 +36,7 @@ T = TypeVar("T")
 async def chat_completions(request: Request, ctx: ApiContext) -> Response:
     body = await _read_body(request, ctx.resolved.config.max_body_bytes)
     chat = decode_chat_request(body)
-    task = _check(chat, ctx, caller_of(request).key_id)
+    task = await _check(chat, ctx, caller_of(request).key_id)
     headers: dict[str, str] = {"x-shoal-task-id": str(task.task_id)}
     if chat.stream:
         return ChatStream(ctx, task, chat, headers)
@@ -40,14 +45,12 @@ async def chat_completions(request: Request, ctx: ApiContext) -> Response:
         return Response(status_code=499)
     text, terminal = outcome
     if isinstance(terminal, TaskFailed):
-        return JSONResponse(
-            error_body(terminal.error, kind="task_failed", code="task_failed"), status_code=500, headers=headers
-        )
+        return error_response(500, terminal.error, kind="task_failed", code="task_failed", headers=headers)
     body = completion(f"chatcmpl-{task.task_id}", chat.model, text, terminal.finish_reason, terminal.usage)
-    return JSONResponse(body, headers=headers)
+    return json_response(body, headers=headers)
 
 
-def _check(chat: ChatCompletionRequest, ctx: ApiContext, owner: KeyId) -> TaskCreated:
+async def _check(chat: ChatCompletionRequest, ctx: ApiContext, owner: KeyId) -> TaskCreated:
     config = ctx.resolved.config
     known = ctx.known_models()
     if chat.model not in known:
@@ -58,11 +61,14 @@ def _check(chat: ChatCompletionRequest, ctx: ApiContext, owner: KeyId) -> TaskCr
             code="model_not_found",
         )
     messages, params = to_task(chat, max_tokens_limit=config.max_tokens_limit)
-    prompt_tokens = ctx.count_prompt_tokens(chat.model, [m.content for m in messages])
-    if prompt_tokens > config.max_prompt_tokens:
+    model = await ctx.prompt_model(chat.model)
+    size = await anyio.to_thread.run_sync(prompt_tokens, model, messages)  # long prompts take a while
+    check_context(model, size)
+    size += stop_tokens(model, params.stop)
+    if size > config.max_prompt_tokens:
         raise RequestProblem(
             413,
-            f"prompt has about {prompt_tokens} tokens, over this server's limit of {config.max_prompt_tokens}",
+            f"prompt and stop strings have about {size} tokens, over this server's limit of {config.max_prompt_tokens}",
             param="messages",
         )
     if not any(n.status == "up" for n in ctx.hub.state.nodes.values()):
@@ -97,7 +103,10 @@ async def run_task(
     away first. A task not followed to its end is cancelled: nobody is waiting for it any more."""
     outcome: T | None = None
     with ctx.hub.listen(task.task_id) as events:  # before publishing: no event of the task can be missed
-        await ctx.publish(task)
+        try:
+            await ctx.publish(task)
+        except LogError as exc:
+            raise log_refused(exc) from exc
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(_stop_on_disconnect, receive, group.cancel_scope)
@@ -136,7 +145,10 @@ class ChatStream(Response):
         async def stream(events: TaskEvents) -> TaskCompleted | TaskFailed:
             return await self._stream(events, send)
 
-        await run_task(self._ctx, self._task, receive, stream)
+        try:
+            await run_task(self._ctx, self._task, receive, stream)
+        except RequestProblem as problem:  # raised before the stream starts: the task was not taken
+            await error_for(problem)(scope, receive, send)
 
     async def _stream(self, events: TaskEvents, send: Send) -> TaskCompleted | TaskFailed:
         """Send the task's events as chunks until its terminal event, which ends the response."""
@@ -165,7 +177,7 @@ def _sse_chunks(
             usage = [maker.usage(event.usage)] if chat.wants_usage else []
             return [maker.finish(event.finish_reason), *usage, DONE]
         case TaskFailed():
-            return [sse(error_body(event.error, kind="task_failed", code="task_failed")), DONE]
+            return [sse(msgspec.to_builtins(error_body(event.error, kind="task_failed", code="task_failed"))), DONE]
         case _:
             return []
 
@@ -189,13 +201,3 @@ def _is_last_rank(ctx: ApiContext, task_id: TaskId, rank: int) -> bool:
 def _since_created_ms(ctx: ApiContext, task_id: TaskId, at: int) -> float:
     task = ctx.hub.state.tasks.get(task_id)
     return (at - task.created_at) / 1e6 if task is not None else 0.0
-
-
-def problem_response(problem: RequestProblem) -> JSONResponse:
-    body = error_body(
-        problem.message,
-        kind="invalid_request_error" if problem.status < 500 else "server_error",
-        param=problem.param,
-        code=problem.code,
-    )
-    return JSONResponse(body, status_code=problem.status)

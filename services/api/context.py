@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+
+import anyio
 
 from eventlog.log import EventLog
 from events.catalogue import LogEvent, Origin, TaskCancelled
@@ -13,8 +13,9 @@ from events.stamp import Stamper
 from services.api.auth import ApiAccess
 from services.api.hub import LogHub
 from services.api.metrics import Metrics
+from services.api.prompts import PromptModel, load_prompt_model
 from services.config import ResolvedConfig
-from services.models import served_models
+from services.models import existing_model_dir, served_models
 
 
 @dataclass
@@ -26,19 +27,10 @@ class ApiContext:
     access: ApiAccess
     metrics: Metrics
     served: list[str]
-    tokenizer_files: dict[str, Path]  # model -> tokenizer.json, for prompt size checks
-    _tokenizers: dict[str, Any] = field(default_factory=dict)
+    _prompt_models: dict[str, PromptModel | None] = field(default_factory=dict)  # by model, once loaded
 
     @classmethod
-    def on(
-        cls,
-        log: EventLog,
-        resolved: ResolvedConfig,
-        served: list[str],
-        tokenizer_files: dict[str, Path],
-        *,
-        access: ApiAccess,
-    ) -> ApiContext:
+    def on(cls, log: EventLog, resolved: ResolvedConfig, served: list[str], *, access: ApiAccess) -> ApiContext:
         """The context of an API on `log`, with its own hub (not yet running) and metrics."""
         metrics = Metrics()
         return cls(
@@ -49,7 +41,6 @@ class ApiContext:
             access=access,
             metrics=metrics,
             served=served,
-            tokenizer_files=tokenizer_files,
         )
 
     async def publish(self, event: LogEvent) -> int:
@@ -61,17 +52,15 @@ class ApiContext:
         event = TaskCancelled(env=self.stamper.stamp(), task_id=task_id, reason=reason)  # pyright: ignore[reportArgumentType]
         return await self.publish(event)
 
-    def count_prompt_tokens(self, model: str, contents: list[str]) -> int:
-        """Tokens of the messages' text with the model's tokenizer when known, else ~4 chars a token."""
-        text = "\n".join(contents)
-        path = self.tokenizer_files.get(model)
-        if path is None or not path.exists():
-            return len(text) // 4 + 1
-        if model not in self._tokenizers:
-            from tokenizers import Tokenizer
-
-            self._tokenizers[model] = Tokenizer.from_file(str(path))
-        return len(self._tokenizers[model].encode(text).ids)
+    async def prompt_model(self, model: str) -> PromptModel | None:
+        """What prompts for `model` are checked against, loaded on first use: a model's directory
+        may appear after the API starts (`tiny` is built by the first runner that needs it)."""
+        if model not in self._prompt_models:
+            directory = existing_model_dir(model)
+            if directory is None:
+                return None
+            self._prompt_models[model] = await anyio.to_thread.run_sync(load_prompt_model, directory)
+        return self._prompt_models[model]
 
     def known_models(self) -> list[str]:
         return served_models(self.served, self.hub.state)

@@ -6,7 +6,18 @@ import json
 import time
 from typing import Any
 
+import msgspec
+
 from events.catalogue import Usage
+from events.vocabulary import FinishReason
+from services.api.responses import (
+    AssistantMessage,
+    ChatCompletion,
+    Choice,
+    CompletionUsage,
+    OpenAIFinishReason,
+    ShoalUsage,
+)
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:
@@ -17,18 +28,18 @@ def sse(payload: dict[str, Any] | str) -> bytes:
 DONE = sse("[DONE]")
 
 
-def openai_finish(finish_reason: str) -> str:
+def openai_finish(finish_reason: FinishReason) -> OpenAIFinishReason:
     """OpenAI has no `cancelled`; a cancelled task ends as `stop` (shoal_finish_reason says why)."""
     return "stop" if finish_reason == "cancelled" else finish_reason
 
 
-def usage_dict(usage: Usage) -> dict[str, Any]:
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "shoal": {"ttft_ms": usage.ttft_ms, "prefill_tps": usage.prefill_tps, "decode_tps": usage.decode_tps},
-    }
+def completion_usage(usage: Usage) -> CompletionUsage:
+    return CompletionUsage(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        total_tokens=usage.prompt_tokens + usage.completion_tokens,
+        shoal=ShoalUsage(ttft_ms=usage.ttft_ms, prefill_tps=usage.prefill_tps, decode_tps=usage.decode_tps),
+    )
 
 
 class ChunkMaker:
@@ -60,7 +71,7 @@ class ChunkMaker:
         progress = {"total": total, "cache": 0, "processed": processed, "time_ms": round(time_ms, 1)}
         return sse(self._chunk([], prompt_progress=progress))
 
-    def finish(self, finish_reason: str) -> bytes:
+    def finish(self, finish_reason: FinishReason) -> bytes:
         return sse(
             self._chunk(
                 [{"index": 0, "delta": {}, "finish_reason": openai_finish(finish_reason)}],
@@ -69,26 +80,22 @@ class ChunkMaker:
         )
 
     def usage(self, usage: Usage) -> bytes:
-        return sse(self._chunk([], usage=usage_dict(usage)))
+        return sse(self._chunk([], usage=msgspec.to_builtins(completion_usage(usage))))
 
 
-def error_body(message: str, *, kind: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-def completion(completion_id: str, model: str, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
-    return {
-        "id": completion_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": openai_finish(finish_reason),
-            }
+def completion(completion_id: str, model: str, text: str, finish_reason: FinishReason, usage: Usage) -> ChatCompletion:
+    return ChatCompletion(
+        id=completion_id,
+        object="chat.completion",
+        created=int(time.time()),
+        model=model,
+        choices=[
+            Choice(
+                index=0,
+                message=AssistantMessage(role="assistant", content=text),
+                finish_reason=openai_finish(finish_reason),
+            )
         ],
-        "usage": usage_dict(usage),
-        "shoal_finish_reason": finish_reason,
-    }
+        usage=completion_usage(usage),
+        shoal_finish_reason=finish_reason,
+    )

@@ -1,4 +1,6 @@
-"""The OpenAPI document of the API, with request schemas generated from the msgspec structs."""
+"""The OpenAPI document of the API. Request and response schemas are generated from the msgspec
+structs the routes decode and encode (`schemas.py`, `responses.py`, the State's `TaskInfo`), so
+the document says what is sent; every error is an `ErrorResponse` in OpenAI's shape."""
 
 from __future__ import annotations
 
@@ -6,51 +8,72 @@ from typing import Any
 
 import msgspec
 
+from events.state import TaskInfo
+from services.api.responses import CancelAccepted, ChatCompletion, ErrorResponse, Health, ModelList
 from services.api.schemas import ChatCompletionRequest
+
+_TYPES = (ChatCompletionRequest, ChatCompletion, ErrorResponse, ModelList, TaskInfo, CancelAccepted, Health)
 
 
 def openapi_document() -> dict[str, Any]:
-    (request_ref,), components = msgspec.json.schema_components(
-        [ChatCompletionRequest], ref_template="#/components/schemas/{name}"
-    )
-    error = {"description": "error", "content": {"application/json": {"schema": {"type": "object"}}}}
-    json_ok = {"description": "ok", "content": {"application/json": {"schema": {"type": "object"}}}}
+    refs, components = msgspec.json.schema_components(_TYPES, ref_template="#/components/schemas/{name}")
+    request, chat_completion, error_schema, model_list, task, cancel, health = refs
 
-    def op(summary: str, **extra: Any) -> dict[str, Any]:
-        return {"summary": summary, "responses": {"200": json_ok, "400": error, "404": error}, **extra}
+    def json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+        return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+    def text(description: str, media_type: str) -> dict[str, Any]:
+        return {"description": description, "content": {media_type: {"schema": {"type": "string"}}}}
+
+    def errors(*statuses: int) -> dict[str, Any]:
+        return {str(status): json("error", error_schema) for status in statuses}
 
     task_param = [{"name": "task_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    completion = json("completion (with stream=true: text/event-stream); header x-shoal-task-id", chat_completion)
+    # each server-sent event's `data` is a JSON chat.completion.chunk, then the literal [DONE]
+    event = {"type": "object", "properties": {"data": {"type": "string"}}, "required": ["data"]}
+    completion["content"]["text/event-stream"] = {"schema": event}
     return {
         "openapi": "3.1.0",
         "info": {"title": "shoal", "version": "0.1.0", "description": "OpenAI-compatible API of a shoal cluster"},
         "paths": {
             "/v1/chat/completions": {
                 "post": {
-                    "summary": "Create a chat completion (streaming with stream=true; header x-shoal-task-id)",
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": request_ref}}},
-                    "responses": {
-                        "200": {"description": "completion (JSON or text/event-stream)"},
-                        "400": error,
-                        "404": error,
-                        "413": error,
-                        "503": error,
-                    },
+                    "summary": "Create a chat completion",
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+                    # 500: the task failed on its runner (type task_failed); 503: no worker, or the log is full
+                    "responses": {"200": completion, **errors(400, 404, 413, 500, 503)},
                 }
             },
-            "/v1/models": {"get": op("List models")},
-            "/v1/tasks/{task_id}": {"get": op("A task's state folded from the log", parameters=task_param)},
+            "/v1/models": {"get": {"summary": "List models", "responses": {"200": json("models", model_list)}}},
+            "/v1/tasks/{task_id}": {
+                "get": {
+                    "summary": "A task's state folded from the log",
+                    "parameters": task_param,
+                    "responses": {"200": json("the task", task), **errors(400, 404)},
+                }
+            },
             "/v1/tasks/{task_id}/cancel": {
                 "post": {
                     "summary": "Cancel a task",
                     "parameters": task_param,
-                    "responses": {"202": json_ok, "404": error, "409": error},
+                    "responses": {"202": json("cancelling", cancel), **errors(400, 404, 409, 503)},
                 }
             },
-            "/v1/config": {"get": op("Effective configuration with the source of each value")},
-            "/healthz": {"get": op("Health")},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text"}}}},
+            "/v1/config": {
+                "get": {
+                    "summary": "Effective configuration with the source of each value",
+                    "responses": {"200": json("config", {"type": "object"})},
+                }
+            },
+            "/healthz": {"get": {"summary": "Health", "responses": {"200": json("health", health)}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": text("metrics", "text/plain")}}},
             "/debug/timeline": {
-                "get": {"summary": "Waterfall of a task (HTML)", "responses": {"200": {"description": "html"}}}
+                "get": {
+                    "summary": "Waterfall of a task",
+                    "parameters": [{"name": "task", "in": "query", "required": True, "schema": {"type": "string"}}],
+                    "responses": {"200": text("html", "text/html"), **errors(400, 404)},
+                }
             },
         },
         "components": {"schemas": components},

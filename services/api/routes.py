@@ -2,28 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, Response
 
-from events.ids import TaskId
+from events.ids import InvalidId, TaskId, check_token
 from events.state import TaskInfo
 from services.api.auth import caller_of
 from services.api.context import ApiContext
+from services.api.responses import CancelAccepted, Health, ModelCard, ModelList, json_response
 from services.api.schemas import RequestProblem
 
 
 async def list_models(request: Request, ctx: ApiContext) -> Response:
-    data = [{"id": model, "object": "model", "created": 0, "owned_by": "shoal"} for model in ctx.known_models()]
-    return JSONResponse({"object": "list", "data": data})
+    data = [ModelCard(id=model, object="model", created=0, owned_by="shoal") for model in ctx.known_models()]
+    return json_response(ModelList(object="list", data=data))
 
 
 def _callers_task(request: Request, ctx: ApiContext) -> TaskInfo:
     """The task named in the path, if the caller may see it: another key's task is answered exactly
     as a task that does not exist, so a 404 tells nothing about other keys' tasks."""
-    task_id = TaskId(request.path_params["task_id"])
+    task_id = _task_id(request)
     task = ctx.hub.state.tasks.get(task_id)
     if task is None or not caller_of(request).may_see(task.owner):
         raise RequestProblem(404, f"task {task_id!r} does not exist", code="task_not_found")
@@ -31,7 +30,7 @@ def _callers_task(request: Request, ctx: ApiContext) -> TaskInfo:
 
 
 async def get_task(request: Request, ctx: ApiContext) -> Response:
-    return Response(msgspec.json.encode(_callers_task(request, ctx)), media_type="application/json")
+    return json_response(_callers_task(request, ctx))
 
 
 async def cancel_task(request: Request, ctx: ApiContext) -> Response:
@@ -40,7 +39,15 @@ async def cancel_task(request: Request, ctx: ApiContext) -> Response:
     if task.ended:
         raise RequestProblem(409, f"task {task_id!r} already ended ({task.status})", code="task_ended")
     await ctx.cancel(task_id, "api")
-    return JSONResponse({"task_id": task_id, "status": "cancelling"}, status_code=202)
+    return json_response(CancelAccepted(task_id=task_id, status="cancelling"), status=202)
+
+
+def _task_id(request: Request) -> TaskId:
+    """The path's task id, refused unless it is one (a subject token): never looked up or published."""
+    try:
+        return TaskId(check_token("task id", request.path_params["task_id"]))
+    except InvalidId as exc:
+        raise RequestProblem(400, str(exc), param="task_id", code="invalid_task_id") from exc
 
 
 async def get_config(request: Request, ctx: ApiContext) -> Response:
@@ -51,14 +58,14 @@ async def healthz(request: Request, ctx: ApiContext) -> Response:
     state = ctx.hub.state
     nodes_up = sum(1 for n in state.nodes.values() if n.status == "up")
     ready = sum(1 for i in state.instances.values() if i.ready)
-    body: dict[str, Any] = {
-        "status": "ok" if ready else "starting" if nodes_up else "no_workers",
-        "last_seq": state.last_seq,
-        "nodes_up": nodes_up,
-        "ready_instances": ready,
-        "log_caught_up": ctx.hub.caught_up.is_set(),
-    }
-    return JSONResponse(body)
+    body = Health(
+        status="ok" if ready else "starting" if nodes_up else "no_workers",
+        last_seq=state.last_seq,
+        nodes_up=nodes_up,
+        ready_instances=ready,
+        log_caught_up=ctx.hub.caught_up.is_set(),
+    )
+    return json_response(body)
 
 
 async def metrics(request: Request, ctx: ApiContext) -> Response:

@@ -1,17 +1,52 @@
 """Request bodies of the HTTP API, decoded strictly with msgspec at the edge.
 
-A decoding error names the field (`$.messages[0].role`), which is what the 400 response says.
-Limits from the config (max_tokens, prompt size) are checked after decoding, in `to_task` and
-the chat route.
+What a value may be is declared on the struct (`Meta` bounds), so `/openapi.json` states it and a
+decoding error names the field (`messages[0].role`), which is what the 400 says. Limits from the
+config (max_tokens, prompt size) and the model (context, chat template) are checked after
+decoding, in `to_task` and the chat route. OpenAI parameters shoal does not implement are refused
+by name (`UNSUPPORTED_PARAMS`) rather than ignored: a client must never get silently less than
+it asked for.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Annotated, Literal
 
 import msgspec
 
 from events.catalogue import DEFAULT_MAX_TOKENS, ChatMessage, TaskParams
+
+MAX_STOP_STRINGS = 4  # OpenAI's own bound
+MAX_STOP_BYTES = 1024  # all stop strings together: the sampling rank matches them on every token
+SEED_MAX = 2**63 - 1  # OpenAI's seed is an int64; the runner's RNG (mlx.random.seed) refuses negative ones
+
+# OpenAI chat parameters shoal does not implement, each with the values that ask for nothing more
+# than OpenAI does when it is left out (so clients that send defaults still work); JSON null
+# always means "left out". Any other value is a 400 naming the parameter. An issue that implements
+# one moves it from here into `ChatCompletionRequest`.
+UNSUPPORTED_PARAMS: Mapping[str, tuple[object, ...]] = {
+    "n": (1,),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+    "response_format": ({"type": "text"},),
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "logit_bias": ({},),
+    "frequency_penalty": (0, 0.0),
+    "presence_penalty": (0, 0.0),
+    "modalities": (["text"],),
+    "audio": (),
+    "prediction": (),
+    "reasoning_effort": (),
+    "web_search_options": (),
+    "store": (False,),
+}
+
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+StopString = Annotated[str, msgspec.Meta(min_length=1)]
 
 
 class TextPart(msgspec.Struct, frozen=True, kw_only=True):
@@ -37,17 +72,16 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
 
 class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     model: str
-    messages: list[RequestMessage]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    messages: Annotated[list[RequestMessage], msgspec.Meta(min_length=1)]
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
+    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.0
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 1.0
+    seed: Annotated[int, msgspec.Meta(ge=0, le=SEED_MAX)] | None = None
+    stop: StopString | Annotated[list[StopString], msgspec.Meta(max_length=MAX_STOP_STRINGS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     shoal_progress: bool = False
-    n: int = 1
     user: str | None = None
 
     @property
@@ -57,6 +91,10 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def wants_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
 class RequestProblem(Exception):
@@ -71,16 +109,42 @@ class RequestProblem(Exception):
 
 
 _decoder = msgspec.json.Decoder(ChatCompletionRequest)
+_fields_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
 def decode_chat_request(body: bytes) -> ChatCompletionRequest:
     try:
-        return _decoder.decode(body)
+        request = _decoder.decode(body)
+        _refuse_unsupported(_fields_decoder.decode(body))
     except msgspec.ValidationError as exc:
-        field = str(exc).rpartition(" - at ")[2] if " - at " in str(exc) else None
-        raise RequestProblem(400, f"invalid request body: {exc}", param=field) from exc
+        raise RequestProblem(400, f"invalid request body: {exc}", param=_field_of(exc)) from exc
     except msgspec.DecodeError as exc:
         raise RequestProblem(400, f"request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:  # msgspec's bound on nesting, whatever field it is in
+        raise RequestProblem(400, f"request body is nested too deeply: {exc}") from exc
+    return request
+
+
+def _field_of(exc: msgspec.ValidationError) -> str | None:
+    """`messages[0].role` from msgspec's "... - at `$.messages[0].role`" (None at the top level)."""
+    _, at, path = str(exc).rpartition(" - at ")
+    return path.strip("`").removeprefix("$.") if at else None
+
+
+def _refuse_unsupported(fields: dict[str, msgspec.Raw]) -> None:
+    for name, harmless in UNSUPPORTED_PARAMS.items():
+        if name not in fields:
+            continue
+        value = msgspec.json.decode(fields[name])
+        if value is None or any(type(value) is type(ok) and value == ok for ok in harmless):
+            continue
+        allowed = " or ".join(msgspec.json.encode(ok).decode() for ok in harmless)
+        raise RequestProblem(
+            400,
+            f"shoal does not implement `{name}`: leave it out" + (f" (or send {allowed})" if allowed else ""),
+            param=name,
+            code="unsupported_parameter",
+        )
 
 
 def to_task(request: ChatCompletionRequest, *, max_tokens_limit: int) -> tuple[list[ChatMessage], TaskParams]:
@@ -89,24 +153,18 @@ def to_task(request: ChatCompletionRequest, *, max_tokens_limit: int) -> tuple[l
     A request that does not say `max_tokens` gets `DEFAULT_MAX_TOKENS`, or the server's limit when
     that is lower: the limit bounds what a client asks for, so it cannot refuse a request that asked
     for nothing."""
-    if not request.messages:
-        raise RequestProblem(400, "messages must hold at least one message", param="messages")
-    if request.n != 1:
-        raise RequestProblem(400, "only n=1 is supported", param="n")
-    max_tokens = request.max_completion_tokens or request.max_tokens or min(DEFAULT_MAX_TOKENS, max_tokens_limit)
-    if max_tokens <= 0:
-        raise RequestProblem(400, f"max_tokens must be > 0, got {max_tokens}", param="max_tokens")
+    asked = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+    max_tokens = asked if asked is not None else min(DEFAULT_MAX_TOKENS, max_tokens_limit)
     if max_tokens > max_tokens_limit:
         raise RequestProblem(
             400, f"max_tokens={max_tokens} exceeds this server's limit of {max_tokens_limit}", param="max_tokens"
         )
-    if not 0.0 <= request.temperature <= 2.0:
-        raise RequestProblem(400, f"temperature must be within [0, 2], got {request.temperature}", param="temperature")
-    if not 0.0 < request.top_p <= 1.0:
-        raise RequestProblem(400, f"top_p must be within (0, 1], got {request.top_p}", param="top_p")
-    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-    if len(stop) > 4 or any(not s for s in stop):
-        raise RequestProblem(400, "stop takes up to 4 non-empty strings", param="stop")
+    stop = request.stop_strings
+    stop_bytes = sum(len(s.encode()) for s in stop)
+    if stop_bytes > MAX_STOP_BYTES:
+        raise RequestProblem(
+            400, f"stop strings take {stop_bytes} bytes together, over the limit of {MAX_STOP_BYTES}", param="stop"
+        )
     messages = [ChatMessage(role=m.role, content=m.text()) for m in request.messages]
     params = TaskParams(
         max_tokens=max_tokens,

@@ -32,7 +32,7 @@ CANCEL_WITHIN_S = 1.0  # a disconnect is a message, not something found by polli
 @asynccontextmanager
 async def running_api(log: EventLog) -> AsyncIterator[tuple[ApiContext, Starlette]]:
     resolved = ResolvedConfig(config=ShoalConfig(), sources={}, yaml_path=None)
-    ctx = ApiContext.on(log, resolved, ["tiny"], {}, access=ApiAccess())
+    ctx = ApiContext.on(log, resolved, ["tiny"], access=ApiAccess())
     async with anyio.create_task_group() as group:
         group.start_soon(ctx.hub.run)
         await ctx.hub.caught_up.wait()

@@ -1,0 +1,81 @@
+"""What the API checks a prompt against before publishing it, so that a prompt no runner could take
+is a 400 and never a failed task: the served model's own chat template, rendered with its
+tokenizer exactly as the runner will render it (`runner/models/chat.py`), and its context length.
+
+Both come from the model's directory when it is on this machine; loading a tokenizer blocks, so it
+runs in a thread, once per model. A model whose directory is elsewhere gets an estimate of the
+prompt's size only, and its template is met first by the runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jinja2.exceptions import TemplateError
+from loguru import logger
+
+from events.catalogue import ChatMessage
+from runner.errors import ModelDirError
+from runner.models.chat import encode_chat
+from runner.models.model_info import read_model_info
+from services.api.schemas import RequestProblem
+
+CHARS_PER_TOKEN = 4  # the estimate where no tokenizer is at hand
+
+
+@dataclass(frozen=True, slots=True)
+class PromptModel:
+    tokenizer: Any  # a transformers tokenizer, as mlx-lm's wrapper holds it
+    context_length: int | None
+
+
+def load_prompt_model(model_dir: Path) -> PromptModel | None:
+    """The model's tokenizer and context; None (with a warning) when the directory has no usable
+    model, which the master reports when it places it."""
+    from transformers import AutoTokenizer  # lazy: seconds to import, and only once a model is known
+
+    try:
+        info = read_model_info(model_dir)
+        tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    except (ModelDirError, OSError, ValueError) as exc:
+        logger.warning("cannot check prompts against {}: {}", model_dir, exc)
+        return None
+    return PromptModel(tokenizer=tokenizer, context_length=info.context_length)
+
+
+def prompt_tokens(model: PromptModel | None, messages: Sequence[ChatMessage]) -> int:
+    """The prompt's size in tokens as the runner will see it: the messages in the chat template."""
+    if model is None:
+        return sum(len(m.content) // CHARS_PER_TOKEN + 1 for m in messages)
+    try:
+        ids = encode_chat(model.tokenizer, [{"role": m.role, "content": m.content} for m in messages])
+    except TemplateError as exc:
+        raise RequestProblem(
+            400,
+            f"the model's chat template refuses these messages: {exc}",
+            param="messages",
+            code="chat_template_refused",
+        ) from exc
+    return len(ids)
+
+
+def stop_tokens(model: PromptModel | None, stop: Sequence[str]) -> int:
+    """The stop strings' size: the sampling rank holds and matches them, so they count against the
+    prompt limit as the prompt does."""
+    if model is None:
+        return sum(len(s) // CHARS_PER_TOKEN + 1 for s in stop)
+    return sum(len(model.tokenizer.encode(s, add_special_tokens=False)) for s in stop)
+
+
+def check_context(model: PromptModel | None, tokens: int) -> None:
+    """The runner refuses a prompt longer than the model's context; say so before it gets there."""
+    if model is not None and model.context_length is not None and tokens > model.context_length:
+        raise RequestProblem(
+            400,
+            f"the prompt has {tokens} tokens but the model's context is {model.context_length}: shorten it",
+            param="messages",
+            code="context_length_exceeded",
+        )

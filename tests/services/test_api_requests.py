@@ -1,0 +1,115 @@
+"""What the chat route refuses before anything is published: each odd body is a 400 naming the
+field, decided by `decode_chat_request` and `to_task` alone (the live cluster's side of the same
+inputs is tests/e2e/test_hostile_input.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from services.api.schemas import (
+    MAX_STOP_BYTES,
+    SEED_MAX,
+    UNSUPPORTED_PARAMS,
+    ChatCompletionRequest,
+    RequestProblem,
+    decode_chat_request,
+    to_task,
+)
+
+LIMIT = 4096
+
+
+def body(**fields: Any) -> bytes:
+    return json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **fields}).encode()
+
+
+def refused(raw: bytes) -> RequestProblem:
+    with pytest.raises(RequestProblem) as caught:
+        to_task(decode_chat_request(raw), max_tokens_limit=LIMIT)
+    assert caught.value.status == 400
+    return caught.value
+
+
+def accepted(raw: bytes) -> ChatCompletionRequest:
+    request = decode_chat_request(raw)
+    to_task(request, max_tokens_limit=LIMIT)
+    return request
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_zero_or_negative_max_tokens_is_refused_not_replaced_by_the_default(field: str) -> None:
+    for value in (0, -1):
+        assert refused(body(**{field: value})).param == field
+
+
+@pytest.mark.parametrize("seed", [-1, SEED_MAX + 1, 2**64])
+def test_a_seed_out_of_range_is_refused(seed: int) -> None:
+    assert refused(body(seed=seed)).param == "seed"
+
+
+def test_the_seeds_at_the_ends_of_the_range_are_taken() -> None:
+    assert [accepted(body(seed=seed)).seed for seed in (0, SEED_MAX)] == [0, SEED_MAX]
+
+
+@pytest.mark.parametrize(
+    "stop",
+    [
+        ["a", "b", "c", "d", "e"],  # too many
+        [""],  # would stop at once
+        "",
+        ["x" * (MAX_STOP_BYTES // 2), "y" * (MAX_STOP_BYTES // 2 + 1)],  # too many bytes together
+        ["é" * (MAX_STOP_BYTES // 2 + 1)],  # bytes, not characters
+    ],
+)
+def test_stop_strings_are_bounded_in_count_and_bytes(stop: object) -> None:
+    assert (refused(body(stop=stop)).param or "").startswith("stop")
+
+
+def test_stop_strings_within_the_bounds_are_taken() -> None:
+    _, params = to_task(decode_chat_request(body(stop=["a", "b", "c", "x" * 500])), max_tokens_limit=LIMIT)
+    assert params.stop == ["a", "b", "c", "x" * 500]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("temperature", 2.5), ("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("temperature", 1e400)],
+)
+def test_sampling_values_out_of_range_are_refused(field: str, value: float) -> None:
+    assert refused(body(**{field: value}).replace(b"Infinity", b"1e400")).param == field
+
+
+@pytest.mark.parametrize("raw", [b"", b"model=tiny&messages=hi", b"[]", b"null", b'{"model": "tiny"', b"\xff\xfe"])
+def test_a_body_that_is_not_a_json_object_is_refused(raw: bytes) -> None:
+    refused(raw)
+
+
+def test_an_empty_message_list_is_refused() -> None:
+    assert refused(body(messages=[])).param == "messages"
+
+
+def test_a_deeply_nested_unknown_field_is_refused_not_a_crash() -> None:
+    deep = b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "extra": ' + b"[" * 100_000
+    refused(deep + b"]" * 100_000 + b"}")
+
+
+@pytest.mark.parametrize("name", sorted(UNSUPPORTED_PARAMS))
+def test_an_openai_parameter_shoal_does_not_implement_is_refused_by_name(name: str) -> None:
+    problem = refused(body(**{name: {"something": "shoal cannot do"}}))
+    assert problem.param == name and problem.code == "unsupported_parameter" and f"`{name}`" in problem.message
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [(n, v) for n, values in UNSUPPORTED_PARAMS.items() for v in (None, *values)]
+)
+def test_the_value_that_asks_for_nothing_more_is_taken(name: str, value: object) -> None:
+    """Clients that send OpenAI's defaults (`n: 1`, `logprobs: false`, `tools: []`) keep working."""
+    accepted(body(**{name: value}))
+
+
+def test_n_above_one_and_a_penalty_are_refused_although_they_look_like_defaults() -> None:
+    assert refused(body(n=2)).param == "n"
+    assert refused(body(n=True)).param == "n"  # JSON true is not 1
+    assert refused(body(frequency_penalty=0.5)).param == "frequency_penalty"
