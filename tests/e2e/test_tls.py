@@ -14,7 +14,6 @@ from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog, LogError
 from eventlog.tls import TlsFiles
 from tests.e2e.cluster import Cluster
-from tests.e2e.conftest import E2E_SETTINGS
 from tests.pki import Pki
 
 pytestmark = pytest.mark.timeout(240)
@@ -26,7 +25,7 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Clus
     pki = Pki(root, "cluster")
     files = pki.server_files(verify_clients=True)  # this host's certificate: served, and presented as a client
     env = {"SHOAL_NATS_TLS_CA": files.ca, "SHOAL_NATS_TLS_CERT": files.cert, "SHOAL_NATS_TLS_KEY": files.key}
-    running = Cluster(root, workers=2, env=env, **E2E_SETTINGS)
+    running = Cluster(root, workers=2, env=env)  # default deadlines: nothing here needs them short
     try:
         yield running.wait_ready(), pki
     finally:
