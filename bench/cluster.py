@@ -100,11 +100,12 @@ class Cluster:
         self.root = root
         self.nats_port = free_port()
         self.api_port = free_port()
-        self.nats_url = f"nats://127.0.0.1:{self.nats_port}"
         self.base_url = f"http://127.0.0.1:{self.api_port}"
         self.env = {**os.environ, "SHOAL_DATA_DIR": str(root / "data"), **(env or {})}
         for key, value in settings.items():
             self.env[f"SHOAL_{key.upper()}"] = value
+        scheme = "tls" if self.env.get("SHOAL_NATS_TLS_CERT") else "nats"  # the embedded server serves TLS then
+        self.nats_url = f"{scheme}://127.0.0.1:{self.nats_port}"
         argv = shoal_argv(
             "up", "--workers", str(workers), "--nats-port", str(self.nats_port), "--port", str(self.api_port)
         )

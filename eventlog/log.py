@@ -1,6 +1,7 @@
 """The JetStream event log (docs/ARCHITECTURE.md §3): append, replay, follow.
 
     log = await EventLog.connect("nats://127.0.0.1:4222")   # creates/updates both streams
+    log = await EventLog.connect(NatsEndpoint(url="tls://h:4222", tls=TlsFiles(ca="ca.pem")))  # TLS
     seq = await log.append(event)                   # Nats-Msg-Id = event.env.event_id
     seqs = await log.append_many(events)            # pipelined, for bulk
     async for seq, event in log.replay(from_seq=1): ...       # stops at the current end
@@ -30,18 +31,19 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any, Literal, overload
+from typing import Literal, overload
 
-import nats
 import nats.errors
 import nats.js.errors
 from loguru import logger
-from nats.aio.client import Client
 
+from eventlog.client import NatsClient
 from eventlog.consume import ConsumerRestart, Deliveries, Position, StreamNotFound, StreamReader
+from eventlog.endpoint import NatsEndpoint
 from eventlog.publish import LogError, Outbox, pipeline
 from eventlog.streams import LogSettings, create_stream, stream_config, stream_name
-from eventlog.wire import Wire, WireClosed, WireError, split_servers
+from eventlog.tls import TlsRefused
+from eventlog.wire import Wire, WireClosed, WireError
 from events.catalogue import AnyEvent, LogEvent, TelemetryEvent
 from events.codec import MalformedEvent, decode_log_event, decode_telemetry_event, encode
 from events.fold import Folder
@@ -53,21 +55,24 @@ from events.vocabulary import StreamKey
 class EventLog:
     """One connection to the log. Build with `await EventLog.connect(url, settings)`."""
 
-    def __init__(self, nc: Client, url: str, settings: LogSettings) -> None:
-        self.url = url
+    def __init__(self, client: NatsClient, endpoint: NatsEndpoint, settings: LogSettings) -> None:
+        self.endpoint = endpoint
+        self.url = endpoint.url
         self.settings = settings
         self.malformed = 0  # messages skipped because they did not decode
-        self._nc = nc
-        self._js = nc.jetstream()  # pyright: ignore[reportUnknownMemberType]
+        self._client = client
+        self._nc = client.nc
+        self._tls = client.tls  # the one context of both clients (nats-py and the wire)
+        self._js = client.nc.jetstream()  # pyright: ignore[reportUnknownMemberType]
         self._pub_lock = asyncio.Lock()
         self._pub_wire: Wire | None = None
         self._closed = False
-        self._closing = asyncio.Event()
+        self._closing = client.closing
 
     @classmethod
     async def connect(
         cls,
-        url: str,
+        endpoint: NatsEndpoint | str,
         settings: LogSettings | None = None,
         *,
         name: str = "shoal",
@@ -76,32 +81,14 @@ class EventLog:
     ) -> EventLog:
         """Connect, waiting up to `wait_seconds` for the server; unless `ensure=False`, ensure streams.
 
-        Once connected, the connection reconnects forever (a NATS restart is survived); a server
-        that never answers at first is a `LogError` that says so.
+        `endpoint`: a NatsEndpoint, or a bare URL (no TLS files: a `tls://` URL then trusts the
+        system's CAs). Once connected, the connection reconnects forever (a NATS restart is
+        survived); a server that never answers at first, an unusable TLS file or a TLS handshake
+        the server refuses is a `LogError` that says what to do.
         """
-        settings = settings or LogSettings()
-        try:
-            split_servers(url)  # the bulk paths speak plain nats:// themselves: refuse others now
-        except ValueError as exc:
-            raise LogError(f"{exc} (the event log needs plain nats:// URLs)") from exc
-        closing = asyncio.Event()  # set by close(): a disconnect then is expected, not news
-        connected = asyncio.Event()
-        try:
-            nc = await nats.connect(  # pyright: ignore[reportUnknownMemberType]
-                url.split(","),
-                name=name,
-                max_reconnect_attempts=max(1, round(wait_seconds / 0.25)),
-                reconnect_time_wait=0.25,
-                connect_timeout=2,
-                allow_reconnect=True,
-                **_callbacks(url, connected, closing),
-            )
-        except (OSError, nats.errors.Error, TimeoutError) as exc:
-            raise LogError(f"cannot connect to NATS at {url}: {exc}; is the server running (`shoal nats`)?") from exc
-        nc.options["max_reconnect_attempts"] = -1  # bounded only for the first connect
-        connected.set()
-        log = cls(nc, url, settings)
-        log._closing = closing
+        endpoint = endpoint if isinstance(endpoint, NatsEndpoint) else NatsEndpoint(url=endpoint)
+        client = await NatsClient.open(endpoint, name=name, wait_seconds=wait_seconds)
+        log = cls(client, endpoint, settings or LogSettings())
         if ensure:
             await log.ensure_streams()
         return log
@@ -196,9 +183,11 @@ class EventLog:
                 if not todo:
                     return outbox.seqs
                 try:
-                    wire = self._pub_wire or await Wire.open(self.url, name="shoal-append")
+                    wire = self._pub_wire or await Wire.open(self.url, tls=self._tls, name="shoal-append")
                     self._pub_wire = wire
                     await pipeline(wire, outbox, todo)
+                except TlsRefused as exc:
+                    raise LogError(str(exc)) from exc
                 except (WireClosed, TimeoutError, OSError) as exc:
                     self._drop_pub_wire()
                     if time.monotonic() > deadline:
@@ -308,7 +297,7 @@ class EventLog:
             wire: Wire | None = None
             reader: StreamReader | None = None
             try:
-                wire = await Wire.open(self.url, name="shoal-read")
+                wire = await Wire.open(self.url, tls=self._tls, name="shoal-read")
                 reader = StreamReader(wire, stream_name(stream), list(subjects or ()), live=live)
                 async for raw in reader.batches(position):
                     failing_since = None
@@ -318,6 +307,8 @@ class EventLog:
                     if self._closed:
                         return
                 return
+            except TlsRefused as exc:
+                raise LogError(str(exc)) from exc
             except StreamNotFound as exc:
                 if not live:
                     raise LogError(str(exc)) from exc
@@ -374,23 +365,6 @@ class EventLog:
                 logger.debug("drain on close failed ({}); closing", exc)
         if not self._nc.is_closed:
             await self._nc.close()
-
-
-def _callbacks(url: str, connected: asyncio.Event, closing: asyncio.Event) -> dict[str, Any]:
-    """nats-py callbacks that log through loguru; quiet before the first connect and after close()."""
-
-    async def on_error(exc: Exception) -> None:
-        if connected.is_set():
-            logger.warning("NATS connection {}: {}", url, exc)
-
-    async def on_disconnect() -> None:
-        if connected.is_set() and not closing.is_set():
-            logger.warning("NATS disconnected from {}; reconnecting", url)
-
-    async def on_reconnect() -> None:
-        logger.info("NATS reconnected to {}", url)
-
-    return {"error_cb": on_error, "disconnected_cb": on_disconnect, "reconnected_cb": on_reconnect}
 
 
 def _decoder(stream: StreamKey) -> Callable[[bytes], AnyEvent]:

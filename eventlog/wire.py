@@ -7,8 +7,9 @@ client for everything else (stream management, single appends, telemetry).
 
 Frames are parsed by `eventlog.frames.FrameParser`, the one parser of server frames.
 The connection has no background task: whoever calls `read_messages()` drives it, answering server
-PINGs as it goes. One owner at a time. It speaks plain `nats://` (optionally `user:pass@` or a
-token in the URL); for TLS or credential files use nats-py.
+PINGs as it goes. One owner at a time. It speaks `nats://` and `tls://` (optionally `user:pass@`
+or a token in the URL); TLS is the standard upgrade (`eventlog/tls.py`): the server's INFO comes in
+plain text, then the same socket is wrapped once INFO says `tls_required`.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ import asyncio
 import contextlib
 import json
 import secrets
+import ssl
 from urllib.parse import urlsplit
 
+import msgspec
+
 from eventlog.frames import Err, Frame, FrameError, FrameParser, Info, Msg, Ping, Pong
+from eventlog.tls import TlsRefused, explain_refusal, setting
 
 _CRLF = b"\r\n"
 READ_SIZE = 1 << 20
@@ -33,6 +38,15 @@ class WireClosed(ConnectionError):
     """The connection ended (server stopped, network gone)."""
 
 
+class Greeting(msgspec.Struct, frozen=True):
+    """The fields of the server's first INFO that the handshake acts on."""
+
+    tls_required: bool = False
+
+
+_greeting_decoder = msgspec.json.Decoder(Greeting)
+
+
 def split_servers(url: str) -> list[tuple[str, int, dict[str, str]]]:
     """`nats://a:4222,nats://b:4223` -> [(host, port, auth fields for CONNECT)]."""
     servers: list[tuple[str, int, dict[str, str]]] = []
@@ -41,8 +55,10 @@ def split_servers(url: str) -> list[tuple[str, int, dict[str, str]]]:
         if not part:
             continue
         parsed = urlsplit(part if "://" in part else f"nats://{part}")
-        if parsed.scheme not in ("nats", "tcp"):
-            raise ValueError(f"unsupported NATS URL scheme {parsed.scheme!r} in {part!r}: use nats://host:port")
+        if parsed.scheme not in ("nats", "tcp", "tls"):
+            raise ValueError(
+                f"unsupported NATS URL scheme {parsed.scheme!r} in {part!r}: use nats://host:port or tls://host:port"
+            )
         auth: dict[str, str] = {}
         if parsed.username and parsed.password is not None:
             auth = {"user": parsed.username, "pass": parsed.password}
@@ -66,21 +82,36 @@ class Wire:
         self._pongs = 0
 
     @classmethod
-    async def open(cls, url: str, *, timeout: float = 5.0, name: str = "shoal-wire") -> Wire:
+    async def open(
+        cls, url: str, *, tls: ssl.SSLContext | None = None, timeout: float = 5.0, name: str = "shoal-wire"
+    ) -> Wire:
+        """Connect to the first server of `url` that answers.
+
+        `tls` given: TLS is required (a server that does not offer it is refused, never used in
+        plain text). None: plain, unless the server requires TLS; then the system's default
+        context verifies it, as nats-py does. A TLS failure a setting fixes is `TlsRefused`.
+        """
         last: Exception | None = None
         for host, port, auth in split_servers(url):
             try:
-                return await asyncio.wait_for(cls._handshake(host, port, auth, name), timeout)
+                return await asyncio.wait_for(cls._handshake(host, port, auth, name, tls), timeout)
             except (OSError, TimeoutError, WireError) as exc:
                 last = exc
         raise WireClosed(f"cannot connect to NATS at {url}: {last}") from last
 
     @classmethod
-    async def _handshake(cls, host: str, port: int, auth: dict[str, str], name: str) -> Wire:
+    async def _handshake(
+        cls, host: str, port: int, auth: dict[str, str], name: str, tls: ssl.SSLContext | None
+    ) -> Wire:
         reader, writer = await asyncio.open_connection(host, port, limit=READ_SIZE * 4)
         wire = cls(reader, writer)
+        where = f"{host}:{port}"
+        upgraded = False
         try:
-            await wire._greeting(f"{host}:{port}")
+            greeting = await wire._greeting(where)
+            if tls is not None or greeting.tls_required:
+                await wire._upgrade(tls or ssl.create_default_context(), host, where, greeting.tls_required)
+                upgraded = True
             connect = {
                 "verbose": False,
                 "pedantic": False,
@@ -92,15 +123,56 @@ class Wire:
                 "name": name,
                 **auth,
             }
-            writer.write(b"CONNECT " + json.dumps(connect).encode() + _CRLF)
+            # CONNECT and PING in one write: a server that refuses our certificate after the handshake
+            # (TLS 1.3) has closed the socket by now, and a second write would fail before its alert is read
+            wire.send_raw(b"CONNECT " + json.dumps(connect).encode() + _CRLF)
             await wire.roundtrip()
+        except WireClosed as exc:
+            alert = await wire._tls_alert(exc) if upgraded else None
+            wire.close()
+            if alert is not None:
+                raise explain_refusal(alert, where) from exc
+            if upgraded:  # the alert was lost to the race: say what usually causes it (retried, then reported)
+                raise WireClosed(
+                    f"{where} ended the connection right after the TLS handshake ({exc}); a server "
+                    "that verifies clients does so to a client without an acceptable certificate: "
+                    f"{setting('cert')} and {setting('key')}"
+                ) from exc
+            raise
         except BaseException:  # a timeout cancels us here too: do not leave the socket open
             wire.close()
             raise
         return wire
 
-    async def _greeting(self, where: str) -> None:
-        """Read up to the server's first frame, which must be INFO."""
+    async def _upgrade(self, context: ssl.SSLContext, host: str, where: str, offered: bool) -> None:
+        """Wrap the socket in TLS (the server waits for the handshake right after its INFO)."""
+        if not offered:
+            raise TlsRefused(
+                f"the NATS server at {where} does not offer TLS, but a tls:// URL or a nats_tls_* setting "
+                "asks for it: enable TLS on the server, or connect with nats:// and no nats_tls_* setting"
+            )
+        try:
+            await self._writer.start_tls(context, server_hostname=host)
+        except ssl.SSLError as exc:
+            raise explain_refusal(exc, where) from exc
+
+    async def _tls_alert(self, closed: WireClosed) -> ssl.SSLError | None:
+        """The TLS alert that ended a just-upgraded connection, if any. A TLS 1.3 server refuses a
+        client certificate after the client's side of the handshake is done: the alert arrives
+        with our first read, or is still unread when our first write has already failed."""
+        if isinstance(closed.__cause__, ssl.SSLError):
+            return closed.__cause__
+        try:
+            async with asyncio.timeout(1.0):
+                await self._reader.read(1)
+        except ssl.SSLError as alert:
+            return alert
+        except (OSError, TimeoutError):
+            pass
+        return None
+
+    async def _greeting(self, where: str) -> Greeting:
+        """Read up to the server's first frame, which must be INFO; the fields the handshake needs."""
         frames: list[Frame] = []
         try:
             while not frames:
@@ -113,6 +185,10 @@ class Wire:
         if not isinstance(first, Info):
             raise WireError(f"{where} did not greet like a NATS server: {first!r}")
         self._answer(frames[1:])  # nothing is subscribed yet: control frames only
+        try:
+            return _greeting_decoder.decode(first.body)
+        except msgspec.DecodeError as exc:
+            raise WireError(f"{where} sent an INFO that is not NATS's: {exc}") from exc
 
     def new_inbox(self) -> str:
         return f"_INBOX.shoal.{secrets.token_hex(8)}"

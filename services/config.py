@@ -28,7 +28,9 @@ import msgspec
 import yaml
 from msgspec import Meta
 
+from eventlog.endpoint import NatsEndpoint
 from eventlog.streams import LogSettings, StreamLimits
+from eventlog.tls import TlsFiles
 from events.runner_settings import (
     POSITIVE_SECONDS,
     DecodeCancelPollTokens,
@@ -47,7 +49,8 @@ RUNNER_DEFAULTS = RunnerSettings()  # the runners' defaults, declared once in ev
 
 _NON_EMPTY = Meta(pattern=r"\S", extra={"allowed": "a non-empty string"})
 _NATS_URLS = r"^$|^(nats|tls|tcp)://[^\s/,]+(\s*,\s*(nats|tls|tcp)://[^\s/,]+)*$"
-_SEE_NATS_URLS = "empty (run an embedded server) or nats://host:port, comma-separated for a cluster"
+_SEE_NATS_URLS = "empty (run an embedded server) or nats://host:port or tls://host:port, comma-separated for a cluster"
+_PEM_FILE = "the path of a PEM file, or empty for none"
 _MAX_BYTES = "a byte count of at least 1024, or -1 for unlimited"
 _BLAS = "auto, off, or the path of a BLAS library"
 # Bearer tokens as RFC 6750 writes them (no ":"), long enough not to be guessed; ":admin" marks an admin key.
@@ -63,6 +66,25 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     nats_url: Annotated[
         str, Meta(pattern=_NATS_URLS, extra={"allowed": _SEE_NATS_URLS}, description="NATS server(s) to use")
+    ] = ""
+    nats_tls_ca: Annotated[
+        str,
+        Meta(
+            extra={"allowed": _PEM_FILE},
+            description="CA certificate (PEM) that signed the NATS server's certificate; turns TLS on; the "
+            "embedded server then also requires client certificates signed by it",
+        ),
+    ] = ""
+    nats_tls_cert: Annotated[
+        str,
+        Meta(
+            extra={"allowed": _PEM_FILE},
+            description="this host's certificate (PEM): presented to NATS (mutual TLS) and served by the "
+            "embedded server; with nats_tls_key",
+        ),
+    ] = ""
+    nats_tls_key: Annotated[
+        str, Meta(extra={"allowed": _PEM_FILE}, description="the private key (PEM) of nats_tls_cert")
     ] = ""
     nats_host: Annotated[str, _NON_EMPTY, Meta(description="address the embedded nats-server binds")] = "127.0.0.1"
     nats_port: Annotated[int, Meta(ge=0, le=65535, description="embedded nats-server port; 0 = any free")] = 4222
@@ -127,7 +149,17 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
         if self.nats_url:
             return self.nats_url
         host = "127.0.0.1" if self.nats_host in ("0.0.0.0", "::") else self.nats_host
-        return f"nats://{host}:{self.nats_port}"
+        scheme = "tls" if self.nats_tls.has_identity else "nats"  # as `EmbeddedNats.url`
+        return f"{scheme}://{host}:{self.nats_port}"
+
+    @property
+    def nats_tls(self) -> TlsFiles:
+        return TlsFiles(ca=self.nats_tls_ca, cert=self.nats_tls_cert, key=self.nats_tls_key)
+
+    @property
+    def nats_endpoint(self) -> NatsEndpoint:
+        """What every connection of this process to NATS is opened from."""
+        return NatsEndpoint(url=self.client_nats_url, tls=self.nats_tls)
 
 
 KEYS: tuple[str, ...] = ShoalConfig.__struct_fields__
@@ -173,6 +205,11 @@ def _refuse_nonsense(config: ShoalConfig, sources: Mapping[str, str]) -> None:
     if 0 <= config.events_max_bytes < 1024:
         key = "events_max_bytes"
         raise ConfigError(key, config.events_max_bytes, sources[key], FIELDS.allowed(key))
+    for key, pair in (("nats_tls_cert", "nats_tls_key"), ("nats_tls_key", "nats_tls_cert")):
+        if getattr(config, key) and not getattr(config, pair):
+            raise ConfigError(
+                key, getattr(config, key), sources[key], f"set together with {pair} (a certificate and its key)"
+            )
     why = "a node would time out between two of its heartbeats"
     _below(config, sources, "heartbeat_interval_seconds", "node_timeout_seconds", why)
     why = "a stuck task would be failed before a heartbeat carries the stuck rank's stack"

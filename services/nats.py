@@ -6,8 +6,12 @@ on, with its store under `<data_dir>/nats`. `EmbeddedNats` is a sync and async c
     with EmbeddedNats(data_dir=path, port=0) as server:   # port 0 = any free port
         ... connect to server.url ...
 
+With `tls` files holding a certificate and key it serves TLS only (`tls://`), and with a CA too it
+requires client certificates signed by that CA (mutual TLS); the same three settings
+(`nats_tls_*`) are what shoal's clients on this host connect with.
+
 Errors a user can cause are named and say what to do: `NatsBinaryNotFound`, `PortInUse`,
-`NatsStartFailed`.
+`NatsStartFailed`, `NatsTlsError`.
 """
 
 from __future__ import annotations
@@ -26,7 +30,10 @@ from types import TracebackType
 
 from loguru import logger
 
+from eventlog.tls import TlsFiles, TlsSetupError, client_context
+
 BINARY = "nats-server"
+NO_TLS = TlsFiles()  # frozen: safe to share as a default
 
 
 class NatsError(RuntimeError):
@@ -55,6 +62,34 @@ class PortInUse(NatsError):
 
 class NatsStartFailed(NatsError):
     """The process exited or never became ready; the message carries the tail of its log."""
+
+
+class NatsTlsError(NatsError):
+    """The TLS settings cannot make a TLS server (a file is missing or bad, or the key is)."""
+
+
+def tls_args(tls: TlsFiles) -> list[str]:
+    """nats-server's TLS flags for `tls`: none without a certificate; `--tlsverify` with a CA.
+
+    The files get the same checks as a client's (`client_context`), so a bad one is named by its
+    setting before nats-server reads it.
+    """
+    if not tls.any:
+        return []
+    if not tls.has_identity:
+        raise NatsTlsError(
+            "nats_tls_ca is set but the embedded NATS server has no certificate to serve TLS with: set "
+            "nats_tls_cert and nats_tls_key (this host's certificate and key), or use nats_url for a server "
+            "run elsewhere"
+        )
+    try:
+        client_context(tls)
+    except TlsSetupError as exc:
+        raise NatsTlsError(str(exc)) from exc
+    args = ["--tls", "--tlscert", str(Path(tls.cert).expanduser()), "--tlskey", str(Path(tls.key).expanduser())]
+    if tls.ca:
+        args += ["--tlsverify", "--tlscacert", str(Path(tls.ca).expanduser())]
+    return args
 
 
 def find_nats_server() -> str:
@@ -112,7 +147,8 @@ def read_info(host: str, port: int, timeout: float = 0.5) -> dict[str, object] |
 class EmbeddedNats:
     """One `nats-server` child process with JetStream, its store under `data_dir/nats`.
 
-    `port=0` picks a free port. `extra_args` are appended to the command line (tests use it).
+    `port=0` picks a free port. `tls`: see the module docstring. `extra_args` are appended to the
+    command line (tests use it).
     `url` is valid once started. `stop()` asks the server to shut down (SIGTERM lets JetStream
     flush) and kills it only if it does not exit within `stop_timeout`.
     """
@@ -124,6 +160,7 @@ class EmbeddedNats:
         host: str = "127.0.0.1",
         port: int = 4222,
         binary: str | None = None,
+        tls: TlsFiles = NO_TLS,
         extra_args: tuple[str, ...] = (),
         ready_timeout: float = 10.0,
         stop_timeout: float = 10.0,
@@ -132,6 +169,7 @@ class EmbeddedNats:
         self.host = host
         self.port = port
         self._binary = binary
+        self.tls = tls
         self._extra_args = extra_args
         self._ready_timeout = ready_timeout
         self._stop_timeout = stop_timeout
@@ -140,7 +178,7 @@ class EmbeddedNats:
 
     @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        return f"{'tls' if self.tls.has_identity else 'nats'}://{self.host}:{self.port}"
 
     @property
     def running(self) -> bool:
@@ -163,6 +201,7 @@ class EmbeddedNats:
             str(self.store_dir),
             "-l",
             str(self._log_path),
+            *tls_args(self.tls),
             *self._extra_args,
         ]
 

@@ -33,7 +33,7 @@ async def run_master(
 ) -> None:
     config = resolved.config
     settings = MasterSettings(
-        nats_url=config.client_nats_url, policy=master_policy(config, min_nodes_for_default=min_nodes_for_default)
+        nats=config.nats_endpoint, policy=master_policy(config, min_nodes_for_default=min_nodes_for_default)
     )
     await Master(settings, LocalModelCatalog(served(config))).run(ready)
 
@@ -48,7 +48,7 @@ async def run_worker(
 ) -> None:
     config = resolved.config
     settings = WorkerSettings(
-        nats_url=config.client_nats_url,
+        nats=config.nats_endpoint,
         node_id=node_id,
         host=host,
         heartbeat_interval_seconds=config.heartbeat_interval_seconds,

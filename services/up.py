@@ -9,6 +9,7 @@ import asyncio
 import signal
 import sys
 
+from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from events.apply import apply_live
 from events.state import State
@@ -20,9 +21,9 @@ from services.roles import run_api, run_master, run_worker
 NODE_PREFIX = "node"
 
 
-async def wait_until_ready(url: str, model: str) -> str:
+async def wait_until_ready(nats: NatsEndpoint, model: str) -> str:
     """Follow the log until an instance of `model` has every rank ready; its id."""
-    log = await EventLog.connect(url, name="shoal-up")
+    log = await EventLog.connect(nats, name="shoal-up")
     state = State()
     try:
         async for seq, event in log.follow(from_seq=1):
@@ -48,7 +49,7 @@ async def run_cluster(resolved: ResolvedConfig, access: ApiAccess, workers: int)
         await api_ready.wait()
         url = f"http://{config.api_host}:{config.api_port}"
         print(f"shoal: API at {url}/v1 (model {config.model!r}, {workers} worker(s)); warming up...", flush=True)
-        instance = await wait_until_ready(config.client_nats_url, config.model)
+        instance = await wait_until_ready(config.nats_endpoint, config.model)
         print(f"shoal: ready: instance {instance} serves {config.model!r} at {url}/v1; {access.describe()}", flush=True)
 
 
@@ -57,7 +58,9 @@ def up(resolved: ResolvedConfig, workers: int) -> int:
     access = load_api_access(resolved)
     nats: EmbeddedNats | None = None
     if not config.nats_url:
-        nats = EmbeddedNats(data_dir=config.data_path, host=config.nats_host, port=config.nats_port).start()
+        nats = EmbeddedNats(
+            data_dir=config.data_path, host=config.nats_host, port=config.nats_port, tls=config.nats_tls
+        ).start()
         resolved = _with_nats_url(resolved, nats.url)
     try:
         return asyncio.run(_main(resolved, access, workers))

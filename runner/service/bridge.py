@@ -29,12 +29,13 @@ import anyio
 from anyio.abc import TaskGroup
 from loguru import logger
 
+from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from events.catalogue import AnyEvent, LogEvent, TaskAssigned, TaskCreated, TaskFailed, TelemetryEvent
 from events.subjects import task_subject
 
 T = TypeVar("T")
-OpenLog = Callable[[str], Awaitable[EventLog]]
+OpenLog = Callable[[NatsEndpoint], Awaitable[EventLog]]
 
 
 class Assignment(NamedTuple):
@@ -53,13 +54,13 @@ CREATED_CACHE_SIZE = 4096  # tasks created but not yet assigned that we remember
 STOPPING_SUBJECTS = (task_subject("*", "cancelled"), task_subject("*", "failed"))
 
 
-async def open_runner_log(url: str) -> EventLog:
-    return await EventLog.connect(url, name="shoal-runner")
+async def open_runner_log(nats: NatsEndpoint) -> EventLog:
+    return await EventLog.connect(nats, name="shoal-runner")
 
 
 class LogBridge:
-    def __init__(self, nats_url: str, *, open_log: OpenLog = open_runner_log) -> None:
-        self._url = nats_url
+    def __init__(self, nats: NatsEndpoint, *, open_log: OpenLog = open_runner_log) -> None:
+        self._nats = nats
         self._open_log = open_log
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="log-bridge", daemon=True)
@@ -164,9 +165,9 @@ class LogBridge:
     async def _serve(self) -> None:
         """Open the log, then run the bridge's tasks in one group until `close` or a failure."""
         try:
-            log = await self._open_log(self._url)
+            log = await self._open_log(self._nats)
         except Exception as exc:
-            self._go_down(LogBridgeDown(f"cannot open the event log at {self._url}: {exc}"))
+            self._go_down(LogBridgeDown(f"cannot open the event log at {self._nats.url}: {exc}"))
             return
         try:
             async with anyio.create_task_group() as group:

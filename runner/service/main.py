@@ -24,6 +24,7 @@ from typing import Any
 
 from loguru import logger
 
+from eventlog.endpoint import NatsEndpoint
 from events.catalogue import InstancePlaced, Origin, TaskCreated, TaskFailed
 from events.ids import InstanceId, TaskId
 from events.runner_settings import RunnerSettings
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     phases = PhaseTracker()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    bridge = LogBridge(args.nats_url)
+    bridge = LogBridge(NatsEndpoint.from_env(args.nats_url, os.environ))  # TLS files: see NatsEndpoint
     bridge.start()
     try:
         placed_seq, placed = fetch_placement(bridge, args.instance)

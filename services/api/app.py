@@ -102,7 +102,7 @@ async def serve_api(
 ) -> None:
     """Run the API until cancelled: the log follower and uvicorn, in one task group."""
     config = resolved.config
-    log = await EventLog.connect(config.client_nats_url, log_settings(config), name="shoal-api")
+    log = await EventLog.connect(config.nats_endpoint, log_settings(config), name="shoal-api")
     ctx = ApiContext.on(log, resolved, served, access=access)
 
     def listening() -> None:

@@ -73,7 +73,7 @@ def _handler(command: Callable[[EventLog, argparse.Namespace], Awaitable[int]]) 
 async def _with_log(
     config: ShoalConfig, args: argparse.Namespace, command: Callable[[EventLog, argparse.Namespace], Awaitable[int]]
 ) -> int:
-    log = await EventLog.connect(config.client_nats_url, log_settings(config), name="shoal-events", wait_seconds=2)
+    log = await EventLog.connect(config.nats_endpoint, log_settings(config), name="shoal-events", wait_seconds=2)
     try:
         return await command(log, args)
     finally:

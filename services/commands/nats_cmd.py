@@ -9,6 +9,7 @@ import sys
 from types import FrameType
 from typing import Any
 
+from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog, LogError
 from services.config import ConfigError, add_setting_flag, config_from_args, configure_logging, log_settings
 from services.nats import EmbeddedNats, NatsError
@@ -31,8 +32,8 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
     raise _Stop
 
 
-async def _ensure_streams(url: str, args_config: Any) -> None:
-    log = await EventLog.connect(url, log_settings(args_config))
+async def _ensure_streams(nats: NatsEndpoint, args_config: Any) -> None:
+    log = await EventLog.connect(nats, log_settings(args_config))
     await log.close()
 
 
@@ -48,11 +49,11 @@ def nats_command(args: argparse.Namespace) -> int:
             f"shoal nats: note: nats_url={config.nats_url!r} is set; `shoal nats` ignores it and runs its own server",
             file=sys.stderr,
         )
-    server = EmbeddedNats(data_dir=config.data_path, host=config.nats_host, port=config.nats_port)
+    server = EmbeddedNats(data_dir=config.data_path, host=config.nats_host, port=config.nats_port, tls=config.nats_tls)
     previous = signal.signal(signal.SIGTERM, _raise_stop)
     try:
         server.start()
-        asyncio.run(_ensure_streams(server.url, config))
+        asyncio.run(_ensure_streams(NatsEndpoint(url=server.url, tls=config.nats_tls), config))
         print(f"shoal nats: JetStream at {server.url} (store {server.store_dir}); Ctrl-C to stop", flush=True)
         code = server.wait()
         print(f"shoal nats: server exited with code {code}", file=sys.stderr)

@@ -11,9 +11,14 @@ import asyncio
 import datetime as dt
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from eventlog.endpoint import NatsEndpoint
 from events.codec import ExportRecord
 from services.ops.load import ExportReader, SkippedLines
+
+if TYPE_CHECKING:
+    from services.config import ResolvedConfig
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 CONNECT_TIMEOUT_S = 5.0
@@ -62,9 +67,9 @@ class LiveSource:
 
     live = True
 
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self._records = asyncio.run(_read_live(url))
+    def __init__(self, nats: NatsEndpoint) -> None:
+        self.url = nats.url
+        self._records = asyncio.run(_read_live(nats))
         self.skipped: SkippedLines | None = None
 
     def records(self) -> Iterable[tuple[int, ExportRecord]]:
@@ -74,12 +79,13 @@ class LiveSource:
         self.skipped = SkippedLines(line=line, reason=reason, lines_not_used=len(self._records) - line + 1)
 
 
-async def _read_live(url: str) -> list[ExportRecord]:
+async def _read_live(nats: NatsEndpoint) -> list[ExportRecord]:
     from eventlog.log import EventLog, LogError  # NATS client only when asked to go live
 
+    url = nats.url
     try:
         # EventLog.connect keeps retrying an unreachable server; an operator's command must not hang.
-        log = await asyncio.wait_for(EventLog.connect(url, ensure=False, name="shoal-ops"), CONNECT_TIMEOUT_S)
+        log = await asyncio.wait_for(EventLog.connect(nats, ensure=False, name="shoal-ops"), CONNECT_TIMEOUT_S)
     except (LogError, TimeoutError) as exc:
         reason = str(exc) or f"no answer within {CONNECT_TIMEOUT_S:.0f}s"
         raise SourceError(f"cannot connect to NATS at {url}: {reason}; is the server running?") from exc
@@ -100,26 +106,30 @@ def open_source(args: argparse.Namespace) -> FileSource | LiveSource:
     file: Path | None = args.file
     if file is not None:
         return FileSource(file)
-    if args.nats_url is not None:
-        return LiveSource(str(args.nats_url))
+    if args.nats_url is not None:  # that server, with the TLS settings of the config
+        return LiveSource(_resolved(args).config.nats_endpoint)
     return configured_source(args)
+
+
+def _resolved(args: argparse.Namespace) -> ResolvedConfig:
+    from services.config import ConfigError, config_from_args  # the config only when going live
+
+    try:
+        return config_from_args(args)
+    except ConfigError as exc:
+        raise SourceError(str(exc)) from exc
 
 
 def configured_source(args: argparse.Namespace) -> LiveSource:
     """The cluster this machine's config points at: the same resolution as `shoal events tail`."""
-    from services.config import ConfigError, config_from_args  # the config only when no source was named
-
-    try:
-        resolved = config_from_args(args)
-    except ConfigError as exc:
-        raise SourceError(str(exc)) from exc
+    resolved = _resolved(args)
     config = resolved.config
     if config.nats_url:
         origin = f"nats_url from {resolved.sources['nats_url']}"
     else:
         origin = f"no nats_url set: the embedded server's address, nats_port from {resolved.sources['nats_port']}"
     try:
-        return LiveSource(config.client_nats_url)
+        return LiveSource(config.nats_endpoint)
     except SourceError as exc:
         raise SourceError(
             f"no --file or --nats-url given, and the configured cluster ({origin}) does not answer: {exc} "

@@ -10,6 +10,7 @@ import socket
 import msgspec
 from loguru import logger
 
+from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from events.apply import apply_live
 from events.catalogue import LogEvent, NodeHeartbeat, NodeJoined, NodeLeft, Origin, RunnerStatusChanged
@@ -27,7 +28,7 @@ VERSION = "0.1.0"
 class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """The node's own settings; its runners' come with their instance (`InstancePlaced.settings`)."""
 
-    nats_url: str
+    nats: NatsEndpoint
     node_id: str
     host: str = "127.0.0.1"  # the address peers reach this node's ring ports on
     heartbeat_interval_seconds: float
@@ -61,7 +62,7 @@ class Worker:
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Serve until cancelled; on the way out stop the runners and say the node left."""
-        log = await EventLog.connect(self.settings.nats_url, name=f"shoal-worker-{self.node_id}")
+        log = await EventLog.connect(self.settings.nats, name=f"shoal-worker-{self.node_id}")
         self._log = log
         try:
             async with asyncio.TaskGroup() as group:
@@ -94,12 +95,13 @@ class Worker:
             await runners.stop(key)
         for key in plan.start:
             await runners.start(
-                key, runner_argv(self.settings.nats_url, key, self.settings.node_id), self._runner_env()
+                key, runner_argv(self.settings.nats.url, key, self.settings.node_id), self._runner_env()
             )
 
     def _runner_env(self) -> dict[str, str]:
         sharing = max(1, ranks_sharing_host(self.state, self.settings.host))
-        return child_env(blas_env(self.settings.blas, sharing, os.cpu_count() or 1, os.environ))
+        blas = blas_env(self.settings.blas, sharing, os.cpu_count() or 1, os.environ)
+        return child_env({**blas, **self.settings.nats.child_env()})  # a runner connects as its worker does
 
     async def _runner_exited(self, key: RunnerKey, code: int, stderr_tail: str) -> None:
         assert self._log is not None

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from events.catalogue import TaskCancelled, TaskCreated
 from events.ids import TaskId
@@ -37,7 +38,7 @@ async def watching_bridge(nats_url: str, open_log: OpenLog = open_runner_log) ->
     thread without an event loop."""
 
     def build() -> LogBridge:
-        bridge = LogBridge(nats_url, open_log=open_log)
+        bridge = LogBridge(NatsEndpoint(url=nats_url), open_log=open_log)
         bridge.start()
         bridge.watch("i1", 1)
         return bridge

@@ -1,0 +1,108 @@
+"""nats-py's connection for the log (stream management, single appends, telemetry), opened from a
+`NatsEndpoint` with the same TLS context as the log's own wire connections.
+
+Before nats-py connects, one wire connection (`wire.py`) waits for the server and completes the
+handshake, TLS included: nats-py (2.x) never returns from a first connect whose TLS handshake
+failed, so a wrong CA or a missing client certificate would hang a service instead of naming the
+setting to fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from typing import Any
+
+import nats
+import nats.errors
+from loguru import logger
+from nats.aio.client import Client
+
+from eventlog.endpoint import NatsEndpoint
+from eventlog.publish import LogError
+from eventlog.tls import TlsRefused, TlsSetupError
+from eventlog.wire import Wire, WireClosed, split_servers
+
+RETRY_SECONDS = 0.25
+
+
+class NatsClient:
+    """nats-py's client, the TLS context every other connection of its owner reuses, and whether
+    the owner is closing (a disconnect then is expected, not news)."""
+
+    def __init__(self, nc: Client, tls: ssl.SSLContext | None, closing: asyncio.Event) -> None:
+        self.nc = nc
+        self.tls = tls
+        self.closing = closing
+
+    @classmethod
+    async def open(cls, endpoint: NatsEndpoint, *, name: str, wait_seconds: float) -> NatsClient:
+        """Connect, waiting up to `wait_seconds` for a server; reconnect forever once connected.
+
+        Every error a user can cause is a `LogError` that says what to do: a URL the log cannot
+        speak, a TLS file that cannot be used, a handshake the server refuses, no server at all.
+        """
+        url = endpoint.url
+        try:
+            split_servers(url)  # the bulk paths speak the protocol themselves: refuse what they cannot
+            tls = endpoint.tls_context()
+        except (ValueError, TlsSetupError) as exc:
+            raise LogError(str(exc)) from exc
+        await _reach(url, tls, wait_seconds)
+        closing = asyncio.Event()
+        connected = asyncio.Event()
+        try:
+            nc = await nats.connect(  # pyright: ignore[reportUnknownMemberType]
+                url.split(","),
+                name=name,
+                max_reconnect_attempts=max(1, round(wait_seconds / RETRY_SECONDS)),
+                reconnect_time_wait=RETRY_SECONDS,
+                connect_timeout=2,
+                allow_reconnect=True,
+                **({"tls": tls} if tls is not None else {}),
+                **_callbacks(url, connected, closing),
+            )
+        except (OSError, nats.errors.Error, TimeoutError) as exc:
+            raise LogError(_unreachable(url, exc)) from exc
+        nc.options["max_reconnect_attempts"] = -1  # bounded only for the first connect
+        connected.set()
+        return cls(nc, tls, closing)
+
+
+async def _reach(url: str, tls: ssl.SSLContext | None, wait_seconds: float) -> None:
+    """Wait until a server of `url` completes a handshake with us (see the module docstring)."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            wire = await Wire.open(url, tls=tls, timeout=2.0, name="shoal-probe")
+        except TlsRefused as exc:
+            raise LogError(str(exc)) from exc
+        except WireClosed as exc:
+            if time.monotonic() >= deadline:
+                raise LogError(_unreachable(url, exc)) from exc
+            await asyncio.sleep(RETRY_SECONDS)
+        else:
+            wire.close()
+            return
+
+
+def _unreachable(url: str, exc: Exception) -> str:
+    return f"cannot connect to NATS at {url}: {exc}; is the server running (`shoal nats`)?"
+
+
+def _callbacks(url: str, connected: asyncio.Event, closing: asyncio.Event) -> dict[str, Any]:
+    """nats-py callbacks that log through loguru; quiet before the first connect and after close()."""
+
+    async def on_error(exc: Exception) -> None:
+        if connected.is_set():
+            logger.warning("NATS connection {}: {}", url, exc)
+
+    async def on_disconnect() -> None:
+        if connected.is_set() and not closing.is_set():
+            logger.warning("NATS disconnected from {}; reconnecting", url)
+
+    async def on_reconnect() -> None:
+        logger.info("NATS reconnected to {}", url)
+
+    return {"error_cb": on_error, "disconnected_cb": on_disconnect, "reconnected_cb": on_reconnect}
