@@ -16,11 +16,14 @@ from typing import assert_never
 
 import msgspec
 
+from events.apply_models import model_download_progress, model_unavailable
 from events.catalogue import (
     ChunkGenerated,
     InstancePlaced,
     InstanceRetired,
     LogEvent,
+    ModelDownloadProgress,
+    ModelUnavailable,
     NodeJoined,
     NodeLeft,
     NodeTimedOut,
@@ -108,6 +111,10 @@ def apply(state: State, seq: int, event: LogEvent) -> State:
             return _runner_status_changed(state, seq, event)
         case InstanceRetired():
             return _instance_retired(state, seq, event)
+        case ModelDownloadProgress():
+            return model_download_progress(state, seq, event)
+        case ModelUnavailable():
+            return model_unavailable(state, seq, event)
         case _:
             assert_never(event)
 

@@ -125,6 +125,27 @@ class InstanceRetired(Event, tag="instance_retired", frozen=True, kw_only=True):
     reason: str
 
 
+# --- models ---------------------------------------------------------------------------------
+
+
+class ModelDownloadProgress(Event, tag="model_download_progress", frozen=True, kw_only=True):
+    """A rank on `node_id` is downloading `model` (a Hub id) into its node's cache; published at a
+    bounded rate, and once more when done (bytes_done == bytes_total)."""
+
+    node_id: NodeId
+    model: str
+    bytes_done: int = 0
+    bytes_total: int = 0  # 0 while huggingface_hub does not know the total yet
+
+
+class ModelUnavailable(Event, tag="model_unavailable", frozen=True, kw_only=True):
+    """The master cannot place `model`: it cannot read its layer count (not a model directory,
+    or a Hub id neither cached nor downloadable). `error` says what to do."""
+
+    model: str
+    error: str
+
+
 # --- task lifecycle -------------------------------------------------------------------------
 
 
@@ -213,6 +234,8 @@ LogEvent = (
     | InstancePlaced
     | RunnerStatusChanged
     | InstanceRetired
+    | ModelDownloadProgress
+    | ModelUnavailable
     | TaskCreated
     | TaskAssigned
     | PrefillStarted

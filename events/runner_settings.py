@@ -40,6 +40,13 @@ HeartbeatIntervalSeconds = Annotated[
 StallStackSeconds = Annotated[
     float, POSITIVE_SECONDS, msgspec.Meta(description="a rank's heartbeat carries its stack once its phase is this old")
 ]
+ModelDownload = Annotated[
+    bool,
+    msgspec.Meta(
+        extra={"allowed": "true or false"},
+        description="a rank may download a Hub model missing from its node's cache (HF_HUB_OFFLINE still wins)",
+    ),
+]
 
 
 class RunnerSettings(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -51,3 +58,4 @@ class RunnerSettings(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     decode_cancel_poll_tokens: DecodeCancelPollTokens = 8
     heartbeat_interval_seconds: HeartbeatIntervalSeconds = 1.0
     stall_stack_seconds: StallStackSeconds = 5.0
+    model_download: ModelDownload = True

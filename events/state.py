@@ -134,11 +134,32 @@ class TaskInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return self.status in ENDED_STATUSES
 
 
+class DownloadProgress(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    bytes_done: int
+    bytes_total: int  # 0 = not known yet
+    at: int  # wall ns of the event
+
+    @property
+    def finished(self) -> bool:
+        return self.bytes_total > 0 and self.bytes_done >= self.bytes_total
+
+
+class ModelStatus(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What the log says about a model beyond its instances: downloads per node, and why the
+    master could not place it (empty once it could)."""
+
+    model: str
+    downloads: dict[NodeId, DownloadProgress] = msgspec.field(default_factory=dict)  # by node, latest report
+    unavailable: str = ""
+    unavailable_at: int = 0
+
+
 class State(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     last_seq: int = 0
     nodes: immutables.Map[NodeId, NodeInfo] = immutables.Map()
     instances: immutables.Map[InstanceId, InstanceInfo] = immutables.Map()
     tasks: immutables.Map[TaskId, TaskInfo] = immutables.Map()
+    models: immutables.Map[str, ModelStatus] = immutables.Map()  # only models some event is about
 
     @classmethod
     def starting_before(cls, seq: int) -> State:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import assert_never
 
 from events.catalogue import (
@@ -9,6 +11,8 @@ from events.catalogue import (
     ChunkGenerated,
     InstancePlaced,
     InstanceRetired,
+    ModelDownloadProgress,
+    ModelUnavailable,
     NodeHeartbeat,
     NodeJoined,
     NodeLeft,
@@ -50,6 +54,20 @@ def instance_subject(instance_id: str, kind: str = "*") -> str:
     return f"{PREFIX}.ev.instance.{instance_id}.{kind}"
 
 
+_NOT_IN_TOKEN = re.compile(r"[^A-Za-z0-9_\-]")
+
+
+def model_token(model: str) -> str:
+    """A subject token for a model name (`mlx-community/x` or a path holds `/` and `.`): readable,
+    and unique by a hash suffix, since two names may map to the same readable part."""
+    digest = hashlib.sha256(model.encode()).hexdigest()[:8]
+    return f"{_NOT_IN_TOKEN.sub('_', model)[-64:]}-{digest}"
+
+
+def model_subject(model: str, kind: str = "*") -> str:
+    return f"{PREFIX}.ev.model.{model_token(model)}.{kind}"
+
+
 def is_telemetry_subject(subject: str) -> bool:
     return subject.startswith(f"{PREFIX}.hb.")
 
@@ -57,7 +75,7 @@ def is_telemetry_subject(subject: str) -> bool:
 def subject_kind(event: AnyEvent) -> str:
     """The last subject token: the tag without its family prefix (`task_cancelled` -> `cancelled`)."""
     tag = tag_of(event)
-    for family in ("task_", "node_", "instance_"):
+    for family in ("task_", "node_", "instance_", "model_"):
         if tag.startswith(family):
             return tag.removeprefix(family)
     return tag
@@ -82,6 +100,8 @@ def subject_for(event: AnyEvent) -> str:
             return node_subject(event.node_id, kind)
         case InstancePlaced() | RunnerStatusChanged() | InstanceRetired():
             return instance_subject(event.instance_id, kind)
+        case ModelDownloadProgress() | ModelUnavailable():
+            return model_subject(event.model, kind)
         case RunnerHeartbeat():
             return f"{PREFIX}.hb.runner.{event.instance_id}.{event.rank}"
         case NodeHeartbeat():

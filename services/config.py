@@ -37,6 +37,7 @@ from events.runner_settings import (
     HeartbeatIntervalSeconds,
     KvBits,
     KvGroupSize,
+    ModelDownload,
     PrefillStepSize,
     RunnerSettings,
     StallStackSeconds,
@@ -106,7 +107,10 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
         tuple[_ORIGIN, ...],
         Meta(extra={"allowed": _ORIGINS}, description="browser origins allowed to call the API; none by default"),
     ] = ()
-    model: Annotated[str, _NON_EMPTY, Meta(description="model served: `tiny` or an mlx-lm model directory")] = "tiny"
+    model: Annotated[
+        str, _NON_EMPTY, Meta(description="model served: `tiny`, an mlx-lm model directory or a Hub id (owner/name)")
+    ] = "tiny"
+    model_download: ModelDownload = RUNNER_DEFAULTS.model_download
     workers: Annotated[int, Meta(ge=1, le=64, description="worker nodes `shoal up` starts")] = 2
     prefill_step_size: PrefillStepSize = RUNNER_DEFAULTS.prefill_step_size
     kv_bits: KvBits = RUNNER_DEFAULTS.kv_bits

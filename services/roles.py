@@ -35,7 +35,7 @@ async def run_master(
     settings = MasterSettings(
         nats=config.nats_endpoint, policy=master_policy(config, min_nodes_for_default=min_nodes_for_default)
     )
-    await Master(settings, LocalModelCatalog(served(config))).run(ready)
+    await Master(settings, LocalModelCatalog(served(config), allow_download=config.model_download)).run(ready)
 
 
 async def run_worker(

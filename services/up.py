@@ -17,17 +17,22 @@ from services.api.auth import ApiAccess, load_api_access
 from services.config import ResolvedConfig
 from services.nats import EmbeddedNats
 from services.roles import run_api, run_master, run_worker
+from services.up_progress import UpProgress
 
 NODE_PREFIX = "node"
 
 
 async def wait_until_ready(nats: NatsEndpoint, model: str) -> str:
-    """Follow the log until an instance of `model` has every rank ready; its id."""
+    """Follow the log until an instance of `model` has every rank ready; its id. Prints download
+    progress and why the model cannot be served, as the log tells them."""
     log = await EventLog.connect(nats, name="shoal-up")
     state = State()
+    progress = UpProgress(model)
     try:
         async for seq, event in log.follow(from_seq=1):
             state, _error = apply_live(state, seq, event)
+            for line in progress.lines(state):
+                print(line, flush=True)
             for instance in state.instances.values():
                 if instance.model == model and instance.ready:
                     return instance.instance_id

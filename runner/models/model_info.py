@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from runner.errors import ModelDirError
 
@@ -25,7 +26,15 @@ def read_model_info(model_dir: Path) -> ModelInfo:
         raise ModelDirError(f"model directory {model_dir} does not exist")
     if not model_dir.is_dir():
         raise ModelDirError(f"{model_dir} is not a directory")
-    config_path = model_dir / "config.json"
+    config = read_config(model_dir / "config.json")
+    if not any(model_dir.glob("*.safetensors")):
+        raise ModelDirError(f"{model_dir} is not an mlx-lm model: no *.safetensors weights")
+    return ModelInfo(model_dir, str(config["model_type"]), layer_count(config, model_dir), context_length(config))
+
+
+def read_config(config_path: Path) -> dict[str, object]:
+    """An mlx-lm `config.json`, checked to name its model type."""
+    model_dir = config_path.parent
     if not config_path.exists():
         raise ModelDirError(f"{model_dir} is not an mlx-lm model: no config.json")
     try:
@@ -34,17 +43,23 @@ def read_model_info(model_dir: Path) -> ModelInfo:
         raise ModelDirError(f"{config_path} is not valid JSON: {err}") from err
     if not isinstance(config, dict) or "model_type" not in config:
         raise ModelDirError(f"{model_dir} is not an mlx-lm model: config.json has no model_type")
-    if not any(model_dir.glob("*.safetensors")):
-        raise ModelDirError(f"{model_dir} is not an mlx-lm model: no *.safetensors weights")
-    nested = config.get("text_config")  # multimodal configs keep the language model's here
-    text_config: dict[str, object] = nested if isinstance(nested, dict) else {}
-    n_layers = _first_int(config, text_config, _LAYER_COUNT_KEYS)
+    return cast(dict[str, object], config)
+
+
+def layer_count(config: dict[str, object], model_dir: Path) -> int:
+    n_layers = _first_int(config, _LAYER_COUNT_KEYS)
     if n_layers is None or n_layers < 1:
         raise ModelDirError(f"{model_dir} has no `layers` (config.json gives no layer count)")
-    return ModelInfo(model_dir, str(config["model_type"]), n_layers, _first_int(config, text_config, _CONTEXT_KEYS))
+    return n_layers
 
 
-def _first_int(config: dict[str, object], text_config: dict[str, object], keys: tuple[str, ...]) -> int | None:
+def context_length(config: dict[str, object]) -> int | None:
+    return _first_int(config, _CONTEXT_KEYS)
+
+
+def _first_int(config: dict[str, object], keys: tuple[str, ...]) -> int | None:
+    nested = config.get("text_config")  # multimodal configs keep the language model's here
+    text_config = cast(dict[str, object], nested) if isinstance(nested, dict) else {}
     for source in (config, text_config):
         for key in keys:
             value = source.get(key)

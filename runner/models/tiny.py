@@ -113,10 +113,3 @@ def cached_tiny(spec: TinySpec | None = None) -> Path:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return target
-
-
-def resolve_model(reference: str) -> Path:
-    """`tiny` -> the cached tiny model; anything else is a directory path."""
-    if reference == "tiny":
-        return cached_tiny()
-    return Path(reference).expanduser()

@@ -26,7 +26,7 @@ from loguru import logger
 
 from eventlog.endpoint import NatsEndpoint
 from events.catalogue import InstancePlaced, Origin, TaskCreated, TaskFailed
-from events.ids import InstanceId, TaskId
+from events.ids import InstanceId, NodeId, TaskId
 from events.runner_settings import RunnerSettings
 from events.stamp import Stamper
 from events.subjects import instance_subject
@@ -106,15 +106,20 @@ def run(
     stop: threading.Event,
 ) -> None:
     from runner.engine.engine import Engine
+    from runner.models.resolve import resolve_model
     from runner.models.shard import ShardPlacement, load_shard
-    from runner.models.tiny import resolve_model
 
     server_status = _status_publisher(bridge, stamper, args)
     server_status("loading")
     phases.enter("loading")
     ranges = tuple((s.start_layer, s.end_layer) for s in sorted(placed.shards, key=lambda s: s.rank))
+    model_dir = resolve_model(
+        placed.model,
+        allow_download=placed.settings.model_download,
+        progress=_download_reporter(bridge, stamper, args.node_id, placed.model),
+    )
     group = join_group(placed, args.rank)
-    shard = load_shard(resolve_model(placed.model), ShardPlacement(args.rank, len(ranges), ranges), group)
+    shard = load_shard(model_dir, ShardPlacement(args.rank, len(ranges), ranges), group)
     engine = Engine(group, shard, placed.settings)
     server_status("warming_up")
     engine.warm_up(phases)
@@ -139,6 +144,29 @@ def run(
             error = f"rank {args.rank} failed: {type(exc).__name__}: {exc}"
             bridge.publish(TaskFailed(env=stamper.stamp(), task_id=TaskId(server.current), error=error, rank=args.rank))
         raise
+
+
+# Seconds between two download reports of a rank: often enough for a progress line, rare
+# enough that a large model's download adds only a few hundred events to the log.
+DOWNLOAD_REPORT_SECONDS = 2.0
+
+
+def _download_reporter(bridge: LogBridge, stamper: Stamper, node_id: str, model: str) -> Any:
+    """Publishes a Hub download's byte progress, at most every DOWNLOAD_REPORT_SECONDS and once
+    when it completes (huggingface_hub calls it from its download threads; `publish` is thread-safe)."""
+    from events.catalogue import ModelDownloadProgress
+    from runner.models.hub import ProgressThrottle
+
+    throttle = ProgressThrottle(DOWNLOAD_REPORT_SECONDS)
+
+    def report(done: int, total: int) -> None:
+        if throttle.due(done, total):
+            event = ModelDownloadProgress(
+                env=stamper.stamp(), node_id=NodeId(node_id), model=model, bytes_done=done, bytes_total=total
+            )
+            bridge.publish(event)
+
+    return report
 
 
 def _status_publisher(bridge: LogBridge, stamper: Stamper, args: argparse.Namespace) -> Any:

@@ -61,11 +61,38 @@ class ChatCompletion(msgspec.Struct, frozen=True, kw_only=True):
     shoal_finish_reason: FinishReason  # `cancelled` is `stop` to OpenAI clients; this says which
 
 
+class ShardCard(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    rank: int
+    start_layer: int  # inclusive
+    end_layer: int  # exclusive
+
+
+class InstanceCard(msgspec.Struct, frozen=True, kw_only=True):
+    instance_id: str
+    ready: bool
+    shards: list[ShardCard]  # which node holds which layers, by rank
+
+
+class DownloadCard(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    bytes_done: int
+    bytes_total: int  # 0 = not known yet
+
+
 class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
+    """OpenAI's model object (id, object, created, owned_by) and what a client of shoal also needs;
+    the openai client keeps the extra fields (`model.context_length`, ...)."""
+
     id: str
     object: Literal["model"]
-    created: int
-    owned_by: str
+    created: int  # unix seconds the oldest live instance was placed; 0 when none is
+    owned_by: str  # the Hub owner of a Hub id, else "shoal"
+    context_length: int | None  # None until the API can read the model's config on its machine
+    ready: bool
+    instances: list[InstanceCard]
+    downloads: list[DownloadCard]  # unfinished downloads, by node
+    error: str | None  # why it is not served (neither cached nor downloadable, failed to load)
 
 
 class ModelList(msgspec.Struct, frozen=True, kw_only=True):
@@ -79,11 +106,12 @@ class CancelAccepted(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Health(msgspec.Struct, frozen=True, kw_only=True):
-    status: Literal["ok", "starting", "no_workers"]
+    status: Literal["ok", "starting", "no_workers", "model_unavailable"]
     last_seq: int
     nodes_up: int
     ready_instances: int
     log_caught_up: bool
+    errors: dict[str, str] = msgspec.field(default_factory=dict)  # by model: why it is not served
 
 
 def json_response(body: msgspec.Struct, *, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:

@@ -10,12 +10,18 @@ from events.ids import InvalidId, TaskId, check_token
 from events.state import TaskInfo
 from services.api.auth import caller_of
 from services.api.context import ApiContext
+from services.api.model_cards import model_card
 from services.api.responses import CancelAccepted, Health, ModelCard, ModelList, json_response
 from services.api.schemas import RequestProblem
+from services.models import model_error
 
 
 async def list_models(request: Request, ctx: ApiContext) -> Response:
-    data = [ModelCard(id=model, object="model", created=0, owned_by="shoal") for model in ctx.known_models()]
+    data: list[ModelCard] = []
+    for model in ctx.known_models():
+        prompt_model = await ctx.prompt_model(model)  # the context length, as prompts are checked against
+        context_length = prompt_model.context_length if prompt_model is not None else None
+        data.append(model_card(ctx.hub.state, model, context_length))
     return json_response(ModelList(object="list", data=data))
 
 
@@ -58,12 +64,14 @@ async def healthz(request: Request, ctx: ApiContext) -> Response:
     state = ctx.hub.state
     nodes_up = sum(1 for n in state.nodes.values() if n.status == "up")
     ready = sum(1 for i in state.instances.values() if i.ready)
+    errors = {model: error for model in ctx.known_models() if (error := model_error(state, model))}
     body = Health(
-        status="ok" if ready else "starting" if nodes_up else "no_workers",
+        status="ok" if ready else "model_unavailable" if errors else "starting" if nodes_up else "no_workers",
         last_seq=state.last_seq,
         nodes_up=nodes_up,
         ready_instances=ready,
         log_caught_up=ctx.hub.caught_up.is_set(),
+        errors=errors,
     )
     return json_response(body)
 

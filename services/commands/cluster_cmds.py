@@ -64,24 +64,18 @@ def _resolve(args: argparse.Namespace, command: str) -> ResolvedConfig | None:
 
 
 def _up(args: argparse.Namespace) -> int:
+    from services.models import prepare_tiny
     from services.up import up
 
     resolved = _resolve(args, "up")
     if resolved is None:
         return 2
     try:
-        _prepare_model(resolved.config.model)
+        prepare_tiny(resolved.config.model)
         return up(resolved, resolved.config.workers)
     except (NatsError, LogError, ConfigError) as exc:
         print(f"shoal up: {exc}", file=sys.stderr)
         return 1
-
-
-def _prepare_model(model: str) -> None:
-    """Make the tiny model before any service needs it (so runners never race to build it)."""
-    from services.models import resolve_model_dir
-
-    resolve_model_dir(model)
 
 
 def _serve(args: argparse.Namespace, role: str) -> int:

@@ -45,7 +45,7 @@ def generate_command(args: argparse.Namespace) -> int:
     from runner.errors import RunnerError
     from runner.local.launch import run_group
     from runner.local.local_run import LocalRunSpec, build_job, summarize
-    from runner.models.tiny import resolve_model
+    from runner.models.resolve import resolve_model
 
     spec = LocalRunSpec(
         model=args.model, ranks=args.ranks, split=args.split, prompt=args.prompt,

@@ -21,6 +21,7 @@ from events.catalogue import (
     InstancePlaced,
     InstanceRetired,
     LogEvent,
+    ModelUnavailable,
     NodeJoined,
     NodeLeft,
     NodeTimedOut,
@@ -35,6 +36,7 @@ from events.culprit import STALLED_TASK_BOUNDS, Culprit, Evidence, name_culprit
 from events.runner_settings import RunnerSettings
 from events.stamp import Stamper
 from events.state import InstanceInfo, State, TaskInfo
+from events.subjects import model_token
 from services.master.placement import PlacementError, nodes_up, plan_instance
 
 
@@ -174,8 +176,19 @@ class MasterCore:
             return []
         try:
             return [self._plan(state, model)]
-        except (PlacementError, UnknownModel):
+        except PlacementError:
             return []  # nothing waits on it; a task for it will get the error
+        except UnknownModel as exc:
+            return self._say_unavailable(state, model, str(exc))
+
+    def _say_unavailable(self, state: State, model: str, error: str) -> list[LogEvent]:
+        """Tell the log why the default model cannot be placed (`shoal up`, /healthz and /v1/models
+        show it), once per distinct reason: every node that joins asks again."""
+        known = state.models.get(model)
+        if known is not None and known.unavailable == error:
+            return []
+        env = self.stamper.stamp(f"unavailable-{model_token(model)}-{state.last_seq}")
+        return [ModelUnavailable(env=env, model=model, error=error)]
 
     def _finish_if_waiting(self, task: TaskInfo) -> list[LogEvent]:
         if task.ended or task.cancel_reason is None or task.instance_id is not None:
