@@ -96,15 +96,8 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def node_row(node: NodeInfo) -> NodeRow:
-    return NodeRow(
-        node_id=node.node_id,
-        host=node.host,
-        cores=node.cores,
-        memory_bytes=node.memory_bytes,
-        backend=node.backend,
-        status=node.status,
-        reason=node.reason,
-    )
+    """The node's fields the page shows (`NodeRow` names a subset of `NodeInfo`'s)."""
+    return msgspec.convert(msgspec.structs.asdict(node), NodeRow)
 
 
 def instance_row(instance: InstanceInfo) -> InstanceRow:

@@ -17,7 +17,11 @@ from events.apply import apply_live
 from events.catalogue import LogEvent, TaskCancelled, TaskCompleted, TaskFailed, TaskStalled, Usage
 from events.ids import TaskId
 from events.state import State
+from services.api.app import build_app
+from services.api.auth import ApiAccess, parse_entries
+from services.api.context import ApiContext
 from services.api.dashboard import RECENT_ENDED, Delta, Summary, deltas, snapshot
+from services.config import ResolvedConfig, ShoalConfig
 from tests.events.builders import Events
 from tests.services.test_api import Client, running_api
 
@@ -32,7 +36,7 @@ def lifecycle_event(ev: Events, action: str, task: str, rank: int) -> LogEvent:
         "node": lambda: ev.node(f"n{rank + 1}"),
         "placed": lambda: ev.placed("i1", ("n1", "n2")),
         "ready": lambda: ev.runner(rank, "ready"),
-        "crashed": lambda: ev.runner(rank, "crashed"),
+        "runner_failed": lambda: ev.runner(rank, "failed"),
         "created": lambda: ev.created(task),
         "assigned": lambda: ev.assigned(task),
         "started": lambda: ev.started(task, rank),
@@ -45,7 +49,7 @@ def lifecycle_event(ev: Events, action: str, task: str, rank: int) -> LogEvent:
     }[action]()
 
 
-CLUSTER_STEPS = ("node", "placed", "ready", "crashed")
+CLUSTER_STEPS = ("node", "placed", "ready", "runner_failed")
 TASK_STEPS = ("created", "assigned", "started", "progress", "chunk", "stalled", "completed", "failed", "cancelled")
 ACTIONS = st.sampled_from((*CLUSTER_STEPS, *TASK_STEPS))
 STEPS = st.lists(st.tuples(ACTIONS, st.sampled_from(TASKS), st.integers(0, 1)), max_size=60)
@@ -135,11 +139,11 @@ def sse_events(texts: list[str]) -> list[tuple[str, dict[str, Any]]]:
 async def test_the_feed_sends_a_snapshot_then_the_deltas_of_what_is_folded(event_log: EventLog) -> None:
     ev = Events()
     await event_log.append_many([ev.node("n1"), ev.node("n2"), ev.placed("i1", ("n1", "n2"))])
+    page = Client("GET", "/v1/dashboard/events")
     async with running_api(event_log) as (ctx, app), anyio.create_task_group() as group:
         with anyio.fail_after(10):
             while "i1" not in ctx.hub.state.instances:
                 await anyio.sleep(0.01)
-        page = Client("GET", "/v1/dashboard/events")
         group.start_soon(app, page.scope, page.receive, page.send)
         await page.started.wait()
         await event_log.append_many([ev.created("t1"), ev.assigned("t1"), ev.started("t1", 1)])
@@ -157,3 +161,29 @@ async def test_the_feed_sends_a_snapshot_then_the_deltas_of_what_is_folded(event
     task = msgspec.convert(received[-1][1], Delta).tasks[0]
     assert (task.task_id, task.status, task.ranks[0].processed, task.ranks[0].total) == ("t1", "prefilling", 384, 512)
     assert received[2][1]["instances"][0]["queue"] == ["t1"]  # the assignment moved the instance's queue
+
+
+async def test_with_keys_the_page_is_open_and_its_feed_needs_an_admin_key(event_log: EventLog) -> None:
+    resolved = ResolvedConfig(config=ShoalConfig(), sources={}, yaml_path=None)
+    access = ApiAccess(parse_entries(["user-key", "boss-key:admin"]))
+    app = build_app(ApiContext.on(event_log, resolved, ["tiny"], access=access))
+    answers: dict[str, int] = {}
+    for name, path, key in [
+        ("page", "/", None),
+        ("script", "/static/dashboard.js", None),
+        ("unknown file", "/static/secrets.txt", None),
+        ("feed without a key", "/v1/dashboard/events", None),
+        ("feed with a user key", "/v1/dashboard/events", "user-key"),
+    ]:
+        request = Client("GET", path)
+        if key is not None:
+            request.scope["headers"].append((b"authorization", f"Bearer {key}".encode()))
+        await app(request.scope, request.receive, request.send)
+        answers[name] = request.status
+    assert answers == {
+        "page": 200,
+        "script": 200,
+        "unknown file": 404,
+        "feed without a key": 401,
+        "feed with a user key": 403,
+    }

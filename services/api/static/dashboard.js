@@ -147,7 +147,7 @@ function drawTask(task) {
     return el("div", { class: "rank" }, `rank ${r.rank}`, el("span", { class: "bar" }, el("span", { style: `width:${share}%` })),
       `${r.processed}/${r.total}`, el("span", { class: "quiet" }, `it ${r.iteration}`));
   });
-  const problem = task.stalled || task.error;
+  const problem = task.error || task.stalled; // a stalled task fails with an error that carries the diagnosis
   const link = el("a", { href: `/debug/timeline?task=${encodeURIComponent(task.task_id)}`, target: "_blank" }, "timeline & diagnosis");
   link.addEventListener("click", (event) => openWithKey(event, link.href));
   const finish = task.finish_reason ? ` (${task.finish_reason})` : "";
@@ -198,6 +198,7 @@ async function chat(event) {
     body: JSON.stringify({
       model: document.getElementById("chat-model").value,
       messages: [{ role: "user", content: input.value }],
+      max_tokens: Number(document.getElementById("chat-max-tokens").value),
       stream: true,
     }),
   });
