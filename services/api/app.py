@@ -21,6 +21,7 @@ from services.api import chat, routes
 from services.api.auth import ApiAccess, Caller, Need, Refusal, admit
 from services.api.browser import BrowserGuard, BrowserRules
 from services.api.context import ApiContext
+from services.api.dashboard_routes import dashboard_events, load_static, static_response
 from services.api.errors import EXCEPTION_HANDLERS, error_for
 from services.api.openapi import openapi_document
 from services.api.schemas import RequestProblem
@@ -46,14 +47,20 @@ def build_app(ctx: ApiContext) -> Starlette:
         return endpoint
 
     document = openapi_document()
+    static = load_static()
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)
 
+    async def dashboard_file(request: Request) -> Response:
+        return static_response(static, request.path_params.get("name", "dashboard.html"))
+
     # Who may call what: a task's routes any key (ownership is checked in the route); the config and
     # the debug pages an admin key (they show every task and setting); /metrics any key (aggregates
     # only, but not for anyone on the network, and a scraper needs no admin power); /healthz and the
-    # OpenAPI document nobody (load balancers and client generators have no key).
+    # OpenAPI document nobody (load balancers and client generators have no key). The dashboard's
+    # files nobody (they hold no data); its data an admin key: it shows every key's tasks, hosts
+    # and diagnoses, and links to the admin-only timeline.
     route_table = [
         Route("/v1/chat/completions", bind("chat", chat.chat_completions, "key"), methods=["POST"]),
         Route("/v1/models", bind("models", routes.list_models, "key"), methods=["GET"]),
@@ -63,6 +70,9 @@ def build_app(ctx: ApiContext) -> Starlette:
         Route("/healthz", bind("healthz", routes.healthz, "nothing"), methods=["GET"]),
         Route("/metrics", bind("metrics", routes.metrics, "key"), methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/", dashboard_file, methods=["GET"]),
+        Route("/static/{name}", dashboard_file, methods=["GET"]),
+        Route("/v1/dashboard/events", bind("dashboard", dashboard_events, "admin"), methods=["GET"]),
     ]
     route_table.append(Route("/debug/timeline", bind("timeline", timeline_page, "admin"), methods=["GET"]))
     return Starlette(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import anyio
+from prometheus_client import CollectorRegistry
 
 from eventlog.log import EventLog
 from events.catalogue import LogEvent, Origin, TaskCancelled
@@ -12,7 +13,7 @@ from events.ids import TaskId
 from events.stamp import Stamper
 from services.api.auth import ApiAccess
 from services.api.hub import LogHub
-from services.api.metrics import Metrics
+from services.api.metrics import Metrics, metrics_registry
 from services.api.prompts import PromptModel, load_prompt_model
 from services.config import ResolvedConfig
 from services.models import existing_model_dir, served_models
@@ -26,6 +27,7 @@ class ApiContext:
     resolved: ResolvedConfig
     access: ApiAccess
     metrics: Metrics
+    registry: CollectorRegistry  # what /metrics exposes: `metrics`, the State's gauges, the process
     served: list[str]
     _prompt_models: dict[str, PromptModel | None] = field(default_factory=dict)  # by model, once loaded
 
@@ -33,13 +35,15 @@ class ApiContext:
     def on(cls, log: EventLog, resolved: ResolvedConfig, served: list[str], *, access: ApiAccess) -> ApiContext:
         """The context of an API on `log`, with its own hub (not yet running) and metrics."""
         metrics = Metrics()
+        hub = LogHub(log, metrics)
         return cls(
             log=log,
-            hub=LogHub(log, metrics),
+            hub=hub,
             stamper=Stamper(Origin(service="api")),
             resolved=resolved,
             access=access,
             metrics=metrics,
+            registry=metrics_registry(metrics, lambda: hub.state),
             served=served,
         )
 

@@ -18,6 +18,7 @@ from events.apply import apply_live
 from events.catalogue import LogEvent
 from events.ids import TaskId
 from events.state import State
+from services.api.dashboard_feed import DashboardFeed
 from services.api.metrics import Metrics
 
 
@@ -38,6 +39,7 @@ class LogHub:
     def __init__(self, log: EventLog, metrics: Metrics) -> None:
         self.log = log
         self.metrics = metrics
+        self.feed = DashboardFeed()  # the open dashboard pages
         self.state = State()
         self.caught_up = asyncio.Event()
         self._listeners: dict[TaskId, list[TaskEvents]] = {}
@@ -52,11 +54,13 @@ class LogHub:
                 listener.put(event)
 
     def _apply(self, seq: int, event: LogEvent) -> None:
-        self.state, error = apply_live(self.state, seq, event)
+        before = self.state
+        self.state, error = apply_live(before, seq, event)
         if error is not None:
             logger.warning("api: skipping seq {}: {}", seq, error)
             return
         self.metrics.observe(self.state, event)
+        self.feed.folded(before, self.state, event)
 
     @contextmanager
     def listen(self, task_id: TaskId) -> Generator[TaskEvents]:

@@ -1,57 +1,73 @@
-"""Prometheus metrics folded from the task events the API sees (no client library needed).
+"""Prometheus metrics of the API: a custom collector over the fold, plus the process's own.
 
-Values are observed from the log itself (usage of `TaskCompleted`, cancels, failures), so every
-API replica that follows the log reports the same figures.
+Two kinds of figures, both read at scrape time by `FoldCollector`:
+- per-task observations (latencies, rates, how tasks ended) accumulated by `Metrics.observe` as
+  each event is folded, so a scrape costs O(models), not O(tasks in the log); they come from the
+  log itself (usage of `TaskCompleted`, cancels, failures), so every API replica that follows
+  the log from the same point reports the same figures;
+- gauges read straight from the State (nodes up, instances ready, tasks waiting and running), so
+  they are never out of step with what the API serves.
+
+Names are vLLM-style and kept stable for scrapers (`shoal_time_to_first_token_seconds`, ...).
+Every API owns its `CollectorRegistry` (with the process and platform collectors), never the
+global one: two APIs in one process (the tests) never share a series.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections import defaultdict
-from collections.abc import Sequence
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from events.catalogue import LogEvent, TaskCancelled, TaskCompleted, TaskFailed
 from events.state import State
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RATE_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+WAITING_STATUSES = frozenset({"created", "assigned"})  # vLLM's "waiting": not yet computing
+RUNNING_STATUSES = frozenset({"prefilling", "decoding"})
 
 
 class Histogram:
+    """Bucket counts of one series (prometheus_client's own Histogram is an instrument bound to a
+    registry; here the collector renders these on demand)."""
+
     def __init__(self, buckets: Sequence[float]) -> None:
         self.buckets = tuple(buckets)
         self.counts = [0] * (len(self.buckets) + 1)
         self.total = 0.0
-        self.observations = 0
 
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.buckets, value)] += 1
         self.total += value
-        self.observations += 1
 
-    def lines(self, name: str, labels: str) -> list[str]:
-        out: list[str] = []
-        cumulative = 0
-        for bound, count in zip(self.buckets, self.counts, strict=False):
-            cumulative += count
-            out.append(f'{name}_bucket{{{labels},le="{bound:g}"}} {cumulative}')
-        out.append(f'{name}_bucket{{{labels},le="+Inf"}} {self.observations}')
-        out.append(f"{name}_sum{{{labels}}} {self.total:g}")
-        out.append(f"{name}_count{{{labels}}} {self.observations}")
+    def cumulative(self) -> list[tuple[str, float]]:
+        """(le, count of observations <= le) for every bound and +Inf, as the exposition wants them."""
+        running, out = 0, list[tuple[str, float]]()
+        for bound, count in zip((*self.buckets, float("inf")), self.counts, strict=True):
+            running += count
+            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
         return out
 
 
 class Metrics:
+    """What the API observed: folded task outcomes, its own publishes and HTTP answers."""
+
     def __init__(self) -> None:
         self.ttft = defaultdict[str, Histogram](lambda: Histogram(LATENCY_BUCKETS_S))
         self.queue_time = defaultdict[str, Histogram](lambda: Histogram(LATENCY_BUCKETS_S))
         self.prefill_tps = defaultdict[str, Histogram](lambda: Histogram(RATE_BUCKETS))
         self.decode_tps = defaultdict[str, Histogram](lambda: Histogram(RATE_BUCKETS))
-        self.completed = defaultdict[tuple[str, str], int](int)
-        self.cancels = defaultdict[tuple[str, str], int](int)
-        self.failures = defaultdict[str, int](int)
-        self.events_published = defaultdict[str, int](int)
-        self.requests = defaultdict[tuple[str, int], int](int)
+        self.completed = Counter[tuple[str, str]]()
+        self.cancels = Counter[tuple[str, str]]()
+        self.failures = Counter[str]()
+        self.events_published = Counter[str]()
+        self.requests = Counter[tuple[str, int]]()
 
     def observe(self, state: State, event: LogEvent) -> None:
         """Call after `event` was folded into `state`."""
@@ -78,46 +94,83 @@ class Metrics:
             case _:
                 pass
 
-    def render(self) -> str:
-        lines: list[str] = []
-        for name, kind, help_text, series in (
-            ("shoal_time_to_first_token_seconds", "histogram", "Time to first token", self.ttft),
-            ("shoal_queue_time_seconds", "histogram", "Assignment to prefill start", self.queue_time),
-            ("shoal_prefill_tokens_per_second", "histogram", "Prefill rate per task", self.prefill_tps),
-            ("shoal_decode_tokens_per_second", "histogram", "Decode rate per task", self.decode_tps),
+
+class FoldCollector(Collector):
+    """The API's metric families, built at each scrape from `Metrics` and the current State."""
+
+    def __init__(self, metrics: Metrics, state: Callable[[], State]) -> None:
+        self._metrics = metrics
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._histograms()
+        yield from self._counters()
+        yield from self._gauges(self._state())
+
+    def _histograms(self) -> Iterator[Metric]:
+        m = self._metrics
+        for name, documentation, series in (
+            ("shoal_time_to_first_token_seconds", "Time to first token", m.ttft),
+            ("shoal_queue_time_seconds", "Assignment to prefill start", m.queue_time),
+            ("shoal_prefill_tokens_per_second", "Prefill rate per task", m.prefill_tps),
+            ("shoal_decode_tokens_per_second", "Decode rate per task", m.decode_tps),
         ):
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+            family = HistogramMetricFamily(name, documentation, labels=["model"])
             for model, histogram in sorted(series.items()):
-                lines += histogram.lines(name, f'model="{_escape(model)}"')
-        lines += [
-            "# HELP shoal_tasks_completed_total Tasks ended by finish reason",
-            "# TYPE shoal_tasks_completed_total counter",
-        ]
-        lines += [
-            f'shoal_tasks_completed_total{{model="{_escape(m)}",finish_reason="{r}"}} {n}'
-            for (m, r), n in sorted(self.completed.items())
-        ]
-        lines += ["# HELP shoal_task_cancels_total Cancels requested", "# TYPE shoal_task_cancels_total counter"]
-        lines += [
-            f'shoal_task_cancels_total{{model="{_escape(m)}",reason="{r}"}} {n}'
-            for (m, r), n in sorted(self.cancels.items())
-        ]
-        lines += ["# HELP shoal_task_failures_total Tasks failed", "# TYPE shoal_task_failures_total counter"]
-        lines += [f'shoal_task_failures_total{{model="{_escape(m)}"}} {n}' for m, n in sorted(self.failures.items())]
-        lines += [
-            "# HELP shoal_events_published_total Events this API published",
-            "# TYPE shoal_events_published_total counter",
-        ]
-        lines += [f'shoal_events_published_total{{type="{t}"}} {n}' for t, n in sorted(self.events_published.items())]
-        lines += [
-            "# HELP shoal_http_requests_total HTTP requests by route and status",
-            "# TYPE shoal_http_requests_total counter",
-        ]
-        lines += [
-            f'shoal_http_requests_total{{route="{r}",status="{s}"}} {n}' for (r, s), n in sorted(self.requests.items())
-        ]
-        return "\n".join(lines) + "\n"
+                family.add_metric([model], histogram.cumulative(), histogram.total)
+            yield family
+
+    def _counters(self) -> Iterator[Metric]:
+        m = self._metrics
+        for name, documentation, labels, series in (
+            ("shoal_tasks_completed", "Tasks ended by finish reason", ["model", "finish_reason"], m.completed),
+            ("shoal_task_cancels", "Cancels requested", ["model", "reason"], m.cancels),
+            ("shoal_task_failures", "Tasks failed", ["model"], _keyed(m.failures)),
+            ("shoal_events_published", "Events this API published", ["type"], _keyed(m.events_published)),
+            ("shoal_http_requests", "HTTP requests by route and status", ["route", "status"], m.requests),
+        ):
+            family = CounterMetricFamily(name, documentation, labels=labels)
+            for key, count in sorted(series.items()):
+                family.add_metric([str(part) for part in key], count)
+            yield family
+
+    def _gauges(self, state: State) -> Iterator[Metric]:
+        waiting, running = Counter[str](), Counter[str]()
+        for task in state.tasks.values():
+            if task.status in WAITING_STATUSES:
+                waiting[task.model] += 1
+            elif task.status in RUNNING_STATUSES:
+                running[task.model] += 1
+        for name, documentation, series in (
+            ("shoal_num_requests_waiting", "Tasks created or assigned, not yet computing", waiting),
+            ("shoal_num_requests_running", "Tasks in prefill or decode", running),
+        ):
+            family = GaugeMetricFamily(name, documentation, labels=["model"])
+            for model, count in sorted(series.items()):
+                family.add_metric([model], count)
+            yield family
+        nodes_up = sum(1 for node in state.nodes.values() if node.status == "up")
+        yield GaugeMetricFamily("shoal_nodes_up", "Nodes whose worker is up", value=nodes_up)
+        ready = sum(1 for instance in state.instances.values() if instance.ready)
+        yield GaugeMetricFamily("shoal_instances_ready", "Instances whose every rank is ready", value=ready)
+        yield GaugeMetricFamily("shoal_log_last_seq", "Last log sequence folded by this API", value=state.last_seq)
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def _keyed(series: Counter[str]) -> dict[tuple[str], int]:
+    return {(key,): count for key, count in series.items()}
+
+
+def metrics_registry(metrics: Metrics, state: Callable[[], State]) -> CollectorRegistry:
+    """This API's registry: its fold collector, and the process's CPU, memory and Python version."""
+    registry = CollectorRegistry()
+    registry.register(FoldCollector(metrics, state))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    return registry
+
+
+def exposition(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]:
+    """The scrape body and its content type: OpenMetrics when the scraper asks for it
+    (`Accept: application/openmetrics-text`), else the classic text format."""
+    encode, content_type = choose_encoder(accept or "")
+    return encode(registry), content_type

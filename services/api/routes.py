@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import Response
 
 from events.ids import InvalidId, TaskId, check_token
 from events.state import TaskInfo
 from services.api.auth import caller_of
 from services.api.context import ApiContext
+from services.api.metrics import exposition
 from services.api.model_cards import model_card
 from services.api.responses import CancelAccepted, Health, ModelCard, ModelList, json_response
 from services.api.schemas import RequestProblem
@@ -77,4 +78,5 @@ async def healthz(request: Request, ctx: ApiContext) -> Response:
 
 
 async def metrics(request: Request, ctx: ApiContext) -> Response:
-    return PlainTextResponse(ctx.metrics.render(), media_type="text/plain; version=0.0.4")
+    body, content_type = exposition(ctx.registry, request.headers.get("accept"))
+    return Response(body, headers={"content-type": content_type})

@@ -1,0 +1,150 @@
+"""The dashboard in headless Chromium, on a real `shoal up` whose rank 1 sleeps inside prefill
+iteration 2 of its first task: an idle cluster, that task mid-prefill with each rank's progress,
+then stalled and failed, then a chat typed into the page. Each screenshot is checked for what
+the page shows (read from the DOM after its scripts ran), not only for existing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.browser import CHROMIUM, Browser
+from tests.e2e.cluster import Cluster
+from tests.e2e.conftest import E2E_SETTINGS
+from tests.e2e.helpers import long_prompt, task_state
+from tests.ops.test_screenshot import count_colour, decode_png
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(
+        CHROMIUM is None, reason="chromium not installed: apt-get update && apt-get install -y chromium"
+    ),
+]
+SLEEPY = {"SHOAL_TEST_FAULT": "sleep:1:3:60"}  # rank 1, poll 3 = prefill iteration 2 of the first task
+TYPE_AND_SEND = """
+document.getElementById("chat-input").value = "Tell me about rivers";
+document.getElementById("chat-max-tokens").value = "12";
+document.querySelector("#chat-form button").click();
+"""
+RUNNING_BLUE, FAILED_RED = "#1d4ed8", "#fee2e2"  # dashboard.css: progress bars, the failed badge
+
+
+@pytest.fixture(scope="module")
+def sleepy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    cluster = Cluster(tmp_path_factory.mktemp("sleepy"), workers=2, env=SLEEPY, **E2E_SETTINGS)
+    try:
+        yield cluster.wait_ready()
+    finally:
+        cluster.stop()
+
+
+def first_snapshot(cluster: Cluster) -> dict[str, Any]:
+    """What the feed says first, read as any client would (the page must show the same)."""
+    with cluster.http() as http, http.stream("GET", "/v1/dashboard/events") as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                return json.loads(line[6:])
+    raise AssertionError("the feed ended before its snapshot")
+
+
+def start_long_chat(cluster: Cluster, ids: list[str]) -> threading.Thread:
+    """A streamed chat with a long prompt, in a thread (it ends when the task fails)."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": long_prompt(120)}], "stream": True}
+
+    def chat() -> None:
+        with cluster.http() as http, http.stream("POST", "/v1/chat/completions", json=body) as response:
+            ids.append(response.headers["x-shoal-task-id"])
+            for _ in response.iter_lines():
+                pass
+
+    thread = threading.Thread(target=chat, daemon=True)
+    thread.start()
+    return thread
+
+
+def screenshot(browser: Browser, path: Path, colour: str) -> int:
+    width, height, rows = decode_png(browser.screenshot(path))
+    assert (width, height) == (1280, 900)
+    return count_colour(rows, colour)
+
+
+def test_the_dashboard_shows_the_cluster_a_prefill_by_rank_and_a_stall(sleepy: Cluster, tmp_path: Path) -> None:
+    snapshot = first_snapshot(sleepy)
+    nodes = [node["node_id"] for node in snapshot["nodes"]]
+    browser = Browser(tmp_path / "profile")
+    try:
+        browser.open(sleepy.base_url + "/")
+        # Idle: every node, the instance with its shards placed on them, no task.
+        shown = browser.wait_for_text("body", *nodes, sleepy.instance_id, "ready", "No tasks yet.", "live")
+        (instance,) = snapshot["instances"]
+        for shard in instance["shards"]:
+            assert f"rank {shard['rank']} on {shard['node_id']}" in shown.replace("\n", " ")
+        screenshot(browser, tmp_path / "idle.png", RUNNING_BLUE)
+
+        ids: list[str] = []
+        chat = start_long_chat(sleepy, ids)
+        # Mid-prefill: both ranks started; rank 1 sleeps in iteration 2, rank 0 waits on it.
+        row = f'tr[data-task="{task_id(ids)}"]'
+        browser.wait_for_text(row, "prefilling", "rank 0", "rank 1")
+        shown, progress = shown_progress(browser, row, sleepy, ids[0])
+        assert ids[0] in shown and any(p["processed"] > 0 for p in progress.values()), (shown, progress)
+        assert screenshot(browser, tmp_path / "prefill.png", RUNNING_BLUE) > 30  # the progress bars
+
+        # Stalled: the master's deadline passes, the task fails with the stall's diagnosis.
+        shown = browser.wait_for_text(row, "failed", "stalled", timeout=90)
+        assert "rank 1" in shown, shown
+        assert screenshot(browser, tmp_path / "stalled.png", FAILED_RED) > 50
+        chat.join(30)
+        assert browser.evaluate(f"document.querySelector('{row} a').getAttribute('href')") == (
+            f"/debug/timeline?task={ids[0]}"
+        )
+    finally:
+        browser.close()
+
+
+def test_the_chat_box_streams_through_the_public_api(tmp_path: Path) -> None:
+    """On a cluster without faults (a replacement runner would sleep in its first task too)."""
+    cluster = Cluster(tmp_path, workers=1, **E2E_SETTINGS)
+    browser = Browser(tmp_path / "profile")
+    try:
+        cluster.wait_ready()
+        browser.open(cluster.base_url + "/")
+        browser.wait_for_text("body", cluster.instance_id, "ready", "live")
+        browser.evaluate(TYPE_AND_SEND)
+        shown = browser.wait_for_text("#tasks", "completed (length)", "12")
+        reply = browser.text("#chat-output")
+        with cluster.http() as http:
+            (task,) = [t for t in http.get("/metrics").text.splitlines() if t.startswith("shoal_tasks_completed_total")]
+        assert task.endswith(" 1.0") and reply.strip(), (task, reply, shown)
+    finally:
+        browser.close()
+        cluster.stop()
+
+
+def shown_progress(browser: Browser, row: str, cluster: Cluster, task: str) -> tuple[str, dict[str, Any]]:
+    """The task's row once it shows every rank's progress as the API reports it at that moment
+    (both are read again until they agree: the ranks may still be moving)."""
+    shown, progress = "", {}
+    with cluster.http() as http:
+        for _ in range(100):
+            progress = task_state(http, task)["progress"]
+            shown = browser.text(row)
+            if len(progress) == 2 and all(f"{p['processed']}/{p['total']}" in shown for p in progress.values()):
+                return shown, progress
+            threading.Event().wait(0.1)
+    raise AssertionError(f"the row never showed the progress {progress}: {shown}")
+
+
+def task_id(ids: list[str]) -> str:
+    """The long chat's task id, once its response headers came."""
+    for _ in range(300):
+        if ids:
+            return ids[0]
+        threading.Event().wait(0.1)
+    raise TimeoutError("the chat never answered")
