@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import openai
 
+from eventlog.connect_options import ConnectOptions
+
 READY = re.compile(r"shoal: ready: instance (\S+)")
 
 
@@ -120,6 +122,14 @@ class Cluster:
 
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=30.0)
+
+    def admin_options(self) -> ConnectOptions:
+        """The operator identity `shoal up` made in this cluster's data dir (its NATS admits no one else)."""
+        from services.config import resolve_config
+        from services.credentials import connect_options
+        from services.nats_permissions import Identity
+
+        return connect_options(resolve_config(env=self.env).config, Identity("admin"))
 
     def runner_pids(self) -> dict[tuple[str, int], int]:
         """(instance, rank) -> pid of the runner processes of this cluster."""

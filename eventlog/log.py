@@ -30,7 +30,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any, Literal, overload
+from typing import Literal, overload
 
 import nats
 import nats.errors
@@ -38,6 +38,7 @@ import nats.js.errors
 from loguru import logger
 from nats.aio.client import Client
 
+from eventlog.connect_options import ANONYMOUS, ConnectOptions, client_callbacks
 from eventlog.consume import ConsumerRestart, Deliveries, Position, StreamNotFound, StreamReader
 from eventlog.publish import LogError, Outbox, pipeline
 from eventlog.streams import LogSettings, stream_config, stream_name
@@ -53,9 +54,10 @@ from events.vocabulary import StreamKey
 class EventLog:
     """One connection to the log. Build with `await EventLog.connect(url, settings)`."""
 
-    def __init__(self, nc: Client, url: str, settings: LogSettings) -> None:
+    def __init__(self, nc: Client, url: str, settings: LogSettings, options: ConnectOptions = ANONYMOUS) -> None:
         self.url = url
         self.settings = settings
+        self.options = options
         self.malformed = 0  # messages skipped because they did not decode
         self._nc = nc
         self._js = nc.jetstream()  # pyright: ignore[reportUnknownMemberType]
@@ -73,8 +75,10 @@ class EventLog:
         name: str = "shoal",
         ensure: bool = True,
         wait_seconds: float = 5.0,
+        options: ConnectOptions = ANONYMOUS,
     ) -> EventLog:
-        """Connect, waiting up to `wait_seconds` for the server; unless `ensure=False`, ensure streams.
+        """Connect, waiting up to `wait_seconds` for the server; ensure the streams if `ensure` and
+        `options.manage_streams` (a service identity may not: only the admin manages streams).
 
         Once connected, the connection reconnects forever (a NATS restart is survived); a server
         that never answers at first is a `LogError` that says so.
@@ -94,15 +98,16 @@ class EventLog:
                 reconnect_time_wait=0.25,
                 connect_timeout=2,
                 allow_reconnect=True,
-                **_callbacks(url, connected, closing),
+                **options.nats_py_kwargs(),
+                **client_callbacks(url, connected, closing),
             )
         except (OSError, nats.errors.Error, TimeoutError) as exc:
             raise LogError(f"cannot connect to NATS at {url}: {exc}; is the server running (`shoal nats`)?") from exc
         nc.options["max_reconnect_attempts"] = -1  # bounded only for the first connect
         connected.set()
-        log = cls(nc, url, settings)
+        log = cls(nc, url, settings, options)
         log._closing = closing
-        if ensure:
+        if ensure and options.manage_streams:
             await log.ensure_streams()
         return log
 
@@ -196,7 +201,7 @@ class EventLog:
                 if not todo:
                     return outbox.seqs
                 try:
-                    wire = self._pub_wire or await Wire.open(self.url, name="shoal-append")
+                    wire = self._pub_wire or await Wire.open(self.url, name="shoal-append", options=self.options)
                     self._pub_wire = wire
                     await pipeline(wire, outbox, todo)
                 except (WireClosed, TimeoutError, OSError) as exc:
@@ -308,7 +313,7 @@ class EventLog:
             wire: Wire | None = None
             reader: StreamReader | None = None
             try:
-                wire = await Wire.open(self.url, name="shoal-read")
+                wire = await Wire.open(self.url, name="shoal-read", options=self.options)
                 reader = StreamReader(wire, stream_name(stream), list(subjects or ()), live=live)
                 async for raw in reader.batches(position):
                     failing_since = None
@@ -374,23 +379,6 @@ class EventLog:
                 logger.debug("drain on close failed ({}); closing", exc)
         if not self._nc.is_closed:
             await self._nc.close()
-
-
-def _callbacks(url: str, connected: asyncio.Event, closing: asyncio.Event) -> dict[str, Any]:
-    """nats-py callbacks that log through loguru; quiet before the first connect and after close()."""
-
-    async def on_error(exc: Exception) -> None:
-        if connected.is_set():
-            logger.warning("NATS connection {}: {}", url, exc)
-
-    async def on_disconnect() -> None:
-        if connected.is_set() and not closing.is_set():
-            logger.warning("NATS disconnected from {}; reconnecting", url)
-
-    async def on_reconnect() -> None:
-        logger.info("NATS reconnected to {}", url)
-
-    return {"error_cb": on_error, "disconnected_cb": on_disconnect, "reconnected_cb": on_reconnect}
 
 
 def _decoder(stream: StreamKey) -> Callable[[bytes], AnyEvent]:

@@ -8,7 +8,8 @@ client for everything else (stream management, single appends, telemetry).
 Frames are parsed by `eventlog.frames.FrameParser`, the one parser of server frames.
 The connection has no background task: whoever calls `read_messages()` drives it, answering server
 PINGs as it goes. One owner at a time. It speaks plain `nats://` (optionally `user:pass@` or a
-token in the URL); for TLS or credential files use nats-py.
+token in the URL) and authenticates like nats-py, from the same `ConnectOptions` (an nkey signs the
+server's nonce).
 """
 
 from __future__ import annotations
@@ -19,10 +20,22 @@ import json
 import secrets
 from urllib.parse import urlsplit
 
+import msgspec
+
+from eventlog.connect_options import ANONYMOUS, ConnectOptions
 from eventlog.frames import Err, Frame, FrameError, FrameParser, Info, Msg, Ping, Pong
 
 _CRLF = b"\r\n"
 READ_SIZE = 1 << 20
+
+
+class _ServerInfo(msgspec.Struct, frozen=True):
+    """What the handshake needs from the server's INFO: the nonce an nkey must sign, if any."""
+
+    nonce: str | None = None
+
+
+_server_info = msgspec.json.Decoder(_ServerInfo)
 
 
 class WireError(ConnectionError):
@@ -57,7 +70,10 @@ def split_servers(url: str) -> list[tuple[str, int, dict[str, str]]]:
 class Wire:
     """One TCP connection speaking the NATS client protocol (subset: SUB/UNSUB/PUB/HPUB/PING)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, options: ConnectOptions = ANONYMOUS
+    ) -> None:
+        self._options = options
         self._reader = reader
         self._writer = writer
         self._out = bytearray()
@@ -66,21 +82,23 @@ class Wire:
         self._pongs = 0
 
     @classmethod
-    async def open(cls, url: str, *, timeout: float = 5.0, name: str = "shoal-wire") -> Wire:
+    async def open(
+        cls, url: str, *, timeout: float = 5.0, name: str = "shoal-wire", options: ConnectOptions = ANONYMOUS
+    ) -> Wire:
         last: Exception | None = None
         for host, port, auth in split_servers(url):
             try:
-                return await asyncio.wait_for(cls._handshake(host, port, auth, name), timeout)
+                return await asyncio.wait_for(cls._handshake(host, port, auth, name, options), timeout)
             except (OSError, TimeoutError, WireError) as exc:
                 last = exc
         raise WireClosed(f"cannot connect to NATS at {url}: {last}") from last
 
     @classmethod
-    async def _handshake(cls, host: str, port: int, auth: dict[str, str], name: str) -> Wire:
+    async def _handshake(cls, host: str, port: int, auth: dict[str, str], name: str, options: ConnectOptions) -> Wire:
         reader, writer = await asyncio.open_connection(host, port, limit=READ_SIZE * 4)
-        wire = cls(reader, writer)
+        wire = cls(reader, writer, options)
         try:
-            await wire._greeting(f"{host}:{port}")
+            info = await wire._greeting(f"{host}:{port}")
             connect = {
                 "verbose": False,
                 "pedantic": False,
@@ -91,6 +109,7 @@ class Wire:
                 "version": "0",
                 "name": name,
                 **auth,
+                **options.connect_fields(info.nonce),
             }
             writer.write(b"CONNECT " + json.dumps(connect).encode() + _CRLF)
             await wire.roundtrip()
@@ -99,8 +118,8 @@ class Wire:
             raise
         return wire
 
-    async def _greeting(self, where: str) -> None:
-        """Read up to the server's first frame, which must be INFO."""
+    async def _greeting(self, where: str) -> _ServerInfo:
+        """Read up to the server's first frame, which must be INFO; what it says."""
         frames: list[Frame] = []
         try:
             while not frames:
@@ -113,9 +132,14 @@ class Wire:
         if not isinstance(first, Info):
             raise WireError(f"{where} did not greet like a NATS server: {first!r}")
         self._answer(frames[1:])  # nothing is subscribed yet: control frames only
+        try:
+            return _server_info.decode(first.body)
+        except msgspec.DecodeError as exc:
+            raise WireError(f"{where} sent an INFO that is not a JSON object: {exc}") from exc
 
     def new_inbox(self) -> str:
-        return f"_INBOX.shoal.{secrets.token_hex(8)}"
+        """A fresh subject under this client's inbox prefix (the only place it may subscribe)."""
+        return f"{self._options.inbox_prefix}.{secrets.token_hex(8)}"
 
     def subscribe(self, subject: str) -> bytes:
         """Subscribe; returns the subscription id, the token `Msg.sid` carries (bytes, as sent)."""

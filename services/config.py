@@ -28,6 +28,7 @@ import msgspec
 import yaml
 from msgspec import Meta
 
+from eventlog.connect_options import RUNNER_ENV
 from eventlog.streams import LogSettings, StreamLimits
 from events.runner_settings import (
     POSITIVE_SECONDS,
@@ -42,7 +43,7 @@ from events.runner_settings import (
 from services.config_values import ConfigError, DeclaredFields
 
 ENV_PREFIX = "SHOAL_"
-ENV_NOT_SETTINGS = frozenset({"SHOAL_CONFIG"})  # SHOAL_* variables that are not settings
+ENV_NOT_SETTINGS = frozenset({"SHOAL_CONFIG", RUNNER_ENV})  # SHOAL_* variables that are not settings
 RUNNER_DEFAULTS = RunnerSettings()  # the runners' defaults, declared once in events/runner_settings.py
 
 _NON_EMPTY = Meta(pattern=r"\S", extra={"allowed": "a non-empty string"})
@@ -63,6 +64,14 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     data_dir: Annotated[str, _NON_EMPTY, Meta(description="where the embedded nats-server keeps the log")] = (
         "~/.local/share/shoal"
     )
+    nats_credentials_dir: Annotated[
+        str,
+        Meta(
+            extra={"allowed": "empty, or the path of a directory of nkey seed files"},
+            description="this host's NATS identities (nkey seed files from `shoal nats credentials`); "
+            "empty = <data_dir>/nats-credentials when a server embedded there made them, else none",
+        ),
+    ] = ""
     api_host: Annotated[str, _NON_EMPTY, Meta(description="address the OpenAI-compatible API binds")] = "127.0.0.1"
     api_port: Annotated[int, Meta(ge=1, le=65535, description="port of the OpenAI-compatible API")] = 8000
     model: Annotated[str, _NON_EMPTY, Meta(description="model served: `tiny` or an mlx-lm model directory")] = "tiny"

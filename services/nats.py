@@ -6,6 +6,9 @@ on, with its store under `<data_dir>/nats`. `EmbeddedNats` is a sync and async c
     with EmbeddedNats(data_dir=path, port=0) as server:   # port 0 = any free port
         ... connect to server.url ...
 
+With a `config_file` (`services/credentials.py` writes it) the server admits only the identities
+it lists, each with its permissions; without one it is open to whoever reaches its port.
+
 Errors a user can cause are named and say what to do: `NatsBinaryNotFound`, `PortInUse`,
 `NatsStartFailed`.
 """
@@ -125,6 +128,7 @@ class EmbeddedNats:
         port: int = 4222,
         binary: str | None = None,
         extra_args: tuple[str, ...] = (),
+        config_file: str | os.PathLike[str] | None = None,
         ready_timeout: float = 10.0,
         stop_timeout: float = 10.0,
     ) -> None:
@@ -133,6 +137,7 @@ class EmbeddedNats:
         self.port = port
         self._binary = binary
         self._extra_args = extra_args
+        self._config_file = config_file
         self._ready_timeout = ready_timeout
         self._stop_timeout = stop_timeout
         self._process: subprocess.Popen[bytes] | None = None
@@ -152,8 +157,10 @@ class EmbeddedNats:
 
     def command(self) -> list[str]:
         binary = self._binary or find_nats_server()
+        config = ["-c", str(self._config_file)] if self._config_file is not None else []
         return [
             binary,
+            *config,
             "-a",
             self.host,
             "-p",

@@ -1,5 +1,6 @@
 """The cluster's roles built from one resolved config, so `shoal up` and the standalone
-`shoal master|worker|api` commands run exactly the same services with the same settings."""
+`shoal master|worker|api` commands run exactly the same services with the same settings, each
+under its own identity on the bus (`services/credentials.py`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from pathlib import Path
 
 from services.api.app import serve_api
 from services.config import ResolvedConfig, ShoalConfig, runner_settings
+from services.credentials import connect_options
 from services.master.core import MasterPolicy
 from services.master.service import Master, MasterSettings
 from services.models import LocalModelCatalog, existing_model_dir
+from services.nats_permissions import Identity
 from services.worker.service import Worker, WorkerSettings
 
 
@@ -43,7 +46,9 @@ async def run_master(
 ) -> None:
     config = resolved.config
     settings = MasterSettings(
-        nats_url=config.client_nats_url, policy=master_policy(config, min_nodes_for_default=min_nodes_for_default)
+        nats_url=config.client_nats_url,
+        nats=connect_options(config, Identity("master")),
+        policy=master_policy(config, min_nodes_for_default=min_nodes_for_default),
     )
     await Master(settings, LocalModelCatalog(served(config))).run(ready)
 
@@ -59,6 +64,8 @@ async def run_worker(
     config = resolved.config
     settings = WorkerSettings(
         nats_url=config.client_nats_url,
+        nats=connect_options(config, Identity("worker", node_id)),
+        runner_nats=connect_options(config, Identity("runner", node_id)),
         node_id=node_id,
         host=host,
         heartbeat_interval_seconds=config.heartbeat_interval_seconds,
@@ -70,4 +77,5 @@ async def run_worker(
 
 async def run_api(resolved: ResolvedConfig, ready: asyncio.Event | None = None) -> None:
     config = resolved.config
-    await serve_api(resolved, served(config), tokenizer_files(config), ready)
+    options = connect_options(config, Identity("api"))
+    await serve_api(resolved, served(config), tokenizer_files(config), options, ready)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import FIRST_COMPLETED, Future, InvalidStateError, wait
@@ -29,6 +30,7 @@ import anyio
 from anyio.abc import TaskGroup
 from loguru import logger
 
+from eventlog.connect_options import ConnectOptions
 from eventlog.log import EventLog
 from events.catalogue import AnyEvent, LogEvent, TaskAssigned, TaskCreated, TaskFailed, TelemetryEvent
 from events.subjects import task_subject
@@ -54,7 +56,8 @@ STOPPING_SUBJECTS = (task_subject("*", "cancelled"), task_subject("*", "failed")
 
 
 async def open_runner_log(url: str) -> EventLog:
-    return await EventLog.connect(url, name="shoal-runner")
+    """The runner's log, under the identity its worker gave it (in the environment, never argv)."""
+    return await EventLog.connect(url, name="shoal-runner", options=ConnectOptions.from_env(os.environ))
 
 
 class LogBridge:

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from eventlog.connect_options import ConnectOptions
 from eventlog.log import EventLog
 from services.api import chat, routes
 from services.api.context import ApiContext
@@ -57,11 +58,15 @@ def build_app(ctx: ApiContext) -> Starlette:
 
 
 async def serve_api(
-    resolved: ResolvedConfig, served: list[str], tokenizer_files: dict[str, Path], ready: asyncio.Event | None = None
+    resolved: ResolvedConfig,
+    served: list[str],
+    tokenizer_files: dict[str, Path],
+    options: ConnectOptions,
+    ready: asyncio.Event | None = None,
 ) -> None:
     """Run the API until cancelled: the log follower and uvicorn, in one task group."""
     config = resolved.config
-    log = await EventLog.connect(config.client_nats_url, log_settings(config), name="shoal-api")
+    log = await EventLog.connect(config.client_nats_url, log_settings(config), name="shoal-api", options=options)
     ctx = ApiContext.on(log, resolved, served, tokenizer_files)
 
     def listening() -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import msgspec
 from loguru import logger
 
+from eventlog.connect_options import ANONYMOUS, ConnectOptions
 from eventlog.log import EventLog
 from events.apply import apply_live
 from events.catalogue import LogEvent, NodeHeartbeat, Origin, RunnerHeartbeat
@@ -27,6 +28,7 @@ from services.master.watchdog import Liveness, RunnerKey, tick
 
 class MasterSettings(msgspec.Struct, frozen=True, kw_only=True):
     nats_url: str
+    nats: ConnectOptions = ANONYMOUS  # the master's identity on the bus
     policy: MasterPolicy
     tick_seconds: float = 0.5
 
@@ -47,7 +49,7 @@ class Master:
         self._log: EventLog | None = None
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
-        log = await EventLog.connect(self.settings.nats_url, name="shoal-master")
+        log = await EventLog.connect(self.settings.nats_url, name="shoal-master", options=self.settings.nats)
         self._log = log
         try:
             self.state = await log.fold()

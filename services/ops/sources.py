@@ -12,6 +12,7 @@ import datetime as dt
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from eventlog.connect_options import ConnectOptions
 from events.codec import ExportRecord
 from services.ops.load import ExportReader, SkippedLines
 
@@ -62,9 +63,9 @@ class LiveSource:
 
     live = True
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, options: ConnectOptions) -> None:
         self.url = url
-        self._records = asyncio.run(_read_live(url))
+        self._records = asyncio.run(_read_live(url, options))
         self.skipped: SkippedLines | None = None
 
     def records(self) -> Iterable[tuple[int, ExportRecord]]:
@@ -74,12 +75,14 @@ class LiveSource:
         self.skipped = SkippedLines(line=line, reason=reason, lines_not_used=len(self._records) - line + 1)
 
 
-async def _read_live(url: str) -> list[ExportRecord]:
+async def _read_live(url: str, options: ConnectOptions) -> list[ExportRecord]:
     from eventlog.log import EventLog, LogError  # NATS client only when asked to go live
 
     try:
         # EventLog.connect keeps retrying an unreachable server; an operator's command must not hang.
-        log = await asyncio.wait_for(EventLog.connect(url, ensure=False, name="shoal-ops"), CONNECT_TIMEOUT_S)
+        log = await asyncio.wait_for(
+            EventLog.connect(url, ensure=False, name="shoal-ops", options=options), CONNECT_TIMEOUT_S
+        )
     except (LogError, TimeoutError) as exc:
         reason = str(exc) or f"no answer within {CONNECT_TIMEOUT_S:.0f}s"
         raise SourceError(f"cannot connect to NATS at {url}: {reason}; is the server running?") from exc
@@ -101,8 +104,20 @@ def open_source(args: argparse.Namespace) -> FileSource | LiveSource:
     if file is not None:
         return FileSource(file)
     if args.nats_url is not None:
-        return LiveSource(str(args.nats_url))
+        return LiveSource(str(args.nats_url), operator_options(args))
     return configured_source(args)
+
+
+def operator_options(args: argparse.Namespace) -> ConnectOptions:
+    """The admin identity of this host's config, if it has identities (operators read everything)."""
+    from services.config import ConfigError, config_from_args
+    from services.credentials import CredentialsError, connect_options
+    from services.nats_permissions import Identity
+
+    try:
+        return connect_options(config_from_args(args).config, Identity("admin"))
+    except (ConfigError, CredentialsError) as exc:
+        raise SourceError(str(exc)) from exc
 
 
 def configured_source(args: argparse.Namespace) -> LiveSource:
@@ -119,7 +134,7 @@ def configured_source(args: argparse.Namespace) -> LiveSource:
     else:
         origin = f"no nats_url set: the embedded server's address, nats_port from {resolved.sources['nats_port']}"
     try:
-        return LiveSource(config.client_nats_url)
+        return LiveSource(config.client_nats_url, operator_options(args))
     except SourceError as exc:
         raise SourceError(
             f"no --file or --nats-url given, and the configured cluster ({origin}) does not answer: {exc} "

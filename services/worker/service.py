@@ -10,6 +10,7 @@ import socket
 import msgspec
 from loguru import logger
 
+from eventlog.connect_options import ANONYMOUS, RUNNER_ENV, ConnectOptions
 from eventlog.log import EventLog
 from events.apply import apply_live
 from events.catalogue import LogEvent, NodeHeartbeat, NodeJoined, NodeLeft, Origin, RunnerStatusChanged
@@ -28,6 +29,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """The node's own settings; its runners' come with their instance (`InstancePlaced.settings`)."""
 
     nats_url: str
+    nats: ConnectOptions = ANONYMOUS  # the worker's identity on the bus
+    runner_nats: ConnectOptions = ANONYMOUS  # its runners' (passed in their environment, never argv)
     node_id: str
     host: str = "127.0.0.1"  # the address peers reach this node's ring ports on
     heartbeat_interval_seconds: float
@@ -61,7 +64,9 @@ class Worker:
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Serve until cancelled; on the way out stop the runners and say the node left."""
-        log = await EventLog.connect(self.settings.nats_url, name=f"shoal-worker-{self.node_id}")
+        log = await EventLog.connect(
+            self.settings.nats_url, name=f"shoal-worker-{self.node_id}", options=self.settings.nats
+        )
         self._log = log
         try:
             async with asyncio.TaskGroup() as group:
@@ -99,7 +104,8 @@ class Worker:
 
     def _runner_env(self) -> dict[str, str]:
         sharing = max(1, ranks_sharing_host(self.state, self.settings.host))
-        return child_env(blas_env(self.settings.blas, sharing, os.cpu_count() or 1, os.environ))
+        blas = blas_env(self.settings.blas, sharing, os.cpu_count() or 1, os.environ)
+        return child_env({**blas, RUNNER_ENV: self.settings.runner_nats.to_env()})
 
     async def _runner_exited(self, key: RunnerKey, code: int, stderr_tail: str) -> None:
         assert self._log is not None

@@ -1,0 +1,108 @@
+"""How a client reaches and proves itself to NATS: one options object for both of shoal's clients,
+nats-py (stream management, single appends, telemetry) and the `Wire` (the bulk paths), so the two
+always connect alike (docs/ARCHITECTURE.md §3).
+
+    options = ConnectOptions(nkey_seed_file="/data/nats-credentials/master.nk", inbox_prefix="_INBOX.master")
+    log = await EventLog.connect(url, options=options)
+
+Authentication is an nkey (docs: README "Security"): the server sends a nonce in its INFO, the
+client answers with its public key and the nonce signed by its seed. The seed is read from its
+file when a connection signs, never kept in memory longer, and never put on a command line: a
+runner gets its options through one environment variable holding paths only (`RUNNER_ENV`).
+
+The inbox prefix matters as much as the key: replies and push-consumer deliveries come to
+`<inbox_prefix>.…`, and each identity may subscribe only under its own prefix, so no client can
+read another's replies or deliveries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from loguru import logger
+
+RUNNER_ENV = "SHOAL_RUNNER_NATS_OPTIONS"  # a runner's ConnectOptions as JSON, set by its worker
+
+
+class CredentialsUnreadable(OSError):
+    """The nkey seed file cannot be read or holds no valid seed."""
+
+
+class ConnectOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Options of one client connection (the TLS settings belong here too).
+
+    - `nkey_seed_file`: path of an nkey seed file (0600); empty = connect without authentication.
+    - `inbox_prefix`: where this client's replies and deliveries come; an identity's permissions
+      allow subscribing only under its own prefix.
+    - `manage_streams`: whether `EventLog.connect` may create or update the streams. Only the
+      admin identity may (the server refuses the others), so service identities say False.
+    """
+
+    nkey_seed_file: str = ""
+    inbox_prefix: str = "_INBOX"
+    manage_streams: bool = True
+
+    def nats_py_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of `nats.connect` these options stand for."""
+        kwargs: dict[str, Any] = {"inbox_prefix": self.inbox_prefix}
+        if self.nkey_seed_file:
+            kwargs["nkeys_seed"] = self.nkey_seed_file
+        return kwargs
+
+    def connect_fields(self, nonce: str | None) -> dict[str, str]:
+        """The authentication fields of a CONNECT answering an INFO that carried `nonce`."""
+        if not self.nkey_seed_file or nonce is None:
+            return {}
+        public_key, signature = sign_nonce(Path(self.nkey_seed_file), nonce.encode())
+        return {"nkey": public_key, "sig": signature}
+
+    def to_env(self) -> str:
+        return msgspec.json.encode(self).decode()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ConnectOptions:
+        """The runner's options, as its worker set them (none: an open server)."""
+        text = env.get(RUNNER_ENV)
+        return cls() if not text else msgspec.json.decode(text, type=cls)
+
+
+ANONYMOUS = ConnectOptions()  # no identity: an open server (tests, a trusted network)
+
+
+def sign_nonce(seed_file: Path, nonce: bytes) -> tuple[str, str]:
+    """(public key, signature of `nonce`, base64url without padding) for the seed in `seed_file`."""
+    import nkeys  # pyright: ignore[reportMissingTypeStubs]
+
+    try:
+        seed = bytearray(seed_file.read_bytes().strip())
+        key: Any = nkeys.from_seed(seed)  # pyright: ignore[reportUnknownMemberType]
+    except (OSError, ValueError, nkeys.NkeysError) as exc:  # pyright: ignore[reportUnknownMemberType]
+        raise CredentialsUnreadable(f"cannot use the NATS credentials in {seed_file}: {exc}") from exc
+    try:
+        public_key = bytes(key.public_key).decode()
+        signature = base64.urlsafe_b64encode(bytes(key.sign(nonce))).rstrip(b"=").decode()
+    finally:
+        key.wipe()
+    return public_key, signature
+
+
+def client_callbacks(url: str, connected: asyncio.Event, closing: asyncio.Event) -> dict[str, Any]:
+    """nats-py callbacks that log through loguru; quiet before the first connect and after close()."""
+
+    async def on_error(exc: Exception) -> None:
+        if connected.is_set():
+            logger.warning("NATS connection {}: {}", url, exc)
+
+    async def on_disconnect() -> None:
+        if connected.is_set() and not closing.is_set():
+            logger.warning("NATS disconnected from {}; reconnecting", url)
+
+    async def on_reconnect() -> None:
+        logger.info("NATS reconnected to {}", url)
+
+    return {"error_cb": on_error, "disconnected_cb": on_disconnect, "reconnected_cb": on_reconnect}
