@@ -102,7 +102,11 @@ class EventLog:
                 **client_callbacks(url, connected, closing),
             )
         except (OSError, nats.errors.Error, TimeoutError) as exc:
-            raise LogError(f"cannot connect to NATS at {url}: {exc}; is the server running (`shoal nats`)?") from exc
+            identity = "admit this identity" if options.nkey_seed_file else "need an identity"
+            raise LogError(
+                f"cannot connect to NATS at {url}: {exc}; is the server running (`shoal nats`), "
+                f"and does it {identity} (nats_credentials_dir)?"
+            ) from exc
         nc.options["max_reconnect_attempts"] = -1  # bounded only for the first connect
         connected.set()
         log = cls(nc, url, settings, options)
