@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                DECODE_CANCEL_CHUNKS),
             }  # fmt: skip
             tasks = run_rounds(sides, settings["rounds"])
-            events = asyncio.run(_settled_log(cluster.nats_url, [*tasks["prefill"], *tasks["decode"]], args))
+            events = asyncio.run(_settled_log(cluster, [*tasks["prefill"], *tasks["decode"]], args))
         finally:
             cluster.stop()
     return _report(settings, tasks, events, quick=bool(args.quick))
@@ -123,9 +123,9 @@ def _counts(chunk: Any, counted: Counted) -> bool:
     return bool(chunk.choices) and bool(chunk.choices[0].delta.content)
 
 
-async def _settled_log(url: str, task_ids: list[str], args: argparse.Namespace) -> list[LogEvent]:
+async def _settled_log(cluster: Cluster, task_ids: list[str], args: argparse.Namespace) -> list[LogEvent]:
     """The log once every cancelled task has all ranks idle, or the idle deadline has passed."""
-    log = await EventLog.connect(url, name="shoal-bench-cancel")
+    log = await EventLog.connect(cluster.admin_endpoint(), name="shoal-bench-cancel")
     try:
         give_up = time.monotonic() + args.idle_deadline
         while True:

@@ -17,7 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
+import msgspec
 import openai
+
+from eventlog.endpoint import NatsEndpoint
 
 READY = re.compile(r"shoal: ready: instance (\S+)")
 
@@ -121,6 +124,16 @@ class Cluster:
 
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=30.0)
+
+    def admin_endpoint(self) -> NatsEndpoint:
+        """This cluster's NATS as the operator identity `shoal up` made in its data dir (its NATS
+        admits no one else), with the TLS files of its environment."""
+        from services.config import resolve_config
+        from services.credentials import endpoint_for
+        from services.nats_permissions import Identity
+
+        admin = endpoint_for(resolve_config(env=self.env).config, Identity("admin"))
+        return msgspec.structs.replace(admin, url=self.nats_url)
 
     def runner_pids(self) -> dict[tuple[str, int], int]:
         """(instance, rank) -> pid of the runner processes of this cluster."""

@@ -1,8 +1,8 @@
 """nats-py's connection for the log (stream management, single appends, telemetry), opened from a
-`NatsEndpoint` with the same TLS context as the log's own wire connections.
+`NatsEndpoint` with the same TLS context and identity as the log's own wire connections.
 
 Before nats-py connects, one wire connection (`wire.py`) waits for the server and completes the
-handshake, TLS included: nats-py (2.x) never returns from a first connect whose TLS handshake
+handshake, TLS and nkey authentication included: nats-py (2.x) never returns from a first connect whose TLS handshake
 failed, so a wrong CA or a missing client certificate would hang a service instead of naming the
 setting to fix.
 """
@@ -20,6 +20,7 @@ from loguru import logger
 from nats.aio.client import Client
 
 from eventlog.endpoint import NatsEndpoint
+from eventlog.identity import CredentialsUnreadable
 from eventlog.publish import LogError
 from eventlog.tls import TlsRefused, TlsSetupError
 from eventlog.wire import Wire, WireClosed, split_servers
@@ -49,7 +50,7 @@ class NatsClient:
             tls = endpoint.tls_context()
         except (ValueError, TlsSetupError) as exc:
             raise LogError(str(exc)) from exc
-        await _reach(url, tls, wait_seconds)
+        await _reach(endpoint, tls, wait_seconds)
         closing = asyncio.Event()
         connected = asyncio.Event()
         try:
@@ -60,35 +61,40 @@ class NatsClient:
                 reconnect_time_wait=RETRY_SECONDS,
                 connect_timeout=2,
                 allow_reconnect=True,
-                **({"tls": tls} if tls is not None else {}),
+                **endpoint.nats_py_kwargs(tls),
                 **_callbacks(url, connected, closing),
             )
         except (OSError, nats.errors.Error, TimeoutError) as exc:
-            raise LogError(_unreachable(url, exc)) from exc
+            raise LogError(_unreachable(endpoint, exc)) from exc
         nc.options["max_reconnect_attempts"] = -1  # bounded only for the first connect
         connected.set()
         return cls(nc, tls, closing)
 
 
-async def _reach(url: str, tls: ssl.SSLContext | None, wait_seconds: float) -> None:
-    """Wait until a server of `url` completes a handshake with us (see the module docstring)."""
+async def _reach(endpoint: NatsEndpoint, tls: ssl.SSLContext | None, wait_seconds: float) -> None:
+    """Wait until a server of the endpoint completes a handshake with us, TLS and identity
+    included (see the module docstring)."""
     deadline = time.monotonic() + wait_seconds
     while True:
         try:
-            wire = await Wire.open(url, tls=tls, timeout=2.0, name="shoal-probe")
-        except TlsRefused as exc:
+            wire = await Wire.open(endpoint.url, tls=tls, identity=endpoint.identity, timeout=2.0, name="shoal-probe")
+        except (TlsRefused, CredentialsUnreadable) as exc:
             raise LogError(str(exc)) from exc
         except WireClosed as exc:
             if time.monotonic() >= deadline:
-                raise LogError(_unreachable(url, exc)) from exc
+                raise LogError(_unreachable(endpoint, exc)) from exc
             await asyncio.sleep(RETRY_SECONDS)
         else:
             wire.close()
             return
 
 
-def _unreachable(url: str, exc: Exception) -> str:
-    return f"cannot connect to NATS at {url}: {exc}; is the server running (`shoal nats`)?"
+def _unreachable(endpoint: NatsEndpoint, exc: Exception) -> str:
+    identity = "admit this identity" if endpoint.identity.nkey_seed_file else "need an identity"
+    return (
+        f"cannot connect to NATS at {endpoint.url}: {exc}; is the server running (`shoal nats`), "
+        f"and does it {identity} (nats_credentials_dir)?"
+    )
 
 
 def _callbacks(url: str, connected: asyncio.Event, closing: asyncio.Event) -> dict[str, Any]:

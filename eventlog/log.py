@@ -79,7 +79,8 @@ class EventLog:
         ensure: bool = True,
         wait_seconds: float = 5.0,
     ) -> EventLog:
-        """Connect, waiting up to `wait_seconds` for the server; unless `ensure=False`, ensure streams.
+        """Connect, waiting up to `wait_seconds` for the server; ensure the streams if `ensure` and
+        `endpoint.identity.manage_streams` (a service identity may not: only the admin manages streams).
 
         `endpoint`: a NatsEndpoint, or a bare URL (no TLS files: a `tls://` URL then trusts the
         system's CAs). Once connected, the connection reconnects forever (a NATS restart is
@@ -89,7 +90,7 @@ class EventLog:
         endpoint = endpoint if isinstance(endpoint, NatsEndpoint) else NatsEndpoint(url=endpoint)
         client = await NatsClient.open(endpoint, name=name, wait_seconds=wait_seconds)
         log = cls(client, endpoint, settings or LogSettings())
-        if ensure:
+        if ensure and endpoint.identity.manage_streams:
             await log.ensure_streams()
         return log
 
@@ -183,7 +184,9 @@ class EventLog:
                 if not todo:
                     return outbox.seqs
                 try:
-                    wire = self._pub_wire or await Wire.open(self.url, tls=self._tls, name="shoal-append")
+                    wire = self._pub_wire or await Wire.open(
+                        self.url, tls=self._tls, identity=self.endpoint.identity, name="shoal-append"
+                    )
                     self._pub_wire = wire
                     await pipeline(wire, outbox, todo)
                 except TlsRefused as exc:
@@ -297,7 +300,7 @@ class EventLog:
             wire: Wire | None = None
             reader: StreamReader | None = None
             try:
-                wire = await Wire.open(self.url, tls=self._tls, name="shoal-read")
+                wire = await Wire.open(self.url, tls=self._tls, identity=self.endpoint.identity, name="shoal-read")
                 reader = StreamReader(wire, stream_name(stream), list(subjects or ()), live=live)
                 async for raw in reader.batches(position):
                     failing_since = None

@@ -8,7 +8,8 @@ client for everything else (stream management, single appends, telemetry).
 Frames are parsed by `eventlog.frames.FrameParser`, the one parser of server frames.
 The connection has no background task: whoever calls `read_messages()` drives it, answering server
 PINGs as it goes. One owner at a time. It speaks `nats://` and `tls://` (optionally `user:pass@`
-or a token in the URL); TLS is the standard upgrade (`eventlog/tls.py`): the server's INFO comes in
+or a token in the URL) and authenticates like nats-py, from the same `NatsIdentity` (an nkey signs
+the server's nonce). TLS is the standard upgrade (`eventlog/tls.py`): the server's INFO comes in
 plain text, then the same socket is wrapped once INFO says `tls_required`.
 """
 
@@ -24,6 +25,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from eventlog.frames import Err, Frame, FrameError, FrameParser, Info, Msg, Ping, Pong
+from eventlog.identity import ANONYMOUS, CredentialsUnreadable, NatsIdentity
 from eventlog.tls import TlsRefused, explain_refusal, setting
 
 _CRLF = b"\r\n"
@@ -39,9 +41,11 @@ class WireClosed(ConnectionError):
 
 
 class Greeting(msgspec.Struct, frozen=True):
-    """The fields of the server's first INFO that the handshake acts on."""
+    """The fields of the server's first INFO that the handshake acts on: whether to upgrade to
+    TLS, and the nonce an nkey must sign, if any."""
 
     tls_required: bool = False
+    nonce: str | None = None
 
 
 _greeting_decoder = msgspec.json.Decoder(Greeting)
@@ -73,7 +77,10 @@ def split_servers(url: str) -> list[tuple[str, int, dict[str, str]]]:
 class Wire:
     """One TCP connection speaking the NATS client protocol (subset: SUB/UNSUB/PUB/HPUB/PING)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, identity: NatsIdentity = ANONYMOUS
+    ) -> None:
+        self._identity = identity
         self._reader = reader
         self._writer = writer
         self._out = bytearray()
@@ -83,28 +90,37 @@ class Wire:
 
     @classmethod
     async def open(
-        cls, url: str, *, tls: ssl.SSLContext | None = None, timeout: float = 5.0, name: str = "shoal-wire"
+        cls,
+        url: str,
+        *,
+        tls: ssl.SSLContext | None = None,
+        identity: NatsIdentity = ANONYMOUS,
+        timeout: float = 5.0,
+        name: str = "shoal-wire",
     ) -> Wire:
-        """Connect to the first server of `url` that answers.
+        """Connect to the first server of `url` that answers, as `identity`.
 
         `tls` given: TLS is required (a server that does not offer it is refused, never used in
         plain text). None: plain, unless the server requires TLS; then the system's default
-        context verifies it, as nats-py does. A TLS failure a setting fixes is `TlsRefused`.
+        context verifies it, as nats-py does. A TLS failure a setting fixes is `TlsRefused`; a
+        seed file that cannot be used is `CredentialsUnreadable` (neither is worth retrying).
         """
         last: Exception | None = None
         for host, port, auth in split_servers(url):
             try:
-                return await asyncio.wait_for(cls._handshake(host, port, auth, name, tls), timeout)
+                return await asyncio.wait_for(cls._handshake(host, port, auth, name, tls, identity), timeout)
+            except CredentialsUnreadable:
+                raise
             except (OSError, TimeoutError, WireError) as exc:
                 last = exc
         raise WireClosed(f"cannot connect to NATS at {url}: {last}") from last
 
     @classmethod
     async def _handshake(
-        cls, host: str, port: int, auth: dict[str, str], name: str, tls: ssl.SSLContext | None
+        cls, host: str, port: int, auth: dict[str, str], name: str, tls: ssl.SSLContext | None, identity: NatsIdentity
     ) -> Wire:
         reader, writer = await asyncio.open_connection(host, port, limit=READ_SIZE * 4)
-        wire = cls(reader, writer)
+        wire = cls(reader, writer, identity)
         where = f"{host}:{port}"
         upgraded = False
         try:
@@ -122,6 +138,7 @@ class Wire:
                 "version": "0",
                 "name": name,
                 **auth,
+                **identity.connect_fields(greeting.nonce),
             }
             # CONNECT and PING in one write: a server that refuses our certificate after the handshake
             # (TLS 1.3) has closed the socket by now, and a second write would fail before its alert is read
@@ -191,7 +208,8 @@ class Wire:
             raise WireError(f"{where} sent an INFO that is not NATS's: {exc}") from exc
 
     def new_inbox(self) -> str:
-        return f"_INBOX.shoal.{secrets.token_hex(8)}"
+        """A fresh subject under this client's inbox prefix (the only place it may subscribe)."""
+        return f"{self._identity.inbox_prefix}.{secrets.token_hex(8)}"
 
     def subscribe(self, subject: str) -> bytes:
         """Subscribe; returns the subscription id, the token `Msg.sid` carries (bytes, as sent)."""

@@ -28,7 +28,7 @@ import msgspec
 import yaml
 from msgspec import Meta
 
-from eventlog.endpoint import NatsEndpoint
+from eventlog.endpoint import IDENTITY_ENV, NatsEndpoint
 from eventlog.streams import LogSettings, StreamLimits
 from eventlog.tls import TlsFiles
 from events.runner_settings import (
@@ -45,7 +45,7 @@ from events.runner_settings import (
 from services.config_values import REDACTED, ConfigError, DeclaredFields
 
 ENV_PREFIX = "SHOAL_"
-ENV_NOT_SETTINGS = frozenset({"SHOAL_CONFIG"})  # SHOAL_* variables that are not settings
+ENV_NOT_SETTINGS = frozenset({"SHOAL_CONFIG", IDENTITY_ENV})  # SHOAL_* variables that are not settings
 RUNNER_DEFAULTS = RunnerSettings()  # the runners' defaults, declared once in events/runner_settings.py
 
 _NON_EMPTY = Meta(pattern=r"\S", extra={"allowed": "a non-empty string"})
@@ -92,6 +92,14 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     data_dir: Annotated[str, _NON_EMPTY, Meta(description="where the embedded nats-server keeps the log")] = (
         "~/.local/share/shoal"
     )
+    nats_credentials_dir: Annotated[
+        str,
+        Meta(
+            extra={"allowed": "empty, or the path of a directory of nkey seed files"},
+            description="this host's NATS identities (nkey seed files from `shoal nats credentials`); "
+            "empty = <data_dir>/nats-credentials when a server embedded there made them, else none",
+        ),
+    ] = ""
     api_host: Annotated[str, _NON_EMPTY, Meta(description="address the OpenAI-compatible API binds")] = "127.0.0.1"
     api_port: Annotated[int, Meta(ge=1, le=65535, description="port of the OpenAI-compatible API")] = 8000
     api_keys: Annotated[
@@ -162,7 +170,8 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def nats_endpoint(self) -> NatsEndpoint:
-        """What every connection of this process to NATS is opened from."""
+        """Where this host's NATS is and the TLS files to reach it with; a role's connections add
+        its identity to it (`services.credentials.endpoint_for`)."""
         return NatsEndpoint(url=self.client_nats_url, tls=self.nats_tls)
 
 
@@ -202,6 +211,13 @@ def runner_settings(config: ShoalConfig) -> RunnerSettings:
 # --- checks ---------------------------------------------------------------------------------
 
 FIELDS = DeclaredFields(ShoalConfig)
+
+
+def is_secret_variable(name: str) -> bool:
+    """Whether environment variable `name` holds a secret setting (SHOAL_API_KEYS): such a
+    variable is never handed down to a child process that has no use for it."""
+    key = name.removeprefix(ENV_PREFIX).lower()
+    return name.startswith(ENV_PREFIX) and key in KEYS and FIELDS.is_secret(key)
 
 
 def _refuse_nonsense(config: ShoalConfig, sources: Mapping[str, str]) -> None:

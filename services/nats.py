@@ -10,6 +10,10 @@ With `tls` files holding a certificate and key it serves TLS only (`tls://`), an
 requires client certificates signed by that CA (mutual TLS); the same three settings
 (`nats_tls_*`) are what shoal's clients on this host connect with.
 
+With a `config_file` (`services/credentials.py` writes it) the server admits only the identities
+it lists, each with its permissions; without one it is open to whoever reaches its port. The two
+combine: TLS protects the connection, the identities decide who may do what on it.
+
 Errors a user can cause are named and say what to do: `NatsBinaryNotFound`, `PortInUse`,
 `NatsStartFailed`, `NatsTlsError`.
 """
@@ -162,6 +166,7 @@ class EmbeddedNats:
         binary: str | None = None,
         tls: TlsFiles = NO_TLS,
         extra_args: tuple[str, ...] = (),
+        config_file: str | os.PathLike[str] | None = None,
         ready_timeout: float = 10.0,
         stop_timeout: float = 10.0,
     ) -> None:
@@ -171,6 +176,7 @@ class EmbeddedNats:
         self._binary = binary
         self.tls = tls
         self._extra_args = extra_args
+        self._config_file = config_file
         self._ready_timeout = ready_timeout
         self._stop_timeout = stop_timeout
         self._process: subprocess.Popen[bytes] | None = None
@@ -190,8 +196,10 @@ class EmbeddedNats:
 
     def command(self) -> list[str]:
         binary = self._binary or find_nats_server()
+        config = ["-c", str(self._config_file)] if self._config_file is not None else []
         return [
             binary,
+            *config,
             "-a",
             self.host,
             "-p",

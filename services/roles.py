@@ -1,5 +1,6 @@
 """The cluster's roles built from one resolved config, so `shoal up` and the standalone
-`shoal master|worker|api` commands run exactly the same services with the same settings."""
+`shoal master|worker|api` commands run exactly the same services with the same settings, each
+under its own identity on the bus (`services/credentials.py`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import asyncio
 from services.api.app import serve_api
 from services.api.auth import ApiAccess
 from services.config import ResolvedConfig, ShoalConfig, runner_settings
+from services.credentials import endpoint_for
 from services.master.core import MasterPolicy
 from services.master.service import Master, MasterSettings
 from services.models import LocalModelCatalog
+from services.nats_permissions import Identity
 from services.worker.service import Worker, WorkerSettings
 
 
@@ -33,7 +36,8 @@ async def run_master(
 ) -> None:
     config = resolved.config
     settings = MasterSettings(
-        nats=config.nats_endpoint, policy=master_policy(config, min_nodes_for_default=min_nodes_for_default)
+        nats=endpoint_for(config, Identity("master")),
+        policy=master_policy(config, min_nodes_for_default=min_nodes_for_default),
     )
     await Master(settings, LocalModelCatalog(served(config), allow_download=config.model_download)).run(ready)
 
@@ -48,7 +52,8 @@ async def run_worker(
 ) -> None:
     config = resolved.config
     settings = WorkerSettings(
-        nats=config.nats_endpoint,
+        nats=endpoint_for(config, Identity("worker", node_id)),
+        runner_nats=endpoint_for(config, Identity("runner", node_id)),
         node_id=node_id,
         host=host,
         heartbeat_interval_seconds=config.heartbeat_interval_seconds,
@@ -60,4 +65,4 @@ async def run_worker(
 
 async def run_api(resolved: ResolvedConfig, access: ApiAccess, ready: asyncio.Event | None = None) -> None:
     config = resolved.config
-    await serve_api(resolved, access, served(config), ready)
+    await serve_api(resolved, access, served(config), endpoint_for(config, Identity("api")), ready)

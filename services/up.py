@@ -1,7 +1,11 @@
 """`shoal up`: embedded NATS (unless a URL is given), the master, N workers and the API in one
 process tree; a ready line once a warm instance of the model exists, saying whether the API is
 open or needs keys; Ctrl-C stops it all. The API's keys are read (and an open API on a network
-refused) before anything starts."""
+refused) before anything starts.
+
+The embedded server admits only the identities `shoal up` keeps under `<data_dir>/nats-credentials`
+(made on the first run, reused after): each service connects as itself, and the admin identity
+creates the streams before any service starts (README "Security")."""
 
 from __future__ import annotations
 
@@ -9,53 +13,64 @@ import asyncio
 import signal
 import sys
 
-from eventlog.endpoint import NatsEndpoint
+import msgspec
+
 from eventlog.log import EventLog
 from events.apply import apply_live
 from events.state import State
 from services.api.auth import ApiAccess, load_api_access
-from services.config import ResolvedConfig
+from services.config import ResolvedConfig, log_settings
+from services.credentials import embedded_server, endpoint_for
 from services.nats import EmbeddedNats
+from services.nats_permissions import Identity
 from services.roles import run_api, run_master, run_worker
 from services.up_progress import UpProgress
 
 NODE_PREFIX = "node"
 
 
-async def wait_until_ready(nats: NatsEndpoint, model: str) -> str:
+def node_ids(workers: int) -> list[str]:
+    return [f"{NODE_PREFIX}-{i}" for i in range(workers)]
+
+
+async def wait_until_ready(log: EventLog, model: str) -> str:
     """Follow the log until an instance of `model` has every rank ready; its id. Prints download
     progress and why the model cannot be served, as the log tells them."""
-    log = await EventLog.connect(nats, name="shoal-up")
     state = State()
     progress = UpProgress(model)
-    try:
-        async for seq, event in log.follow(from_seq=1):
-            state, _error = apply_live(state, seq, event)
-            for line in progress.lines(state):
-                print(line, flush=True)
-            for instance in state.instances.values():
-                if instance.model == model and instance.ready:
-                    return instance.instance_id
-    finally:
-        await log.close()
+    async for seq, event in log.follow(from_seq=1):
+        state, _error = apply_live(state, seq, event)
+        for line in progress.lines(state):
+            print(line, flush=True)
+        for instance in state.instances.values():
+            if instance.model == model and instance.ready:
+                return instance.instance_id
     raise RuntimeError("the event log ended before an instance was ready")
 
 
 async def run_cluster(resolved: ResolvedConfig, access: ApiAccess, workers: int) -> None:
     config = resolved.config
-    async with asyncio.TaskGroup() as group:
-        master_ready = asyncio.Event()
-        group.create_task(run_master(resolved, min_nodes_for_default=workers, ready=master_ready))
-        await master_ready.wait()
-        for i in range(workers):
-            group.create_task(run_worker(resolved, f"{NODE_PREFIX}-{i}"))
-        api_ready = asyncio.Event()
-        group.create_task(run_api(resolved, access, api_ready))
-        await api_ready.wait()
-        url = f"http://{config.api_host}:{config.api_port}"
-        print(f"shoal: API at {url}/v1 (model {config.model!r}, {workers} worker(s)); warming up...", flush=True)
-        instance = await wait_until_ready(config.nats_endpoint, config.model)
-        print(f"shoal: ready: instance {instance} serves {config.model!r} at {url}/v1; {access.describe()}", flush=True)
+    admin = endpoint_for(config, Identity("admin"))
+    log = await EventLog.connect(admin, log_settings(config), name="shoal-up")
+    try:
+        async with asyncio.TaskGroup() as group:
+            master_ready = asyncio.Event()
+            group.create_task(run_master(resolved, min_nodes_for_default=workers, ready=master_ready))
+            await master_ready.wait()
+            for node_id in node_ids(workers):
+                group.create_task(run_worker(resolved, node_id))
+            api_ready = asyncio.Event()
+            group.create_task(run_api(resolved, access, api_ready))
+            await api_ready.wait()
+            url = f"http://{config.api_host}:{config.api_port}"
+            print(f"shoal: API at {url}/v1 (model {config.model!r}, {workers} worker(s)); warming up...", flush=True)
+            instance = await wait_until_ready(log, config.model)
+            print(
+                f"shoal: ready: instance {instance} serves {config.model!r} at {url}/v1; {access.describe()}",
+                flush=True,
+            )
+    finally:
+        await log.close()
 
 
 def up(resolved: ResolvedConfig, workers: int) -> int:
@@ -63,10 +78,10 @@ def up(resolved: ResolvedConfig, workers: int) -> int:
     access = load_api_access(resolved)
     nats: EmbeddedNats | None = None
     if not config.nats_url:
-        nats = EmbeddedNats(
-            data_dir=config.data_path, host=config.nats_host, port=config.nats_port, tls=config.nats_tls
-        ).start()
-        resolved = _with_nats_url(resolved, nats.url)
+        nats, directory = embedded_server(config, node_ids(workers))
+        nats.start()
+        print(f"shoal: NATS at {nats.url} admits only the identities in {directory}", flush=True)
+        resolved = _with_embedded_nats(resolved, nats.url, str(directory))
     try:
         return asyncio.run(_main(resolved, access, workers))
     finally:
@@ -88,12 +103,12 @@ async def _main(resolved: ResolvedConfig, access: ApiAccess, workers: int) -> in
     return 0
 
 
-def _with_nats_url(resolved: ResolvedConfig, url: str) -> ResolvedConfig:
-    import msgspec
-
-    config = msgspec.structs.replace(resolved.config, nats_url=url)
+def _with_embedded_nats(resolved: ResolvedConfig, url: str, credentials: str) -> ResolvedConfig:
+    """The config the services get: the embedded server's address and the identities it admits."""
+    config = msgspec.structs.replace(resolved.config, nats_url=url, nats_credentials_dir=credentials)
     sources = {
         **resolved.sources,
         "nats_url": f"embedded nats-server ({resolved.sources.get('nats_port', 'default')} port)",
+        "nats_credentials_dir": f"embedded nats-server ({resolved.sources['nats_credentials_dir']})",
     }
     return msgspec.structs.replace(resolved, config=config, sources=sources)

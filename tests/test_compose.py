@@ -1,15 +1,19 @@
-"""compose.nats.yaml: its three nodes form a JetStream cluster that holds an R3 SHOAL_EVENTS.
+"""compose.nats.yaml: its three nodes form a JetStream cluster that holds an R3 SHOAL_EVENTS,
+admitting only shoal's identities, with routes that must authenticate.
 
 No Docker engine runs here, so the test reads the file and starts each service's command as a
-local nats-server process: hostnames map to 127.0.0.1 and each node's container ports (client,
-cluster, monitoring) and /data volume map to a free loopback port and a temp dir of its own.
+local nats-server process: hostnames map to 127.0.0.1, each node's container ports (client,
+cluster, monitoring) and /data volume map to a free loopback port and a temp dir of its own, and
+the credentials mount to a bundle made by `shoal nats credentials` with those cluster ports.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,13 +22,17 @@ import nats.js.errors
 import pytest
 import yaml
 
+from eventlog.endpoint import NatsEndpoint
+from eventlog.identity import NatsIdentity
 from eventlog.log import EventLog, LogError
 from eventlog.streams import LogSettings
 from events.synthetic import synthetic_history
+from services.credentials import seed_path, write_bundle
 from services.nats import find_nats_server, free_port, read_info
+from services.nats_permissions import Identity
 
 ROOT = Path(__file__).resolve().parent.parent
-PORT_FLAGS = ("--port", "--http_port")
+CREDENTIALS_MOUNT = "./nats-credentials/nats-server"
 
 
 def load_services() -> dict[str, dict[str, object]]:
@@ -41,18 +49,20 @@ def flags(command: list[str]) -> dict[str, str]:
     return out
 
 
-def test_the_file_describes_three_routed_jetstream_nodes_with_volumes_and_client_ports() -> None:
+def test_the_file_describes_three_jetstream_nodes_with_their_cluster_configs_volumes_and_ports() -> None:
     services = load_services()
     assert sorted(services) == ["nats-1", "nats-2", "nats-3"]
     published: set[str] = set()
-    for name, service in services.items():
+    for index, (name, service) in enumerate(sorted(services.items()), 1):
         options = flags(service["command"])  # type: ignore[arg-type]
         assert "--jetstream" in options and options["--server_name"] == name
-        assert options["--cluster_name"] == "shoal"
-        routes = options["--routes"].split(",")
-        assert sorted(routes) == [f"nats://nats-{i}:6222" for i in (1, 2, 3)]
-        volume, _, target = service["volumes"][0].partition(":")  # type: ignore[index]
+        assert "--cluster" not in options and "--routes" not in options, "a flag would drop the route password"
+        data, credentials = service["volumes"]  # type: ignore[misc]
+        volume, _, target = data.partition(":")
         assert target == options["--store_dir"] and volume == f"{name}-data"
+        source, mount, mode = credentials.split(":")
+        assert source == CREDENTIALS_MOUNT and mode == "ro"
+        assert options["--config"] == f"{mount}/cluster-{index}.conf"
         client = [p for p in service["ports"] if p.endswith(f":{options['--port']}")]  # type: ignore[union-attr]
         assert len(client) == 1
         published.add(client[0].split(":")[0])
@@ -63,12 +73,17 @@ class Node:
     def __init__(self, name: str, client: int, cluster: int, http: int) -> None:
         self.name, self.client, self.cluster, self.http = name, client, cluster, http
 
+    def route_names(self) -> set[str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/routez", timeout=2) as response:
+            routes = json.load(response)["routes"]
+        return {route.get("remote_name", "") for route in routes}
+
 
 def local_command(name: str, service: dict[str, object], nodes: dict[str, Node], tmp: Path) -> list[str]:
-    """The service's command with hostnames -> 127.0.0.1, container ports and /data -> local ones."""
+    """The service's command with container ports and mounts -> local ones."""
     node = nodes[name]
     command: list[str] = list(service["command"])  # type: ignore[call-overload]
-    volume, _, target = str(service["volumes"][0]).partition(":")  # type: ignore[index]
+    mounts = {target: source for source, target, *_ in (str(v).split(":") for v in service["volumes"])}  # type: ignore[attr-defined]
     out = [find_nats_server()]
     for index, token in enumerate(command):
         previous = command[index - 1] if index else ""
@@ -76,14 +91,10 @@ def local_command(name: str, service: dict[str, object], nodes: dict[str, Node],
             token = str(node.client)
         elif previous == "--http_port":
             token = str(node.http)
-        elif previous == "--store_dir" and token == target:
-            token = str(tmp / volume)
-        elif previous == "--cluster":
-            token = f"nats://127.0.0.1:{node.cluster}"
-        elif previous == "--routes":
-            token = ",".join(
-                f"nats://127.0.0.1:{nodes[r.split('//')[1].split(':')[0]].cluster}" for r in token.split(",")
-            )
+        else:
+            for target, source in mounts.items():
+                if token == target or token.startswith(f"{target}/"):
+                    token = str(tmp / source.removeprefix("./")) + token.removeprefix(target)
         out.append(token)
     return out
 
@@ -91,7 +102,8 @@ def local_command(name: str, service: dict[str, object], nodes: dict[str, Node],
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[dict[str, Node]]:
     services = load_services()
-    nodes = {name: Node(name, free_port(), free_port(), free_port()) for name in services}
+    nodes = {name: Node(name, free_port(), free_port(), free_port()) for name in sorted(services)}
+    write_bundle(tmp_path / "nats-credentials", ["node-a"], [f"127.0.0.1:{n.cluster}" for n in nodes.values()])
     processes = [
         subprocess.Popen(
             local_command(name, service, nodes, tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -112,11 +124,21 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, Node]]:
             process.wait(timeout=15)
 
 
-async def _connect_when_ready(url: str, settings: LogSettings) -> EventLog:
+def endpoint_as(url: str, tmp: Path, identity: Identity) -> NatsEndpoint:
+    control = tmp / "nats-credentials" / "control"
+    as_identity = NatsIdentity(
+        nkey_seed_file=str(seed_path(control, identity)),
+        inbox_prefix=identity.inbox_prefix,
+        manage_streams=identity.role == "admin",
+    )
+    return NatsEndpoint(url=url, identity=as_identity)
+
+
+async def _connect_when_ready(endpoint: NatsEndpoint, settings: LogSettings) -> EventLog:
     deadline = time.monotonic() + 40
     while True:  # JetStream needs a meta leader before it accepts streams
         try:
-            return await EventLog.connect(url, settings)
+            return await EventLog.connect(endpoint, settings)
         except (LogError, nats.js.errors.Error, nats.errors.Error, TimeoutError):
             if time.monotonic() > deadline:
                 raise
@@ -124,11 +146,13 @@ async def _connect_when_ready(url: str, settings: LogSettings) -> EventLog:
 
 
 @pytest.mark.timeout(90)
-async def test_the_compose_cluster_holds_an_r3_events_stream(cluster: dict[str, Node]) -> None:
+async def test_the_compose_cluster_holds_an_r3_events_stream(cluster: dict[str, Node], tmp_path: Path) -> None:
     urls = [f"nats://127.0.0.1:{node.client}" for node in cluster.values()]
     settings = LogSettings(replicas=3)
-    log = await _connect_when_ready(urls[0], settings)
-    other = await EventLog.connect(urls[2], settings, ensure=False)
+    with pytest.raises(LogError, match="cannot connect"):
+        await EventLog.connect(urls[1], settings, wait_seconds=0.5)  # no identity, no entry
+    log = await _connect_when_ready(endpoint_as(urls[0], tmp_path, Identity("admin")), settings)
+    other = await EventLog.connect(endpoint_as(urls[2], tmp_path, Identity("master")), settings)
     try:
         events = synthetic_history(200)
         assert (await log.append_many(events))[-1] == 200
@@ -141,3 +165,25 @@ async def test_the_compose_cluster_holds_an_r3_events_stream(cluster: dict[str, 
     finally:
         await log.close()
         await other.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_server_without_the_route_password_cannot_join(cluster: dict[str, Node], tmp_path: Path) -> None:
+    first = next(iter(cluster.values()))
+    rogue_cluster = free_port()
+    rogue = subprocess.Popen(
+        [find_nats_server(), "--server_name", "rogue", "-p", str(free_port()), "--cluster_name", "shoal",
+         "--cluster", f"nats://127.0.0.1:{rogue_cluster}", "--routes", f"nats://127.0.0.1:{first.cluster}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while first.route_names() != set(cluster) - {first.name}:  # the members routed: the check can fail
+            assert time.monotonic() < deadline, f"members never routed: {first.route_names()}"
+            time.sleep(0.1)
+        for _ in range(30):  # the rogue retries every second; none gets in
+            assert "rogue" not in first.route_names()
+            time.sleep(0.1)
+    finally:
+        rogue.terminate()
+        rogue.wait(timeout=15)

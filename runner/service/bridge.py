@@ -55,6 +55,7 @@ STOPPING_SUBJECTS = (task_subject("*", "cancelled"), task_subject("*", "failed")
 
 
 async def open_runner_log(nats: NatsEndpoint) -> EventLog:
+    """The runner's log, as the identity its worker gave it (in the environment, never argv)."""
     return await EventLog.connect(nats, name="shoal-runner")
 
 

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from eventlog.publish import LogError
 from services.api import chat, routes
@@ -108,11 +109,12 @@ async def serve_api(
     resolved: ResolvedConfig,
     access: ApiAccess,
     served: list[str],
+    nats: NatsEndpoint,
     ready: asyncio.Event | None = None,
 ) -> None:
     """Run the API until cancelled: the log follower and uvicorn, in one task group."""
     config = resolved.config
-    log = await EventLog.connect(config.nats_endpoint, log_settings(config), name="shoal-api")
+    log = await EventLog.connect(nats, log_settings(config), name="shoal-api")
     ctx = ApiContext.on(log, resolved, served, access=access)
 
     def listening() -> None:

@@ -20,6 +20,7 @@ from services.config import (
     config_from_args,
     configure_logging,
 )
+from services.credentials import CredentialsError
 from services.nats import NatsError
 
 
@@ -73,7 +74,7 @@ def _up(args: argparse.Namespace) -> int:
     try:
         prepare_tiny(resolved.config.model)
         return up(resolved, resolved.config.workers)
-    except (NatsError, LogError, ConfigError) as exc:
+    except (NatsError, LogError, ConfigError, CredentialsError) as exc:
         print(f"shoal up: {exc}", file=sys.stderr)
         return 1
 
@@ -105,7 +106,7 @@ def _serve(args: argparse.Namespace, role: str) -> int:
         asyncio.run(runs[role]())
     except KeyboardInterrupt:
         return 0
-    except (LogError, ConfigError) as exc:
+    except (LogError, ConfigError, CredentialsError) as exc:
         print(f"shoal {role}: {exc}", file=sys.stderr)
         return 1
     return 0

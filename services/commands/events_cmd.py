@@ -28,6 +28,8 @@ from services.config import (
     configure_logging,
     log_settings,
 )
+from services.credentials import endpoint_for
+from services.nats_permissions import Identity
 
 
 def register(subparsers: Any) -> None:
@@ -73,7 +75,8 @@ def _handler(command: Callable[[EventLog, argparse.Namespace], Awaitable[int]]) 
 async def _with_log(
     config: ShoalConfig, args: argparse.Namespace, command: Callable[[EventLog, argparse.Namespace], Awaitable[int]]
 ) -> int:
-    log = await EventLog.connect(config.nats_endpoint, log_settings(config), name="shoal-events", wait_seconds=2)
+    admin = endpoint_for(config, Identity("admin"))  # operators' tools: the one identity that may import
+    log = await EventLog.connect(admin, log_settings(config), name="shoal-events", wait_seconds=2)
     try:
         return await command(log, args)
     finally:

@@ -1,4 +1,5 @@
-"""`shoal nats`: run the embedded NATS JetStream server alone, with shoal's streams created."""
+"""`shoal nats`: run the embedded NATS JetStream server alone, with shoal's streams created;
+`shoal nats credentials --out DIR --nodes n1,n2`: the identities of a cluster on several hosts."""
 
 from __future__ import annotations
 
@@ -6,13 +7,32 @@ import argparse
 import asyncio
 import signal
 import sys
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import msgspec
+
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog, LogError
-from services.config import ConfigError, add_setting_flag, config_from_args, configure_logging, log_settings
+from events.ids import InvalidId, check_token
+from services.config import (
+    ConfigError,
+    ShoalConfig,
+    add_setting_flag,
+    config_from_args,
+    configure_logging,
+    log_settings,
+)
+from services.credentials import (
+    CredentialsError,
+    embedded_server,
+    endpoint_for,
+    write_bundle,
+)
 from services.nats import EmbeddedNats, NatsError
+from services.nats_permissions import Identity
+from services.worker.service import default_node_id
 
 
 def register(subparsers: Any) -> None:
@@ -21,7 +41,57 @@ def register(subparsers: Any) -> None:
     add_setting_flag(parser, "nats_host", "address to listen on (default 127.0.0.1)")
     add_setting_flag(parser, "nats_port", "client port (default 4222; 0 = any free port)")
     add_setting_flag(parser, "data_dir", "shoal data dir; JetStream stores under <data_dir>/nats")
+    add_setting_flag(
+        parser, "nats_credentials_dir", "identities the server admits (default <data_dir>/nats-credentials)"
+    )
+    parser.add_argument(
+        "--nodes", default="", help="worker nodes admitted besides this host's (comma-separated node ids)"
+    )
     parser.set_defaults(handler=nats_command)
+    actions = parser.add_subparsers(dest="nats_action", metavar="ACTION")
+    credentials = actions.add_parser("credentials", help="write every identity of a cluster, one directory per host")
+    credentials.add_argument("--out", required=True, type=Path, help="directory to write into (must not exist)")
+    credentials.add_argument("--nodes", required=True, help="the worker nodes' ids, comma-separated")
+    credentials.add_argument(
+        "--routes", default="", help="a NATS cluster's servers, host:cluster-port comma-separated (compose.nats.yaml)"
+    )
+    credentials.set_defaults(handler=credentials_command)
+
+
+def _node_ids(text: str) -> list[str]:
+    return [check_token("node id", node.strip()) for node in text.split(",") if node.strip()]
+
+
+def credentials_command(args: argparse.Namespace) -> int:
+    out: Path = args.out
+    try:
+        nodes = _node_ids(str(args.nodes))
+    except InvalidId as exc:
+        print(f"shoal nats credentials: {exc}", file=sys.stderr)
+        return 2
+    if not nodes or out.exists():
+        why = "give at least one node id" if not nodes else f"{out} exists; choose a new directory"
+        print(f"shoal nats credentials: {why}", file=sys.stderr)
+        return 2
+    routes = [route.strip() for route in str(args.routes).split(",") if route.strip()]
+    hosts = write_bundle(out, nodes, routes)
+    print(f"shoal nats credentials: wrote {out} (every file 0600: copy each directory to its host only)")
+    for host, directory in hosts.items():
+        print(f"  {directory}/  -> {_where(host)}")
+    print(
+        "  TLS (optional, not in this bundle): give each host nats_tls_ca (the CA that signed the NATS "
+        "servers' certificates) and, for mutual TLS, its own nats_tls_cert and nats_tls_key; each NATS "
+        "host serves its own (`shoal nats` with the same settings; a bare nats-server, a tls block)"
+    )
+    return 0
+
+
+def _where(host: str) -> str:
+    if host == "nats-server":
+        return "each NATS host: `shoal nats --nats-credentials-dir DIR`, or nats-server -c DIR/nats-server.conf"
+    if host == "control":
+        return "the master/API host: nats_credentials_dir: DIR (also the admin, for `shoal events`/`diagnose`)"
+    return f"node {host}: `shoal worker --node-id {host}` with nats_credentials_dir: DIR"
 
 
 class _Stop(Exception):
@@ -32,8 +102,8 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
     raise _Stop
 
 
-async def _ensure_streams(nats: NatsEndpoint, args_config: Any) -> None:
-    log = await EventLog.connect(nats, log_settings(args_config))
+async def _ensure_streams(admin: NatsEndpoint, config: ShoalConfig) -> None:
+    log = await EventLog.connect(admin, log_settings(config))
     await log.close()
 
 
@@ -41,7 +111,8 @@ def nats_command(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args).config
         configure_logging(config)
-    except ConfigError as exc:
+        nodes = [default_node_id(), *_node_ids(str(args.nodes))]
+    except (ConfigError, InvalidId) as exc:
         print(f"shoal nats: {exc}", file=sys.stderr)
         return 2
     if config.nats_url:
@@ -49,21 +120,33 @@ def nats_command(args: argparse.Namespace) -> int:
             f"shoal nats: note: nats_url={config.nats_url!r} is set; `shoal nats` ignores it and runs its own server",
             file=sys.stderr,
         )
-    server = EmbeddedNats(data_dir=config.data_path, host=config.nats_host, port=config.nats_port, tls=config.nats_tls)
     previous = signal.signal(signal.SIGTERM, _raise_stop)
+    server: EmbeddedNats | None = None
     try:
+        # The control identities and the nodes': `shoal master|api|worker` on this host work as they are.
+        server, directory = embedded_server(config, nodes)
         server.start()
-        asyncio.run(_ensure_streams(NatsEndpoint(url=server.url, tls=config.nats_tls), config))
-        print(f"shoal nats: JetStream at {server.url} (store {server.store_dir}); Ctrl-C to stop", flush=True)
+        admin = endpoint_for(_with_credentials(config, directory), Identity("admin"))
+        asyncio.run(_ensure_streams(msgspec.structs.replace(admin, url=server.url), config))
+        print(
+            f"shoal nats: JetStream at {server.url} (store {server.store_dir}; admits the identities in "
+            f"{directory}); Ctrl-C to stop",
+            flush=True,
+        )
         code = server.wait()
         print(f"shoal nats: server exited with code {code}", file=sys.stderr)
         return 1
-    except (NatsError, LogError) as exc:
+    except (NatsError, LogError, CredentialsError) as exc:
         print(f"shoal nats: {exc}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, _Stop):
         print("shoal nats: stopping", file=sys.stderr)
         return 0
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+def _with_credentials(config: ShoalConfig, directory: Path) -> ShoalConfig:
+    return msgspec.structs.replace(config, nats_credentials_dir=str(directory))

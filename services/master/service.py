@@ -27,7 +27,7 @@ from services.master.watchdog import Liveness, RunnerKey, tick
 
 
 class MasterSettings(msgspec.Struct, frozen=True, kw_only=True):
-    nats: NatsEndpoint
+    nats: NatsEndpoint  # URL, TLS files and the master's identity
     policy: MasterPolicy
     tick_seconds: float = 0.5
 

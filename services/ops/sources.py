@@ -18,7 +18,7 @@ from events.codec import ExportRecord
 from services.ops.load import ExportReader, SkippedLines
 
 if TYPE_CHECKING:
-    from services.config import ResolvedConfig
+    from services.config import ResolvedConfig, ShoalConfig
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 CONNECT_TIMEOUT_S = 5.0
@@ -106,9 +106,21 @@ def open_source(args: argparse.Namespace) -> FileSource | LiveSource:
     file: Path | None = args.file
     if file is not None:
         return FileSource(file)
-    if args.nats_url is not None:  # that server, with the TLS settings of the config
-        return LiveSource(_resolved(args).config.nats_endpoint)
+    if args.nats_url is not None:  # that server, with this host's TLS files and admin identity
+        return LiveSource(operator_endpoint(_resolved(args).config))
     return configured_source(args)
+
+
+def operator_endpoint(config: ShoalConfig) -> NatsEndpoint:
+    """How an operator's tool connects: the admin identity of this host's config, if it has
+    identities (operators read everything)."""
+    from services.credentials import CredentialsError, endpoint_for
+    from services.nats_permissions import Identity
+
+    try:
+        return endpoint_for(config, Identity("admin"))
+    except CredentialsError as exc:
+        raise SourceError(str(exc)) from exc
 
 
 def _resolved(args: argparse.Namespace) -> ResolvedConfig:
@@ -129,7 +141,7 @@ def configured_source(args: argparse.Namespace) -> LiveSource:
     else:
         origin = f"no nats_url set: the embedded server's address, nats_port from {resolved.sources['nats_port']}"
     try:
-        return LiveSource(config.nats_endpoint)
+        return LiveSource(operator_endpoint(config))
     except SourceError as exc:
         raise SourceError(
             f"no --file or --nats-url given, and the configured cluster ({origin}) does not answer: {exc} "

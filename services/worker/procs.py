@@ -7,10 +7,11 @@ import collections
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from loguru import logger
 
+from services.config import is_secret_variable
 from services.worker.plan import RunnerKey
 
 STDERR_TAIL_LINES = 30
@@ -115,7 +116,9 @@ def describe_exit(code: int) -> str:
     return f"exited with status {code}"
 
 
-def child_env(extra: dict[str, str]) -> dict[str, str]:
-    env = dict(os.environ)
+def child_env(extra: dict[str, str], inherited: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """A runner's environment: the worker's, less its secret settings (a runner needs none, and a
+    process's environment is readable by anything running as its user), plus `extra`."""
+    env = {name: value for name, value in inherited.items() if not is_secret_variable(name)}
     env.update(extra)
     return env

@@ -28,7 +28,8 @@ VERSION = "0.1.0"
 class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     """The node's own settings; its runners' come with their instance (`InstancePlaced.settings`)."""
 
-    nats: NatsEndpoint
+    nats: NatsEndpoint  # the worker's endpoint: URL, TLS files, identity
+    runner_nats: NatsEndpoint  # its runners' (handed over in their environment, never argv)
     node_id: str
     host: str = "127.0.0.1"  # the address peers reach this node's ring ports on
     heartbeat_interval_seconds: float
@@ -101,7 +102,7 @@ class Worker:
     def _runner_env(self) -> dict[str, str]:
         sharing = max(1, ranks_sharing_host(self.state, self.settings.host))
         blas = blas_env(self.settings.blas, sharing, os.cpu_count() or 1, os.environ)
-        return child_env({**blas, **self.settings.nats.child_env()})  # a runner connects as its worker does
+        return child_env({**blas, **self.settings.runner_nats.child_env()})  # paths only, never a seed
 
     async def _runner_exited(self, key: RunnerKey, code: int, stderr_tail: str) -> None:
         assert self._log is not None

@@ -84,7 +84,7 @@ class Services:
             **{f"SHOAL_{k.upper()}": v for k, v in E2E_SETTINGS.items()},
         }
         self.procs: dict[str, Proc] = {}
-        self.start("nats", "nats")
+        self.start("nats", "nats", "--nodes", ",".join(f"n{i}" for i in range(workers)))
         self.procs["nats"].wait_for_line(re.compile("JetStream at"), 30)
         self.start("master", "master")
         for i in range(workers):

@@ -228,8 +228,9 @@ def _diagnosis(out: subprocess.CompletedProcess[str], task_id: str, where: str) 
     return findings[0]
 
 
-def diagnose_everywhere(nats_url: str, task_id: str, root: Path) -> Verdicts:
-    env = {**os.environ, "SHOAL_NATS_URL": nats_url}
+def diagnose_everywhere(cluster: Cluster | Services, task_id: str, root: Path) -> Verdicts:
+    nats_url = cluster.nats_url
+    env = {**cluster.env, "SHOAL_NATS_URL": nats_url}  # its data dir: the admin identity its server made
     export = root / f"export-{task_id}.jsonl"
     live = subprocess.Popen(
         shoal_argv("diagnose", "--nats-url", nats_url, "--json"), env=env, stdout=subprocess.PIPE,
@@ -296,7 +297,7 @@ def test_sigkill_one_rank_mid_prefill(up: Cluster, tmp_path: Path) -> None:
             make_client(up.base_url), http, prompt=long_prompt(600), max_tokens=20, when="progress",
             inject=lambda instance: os.kill(up.runner_pids()[(str(instance), 1)], signal.SIGKILL),
         )  # fmt: skip
-    verdicts = diagnose_everywhere(up.nats_url, outcome.task_id, tmp_path)
+    verdicts = diagnose_everywhere(up, outcome.task_id, tmp_path)
     check(outcome, verdicts, cause="rank_died", stuck=[1], error_says="rank 1", root=tmp_path)
 
 
@@ -307,7 +308,7 @@ def test_sigkill_one_rank_mid_decode(up: Cluster, tmp_path: Path) -> None:
             make_client(up.base_url), http, prompt="Tell me about the river", max_tokens=2000, when="content",
             inject=lambda instance: os.kill(up.runner_pids()[(str(instance), 0)], signal.SIGKILL),
         )  # fmt: skip
-    verdicts = diagnose_everywhere(up.nats_url, outcome.task_id, tmp_path)
+    verdicts = diagnose_everywhere(up, outcome.task_id, tmp_path)
     check(outcome, verdicts, cause="rank_died", stuck=[0], error_says="rank 0", root=tmp_path)
 
 
@@ -325,7 +326,7 @@ def test_sigstop_one_rank_mid_prefill(up: Cluster, tmp_path: Path) -> None:
                 make_client(up.base_url), http, prompt=long_prompt(600), max_tokens=20, when="progress",
                 inject=freeze,
             )  # fmt: skip
-        verdicts = diagnose_everywhere(up.nats_url, outcome.task_id, tmp_path)
+        verdicts = diagnose_everywhere(up, outcome.task_id, tmp_path)
     finally:  # resumed after the test (the worker has usually killed it by then: its instance was retired)
         for pid in stopped:
             _signal(pid, signal.SIGCONT)
@@ -346,7 +347,7 @@ def test_rank_sleeping_inside_a_prefill_iteration(sleepy: Cluster, tmp_path: Pat
             make_client(sleepy.base_url), http, prompt=long_prompt(600), max_tokens=20, when="progress",
             inject=lambda instance: None,  # the fault is armed at start; the first progress starts the clock
         )  # fmt: skip
-    verdicts = diagnose_everywhere(sleepy.nats_url, outcome.task_id, tmp_path)
+    verdicts = diagnose_everywhere(sleepy, outcome.task_id, tmp_path)
     check(outcome, verdicts, cause="stalled_in_compute", stuck=[1], error_says="stalled", root=tmp_path)
     for finding in (verdicts.live, verdicts.offline):
         sleeper, survivor = _rank_view(finding, 1), _rank_view(finding, 0)
@@ -375,7 +376,7 @@ def test_worker_whose_heartbeats_stop(services: Services, tmp_path: Path) -> Non
                 make_client(base_url), http, prompt=long_prompt(600), max_tokens=2000, when="progress",
                 inject=freeze_worker,
             )  # fmt: skip
-        verdicts = diagnose_everywhere(services.nats_url, outcome.task_id, tmp_path)
+        verdicts = diagnose_everywhere(services, outcome.task_id, tmp_path)
     finally:
         for _, _, pid in frozen:
             _signal(pid, signal.SIGCONT)
@@ -390,7 +391,7 @@ def test_task_for_a_model_that_cannot_be_placed(unplaceable: Cluster, tmp_path: 
             make_client(unplaceable.base_url), http, model=model, prompt="hello", max_tokens=5, when="now",
             inject=lambda instance: None,
         )  # fmt: skip
-    verdicts = diagnose_everywhere(unplaceable.nats_url, outcome.task_id, tmp_path)
+    verdicts = diagnose_everywhere(unplaceable, outcome.task_id, tmp_path)
     check(outcome, verdicts, cause="never_assigned", stuck=[], error_says="cannot be loaded", root=tmp_path)
     for finding in (verdicts.live, verdicts.offline):
         assert "cannot be loaded" in finding["summary"], finding

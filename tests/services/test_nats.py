@@ -10,12 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from eventlog.log import EventLog
+from eventlog.log import EventLog, LogError
 from events.synthetic import synthetic_history
 from services import nats as embedded
+from services.config import resolve_config
+from services.credentials import endpoint_for
 from services.nats import EmbeddedNats, NatsBinaryNotFound, NatsStartFailed, PortInUse, find_nats_server, free_port
+from services.nats_permissions import Identity
 
 
 def test_the_binary_of_the_wheel_is_found() -> None:
@@ -87,7 +91,10 @@ def test_shoal_nats_serves_and_shoal_events_tail_follows(tmp_path: Path) -> None
         _read_until(tail.stdout, "# tailing", [])
 
         async def publish() -> None:
-            log = await EventLog.connect(f"nats://127.0.0.1:{port}")
+            with pytest.raises(LogError, match="cannot connect"):  # the server admits only its identities
+                await EventLog.connect(f"nats://127.0.0.1:{port}", wait_seconds=0.3)
+            admin = endpoint_for(resolve_config(env=env).config, Identity("admin"))
+            log = await EventLog.connect(msgspec.structs.replace(admin, url=f"nats://127.0.0.1:{port}"))
             await log.append_many(synthetic_history(3))
             await log.close()
 

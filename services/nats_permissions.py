@@ -1,0 +1,206 @@
+"""Who may publish and read what on the bus, as the nats-server configuration that enforces it
+(README "Security"). Pure: no I/O; `services/credentials.py` makes the keys and writes the files.
+
+Identities (nkey users in one account; the server checks every PUB and SUB against them):
+
+| identity | publishes | reads (JetStream consumers) |
+|---|---|---|
+| `admin` | everything, and manages streams | everything |
+| `api` | `TaskCreated`, `TaskCancelled` | SHOAL_EVENTS, SHOAL_TELEMETRY |
+| `master` | placement, assignment, retirement, watchdog, master-ended tasks, `ModelUnavailable` | both |
+| `worker-<node>` | its node's `NodeJoined`/`NodeLeft`/`NodeHeartbeat`; `RunnerStatusChanged` | SHOAL_EVENTS |
+| `runner-<node>` | prefill, chunks, `TaskCompleted`/`TaskFailed`, `RunnerStatusChanged`, `ModelDownloadProgress`, `RunnerHeartbeat` | SHOAL_EVENTS |
+
+Reading is done through JetStream only: every identity but the admin may subscribe to its own
+inbox (`_INBOX.<identity>.>`) and nothing else, so no one taps `shoal.>` live nor reads another
+identity's replies and deliveries. What it may ask JetStream is read-only: stream info, message
+get, creating and deleting its own (ephemeral) consumers, and answering flow control.
+
+What subjects cannot say is not enforced here: task subjects do not name the instance, and
+instance subjects do not name the node, so a runner identity may publish progress for any task and
+any instance's status, and a worker identity any instance's `RunnerStatusChanged`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Literal
+
+import msgspec
+
+from events.catalogue import (
+    ChunkGenerated,
+    Event,
+    InstancePlaced,
+    InstanceRetired,
+    ModelDownloadProgress,
+    ModelUnavailable,
+    NodeHeartbeat,
+    NodeJoined,
+    NodeLeft,
+    NodeTimedOut,
+    PrefillProgress,
+    PrefillStarted,
+    RunnerHeartbeat,
+    RunnerStatusChanged,
+    TaskAssigned,
+    TaskCancelled,
+    TaskCompleted,
+    TaskCreated,
+    TaskFailed,
+    TaskStalled,
+)
+from events.ids import check_token
+from events.subjects import (
+    EVENTS_STREAM,
+    PREFIX,
+    TELEMETRY_STREAM,
+    instance_subject,
+    node_subject,
+    task_subject,
+)
+
+Role = Literal["admin", "master", "api", "worker", "runner"]
+ROLES: tuple[Role, ...] = ("admin", "master", "api", "worker", "runner")
+PER_NODE: frozenset[Role] = frozenset({"worker", "runner"})
+NODE = "{node}"  # stands for the identity's node in a subject pattern
+ROUTE_USER = "shoal-route"
+
+# The subject pattern of each event kind (tests/security checks each against `subject_for`).
+SUBJECTS: Mapping[type[Event], str] = {
+    NodeJoined: node_subject(NODE, "joined"),
+    NodeLeft: node_subject(NODE, "left"),
+    NodeTimedOut: node_subject("*", "timed_out"),
+    InstancePlaced: instance_subject("*", "placed"),
+    RunnerStatusChanged: instance_subject("*", "runner_status_changed"),
+    InstanceRetired: instance_subject("*", "retired"),
+    TaskCreated: task_subject("*", "created"),
+    TaskAssigned: task_subject("*", "assigned"),
+    PrefillStarted: task_subject("*", "prefill_started"),
+    PrefillProgress: task_subject("*", "prefill_progress"),
+    ChunkGenerated: task_subject("*", "chunk_generated"),
+    TaskCancelled: task_subject("*", "cancelled"),
+    TaskCompleted: task_subject("*", "completed"),
+    TaskFailed: task_subject("*", "failed"),
+    TaskStalled: task_subject("*", "stalled"),
+    ModelDownloadProgress: f"{PREFIX}.ev.model.*.download_progress",
+    ModelUnavailable: f"{PREFIX}.ev.model.*.unavailable",
+    RunnerHeartbeat: f"{PREFIX}.hb.runner.*.*",
+    NodeHeartbeat: f"{PREFIX}.hb.node.{NODE}",
+}
+
+_DECISIONS = (
+    *(TaskAssigned, TaskCompleted, TaskFailed, TaskStalled),
+    *(InstancePlaced, InstanceRetired, NodeTimedOut, ModelUnavailable),
+)
+_RANK_REPORTS = (
+    *(PrefillStarted, PrefillProgress, ChunkGenerated, TaskCompleted, TaskFailed, RunnerStatusChanged),
+    ModelDownloadProgress,  # a rank downloads its node's copy of a Hub model
+)
+PUBLISHES: Mapping[Role, tuple[type[Event], ...]] = {
+    "api": (TaskCreated, TaskCancelled),
+    "master": _DECISIONS,  # TaskCompleted: a task cancelled before assignment; TaskFailed: a retired queue
+    "worker": (NodeJoined, NodeLeft, NodeHeartbeat, RunnerStatusChanged),  # status: a runner's exit
+    "runner": (*_RANK_REPORTS, RunnerHeartbeat),
+}
+
+READS: Mapping[Role, tuple[str, ...]] = {
+    "api": (EVENTS_STREAM, TELEMETRY_STREAM),  # telemetry: the /debug/timeline page
+    "master": (EVENTS_STREAM, TELEMETRY_STREAM),  # telemetry: the watchdog's liveness
+    "worker": (EVENTS_STREAM,),
+    "runner": (EVENTS_STREAM,),
+}
+
+
+class Identity(msgspec.Struct, frozen=True, order=True):
+    """One user of the bus: a role, and for workers and runners the node they serve."""
+
+    role: Role
+    node: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.role in PER_NODE) != bool(self.node):
+            raise ValueError(f"a {self.role} identity {'needs' if self.role in PER_NODE else 'has no'} node")
+        if self.node:
+            check_token("node id", self.node)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.node}" if self.node else self.role
+
+    @property
+    def inbox_prefix(self) -> str:
+        return f"_INBOX.{self.name}"
+
+    @classmethod
+    def parse(cls, name: str) -> Identity:
+        """`master` -> Identity("master"); `worker-node-0` -> Identity("worker", "node-0")."""
+        role, _, node = name.partition("-")
+        for known in ROLES:
+            if role == known:
+                return cls(known, node)
+        raise ValueError(f"{name!r} is not a shoal identity (one of {', '.join(ROLES)}, workers and runners -<node>)")
+
+
+def node_identities(node: str) -> tuple[Identity, Identity]:
+    """What a worker host needs: its worker and the runners it spawns."""
+    return Identity("worker", node), Identity("runner", node)
+
+
+CONTROL: tuple[Identity, ...] = (Identity("admin"), Identity("master"), Identity("api"))
+
+
+def reader_api(stream: str) -> list[str]:
+    """The JetStream requests a reader of `stream` makes (replay, follow, fold, get_last)."""
+    api = "$JS.API"
+    return [
+        f"{api}.STREAM.INFO.{stream}",
+        f"{api}.STREAM.MSG.GET.{stream}",
+        f"{api}.CONSUMER.CREATE.{stream}.>",
+        f"{api}.CONSUMER.DELETE.{stream}.*",
+        f"$JS.FC.{stream}.>",  # flow control and stall replies of a push consumer
+    ]
+
+
+def permissions(identity: Identity) -> dict[str, dict[str, list[str]]]:
+    """The identity's allow lists; everything else is refused by the server."""
+    if identity.role == "admin":
+        return {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
+    publish = [SUBJECTS[kind].replace(NODE, identity.node or "*") for kind in PUBLISHES[identity.role]]
+    for stream in READS[identity.role]:
+        publish += reader_api(stream)
+    return {"publish": {"allow": publish}, "subscribe": {"allow": [f"{identity.inbox_prefix}.>"]}}
+
+
+class ClusterRoutes(msgspec.Struct, frozen=True, kw_only=True):
+    """The routes of a NATS cluster: every server's `host:port`, and the password each must give."""
+
+    name: str = "shoal"
+    servers: tuple[str, ...]
+    password: str
+
+    def block(self, index: int) -> dict[str, object]:
+        """The `cluster` block of server `index`: it listens on its own route's port, routes to all
+        (to itself too: the server skips that one), and admits only routes that authenticate."""
+        port = self.servers[index].rpartition(":")[2]
+        credentials = f"{ROUTE_USER}:{self.password}"
+        return {
+            "name": self.name,
+            "listen": f"0.0.0.0:{port}",
+            "authorization": {"user": ROUTE_USER, "password": self.password},
+            "routes": [f"nats://{credentials}@{server}" for server in self.servers],
+        }
+
+
+def server_config(users: Mapping[Identity, str], routes: ClusterRoutes | None = None, index: int = 0) -> str:
+    """The nats-server configuration (JSON, which its parser reads) admitting `users`
+    (identity -> public nkey), each with its permissions, and nobody else; with `routes`, that of
+    cluster member `index`, whose routes authenticate too (`compose.nats.yaml`)."""
+    entries = [
+        {"nkey": public_key, "permissions": permissions(identity)} for identity, public_key in sorted(users.items())
+    ]
+    config: dict[str, object] = {"authorization": {"users": entries}}
+    if routes is not None:
+        config["cluster"] = routes.block(index)
+    return json.dumps(config, indent=2) + "\n"
