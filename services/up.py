@@ -8,7 +8,7 @@ import signal
 import sys
 
 from eventlog.log import EventLog
-from events.apply import apply_live
+from events.fold import apply_live
 from events.state import State
 from services.config import ResolvedConfig
 from services.nats import EmbeddedNats

@@ -15,8 +15,8 @@ import msgspec
 from loguru import logger
 
 from eventlog.log import EventLog
-from events.apply import apply_live
 from events.catalogue import LogEvent, NodeHeartbeat, Origin, RunnerHeartbeat
+from events.fold import apply_live
 from events.ids import NodeId
 from events.stamp import Stamper
 from events.state import State
