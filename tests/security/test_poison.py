@@ -1,6 +1,6 @@
 """Events that lie, published straight onto a real NATS bus (issue 10): an id that is not a subject
 token, a forged origin, a dangling reference. None may stop a service or reach a client; each is
-quarantined with its seq, and `shoal diagnose` reports it.
+quarantined with its seq, and `shoal diagnose` (its scan of the live log) reports it.
 
 Before the fix, one `TaskCreated` whose task id held a space put the master in a crash loop: it
 decided a `TaskFailed` for that id, could not publish it on the invalid subject, died after 30 s
@@ -10,9 +10,6 @@ of retries, and did the same again on every restart.
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -32,6 +29,7 @@ from events.catalogue import (
     TaskCreated,
     TaskFailed,
 )
+from events.codec import ExportRecord
 from events.ids import EventId, InstanceId, NodeId, TaskId
 from events.subjects import task_subject
 from services.api.hub import LogHub
@@ -39,6 +37,9 @@ from services.api.metrics import Metrics
 from services.master.core import MasterPolicy
 from services.master.service import Master, MasterSettings
 from services.models import LocalModelCatalog
+from services.ops.offline import diagnose_scan
+from services.ops.render_text import diagnosis_text
+from services.ops.scan import scan
 from tests.events.builders import Events
 
 API = Origin(service="api")
@@ -125,15 +126,12 @@ async def test_poison_already_in_the_log_never_stops_a_start_and_diagnose_report
         ]
         assert InstanceId("evil") not in master.state.instances
         assert master.state.tasks[TaskId("t1")].text == ""
-    diagnosis = subprocess.run(
-        [sys.executable, "-m", "services.cli", "diagnose", "--nats-url", nats_url, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    findings = json.loads(diagnosis.stdout)["findings"]
+    records = [ExportRecord(stream="events", seq=seq, event=event) async for seq, event in event_log.replay()]
+    diagnosis = diagnose_scan(scan(enumerate(records, 1), allow_gaps=True))  # what `shoal diagnose` runs
+    findings = msgspec.to_builtins(diagnosis.findings)
     reported = [(f["subject"], f["cause"]) for f in findings if f["kind"] == "event"]
     assert reported == [(f"seq {seq}", "quarantined_event") for seq in seqs[2:]]
+    assert f"[quarantined_event] event seq {seqs[3]}: instance_placed" in diagnosis_text(diagnosis)
     forged = next(f for f in findings if f["subject"] == f"seq {seqs[3]}")
     assert "only the master publishes it, not 'api'" in forged["evidence"][0]
     assert "revoke its credentials" in forged["next_step"]
