@@ -27,9 +27,9 @@ from bench.result import bench_result
 from bench.rounds import rotated
 from bench.stats import compare, summarize, target
 from eventlog.log import EventLog
-from events.apply import fold
 from events.catalogue import LogEvent
 from events.codec import encode
+from events.fold import fold
 from events.state import State
 from events.subjects import subject_for
 from events.synthetic import synthetic_history

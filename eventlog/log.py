@@ -16,7 +16,7 @@ Guarantees:
 - `replay`/`follow` yield every sequence at most once, in order, with no gap other than
   malformed messages, which are logged (subject + seq), counted in `malformed` and skipped;
   `entries()` yields those seqs too (event None). A live folder steps over them with
-  `events.apply.apply_live` or `events.fold.Folder.skip_to`, since `apply` insists on
+  `events.fold.apply_live` or `events.fold.Folder.skip_to`, since `apply` insists on
   consecutive seqs.
 - `follow` survives NATS restarts: it reconnects and resumes at the last seq seen + 1.
 
@@ -333,8 +333,9 @@ class EventLog:
     async def fold(self, state: State | None = None) -> State:
         """Replay SHOAL_EVENTS onto `state` (from its last_seq + 1) up to the current end.
 
-        Malformed messages are counted and stepped over. Works batch by batch
-        (no per-event iterator hop): the fastest way to rebuild a State from the log.
+        Malformed messages are counted and stepped over; events the fold refuses are quarantined
+        in the State (`events.fold`) and logged with their seq, so no poison stops a start-up.
+        Works batch by batch (no per-event iterator hop): the fastest way to rebuild a State.
         """
         folder = Folder(state)
         position = Position(seq=folder.last_seq + 1)
@@ -347,7 +348,9 @@ class EventLog:
                     folder.skip_to(seq + 1)
                     continue
                 folder.skip_to(seq)  # a gap: messages deleted from the stream
-                folder.add(seq, event)
+                refused = folder.add(seq, event)
+                if refused is not None:
+                    logger.warning("quarantined {} seq {}: {}", message.subject.decode(errors="replace"), seq, refused)
         return folder.state
 
     def _poison(self, subject: str | bytes, seq: int, exc: Exception) -> None:

@@ -2,16 +2,19 @@
 
 One small function per event kind, dispatched by an exhaustive `match`; the most frequent kinds
 (progress, chunks) are matched first. Errors are named:
-- `SequenceGap`: the caller skipped or repeated a sequence number;
-- `UnknownTask` / `UnknownInstance` / `UnknownNode`: an event about an id never introduced;
-- `InvalidEvent`: an event that contradicts the State (a rank outside the instance).
+- `SequenceGap`: the caller skipped or repeated a sequence number (the caller's bug: fatal);
+- a `PoisonEvent`, an event the log holds but the fold refuses, which `events.fold` quarantines
+  (records in the State and skips) so that it never stops a service:
+  - `UnknownTask` / `UnknownInstance` / `UnknownNode`: an event about an id never introduced
+    (forged, or dangling once retention trimmed the event that introduced it);
+  - `InvalidEvent`: an event that contradicts the State (a rank outside the instance);
+  - `ForbiddenOrigin`: an event its origin cannot have published (`events.origins`).
 Late events about an ended task (a slow rank's progress after the watchdog failed the task, a
 second terminal event) are legitimate races: they advance `last_seq` and change nothing else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import assert_never
 
 import msgspec
@@ -36,8 +39,10 @@ from events.catalogue import (
     TaskCreated,
     TaskFailed,
     TaskStalled,
+    tag_of,
 )
 from events.ids import InstanceId, NodeId, TaskId
+from events.origins import origin_refusal
 from events.state import InstanceInfo, NodeInfo, RankPrefill, RankProgress, RunnerInfo, State, TaskInfo
 
 replace = msgspec.structs.replace
@@ -54,31 +59,44 @@ class SequenceGap(ApplyError):
         self.got = got
 
 
-class UnknownTask(ApplyError):
+class PoisonEvent(ApplyError):
+    """An event the fold refuses: quarantined (`events.fold.quarantine`), never applied."""
+
+
+class UnknownTask(PoisonEvent):
     def __init__(self, task_id: str, kind: str) -> None:
         super().__init__(f"{kind} refers to unknown task {task_id!r}")
         self.task_id = task_id
 
 
-class UnknownInstance(ApplyError):
+class UnknownInstance(PoisonEvent):
     def __init__(self, instance_id: str, kind: str) -> None:
         super().__init__(f"{kind} refers to unknown instance {instance_id!r}")
         self.instance_id = instance_id
 
 
-class UnknownNode(ApplyError):
+class UnknownNode(PoisonEvent):
     def __init__(self, node_id: str, kind: str) -> None:
         super().__init__(f"{kind} refers to unknown node {node_id!r}")
         self.node_id = node_id
 
 
-class InvalidEvent(ApplyError):
+class InvalidEvent(PoisonEvent):
     """An event that contradicts the State."""
+
+
+class ForbiddenOrigin(PoisonEvent):
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(f"{kind} refused: {reason}")
+        self.reason = reason
 
 
 def apply(state: State, seq: int, event: LogEvent) -> State:
     if seq != state.last_seq + 1:
         raise SequenceGap(state.last_seq + 1, seq)
+    refusal = origin_refusal(state, event)
+    if refusal is not None:
+        raise ForbiddenOrigin(tag_of(event), refusal)
     match event:
         case PrefillProgress():
             return _prefill_progress(state, seq, event)
@@ -117,14 +135,6 @@ def apply(state: State, seq: int, event: LogEvent) -> State:
             return model_unavailable(state, seq, event)
         case _:
             assert_never(event)
-
-
-def fold(events: Iterable[tuple[int, LogEvent]], state: State | None = None) -> State:
-    """Fold (seq, event) pairs onto `state` (an empty State by default)."""
-    current = state if state is not None else State()
-    for seq, event in events:
-        current = apply(current, seq, event)
-    return current
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -371,15 +381,3 @@ def _instance_retired(state: State, seq: int, event: InstanceRetired) -> State:
     instance = _instance(state, event.instance_id, "instance_retired")
     retired = replace(instance, retired=True, retire_reason=event.reason)
     return replace(state, last_seq=seq, instances=state.instances.set(instance.instance_id, retired))
-
-
-def apply_live(state: State, seq: int, event: LogEvent) -> tuple[State, ApplyError | None]:
-    """For services following the stream: step over gaps (seqs of malformed or deleted messages)
-    and return a named error instead of raising it, so one bad event is logged and skipped
-    (the State then only advances its seq) and never stops a consumer."""
-    if seq > state.last_seq + 1:
-        state = replace(state, last_seq=seq - 1)
-    try:
-        return apply(state, seq, event), None
-    except ApplyError as exc:
-        return replace(state, last_seq=max(state.last_seq, seq)), exc

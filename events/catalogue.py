@@ -14,7 +14,7 @@ from typing import Literal
 
 import msgspec
 
-from events.ids import EventId, InstanceId, KeyId, NodeId, TaskId
+from events.ids import EventIdField, InstanceIdField, KeyId, NodeIdField, TaskIdField
 from events.runner_settings import RunnerSettings
 from events.vocabulary import CancelReason, FinishReason, Phase, PrefillPath, RunnerStatus, RunnerStatusCause
 
@@ -30,7 +30,7 @@ class Origin(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 class Envelope(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Carried by every event. The stream sequence is attached on read, never stored here."""
 
-    event_id: EventId  # also the Nats-Msg-Id, so a retried publish is stored once
+    event_id: EventIdField  # also the Nats-Msg-Id, so a retried publish is stored once
     origin: Origin
     wall_time: int  # unix ns
     mono_ns: int  # publisher's monotonic clock, for durations within one process
@@ -44,7 +44,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", gc=Fals
 
 
 class Shard(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    node_id: NodeId
+    node_id: NodeIdField
     rank: int
     start_layer: int  # inclusive
     end_layer: int  # exclusive
@@ -81,7 +81,7 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class NodeJoined(Event, tag="node_joined", frozen=True, kw_only=True):
-    node_id: NodeId
+    node_id: NodeIdField
     host: str
     cores: int
     memory_bytes: int
@@ -90,17 +90,17 @@ class NodeJoined(Event, tag="node_joined", frozen=True, kw_only=True):
 
 
 class NodeLeft(Event, tag="node_left", frozen=True, kw_only=True):
-    node_id: NodeId
+    node_id: NodeIdField
     reason: str
 
 
 class NodeTimedOut(Event, tag="node_timed_out", frozen=True, kw_only=True):
-    node_id: NodeId
+    node_id: NodeIdField
     last_seen: int  # unix ns of the last heartbeat the master saw
 
 
 class InstancePlaced(Event, tag="instance_placed", frozen=True, kw_only=True):
-    instance_id: InstanceId
+    instance_id: InstanceIdField
     model: str
     shards: list[Shard]
     ring_hosts: list[str]  # "host:port" of each rank, index = rank
@@ -111,7 +111,7 @@ class InstancePlaced(Event, tag="instance_placed", frozen=True, kw_only=True):
 
 
 class RunnerStatusChanged(Event, tag="runner_status_changed", frozen=True, kw_only=True):
-    instance_id: InstanceId
+    instance_id: InstanceIdField
     rank: int
     status: RunnerStatus
     detail: str = ""  # for people: an error, an exit, a stderr tail; code reads `cause`
@@ -121,7 +121,7 @@ class RunnerStatusChanged(Event, tag="runner_status_changed", frozen=True, kw_on
 
 
 class InstanceRetired(Event, tag="instance_retired", frozen=True, kw_only=True):
-    instance_id: InstanceId
+    instance_id: InstanceIdField
     reason: str
 
 
@@ -132,7 +132,7 @@ class ModelDownloadProgress(Event, tag="model_download_progress", frozen=True, k
     """A rank on `node_id` is downloading `model` (a Hub id) into its node's cache; published at a
     bounded rate, and once more when done (bytes_done == bytes_total)."""
 
-    node_id: NodeId
+    node_id: NodeIdField
     model: str
     bytes_done: int = 0
     bytes_total: int = 0  # 0 while huggingface_hub does not know the total yet
@@ -150,7 +150,7 @@ class ModelUnavailable(Event, tag="model_unavailable", frozen=True, kw_only=True
 
 
 class TaskCreated(Event, tag="task_created", frozen=True, kw_only=True):
-    task_id: TaskId
+    task_id: TaskIdField
     model: str
     messages: list[ChatMessage]
     params: TaskParams = msgspec.field(default_factory=TaskParams)
@@ -158,12 +158,12 @@ class TaskCreated(Event, tag="task_created", frozen=True, kw_only=True):
 
 
 class TaskAssigned(Event, tag="task_assigned", frozen=True, kw_only=True):
-    task_id: TaskId
-    instance_id: InstanceId
+    task_id: TaskIdField
+    instance_id: InstanceIdField
 
 
 class PrefillStarted(Event, tag="prefill_started", frozen=True, kw_only=True):
-    task_id: TaskId
+    task_id: TaskIdField
     rank: int
     path: PrefillPath
     prompt_tokens: int
@@ -172,7 +172,7 @@ class PrefillStarted(Event, tag="prefill_started", frozen=True, kw_only=True):
 
 
 class PrefillProgress(Event, tag="prefill_progress", frozen=True, kw_only=True):
-    task_id: TaskId
+    task_id: TaskIdField
     rank: int
     processed: int
     total: int
@@ -180,31 +180,31 @@ class PrefillProgress(Event, tag="prefill_progress", frozen=True, kw_only=True):
 
 
 class ChunkGenerated(Event, tag="chunk_generated", frozen=True, kw_only=True):
-    task_id: TaskId
+    task_id: TaskIdField
     index: int  # index of the first token of this chunk in the completion
     text: str
     token_ids: list[int]
 
 
 class TaskCancelled(Event, tag="task_cancelled", frozen=True, kw_only=True):
-    task_id: TaskId
+    task_id: TaskIdField
     reason: CancelReason
 
 
 class TaskCompleted(Event, tag="task_completed", frozen=True, kw_only=True):
-    task_id: TaskId
+    task_id: TaskIdField
     finish_reason: FinishReason
     usage: Usage = msgspec.field(default_factory=Usage)
 
 
 class TaskFailed(Event, tag="task_failed", frozen=True, kw_only=True):
-    task_id: TaskId
+    task_id: TaskIdField
     error: str
     rank: int | None = None
 
 
 class TaskStalled(Event, tag="task_stalled", frozen=True, kw_only=True):
-    task_id: TaskId
+    task_id: TaskIdField
     diagnosis: str
 
 
@@ -212,17 +212,17 @@ class TaskStalled(Event, tag="task_stalled", frozen=True, kw_only=True):
 
 
 class RunnerHeartbeat(Event, tag="runner_heartbeat", frozen=True, kw_only=True):
-    instance_id: InstanceId
+    instance_id: InstanceIdField
     rank: int
     phase: Phase
-    task_id: TaskId | None = None
+    task_id: TaskIdField | None = None
     iteration: int = 0
     phase_age_ms: int = 0
     stack: str | None = None
 
 
 class NodeHeartbeat(Event, tag="node_heartbeat", frozen=True, kw_only=True):
-    node_id: NodeId
+    node_id: NodeIdField
     free_memory_bytes: int = 0
     runners: int = 0
 

@@ -1,11 +1,18 @@
-"""`Folder`: the fold of `apply`, fast enough for a million events.
+"""Folding a log: `fold`, `apply_live` and `Folder`, the fold of `apply` fast enough for a million
+events; and the quarantine of the events the fold refuses.
 
-`apply` is the definition: pure, one event, a new State. A fold of a long log spends most of its
-time on two kinds, `PrefillProgress` and `ChunkGenerated`, each of which rebuilds the path to one
-task in the tasks map and a new State. `Folder` applies exactly the same updates
-(`progress_update`, `chunk_update`) to a transient mutation of the map and builds the State only
-when someone reads `.state` or another kind of event arrives. Its `.state` always equals the
-sequential fold of the same events (a property test holds it to that).
+`apply` is the definition: pure, one event, a new State, or a named error. A fold never stops at
+a `PoisonEvent` (a forged origin, a dangling id, a contradiction): it quarantines it —
+`quarantine` records (seq, kind, error, reason) in the State and advances its seq — so one bad
+event in the log can neither stop a service from starting nor make two replicas disagree (the
+record is part of the State every replica folds). Only a `SequenceGap`, the caller's bug, raises.
+
+A fold of a long log spends most of its time on two kinds, `PrefillProgress` and
+`ChunkGenerated`, each of which rebuilds the path to one task in the tasks map and a new State.
+`Folder` applies exactly the same checks and updates (`task_runner_refusal`, `progress_update`,
+`chunk_update`) to a transient mutation of the map and builds the State only when someone reads
+`.state` or another kind of event arrives. Its `.state` always equals `fold` of the same events
+(a property test holds it to that, poison included).
 """
 
 from __future__ import annotations
@@ -15,10 +22,57 @@ from collections.abc import Iterable
 import immutables
 import msgspec
 
-from events.apply import SequenceGap, UnknownTask, apply, chunk_update, progress_update
-from events.catalogue import ChunkGenerated, LogEvent, PrefillProgress
+from events.apply import (
+    ApplyError,
+    ForbiddenOrigin,
+    PoisonEvent,
+    SequenceGap,
+    UnknownTask,
+    apply,
+    chunk_update,
+    progress_update,
+)
+from events.catalogue import ChunkGenerated, LogEvent, PrefillProgress, tag_of
 from events.ids import TaskId
-from events.state import State, TaskInfo
+from events.origins import task_runner_refusal
+from events.state import QUARANTINE_KEPT, Quarantined, State, TaskInfo
+
+replace = msgspec.structs.replace
+
+
+def quarantine(state: State, seq: int, event: LogEvent, error: PoisonEvent) -> State:
+    """`state` with `event` (at `seq`) recorded as refused and skipped."""
+    record = Quarantined(seq=seq, kind=tag_of(event), error=type(error).__name__, reason=str(error))
+    kept = (*state.quarantined, record)[-QUARANTINE_KEPT:]
+    return replace(state, last_seq=seq, quarantined=kept, quarantined_count=state.quarantined_count + 1)
+
+
+def apply_or_quarantine(state: State, seq: int, event: LogEvent) -> tuple[State, PoisonEvent | None]:
+    """`apply`, or the quarantine of an event it refuses (with the refusal, for the caller's log)."""
+    try:
+        return apply(state, seq, event), None
+    except PoisonEvent as exc:
+        return quarantine(state, seq, event, exc), exc
+
+
+def fold(events: Iterable[tuple[int, LogEvent]], state: State | None = None) -> State:
+    """Fold (seq, event) pairs onto `state` (an empty State by default), quarantining poison."""
+    current = state if state is not None else State()
+    for seq, event in events:
+        current, _poison = apply_or_quarantine(current, seq, event)
+    return current
+
+
+def apply_live(state: State, seq: int, event: LogEvent) -> tuple[State, ApplyError | None]:
+    """For services following the stream: step over gaps (seqs of malformed or deleted messages),
+    quarantine poison, and return the error (a refusal, or a repeated seq) as a value for the
+    caller to log, so one bad event never stops a consumer."""
+    if seq > state.last_seq + 1:
+        state = replace(state, last_seq=seq - 1)
+    try:
+        return apply_or_quarantine(state, seq, event)
+    except SequenceGap as exc:
+        return state, exc
 
 
 class Folder:
@@ -34,23 +88,30 @@ class Folder:
     @property
     def state(self) -> State:
         if self._tasks is not None:
-            self._state = msgspec.structs.replace(self._state, last_seq=self._last_seq, tasks=self._tasks.finish())
+            self._state = replace(self._state, last_seq=self._last_seq, tasks=self._tasks.finish())
             self._tasks = None
         return self._state
 
-    def add(self, seq: int, event: LogEvent) -> None:
-        """Fold one event; raises what `apply` raises, leaving the State as before the event."""
+    def add(self, seq: int, event: LogEvent) -> PoisonEvent | None:
+        """Fold one event. An event `apply` refuses is quarantined and its refusal returned (for
+        the caller to log); a `SequenceGap` raises, leaving the State as before the event."""
         kind = type(event)
-        if kind is PrefillProgress or kind is ChunkGenerated:
-            self._hot(seq, event)  # pyright: ignore[reportArgumentType]
-        else:
-            self._state = apply(self.state, seq, event)
+        try:
+            if kind is PrefillProgress or kind is ChunkGenerated:
+                self._hot(seq, event)  # pyright: ignore[reportArgumentType]
+            else:
+                self._state = apply(self.state, seq, event)
+                self._last_seq = seq
+        except PoisonEvent as exc:
+            self._state = quarantine(self.state, seq, event, exc)
             self._last_seq = seq
+            return exc
+        return None
 
     def skip_to(self, seq: int) -> None:
         """Account for every seq before `seq` without folding (a malformed or deleted message)."""
         if seq - 1 > self._last_seq:
-            self._state = msgspec.structs.replace(self.state, last_seq=seq - 1)
+            self._state = replace(self.state, last_seq=seq - 1)
             self._last_seq = seq - 1
 
     def add_all(self, events: Iterable[tuple[int, LogEvent]]) -> State:
@@ -66,12 +127,14 @@ class Folder:
             tasks = self._tasks = self._state.tasks.mutate()
         task = tasks.get(event.task_id)
         if task is None:
-            raise UnknownTask(
-                event.task_id, "prefill_progress" if type(event) is PrefillProgress else "chunk_generated"
-            )
+            raise UnknownTask(event.task_id, tag_of(event))
+        rank = event.rank if isinstance(event, PrefillProgress) else None
+        refusal = task_runner_refusal(self._state.instances, task, event.env.origin, rank)  # instances: never stale
+        if refusal is not None:
+            raise ForbiddenOrigin(tag_of(event), refusal)
         if not task.ended_seq:
-            if type(event) is PrefillProgress:
-                tasks.set(event.task_id, progress_update(task, event))  # pyright: ignore[reportArgumentType]
+            if isinstance(event, PrefillProgress):
+                tasks.set(event.task_id, progress_update(task, event))
             else:
-                tasks.set(event.task_id, chunk_update(task, event))  # pyright: ignore[reportArgumentType]
+                tasks.set(event.task_id, chunk_update(task, event))
         self._last_seq = seq

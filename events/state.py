@@ -154,12 +154,29 @@ class ModelStatus(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     unavailable_at: int = 0
 
 
+# How many quarantined events a State keeps (the newest); `State.quarantined_count` counts them all.
+QUARANTINE_KEPT = 64
+
+
+class Quarantined(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """An event the fold refused (`events.apply.PoisonEvent`): skipped, never applied."""
+
+    seq: int
+    kind: str  # the event's tag, e.g. "task_cancelled"
+    error: str  # the named error, e.g. "UnknownTask", "ForbiddenOrigin"
+    reason: str
+
+
 class State(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     last_seq: int = 0
     nodes: immutables.Map[NodeId, NodeInfo] = immutables.Map()
     instances: immutables.Map[InstanceId, InstanceInfo] = immutables.Map()
     tasks: immutables.Map[TaskId, TaskInfo] = immutables.Map()
     models: immutables.Map[str, ModelStatus] = immutables.Map()  # only models some event is about
+    # Part of the State (not a log line) so every replica that folds the same log agrees on it,
+    # and `shoal diagnose` can report it; bounded so a flood of poison cannot grow it.
+    quarantined: tuple[Quarantined, ...] = ()  # the newest QUARANTINE_KEPT, oldest first
+    quarantined_count: int = 0
 
     @classmethod
     def starting_before(cls, seq: int) -> State:

@@ -46,20 +46,26 @@ class _Counter:
         return self.value
 
 
-def _stamper(prefix: str) -> Stamper:
-    ids = _Counter(0)
-    return Stamper(
-        Origin(service="synthetic", node="node-a"),
-        wall_ns=_Counter(1_700_000_000_000_000_000),
-        mono_ns=_Counter(0),
-        new_id=lambda: f"{prefix}-{ids():09d}",
-    )
+class _Stampers:
+    """One stamper per publisher (each event carries the origin that may publish it,
+    `events.origins`), all on the same counters, so the history stays one deterministic sequence."""
+
+    def __init__(self, prefix: str) -> None:
+        ids, wall, mono = _Counter(0), _Counter(1_700_000_000_000_000_000), _Counter(0)
+
+        def stamper(origin: Origin) -> Stamper:
+            return Stamper(origin, wall_ns=wall, mono_ns=mono, new_id=lambda: f"{prefix}-{ids():09d}")
+
+        self.api = stamper(Origin(service="api"))
+        self.master = stamper(Origin(service="master"))
+        self.workers = {node: stamper(Origin(service="worker", node=node)) for node in _NODES}
+        self.ranks = tuple(stamper(Origin(service="runner", node=node, rank=rank)) for rank, node in enumerate(_NODES))
 
 
-def _cluster(st: Stamper) -> Iterator[LogEvent]:
+def _cluster(st: _Stampers) -> Iterator[LogEvent]:
     for node in _NODES:
         yield NodeJoined(
-            env=st.stamp(),
+            env=st.workers[node].stamp(),
             node_id=node,
             host=f"{node}.local",
             cores=8,
@@ -72,25 +78,27 @@ def _cluster(st: Stamper) -> Iterator[LogEvent]:
         Shard(node_id=_NODES[1], rank=1, start_layer=8, end_layer=16),
     ]
     yield InstancePlaced(
-        env=st.stamp(),
+        env=st.master.stamp(),
         instance_id=_INSTANCE,
         model="tiny",
         shards=shards,
         ring_hosts=["10.0.0.1:5000", "10.0.0.2:5000"],
     )
     for rank in (0, 1):
-        yield RunnerStatusChanged(env=st.stamp(), instance_id=_INSTANCE, rank=rank, status="ready")
+        yield RunnerStatusChanged(env=st.ranks[rank].stamp(), instance_id=_INSTANCE, rank=rank, status="ready")
 
 
-def _task(st: Stamper, number: int) -> Iterator[LogEvent]:
+def _task(st: _Stampers, number: int) -> Iterator[LogEvent]:
     task = TaskId(f"task-{number:08d}")
     messages = [ChatMessage(role="user", content=f"question number {number}")]
-    yield TaskCreated(env=st.stamp(), task_id=task, model="tiny", messages=messages, params=TaskParams(max_tokens=64))
-    yield TaskAssigned(env=st.stamp(), task_id=task, instance_id=_INSTANCE)
+    yield TaskCreated(
+        env=st.api.stamp(), task_id=task, model="tiny", messages=messages, params=TaskParams(max_tokens=64)
+    )
+    yield TaskAssigned(env=st.master.stamp(), task_id=task, instance_id=_INSTANCE)
     total = _PREFILL_CHUNKS * 128
     for rank in (0, 1):
         yield PrefillStarted(
-            env=st.stamp(),
+            env=st.ranks[rank].stamp(),
             task_id=task,
             rank=rank,
             path="pipeline",
@@ -101,7 +109,7 @@ def _task(st: Stamper, number: int) -> Iterator[LogEvent]:
     for chunk in range(1, _PREFILL_CHUNKS + 1):
         for rank in (0, 1):
             yield PrefillProgress(
-                env=st.stamp(),
+                env=st.ranks[rank].stamp(),
                 task_id=task,
                 rank=rank,
                 processed=chunk * 128,
@@ -110,18 +118,18 @@ def _task(st: Stamper, number: int) -> Iterator[LogEvent]:
             )
     cancelled = number % 10 == 9
     for index in range(_DECODE_CHUNKS):
-        yield ChunkGenerated(env=st.stamp(), task_id=task, index=index, text=" tok", token_ids=[100 + index])
+        yield ChunkGenerated(env=st.ranks[-1].stamp(), task_id=task, index=index, text=" tok", token_ids=[100 + index])
         if cancelled and index == _DECODE_CHUNKS // 2:
-            yield TaskCancelled(env=st.stamp(), task_id=task, reason="client_disconnect")
+            yield TaskCancelled(env=st.api.stamp(), task_id=task, reason="client_disconnect")
             break
     finish = "cancelled" if cancelled else "length"
     usage = Usage(prompt_tokens=total, completion_tokens=_DECODE_CHUNKS, ttft_ms=12.5, prefill_tps=900.0)
-    yield TaskCompleted(env=st.stamp(), task_id=task, finish_reason=finish, usage=usage)
+    yield TaskCompleted(env=st.ranks[-1].stamp(), task_id=task, finish_reason=finish, usage=usage)
 
 
 def synthetic_history(count: int, *, id_prefix: str = "ev") -> list[LogEvent]:
     """`count` events that fold cleanly from an empty State (the last task may be unfinished)."""
-    st = _stamper(id_prefix)
+    st = _Stampers(id_prefix)
     out: list[LogEvent] = []
     source = _cluster(st)
     number = 0

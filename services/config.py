@@ -277,6 +277,8 @@ def read_yaml(path: Path) -> dict[str, object]:
         loaded: object = yaml.safe_load(path.read_text())
     except FileNotFoundError as exc:
         raise ConfigError("config", str(path), "--config / SHOAL_CONFIG", "an existing YAML file") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError("config", str(path), source, f"a UTF-8 text file ({exc})") from exc
     except yaml.YAMLError as exc:
         raise ConfigError("config", str(path), source, f"valid YAML ({exc})") from exc
     if loaded is None:

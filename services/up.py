@@ -16,7 +16,7 @@ import sys
 import msgspec
 
 from eventlog.log import EventLog
-from events.apply import apply_live
+from events.fold import apply_live
 from events.state import State
 from services.api.auth import ApiAccess, load_api_access
 from services.config import ResolvedConfig, log_settings

@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from loguru import logger
 
 from eventlog.log import EventLog
-from events.apply import apply_live
 from events.catalogue import LogEvent
+from events.fold import apply_live
 from events.ids import TaskId
 from events.state import State
 from services.api.dashboard_feed import DashboardFeed
@@ -49,18 +49,21 @@ class LogHub:
         self.state = await self.log.fold()
         self.caught_up.set()
         async for seq, event in self.log.follow(from_seq=self.state.last_seq + 1):
-            self._apply(seq, event)
+            if not self._apply(seq, event):
+                continue  # a refused event (a forged chunk...) never reaches a client's stream
             for listener in self._listeners.get(getattr(event, "task_id", TaskId("")), ()):
                 listener.put(event)
 
-    def _apply(self, seq: int, event: LogEvent) -> None:
+    def _apply(self, seq: int, event: LogEvent) -> bool:
+        """Fold one event; False when the fold refused (quarantined) it."""
         before = self.state
         self.state, error = apply_live(before, seq, event)
         if error is not None:
             logger.warning("api: skipping seq {}: {}", seq, error)
-            return
+            return False
         self.metrics.observe(self.state, event)
         self.feed.folded(before, self.state, event)
+        return True
 
     @contextmanager
     def listen(self, task_id: TaskId) -> Generator[TaskEvents]:

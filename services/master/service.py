@@ -16,8 +16,8 @@ from loguru import logger
 
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
-from events.apply import apply_live
 from events.catalogue import LogEvent, NodeHeartbeat, Origin, RunnerHeartbeat
+from events.fold import apply_live
 from events.ids import NodeId
 from events.stamp import Stamper
 from events.state import State

@@ -143,3 +143,48 @@ def node_finding(node: NodeInfo, hosted: Sequence[tuple[str, int]]) -> Finding:
         stuck_ranks=tuple(rank for _, rank in hosted),
         evidence=(node.reason,),
     )
+
+
+# What to do about an event the fold quarantined, by the named error that refused it (events.apply).
+_DANGLING = (
+    "It names a task, instance or node no earlier event introduced: retention trimmed the event that did "
+    "(harmless: it is skipped; raise events_max_age_seconds to keep more), or it was published without the "
+    "events before it."
+)
+_QUARANTINE_STEPS: dict[str, str] = {
+    "ForbiddenOrigin": (
+        "The event claims a publisher that cannot have produced it: something on the bus forges events or "
+        "publishes with another role's identity. `shoal events tail --from-seq {seq}` shows it with its origin; "
+        "find that client, revoke its credentials, and keep the bus's per-role permissions on."
+    ),
+    "UnknownTask": _DANGLING,
+    "UnknownInstance": _DANGLING,
+    "UnknownNode": _DANGLING,
+    "InvalidEvent": (
+        "It contradicts the log (a second creation of one id, a rank outside its instance): a forgery or a bug. "
+        "Export the log (`shoal events export`) and file a bug with it."
+    ),
+}
+
+
+def quarantine_findings(state: State) -> list[Finding]:
+    """One finding per quarantined event the State kept (the newest; older ones are only counted)."""
+    findings: list[Finding] = []
+    dropped = state.quarantined_count - len(state.quarantined)
+    for record in state.quarantined:
+        evidence = [f"{record.error}: {record.reason}"]
+        if dropped and not findings:
+            evidence.append(f"{dropped} older quarantined event(s) are counted but not kept")
+        step = _QUARANTINE_STEPS.get(record.error, _QUARANTINE_STEPS["InvalidEvent"])
+        findings.append(
+            Finding(
+                kind="event",
+                subject=f"seq {record.seq}",
+                cause="quarantined_event",
+                summary=f"{record.kind} at seq {record.seq} was refused by the fold and skipped ({record.error})",
+                next_step=step.format(seq=record.seq),
+                status="quarantined",
+                evidence=tuple(evidence),
+            )
+        )
+    return findings

@@ -83,6 +83,7 @@ def diagnose(state: State, heartbeats: Heartbeats, now_ns: int, limits: Limits |
                 named_instances.add(finding.instance_id)
     findings.extend(_instance_findings(state, heartbeats, now_ns, limits, named_instances))
     findings.extend(_node_findings(state, named_instances))
+    findings.extend(advice.quarantine_findings(state))
     return findings
 
 

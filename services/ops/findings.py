@@ -20,8 +20,9 @@ Cause = Literal[
     "instance_not_ready",  # an instance that never became ready
     "rank_error",  # a task failed with an error a rank reported
     "no_evidence",  # stuck, but the log holds nothing to tell why (no telemetry)
+    "quarantined_event",  # an event the fold refused (forged origin, unknown id, contradiction): skipped
 ]
-SubjectKind = Literal["task", "instance", "node"]
+SubjectKind = Literal["task", "instance", "node", "event"]
 
 CAUSES: tuple[Cause, ...] = (
     "rank_died",
@@ -34,6 +35,7 @@ CAUSES: tuple[Cause, ...] = (
     "instance_not_ready",
     "rank_error",
     "no_evidence",
+    "quarantined_event",
 )
 
 
@@ -62,7 +64,7 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
 
 class Finding(msgspec.Struct, frozen=True, kw_only=True):
     kind: SubjectKind
-    subject: str  # the task, instance or node id
+    subject: str  # the task, instance or node id; "seq N" for an event
     cause: Cause
     summary: str
     next_step: str

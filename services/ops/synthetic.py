@@ -71,14 +71,24 @@ class LogBuilder:
         self.event_seq = 0
         self.telemetry_seq = 0
         self._ids = 0
+        self._nodes_of: dict[str, Sequence[str]] = {}  # instance -> the node of each rank
+        self._instance_of: dict[str, str] = {}  # task -> its instance
 
     def advance(self, seconds: float) -> None:
         self.now_ns += int(seconds * SECOND_NS)
 
-    def _env(self, service: str, rank: int | None = None) -> Envelope:
+    def _env(self, service: str, node: str = "", rank: int | None = None) -> Envelope:
         self._ids += 1
-        origin = Origin(service=service, node="", rank=rank)
+        origin = Origin(service=service, node=node, rank=rank)
         return Envelope(event_id=EventId(f"ev{self._ids}"), origin=origin, wall_time=self.now_ns, mono_ns=self.now_ns)
+
+    def _rank_env(self, instance_id: str, rank: int) -> Envelope:
+        """From the runner of `rank` on its node: the only origin the fold accepts (events.origins)."""
+        nodes = self._nodes_of.get(instance_id, ())
+        return self._env("runner", nodes[rank] if rank < len(nodes) else "", rank)
+
+    def _task_rank_env(self, task_id: str, rank: int) -> Envelope:
+        return self._rank_env(self._instance_of.get(task_id, ""), rank)
 
     def record(self, event: AnyEvent) -> None:
         """Append an event made elsewhere (a master's decisions, stamped with this log's clock)."""
@@ -96,7 +106,7 @@ class LogBuilder:
     # --- cluster -----------------------------------------------------------------------------
 
     def node_joined(self, node_id: str, host: str = "10.0.0.1") -> None:
-        env = self._env("worker")
+        env = self._env("worker", node_id)
         nid = NodeId(node_id)
         self._emit(
             NodeJoined(env=env, node_id=nid, host=host, cores=8, memory_bytes=64 << 30, backend="cpu", version="0.1")
@@ -106,7 +116,7 @@ class LogBuilder:
         self._emit(NodeTimedOut(env=self._env("master"), node_id=NodeId(node_id), last_seen=last_seen_ns))
 
     def node_left(self, node_id: str, reason: str = "shutdown") -> None:
-        self._emit(NodeLeft(env=self._env("worker"), node_id=NodeId(node_id), reason=reason))
+        self._emit(NodeLeft(env=self._env("worker", node_id), node_id=NodeId(node_id), reason=reason))
 
     def retired(self, instance_id: str, reason: str) -> None:
         self._emit(InstanceRetired(env=self._env("master"), instance_id=InstanceId(instance_id), reason=reason))
@@ -119,6 +129,7 @@ class LogBuilder:
         hosts = [f"10.0.0.{rank + 1}:5000" for rank in range(len(nodes))]
         env = self._env("master")
         iid = InstanceId(instance_id)
+        self._nodes_of[instance_id] = tuple(nodes)
         settings = RunnerSettings(prefill_step_size=step)
         self._emit(
             InstancePlaced(env=env, instance_id=iid, model=model, shards=shards, ring_hosts=hosts, settings=settings)
@@ -132,7 +143,8 @@ class LogBuilder:
         detail: str = "",
         cause: RunnerStatusCause | None = None,
     ) -> None:
-        env = self._env("worker", rank)
+        nodes = self._nodes_of.get(instance_id, ())
+        env = self._env("worker", nodes[rank] if rank < len(nodes) else "")  # the worker reports a runner's exit
         iid = InstanceId(instance_id)
         self._emit(RunnerStatusChanged(env=env, instance_id=iid, rank=rank, status=status, detail=detail, cause=cause))
 
@@ -152,19 +164,20 @@ class LogBuilder:
 
     def task_assigned(self, task_id: str, instance_id: str) -> None:
         env = self._env("master")
+        self._instance_of[task_id] = instance_id
         self._emit(TaskAssigned(env=env, task_id=TaskId(task_id), instance_id=InstanceId(instance_id)))
 
     def prefill_started(self, task_id: str, rank: int, chunks: int, step: int, pipeline: bool = True) -> None:
         path = "pipeline" if pipeline else "sequential"
         tokens = chunks * step + 1
-        env = self._env("runner", rank)
+        env = self._task_rank_env(task_id, rank)
         tid = TaskId(task_id)
         self._emit(
             PrefillStarted(env=env, task_id=tid, rank=rank, path=path, prompt_tokens=tokens, chunks=chunks, step=step)
         )
 
     def prefill_progress(self, task_id: str, rank: int, processed: int, total: int, iteration: int) -> None:
-        env = self._env("runner", rank)
+        env = self._task_rank_env(task_id, rank)
         tid = TaskId(task_id)
         self._emit(
             PrefillProgress(env=env, task_id=tid, rank=rank, processed=processed, total=total, iteration=iteration)
@@ -174,7 +187,7 @@ class LogBuilder:
         token_ids = list(range(index, index + tokens))
         self._emit(
             ChunkGenerated(
-                env=self._env("runner", rank),
+                env=self._task_rank_env(task_id, rank),
                 task_id=TaskId(task_id),
                 index=index,
                 text="x" * tokens,
@@ -188,12 +201,14 @@ class LogBuilder:
     def completed(self, task_id: str, finish_reason: FinishReason = "stop", tokens: int = 0) -> None:
         usage = Usage(completion_tokens=tokens)
         self._emit(
-            TaskCompleted(env=self._env("runner", 0), task_id=TaskId(task_id), finish_reason=finish_reason, usage=usage)
+            TaskCompleted(
+                env=self._task_rank_env(task_id, 0), task_id=TaskId(task_id), finish_reason=finish_reason, usage=usage
+            )
         )
 
     def failed(self, task_id: str, error: str, rank: int | None = None) -> None:
         """A rank's own report when `rank` is given, else the master's (a task nobody can serve)."""
-        env = self._env("runner" if rank is not None else "master", rank)
+        env = self._task_rank_env(task_id, rank) if rank is not None else self._env("master")
         self._emit(TaskFailed(env=env, task_id=TaskId(task_id), error=error, rank=rank))
 
     def stalled(self, task_id: str, diagnosis: str) -> None:
@@ -209,7 +224,7 @@ class LogBuilder:
         phase_age_s: float = 0.0,
         stack: str | None = None,
     ) -> None:
-        env = self._env("runner", rank)
+        env = self._rank_env(instance_id, rank)
         tid = TaskId(task_id) if task_id is not None else None
         event = RunnerHeartbeat(
             env=env,

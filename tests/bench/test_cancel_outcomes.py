@@ -5,7 +5,7 @@ from __future__ import annotations
 from bench.cancel_outcomes import Outcome, cadence, outcomes, pending
 from events.catalogue import LogEvent, RunnerStatusChanged, TaskCancelled, TaskCompleted, TaskFailed
 from events.ids import InstanceId, TaskId
-from tests.events.builders import Events, FakeClock, fake_stamper
+from tests.events.builders import Events, FakeClock
 
 START_NS = 1_700_000_000_000_000_000
 DEADLINE_MS = 1000.0
@@ -16,7 +16,7 @@ class Timeline:
 
     def __init__(self) -> None:
         self.clock = FakeClock(START_NS)
-        self.ev = Events(fake_stamper(clock=self.clock))
+        self.ev = Events(self.clock)
         self.events: list[LogEvent] = []
 
     def at(self, ms: float) -> Events:
@@ -28,14 +28,14 @@ class Timeline:
         self.events.append(event)
 
     def cancelled(self, ms: float, task: str) -> None:
-        self.add(ms, TaskCancelled(env=self.at(ms).stamper.stamp(), task_id=TaskId(task), reason="api"))
+        self.add(ms, TaskCancelled(env=self.at(ms).api.stamp(), task_id=TaskId(task), reason="api"))
 
     def idle(self, ms: float, task: str, rank: int) -> None:
-        env = self.at(ms).stamper.stamp()
+        env = self.at(ms).rank("i1", rank).stamp()
         self.add(ms, RunnerStatusChanged(env=env, instance_id=InstanceId("i1"), rank=rank, status="ready", detail=task))
 
     def ended(self, ms: float, task: str, reason: str) -> None:
-        env = self.at(ms).stamper.stamp()
+        env = self.at(ms).task_rank(task).stamp()
         if reason == "failed":
             self.add(ms, TaskFailed(env=env, task_id=TaskId(task), error="boom"))
         else:

@@ -12,9 +12,9 @@ import pytest
 
 from eventlog.log import EventLog, LogError
 from eventlog.streams import LogSettings, StreamLimits
-from events.apply import fold
 from events.catalogue import NodeHeartbeat, Origin, RunnerHeartbeat
 from events.codec import encode
+from events.fold import fold
 from events.ids import InstanceId, NodeId
 from events.stamp import Stamper
 from events.subjects import subject_for, task_events, task_subject

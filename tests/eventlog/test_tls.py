@@ -14,7 +14,7 @@ import pytest
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog, LogError
 from eventlog.tls import TlsFiles, TlsSetupError, client_context
-from events.apply import fold
+from events.fold import fold
 from events.subjects import subject_for
 from events.synthetic import synthetic_history
 from services.config import ENV_NOT_SETTINGS, KEYS, resolve_config

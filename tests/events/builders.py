@@ -9,6 +9,7 @@ from events.catalogue import (
     ChatMessage,
     ChunkGenerated,
     InstancePlaced,
+    LogEvent,
     NodeJoined,
     Origin,
     PrefillProgress,
@@ -40,11 +41,13 @@ class FakeClock:
         return self.now_ns
 
 
-def fake_stamper(service: str = "test", clock: FakeClock | None = None) -> Stamper:
+def fake_stamper(
+    service: str = "test", clock: FakeClock | None = None, *, node: str = "n0", rank: int | None = None
+) -> Stamper:
     counter: Iterator[int] = itertools.count(1)
     the_clock = clock if clock is not None else FakeClock()
     return Stamper(
-        Origin(service=service, node="n0"),
+        Origin(service=service, node=node, rank=rank),
         wall_ns=the_clock.wall,
         mono_ns=the_clock.mono,
         new_id=lambda: f"{service}-{next(counter)}",
@@ -52,14 +55,49 @@ def fake_stamper(service: str = "test", clock: FakeClock | None = None) -> Stamp
 
 
 class Events:
-    """Shorthands for the events most tests need, all stamped by one fake stamper."""
+    """Shorthands for the events most tests need, each stamped with the origin that publishes it
+    (`events.origins`), all on one fake clock with one id counter.
 
-    def __init__(self, stamper: Stamper | None = None) -> None:
-        self.stamper = stamper if stamper is not None else fake_stamper()
+    It remembers the instances it placed and the tasks it assigned, so a rank's report comes from
+    that rank's runner on its node; `api`, `master`, `worker(node)` and `rank(...)` stamp by hand.
+    """
+
+    def __init__(self, clock: FakeClock | None = None) -> None:
+        self.clock = clock if clock is not None else FakeClock()
+        self._ids: Iterator[int] = itertools.count(1)
+        self._nodes_of: dict[str, tuple[str, ...]] = {}  # instance -> the node of each rank
+        self._instance_of: dict[str, str] = {}  # task -> its instance
+        self.api = self.stamper(Origin(service="api"))
+        self.master = self.stamper(Origin(service="master"))
+
+    def learn(self, event: LogEvent) -> None:
+        """Remember a placement or an assignment made elsewhere (a master core's decision)."""
+        if isinstance(event, InstancePlaced):
+            nodes = tuple(shard.node_id for shard in sorted(event.shards, key=lambda shard: shard.rank))
+            self._nodes_of.setdefault(event.instance_id, nodes)
+        elif isinstance(event, TaskAssigned):
+            self._instance_of.setdefault(event.task_id, event.instance_id)
+
+    def stamper(self, origin: Origin) -> Stamper:
+        return Stamper(origin, wall_ns=self.clock.wall, mono_ns=self.clock.mono, new_id=lambda: f"ev-{next(self._ids)}")
+
+    def worker(self, node_id: str) -> Stamper:
+        return self.stamper(Origin(service="worker", node=node_id))
+
+    def rank(self, instance_id: str, rank: int) -> Stamper:
+        """The runner of `rank` (default placement: nodes n1, n2 when the instance is unknown here)."""
+        nodes = self._nodes_of.get(instance_id, ("n1", "n2"))
+        return self.stamper(Origin(service="runner", node=nodes[rank % len(nodes)], rank=rank))
+
+    def task_rank(self, task_id: str, rank: int | None = None) -> Stamper:
+        """A runner of the task's instance: `rank`, or the sampling (last) rank."""
+        instance = self._instance_of.get(task_id, "i1")
+        last = len(self._nodes_of.get(instance, ("n1", "n2"))) - 1
+        return self.rank(instance, last if rank is None else rank)
 
     def node(self, node_id: str = "n1", memory_gb: int = 16) -> NodeJoined:
         return NodeJoined(
-            env=self.stamper.stamp(),
+            env=self.worker(node_id).stamp(),
             node_id=NodeId(node_id),
             host="127.0.0.1",
             cores=2,
@@ -79,39 +117,47 @@ class Events:
             )
             for r, n in enumerate(nodes)
         ]
-        return InstancePlaced(
-            env=self.stamper.stamp(),
+        placed = InstancePlaced(
+            env=self.master.stamp(),
             instance_id=InstanceId(instance_id),
             model="tiny",
             shards=shards,
             ring_hosts=[f"127.0.0.1:{5000 + r}" for r in range(len(nodes))],
         )
+        self.learn(placed)
+        return placed
 
     def runner(self, rank: int, status: RunnerStatus, instance_id: str = "i1") -> RunnerStatusChanged:
         return RunnerStatusChanged(
-            env=self.stamper.stamp(), instance_id=InstanceId(instance_id), rank=rank, status=status
+            env=self.rank(instance_id, rank).stamp(), instance_id=InstanceId(instance_id), rank=rank, status=status
         )
 
     def heartbeat(self, instance_id: str, rank: int, phase: Phase, task_id: str | None = None) -> RunnerHeartbeat:
         tid = TaskId(task_id) if task_id is not None else None
         return RunnerHeartbeat(
-            env=self.stamper.stamp(), instance_id=InstanceId(instance_id), rank=rank, phase=phase, task_id=tid
+            env=self.rank(instance_id, rank).stamp(),
+            instance_id=InstanceId(instance_id),
+            rank=rank,
+            phase=phase,
+            task_id=tid,
         )
 
     def created(self, task_id: str = "t1", model: str = "tiny") -> TaskCreated:
         return TaskCreated(
-            env=self.stamper.stamp(),
+            env=self.api.stamp(),
             task_id=TaskId(task_id),
             model=model,
             messages=[ChatMessage(role="user", content="hello")],
         )
 
     def assigned(self, task_id: str = "t1", instance_id: str = "i1") -> TaskAssigned:
-        return TaskAssigned(env=self.stamper.stamp(), task_id=TaskId(task_id), instance_id=InstanceId(instance_id))
+        assigned = TaskAssigned(env=self.master.stamp(), task_id=TaskId(task_id), instance_id=InstanceId(instance_id))
+        self.learn(assigned)
+        return assigned
 
     def started(self, task_id: str = "t1", rank: int = 0, chunks: int = 4) -> PrefillStarted:
         return PrefillStarted(
-            env=self.stamper.stamp(),
+            env=self.task_rank(task_id, rank).stamp(),
             task_id=TaskId(task_id),
             rank=rank,
             path="pipeline",
@@ -122,7 +168,7 @@ class Events:
 
     def progress(self, task_id: str = "t1", rank: int = 0, processed: int = 128, iteration: int = 1) -> PrefillProgress:
         return PrefillProgress(
-            env=self.stamper.stamp(),
+            env=self.task_rank(task_id, rank).stamp(),
             task_id=TaskId(task_id),
             rank=rank,
             processed=processed,
@@ -132,5 +178,9 @@ class Events:
 
     def chunk(self, task_id: str = "t1", index: int = 0, text: str = "hi", tokens: int = 1) -> ChunkGenerated:
         return ChunkGenerated(
-            env=self.stamper.stamp(), task_id=TaskId(task_id), index=index, text=text, token_ids=list(range(tokens))
+            env=self.task_rank(task_id).stamp(),
+            task_id=TaskId(task_id),
+            index=index,
+            text=text,
+            token_ids=list(range(tokens)),
         )

@@ -34,6 +34,8 @@ def strategy_for(info: msgspec.inspect.Type) -> st.SearchStrategy[Any]:
             )
         case msgspec.inspect.BoolType():
             return st.booleans()
+        case msgspec.inspect.StrType() if info.pattern is not None:  # ids: what the decoder accepts
+            return st.from_regex(info.pattern, fullmatch=True).filter(lambda s: len(s) <= (info.max_length or 20))
         case msgspec.inspect.StrType():
             return st.text(max_size=20)
         case msgspec.inspect.NoneType():

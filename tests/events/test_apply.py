@@ -18,7 +18,6 @@ from events.apply import (
     UnknownNode,
     UnknownTask,
     apply,
-    fold,
 )
 from events.catalogue import (
     InstanceRetired,
@@ -32,6 +31,7 @@ from events.catalogue import (
     Usage,
 )
 from events.codec import ExportRecord, encode_record
+from events.fold import fold
 from events.ids import InstanceId, NodeId, TaskId
 from events.state import State, canonical_bytes
 from tests.events.builders import Events
@@ -66,8 +66,8 @@ def test_nodes_join_leave_and_time_out(ev: Events) -> None:
         [
             ev.node("n1"),
             ev.node("n2"),
-            NodeLeft(env=ev.stamper.stamp(), node_id=NodeId("n1"), reason="shutdown"),
-            NodeTimedOut(env=ev.stamper.stamp(), node_id=NodeId("n2"), last_seen=5),
+            NodeLeft(env=ev.worker("n1").stamp(), node_id=NodeId("n1"), reason="shutdown"),
+            NodeTimedOut(env=ev.master.stamp(), node_id=NodeId("n2"), last_seen=5),
         ]
     )
     assert s.nodes["n1"].status == "left" and s.nodes["n1"].reason == "shutdown"
@@ -88,7 +88,7 @@ def test_placement_and_runner_readiness(ev: Events) -> None:
     assert s.instances["i1"].ready
     s = apply(s, 6, ev.runner(1, "failed"))
     assert s.instances["i1"].failed and not s.instances["i1"].ready
-    s = apply(s, 7, InstanceRetired(env=ev.stamper.stamp(), instance_id=InstanceId("i1"), reason="rank 1 failed"))
+    s = apply(s, 7, InstanceRetired(env=ev.master.stamp(), instance_id=InstanceId("i1"), reason="rank 1 failed"))
     assert s.instances["i1"].retired and s.instances["i1"].retire_reason == "rank 1 failed"
 
 
@@ -113,17 +113,21 @@ def test_task_lifecycle_through_prefill_and_decode(ev: Events) -> None:
     done = apply(
         s,
         len(events) + 1,
-        TaskCompleted(env=ev.stamper.stamp(), task_id=TaskId("t1"), finish_reason="stop", usage=usage),
+        TaskCompleted(env=ev.task_rank("t1").stamp(), task_id=TaskId("t1"), finish_reason="stop", usage=usage),
     )
     assert done.tasks["t1"].status == "completed" and done.tasks["t1"].usage == usage
     assert done.instances["i1"].queue == ()
 
 
 def test_cancel_then_cancelled_completion(ev: Events) -> None:
-    events = [*_cluster(ev), TaskCancelled(env=ev.stamper.stamp(), task_id=TaskId("t1"), reason="client_disconnect")]
+    events = [*_cluster(ev), TaskCancelled(env=ev.api.stamp(), task_id=TaskId("t1"), reason="client_disconnect")]
     s = _fold(events)
     assert s.tasks["t1"].cancel_reason == "client_disconnect" and not s.tasks["t1"].ended
-    s = apply(s, s.last_seq + 1, TaskCompleted(env=ev.stamper.stamp(), task_id=TaskId("t1"), finish_reason="cancelled"))
+    s = apply(
+        s,
+        s.last_seq + 1,
+        TaskCompleted(env=ev.task_rank("t1").stamp(), task_id=TaskId("t1"), finish_reason="cancelled"),
+    )
     assert s.tasks["t1"].status == "cancelled" and s.tasks["t1"].ended
 
 
@@ -131,8 +135,8 @@ def test_stall_then_failure(ev: Events) -> None:
     s = _fold(
         [
             *_cluster(ev),
-            TaskStalled(env=ev.stamper.stamp(), task_id=TaskId("t1"), diagnosis="rank 1 silent for 30s"),
-            TaskFailed(env=ev.stamper.stamp(), task_id=TaskId("t1"), error="stalled", rank=1),
+            TaskStalled(env=ev.master.stamp(), task_id=TaskId("t1"), diagnosis="rank 1 silent for 30s"),
+            TaskFailed(env=ev.master.stamp(), task_id=TaskId("t1"), error="stalled", rank=1),
         ]
     )
     task = s.tasks["t1"]
@@ -141,15 +145,15 @@ def test_stall_then_failure(ev: Events) -> None:
 
 
 def test_late_events_after_the_end_change_nothing_but_the_sequence(ev: Events) -> None:
-    s = _fold([*_cluster(ev), TaskFailed(env=ev.stamper.stamp(), task_id=TaskId("t1"), error="watchdog")])
+    s = _fold([*_cluster(ev), TaskFailed(env=ev.master.stamp(), task_id=TaskId("t1"), error="watchdog")])
     before = s.tasks["t1"]
     late = [
         ev.progress("t1", rank=1),
         ev.chunk("t1"),
         ev.started("t1"),
-        TaskCancelled(env=ev.stamper.stamp(), task_id=TaskId("t1"), reason="api"),
-        TaskCompleted(env=ev.stamper.stamp(), task_id=TaskId("t1"), finish_reason="stop"),
-        TaskStalled(env=ev.stamper.stamp(), task_id=TaskId("t1"), diagnosis="x"),
+        TaskCancelled(env=ev.api.stamp(), task_id=TaskId("t1"), reason="api"),
+        TaskCompleted(env=ev.task_rank("t1").stamp(), task_id=TaskId("t1"), finish_reason="stop"),
+        TaskStalled(env=ev.master.stamp(), task_id=TaskId("t1"), diagnosis="x"),
         ev.assigned("t1", "i1"),
     ]
     for event in late:
@@ -166,17 +170,17 @@ def test_late_events_after_the_end_change_nothing_but_the_sequence(ev: Events) -
         (lambda ev: ev.started("ghost"), UnknownTask),
         (lambda ev: ev.assigned("ghost", "i1"), UnknownTask),
         (lambda ev: ev.assigned("t1", "nope"), UnknownInstance),
-        (lambda ev: TaskCancelled(env=ev.stamper.stamp(), task_id=TaskId("ghost"), reason="api"), UnknownTask),
-        (lambda ev: TaskCompleted(env=ev.stamper.stamp(), task_id=TaskId("ghost"), finish_reason="stop"), UnknownTask),
-        (lambda ev: TaskFailed(env=ev.stamper.stamp(), task_id=TaskId("ghost"), error="x"), UnknownTask),
-        (lambda ev: TaskStalled(env=ev.stamper.stamp(), task_id=TaskId("ghost"), diagnosis="x"), UnknownTask),
+        (lambda ev: TaskCancelled(env=ev.api.stamp(), task_id=TaskId("ghost"), reason="api"), UnknownTask),
+        (lambda ev: TaskCompleted(env=ev.master.stamp(), task_id=TaskId("ghost"), finish_reason="stop"), UnknownTask),
+        (lambda ev: TaskFailed(env=ev.master.stamp(), task_id=TaskId("ghost"), error="x"), UnknownTask),
+        (lambda ev: TaskStalled(env=ev.master.stamp(), task_id=TaskId("ghost"), diagnosis="x"), UnknownTask),
         (lambda ev: ev.runner(0, "ready", instance_id="nope"), UnknownInstance),
         (
-            lambda ev: InstanceRetired(env=ev.stamper.stamp(), instance_id=InstanceId("nope"), reason="x"),
+            lambda ev: InstanceRetired(env=ev.master.stamp(), instance_id=InstanceId("nope"), reason="x"),
             UnknownInstance,
         ),
-        (lambda ev: NodeLeft(env=ev.stamper.stamp(), node_id=NodeId("ghost"), reason="x"), UnknownNode),
-        (lambda ev: NodeTimedOut(env=ev.stamper.stamp(), node_id=NodeId("ghost"), last_seen=0), UnknownNode),
+        (lambda ev: NodeLeft(env=ev.worker("ghost").stamp(), node_id=NodeId("ghost"), reason="x"), UnknownNode),
+        (lambda ev: NodeTimedOut(env=ev.master.stamp(), node_id=NodeId("ghost"), last_seen=0), UnknownNode),
         (lambda ev: ev.placed("i2", nodes=("n1", "ghost")), UnknownNode),
         (lambda ev: ev.placed("i1"), InvalidEvent),
         (lambda ev: ev.created("t1"), InvalidEvent),
@@ -222,7 +226,7 @@ def test_apply_never_mutates_its_input(ev: Events) -> None:
 
 _FOLD_IN_A_CHILD = """
 import sys
-from events.apply import fold
+from events.fold import fold
 from events.codec import decode_record
 from events.state import canonical_bytes
 records = [decode_record(line) for line in sys.stdin.buffer.read().splitlines()]

@@ -1,4 +1,5 @@
-"""`Folder` is only a faster `apply`: on any log, prefix, or error it gives the same State."""
+"""`Folder` is only a faster `apply`: on any log, prefix, or error it gives the same State, and
+both quarantine the same poison the same way."""
 
 from __future__ import annotations
 
@@ -6,43 +7,122 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from events.apply import UnknownTask, fold
-from events.fold import Folder
-from events.ids import TaskId
-from events.state import State, canonical_bytes
+from events.apply import ForbiddenOrigin, SequenceGap, UnknownTask
+from events.catalogue import (
+    ChunkGenerated,
+    Envelope,
+    InstancePlaced,
+    LogEvent,
+    NodeLeft,
+    Origin,
+    PrefillProgress,
+    TaskCancelled,
+)
+from events.fold import Folder, apply_live, fold
+from events.ids import EventId, InstanceId, NodeId, TaskId
+from events.state import QUARANTINE_KEPT, State, canonical_bytes
 from events.synthetic import synthetic_history
 from tests.events.builders import Events
 
 HISTORY = synthetic_history(3000)
 
 
+def _env(service: str, node: str = "", rank: int | None = None) -> Envelope:
+    return Envelope(
+        event_id=EventId("forged"), origin=Origin(service=service, node=node, rank=rank), wall_time=1, mono_ns=1
+    )
+
+
+# Events the fold refuses wherever they land in HISTORY: a forged origin or an id nothing knows,
+# on the hot path (progress, chunks) and off it.
+POISON: tuple[LogEvent, ...] = (
+    ChunkGenerated(env=_env("runner", "node-b", 1), task_id=TaskId("ghost"), index=0, text="x", token_ids=[1]),
+    ChunkGenerated(env=_env("api"), task_id=TaskId("task-00000001"), index=0, text="x", token_ids=[1]),
+    PrefillProgress(
+        env=_env("runner", "node-z", 0), task_id=TaskId("task-00000001"), rank=0, processed=1, total=2, iteration=0
+    ),
+    InstancePlaced(env=_env("api"), instance_id=InstanceId("inst-forged"), model="tiny", shards=[], ring_hosts=[]),
+    TaskCancelled(env=_env("api"), task_id=TaskId("ghost"), reason="api"),
+    NodeLeft(env=_env("worker", "node-b"), node_id=NodeId("node-a"), reason="forged"),
+)
+
+
+@st.composite
+def poisoned_logs(draw: st.DrawFn) -> tuple[list[tuple[int, LogEvent]], int]:
+    """A prefix of HISTORY with poison inserted at random places; the number inserted."""
+    events = list(HISTORY[: draw(st.integers(min_value=0, max_value=len(HISTORY)))])
+    inserts = draw(st.lists(st.tuples(st.integers(0, len(events)), st.sampled_from(POISON)), max_size=8))
+    for at, poison in sorted(inserts, key=lambda pair: pair[0], reverse=True):
+        events.insert(at, poison)
+    return list(enumerate(events, start=1)), len(inserts)
+
+
 @settings(max_examples=40, deadline=None)
-@given(st.integers(min_value=0, max_value=len(HISTORY)), st.integers(min_value=1, max_value=len(HISTORY)))
-def test_folder_equals_the_sequential_fold_at_every_read(cut: int, read_every: int) -> None:
-    events = list(enumerate(HISTORY[:cut], start=1))
+@given(poisoned_logs(), st.integers(min_value=1, max_value=len(HISTORY)))
+def test_folder_equals_the_sequential_fold_at_every_read(
+    log: tuple[list[tuple[int, LogEvent]], int], read_every: int
+) -> None:
+    events, poisoned = log
     folder = Folder()
     for i, (seq, event) in enumerate(events, start=1):
         folder.add(seq, event)
         if i % read_every == 0:  # reading .state mid-way must not change what follows
             assert canonical_bytes(folder.state) == canonical_bytes(fold(events[:i]))
     assert canonical_bytes(folder.state) == canonical_bytes(fold(events))
+    assert folder.state.quarantined_count == poisoned
+    assert [q.seq for q in folder.state.quarantined] == sorted(q.seq for q in folder.state.quarantined)
 
 
-def test_a_bad_hot_event_leaves_the_state_as_before() -> None:
+def test_a_bad_hot_event_is_quarantined_and_changes_nothing_else() -> None:
     ev = Events()
     events = [ev.node("n1"), ev.node("n2"), ev.placed("i1"), ev.created("t1"), ev.assigned("t1", "i1"), ev.chunk("t1")]
     folder = Folder()
     folder.add_all(enumerate(events, start=1))
     events.append(ev.chunk("t1", index=1))
     folder.add(7, events[-1])  # hot: held in the folder's transient map, not yet in a State
-    with pytest.raises(UnknownTask):
-        folder.add(8, ev.chunk("ghost"))
-    assert folder.last_seq == 7
-    assert canonical_bytes(folder.state) == canonical_bytes(fold(enumerate(events, start=1)))  # seq 8 left no trace
-    events.append(ev.chunk("t1", index=2))
-    folder.add(8, events[-1])  # and seq 8 is still the next one it takes
+    refused = folder.add(8, ev.chunk("ghost"))
+    assert isinstance(refused, UnknownTask)
+    forged = ChunkGenerated(env=ev.api.stamp(), task_id=TaskId("t1"), index=2, text="forged", token_ids=[9])
+    assert isinstance(folder.add(9, forged), ForbiddenOrigin)
+    state = folder.state
+    assert state.last_seq == 9 and state.quarantined_count == 2
+    assert [(q.seq, q.kind, q.error) for q in state.quarantined] == [
+        (8, "chunk_generated", "UnknownTask"),
+        (9, "chunk_generated", "ForbiddenOrigin"),
+    ]
+    assert state.tasks[TaskId("t1")].text == "hihi"  # the forged chunk never reached the task
+    assert canonical_bytes(state) == canonical_bytes(fold(enumerate([*events, ev.chunk("ghost"), forged], start=1)))
+
+
+def test_a_sequence_gap_still_raises_and_leaves_the_state_as_before() -> None:
+    ev = Events()
+    events = [ev.node("n1"), ev.node("n2"), ev.placed("i1"), ev.created("t1"), ev.assigned("t1", "i1"), ev.chunk("t1")]
+    folder = Folder()
+    folder.add_all(enumerate(events, start=1))
+    with pytest.raises(SequenceGap):
+        folder.add(9, ev.chunk("t1", index=1))
     assert canonical_bytes(folder.state) == canonical_bytes(fold(enumerate(events, start=1)))
-    assert folder.state.tasks[TaskId("t1")].chunks == 3
+
+
+def test_the_quarantine_is_bounded_but_counts_everything() -> None:
+    poison = [(seq, POISON[4]) for seq in range(1, QUARANTINE_KEPT + 11)]
+    state = fold(poison)
+    assert state.quarantined_count == QUARANTINE_KEPT + 10
+    assert len(state.quarantined) == QUARANTINE_KEPT
+    assert state.quarantined[0].seq == 11 and state.quarantined[-1].seq == QUARANTINE_KEPT + 10
+    assert Folder().add_all(poison) == state
+
+
+def test_apply_live_quarantines_like_the_fold_and_returns_the_refusal() -> None:
+    ev = Events()
+    state = fold([(1, ev.node("n1"))])
+    forged = NodeLeft(env=ev.worker("n2").stamp(), node_id=NodeId("n1"), reason="forged")
+    live, error = apply_live(state, 5, forged)  # seqs 2-4: malformed messages, stepped over
+    assert isinstance(error, ForbiddenOrigin)
+    assert live.last_seq == 5 and live.quarantined[0].seq == 5
+    assert live.nodes[NodeId("n1")].status == "up"
+    repeated, error = apply_live(live, 5, forged)
+    assert isinstance(error, SequenceGap) and repeated == live
 
 
 def test_skip_to_accounts_for_missing_seqs() -> None:

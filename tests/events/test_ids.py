@@ -10,7 +10,7 @@ import pytest
 from events.ids import InvalidId, check_token, new_task_id
 
 
-@pytest.mark.parametrize("bad", ["", "a.b", "a b", "a*", "a>", "x" * 129])
+@pytest.mark.parametrize("bad", ["", "a.b", "a b", "a*", "a>", ">", "ab\n", "x" * 129])
 def test_bad_tokens_are_refused(bad: str) -> None:
     with pytest.raises(InvalidId, match="A-Z a-z 0-9 _ -"):
         check_token("node id", bad)

@@ -11,9 +11,9 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from events.apply import fold
 from events.catalogue import LogEvent, Origin, RunnerHeartbeat
 from events.codec import ExportRecord
+from events.fold import fold
 from events.stamp import Stamper
 from events.state import State
 from services.master.core import MasterCore, MasterPolicy

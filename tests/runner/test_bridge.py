@@ -56,7 +56,7 @@ async def test_assignments_cancels_and_publishes_go_through(event_log: EventLog,
         assert assignment.created is not None and assignment.created.task_id == "t1"
         assert await asyncio.to_thread(bridge.next_assignment, 0.2) is None  # t2 is another instance's
 
-        await event_log.append(TaskCancelled(env=ev.stamper.stamp(), task_id=TaskId("t1"), reason="api"))
+        await event_log.append(TaskCancelled(env=ev.api.stamp(), task_id=TaskId("t1"), reason="api"))
         deadline = time.monotonic() + 10
         while not bridge.is_cancelled("t1") and time.monotonic() < deadline:
             await asyncio.sleep(0.02)

@@ -93,7 +93,7 @@ def _server(engine: FakeEngine, inbox: FakeInbox, *, sampling: bool) -> TaskServ
 
 
 def _assignment(ev: Events, task_id: str, with_created: bool = True) -> Assignment:
-    assigned = TaskAssigned(env=ev.stamper.stamp(), task_id=TaskId(task_id), instance_id=InstanceId("i1"))
+    assigned = TaskAssigned(env=ev.master.stamp(), task_id=TaskId(task_id), instance_id=InstanceId("i1"))
     return Assignment(assigned, ev.created(task_id) if with_created else None)
 
 

@@ -104,13 +104,13 @@ async def first_cancel(log: EventLog, task_id: TaskId) -> TaskCancelled:
 
 async def test_a_client_that_leaves_mid_stream_gets_its_task_cancelled_at_once(event_log: EventLog) -> None:
     ev = Events()
-    await event_log.append(ev.node("n1"))
+    await event_log.append_many([ev.node("n1"), ev.placed("i1", nodes=("n1",))])
     async with running_api(event_log) as (ctx, app), anyio.create_task_group() as group:
         client = Client("POST", "/v1/chat/completions", chat(stream=True))
         group.start_soon(app, client.scope, client.receive, client.send)
         await client.started.wait()
         task_id = client.task_id
-        await event_log.append(ev.chunk(task_id, text="Once"))
+        await event_log.append_many([ev.assigned(task_id, "i1"), ev.chunk(task_id, text="Once")])
         with anyio.fail_after(10):
             while not any("Once" in text for text in client.texts):
                 await anyio.sleep(0.01)
@@ -147,7 +147,7 @@ async def test_a_client_that_leaves_a_non_streamed_request_gets_499_and_a_cancel
 
 async def test_a_stream_that_ends_sends_its_end_and_cancels_nothing(event_log: EventLog) -> None:
     ev = Events()
-    await event_log.append(ev.node("n1"))
+    await event_log.append_many([ev.node("n1"), ev.placed("i1", nodes=("n1",))])
     async with running_api(event_log) as (_ctx, app), anyio.create_task_group() as group:
         client = Client("POST", "/v1/chat/completions", chat(stream=True))
         done = anyio.Event()
@@ -160,9 +160,9 @@ async def test_a_stream_that_ends_sends_its_end_and_cancels_nothing(event_log: E
         await client.started.wait()
         task_id = client.task_id
         usage = Usage(prompt_tokens=3, completion_tokens=1)
-        await event_log.append(ev.chunk(task_id, text="Once"))
+        await event_log.append_many([ev.assigned(task_id, "i1"), ev.chunk(task_id, text="Once")])
         await event_log.append(
-            TaskCompleted(env=ev.stamper.stamp(), task_id=task_id, finish_reason="stop", usage=usage)
+            TaskCompleted(env=ev.task_rank(task_id).stamp(), task_id=task_id, finish_reason="stop", usage=usage)
         )
         with anyio.fail_after(10):
             await done.wait()

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eventlog.log import EventLog
-from events.apply import apply_live
 from events.catalogue import LogEvent, TaskCancelled, TaskCompleted, TaskFailed, TaskStalled, Usage
+from events.fold import apply_live
 from events.ids import TaskId
 from events.state import State
 from services.api.app import build_app
@@ -30,7 +30,6 @@ TASKS = ("t1", "t2", "t3")
 
 def lifecycle_event(ev: Events, action: str, task: str, rank: int) -> LogEvent:
     """One step a task, an instance or a node can take (some out of order: the fold refuses those)."""
-    stamp = ev.stamper.stamp()
     tid = TaskId(task)
     return {
         "node": lambda: ev.node(f"n{rank + 1}"),
@@ -42,10 +41,14 @@ def lifecycle_event(ev: Events, action: str, task: str, rank: int) -> LogEvent:
         "started": lambda: ev.started(task, rank),
         "progress": lambda: ev.progress(task, rank, processed=128 * (rank + 1), iteration=rank + 1),
         "chunk": lambda: ev.chunk(task),
-        "stalled": lambda: TaskStalled(env=stamp, task_id=tid, diagnosis="rank 1 (running): prefill iteration 2"),
-        "completed": lambda: TaskCompleted(env=stamp, task_id=tid, finish_reason="stop", usage=Usage()),
-        "failed": lambda: TaskFailed(env=stamp, task_id=tid, error="stalled: no progress", rank=1),
-        "cancelled": lambda: TaskCancelled(env=stamp, task_id=tid, reason="api"),
+        "stalled": lambda: TaskStalled(
+            env=ev.master.stamp(), task_id=tid, diagnosis="rank 1 (running): prefill iteration 2"
+        ),
+        "completed": lambda: TaskCompleted(
+            env=ev.task_rank(task).stamp(), task_id=tid, finish_reason="stop", usage=Usage()
+        ),
+        "failed": lambda: TaskFailed(env=ev.master.stamp(), task_id=tid, error="stalled: no progress", rank=1),
+        "cancelled": lambda: TaskCancelled(env=ev.api.stamp(), task_id=tid, reason="api"),
     }[action]()
 
 
@@ -95,7 +98,7 @@ def test_a_task_mid_prefill_shows_each_ranks_progress_and_its_stall() -> None:
     ev = Events()
     events: list[LogEvent] = [ev.node("n1"), ev.node("n2"), ev.placed("i1", ("n1", "n2")), ev.created("t1")]
     events += [ev.assigned("t1"), ev.started("t1", 0), ev.started("t1", 1), ev.progress("t1", 0, processed=256)]
-    events.append(TaskStalled(env=ev.stamper.stamp(), task_id=TaskId("t1"), diagnosis="rank 1: prefill iteration 2"))
+    events.append(TaskStalled(env=ev.master.stamp(), task_id=TaskId("t1"), diagnosis="rank 1: prefill iteration 2"))
     state = State()
     for seq, event in enumerate(events, start=1):
         state, error = apply_live(state, seq, event)
@@ -117,7 +120,7 @@ def test_the_snapshot_keeps_running_tasks_and_the_newest_ended_ones() -> None:
     state = State()
     events: list[LogEvent] = [ev.created("running")]
     for i in range(RECENT_ENDED + 5):
-        ended = TaskFailed(env=ev.stamper.stamp(), task_id=TaskId(f"done-{i}"), error="boom")
+        ended = TaskFailed(env=ev.master.stamp(), task_id=TaskId(f"done-{i}"), error="boom")
         events += [ev.created(f"done-{i}"), ended]
     for seq, event in enumerate(events, start=1):
         state, _error = apply_live(state, seq, event)

@@ -56,10 +56,10 @@ async def test_metrics_parse_in_both_formats_and_match_the_state(event_log: Even
                     await anyio.sleep(0.01)
             served = next(iter(ctx.hub.state.tasks))
             usage = Usage(prompt_tokens=3, completion_tokens=2, ttft_ms=250.0, prefill_tps=300.0, decode_tps=40.0)
-            done = TaskCompleted(env=ev.stamper.stamp(), task_id=served, finish_reason="stop", usage=usage)
+            done = TaskCompleted(env=ev.master.stamp(), task_id=served, finish_reason="stop", usage=usage)
             await event_log.append(done)
         assert request.status == 200
-        failed = TaskFailed(env=ev.stamper.stamp(), task_id=TaskId("broken"), error="boom")
+        failed = TaskFailed(env=ev.master.stamp(), task_id=TaskId("broken"), error="boom")
         await event_log.append_many([ev.created("broken"), failed, ev.created("waiting")])
         with anyio.fail_after(10):
             while "waiting" not in ctx.hub.state.tasks:

@@ -4,8 +4,8 @@ cards (the e2e test in tests/e2e/test_hub_models.py runs them in a cluster)."""
 
 from __future__ import annotations
 
-from events.apply import fold
-from events.catalogue import InstanceRetired, LogEvent, ModelDownloadProgress, ModelUnavailable
+from events.catalogue import InstanceRetired, LogEvent, ModelDownloadProgress, ModelUnavailable, Origin
+from events.fold import fold
 from events.ids import InstanceId, NodeId, check_token
 from events.state import State
 from events.subjects import model_subject, model_token, subject_for
@@ -25,7 +25,11 @@ class Unplaceable:
 
 def _download(ev: Events, node: str, done: int, total: int) -> ModelDownloadProgress:
     return ModelDownloadProgress(
-        env=ev.stamper.stamp(), node_id=NodeId(node), model=MODEL, bytes_done=done, bytes_total=total
+        env=ev.stamper(Origin(service="runner", node=node, rank=0)).stamp(),
+        node_id=NodeId(node),
+        model=MODEL,
+        bytes_done=done,
+        bytes_total=total,
     )
 
 
@@ -74,7 +78,7 @@ def test_shoal_up_prints_a_line_per_tenth_of_a_download_and_each_new_reason_once
         printed += progress.lines(_state(events))
     assert [line.split(": ")[2].split(" ")[0] for line in printed] == ["0%", "30%", "100%"]
     assert printed[-1] == f"shoal: n1 downloading {MODEL!r}: 100% (1.00 of 1.00 GiB)"
-    events.append(ModelUnavailable(env=ev.stamper.stamp(), model=MODEL, error="no network"))
+    events.append(ModelUnavailable(env=ev.master.stamp(), model=MODEL, error="no network"))
     assert progress.lines(_state(events)) == [f"shoal: {MODEL!r} cannot be served: no network"]
     assert progress.lines(_state(events)) == []
 
@@ -89,7 +93,7 @@ def test_a_model_card_names_the_hub_owner_the_shards_and_why_it_is_not_served() 
         ("n1", 0, 4),
         ("n2", 4, 8),
     ]
-    retired = InstanceRetired(env=ev.stamper.stamp(), instance_id=InstanceId("i1"), reason="rank 0 failed: gone")
+    retired = InstanceRetired(env=ev.master.stamp(), instance_id=InstanceId("i1"), reason="rank 0 failed: gone")
     card = model_card(_state([*events, retired]), placed.model, context_length=None)
     assert card.instances == [] and card.error == "the last attempt to load it failed: rank 0 failed: gone"
     assert model_card(State(), MODEL, None).owned_by == "mlx-community"

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from events.apply import apply, fold
+from events.apply import apply
 from events.catalogue import (
     InstancePlaced,
     InstanceRetired,
@@ -19,6 +19,7 @@ from events.catalogue import (
     TaskFailed,
     TaskStalled,
 )
+from events.fold import fold
 from events.ids import InstanceId, TaskId
 from events.runner_settings import RunnerSettings
 from events.state import State
@@ -40,7 +41,7 @@ class Cluster:
 
     def __init__(self, policy: MasterPolicy | None = None) -> None:
         self.clock = FakeClock()
-        self.ev = Events(fake_stamper("test", self.clock))
+        self.ev = Events(self.clock)
         self.policy = policy or MasterPolicy()
         self.core = MasterCore(self.policy, Catalog(), fake_stamper("master", self.clock))
         self.state = State()
@@ -58,6 +59,7 @@ class Cluster:
             if event.env.event_id in self.stored_ids:
                 continue
             self.stored_ids.add(event.env.event_id)
+            self.ev.learn(event)
             self.state = apply(self.state, self.state.last_seq + 1, event)
             decisions = self.core.decide(self.state, event)
             out += decisions
@@ -132,7 +134,7 @@ def test_cancel_before_assignment_completes_as_cancelled() -> None:
     c = Cluster()
     c.feed(c.ev.node("n1"))
     c.feed(c.ev.created("t1"))
-    out = c.feed(TaskCancelled(env=c.ev.stamper.stamp(), task_id=TaskId("t1"), reason="client_disconnect"))
+    out = c.feed(TaskCancelled(env=c.ev.api.stamp(), task_id=TaskId("t1"), reason="client_disconnect"))
     assert isinstance(out[0], TaskCompleted) and out[0].finish_reason == "cancelled"
     assert c.state.tasks["t1"].status == "cancelled"
 
@@ -171,7 +173,7 @@ def test_node_timeout_retires_its_instances() -> None:
     instance = c.ready_instance()
     c.feed(c.ev.created("t1"))
     out = c.feed(
-        NodeTimedOut(env=c.ev.stamper.stamp(), node_id=c.state.instances[instance].shards[1].node_id, last_seen=0)
+        NodeTimedOut(env=c.ev.master.stamp(), node_id=c.state.instances[instance].shards[1].node_id, last_seen=0)
     )
     assert isinstance(out[0], InstanceRetired) and "timed out" in out[0].reason
 
@@ -189,7 +191,7 @@ def test_restart_reconcile_decides_nothing_twice() -> None:
     instance = c.ready_instance()
     c.feed(c.ev.created("t1"))
     # a fresh master over the same log owes nothing
-    fresh = MasterCore(c.policy, Catalog(), fake_stamper("master2"))
+    fresh = MasterCore(c.policy, Catalog(), fake_stamper("master"))
     assert fresh.reconcile(c.state) == []
     # a task created while no master ran is assigned by reconcile, exactly once
     c.feed(c.ev.created("t2"), echo=False)
@@ -216,7 +218,7 @@ def test_watchdog_stalls_the_head_task_with_positions(silent_seconds: float) -> 
         c.ev.started("warm", 0), c.ev.progress("warm", rank=0, iteration=3), c.ev.progress("warm", rank=1, iteration=2)
     )
     c.clock.advance(silent_seconds)
-    out = tick(c.state, c.clock.now_ns, Liveness(), c.policy, fake_stamper("wd", c.clock))
+    out = tick(c.state, c.clock.now_ns, Liveness(), c.policy, fake_stamper("master", c.clock))
     stalls = [e for e in out if isinstance(e, TaskStalled | TaskFailed)]
     if silent_seconds < 30:
         assert stalls == []
@@ -236,7 +238,7 @@ def test_watchdog_times_out_silent_nodes() -> None:
     c.clock.advance(8)
     seen = {"n1": c.clock.now_ns}
     c.clock.advance(5)
-    out = tick(c.state, c.clock.now_ns, Liveness(nodes=seen), c.policy, fake_stamper("wd", c.clock))  # pyright: ignore[reportArgumentType]
+    out = tick(c.state, c.clock.now_ns, Liveness(nodes=seen), c.policy, fake_stamper("master", c.clock))  # pyright: ignore[reportArgumentType]
     assert [e.node_id for e in out if isinstance(e, NodeTimedOut)] == ["n2"]
 
 
@@ -245,7 +247,9 @@ def test_watchdog_fails_tasks_nobody_serves() -> None:
     c.feed(c.ev.node("n1"))
     c.feed(c.ev.created("t1"))  # placed, never ready
     c.clock.advance(61)
-    out = tick(c.state, c.clock.now_ns, Liveness(nodes={"n1": c.clock.now_ns}), c.policy, fake_stamper("wd", c.clock))  # pyright: ignore[reportArgumentType]
+    out = tick(
+        c.state, c.clock.now_ns, Liveness(nodes={"n1": c.clock.now_ns}), c.policy, fake_stamper("master", c.clock)
+    )  # pyright: ignore[reportArgumentType]
     assert [type(e).__name__ for e in out] == ["TaskFailed"] and "within 60s" in out[0].error  # pyright: ignore[reportAttributeAccessIssue]
 
 
@@ -259,14 +263,14 @@ def test_watchdog_names_the_rank_whose_heartbeats_stopped() -> None:
     c.clock.advance(31)
     alive = c.ev.heartbeat(instance, 0, "prefill", "warm")
     liveness = Liveness(runners={(alive.instance_id, 0): alive, (frozen.instance_id, 1): frozen})
-    out = tick(c.state, c.clock.now_ns, liveness, c.policy, fake_stamper("wd", c.clock))
+    out = tick(c.state, c.clock.now_ns, liveness, c.policy, fake_stamper("master", c.clock))
     failed = [e for e in out if isinstance(e, TaskFailed)]
     assert failed[0].rank == 1
 
 
 def _failed(c: Cluster, instance: str, rank: int, detail: str, cause: RunnerStatusCause) -> RunnerStatusChanged:
     return RunnerStatusChanged(
-        env=c.ev.stamper.stamp(),
+        env=c.ev.rank(instance, rank).stamp(),
         instance_id=InstanceId(instance),
         rank=rank,
         status="failed",
@@ -291,9 +295,9 @@ def test_only_casualties_are_retired_after_the_grace() -> None:
     instance = c.ready_instance()
     assert c.feed(_failed(c, instance, 0, "the ring group broke", "peer_lost")) == []
     c.clock.advance(1)
-    assert tick(c.state, c.clock.now_ns, Liveness(), c.policy, fake_stamper("wd", c.clock)) == []
+    assert tick(c.state, c.clock.now_ns, Liveness(), c.policy, fake_stamper("master", c.clock)) == []
     c.clock.advance(2)
-    out = tick(c.state, c.clock.now_ns, Liveness(), c.policy, fake_stamper("wd", c.clock))
+    out = tick(c.state, c.clock.now_ns, Liveness(), c.policy, fake_stamper("master", c.clock))
     retired = [e for e in out if isinstance(e, InstanceRetired)]
     assert retired and "rank(s) [1] never reported" in retired[0].reason
     assert {e.rank for e in out if isinstance(e, TaskFailed)} == {1}

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from events.apply import fold
+from events.fold import fold
 from services.master.placement import PlacementError, model_slug, plan_instance, split_layers
 from tests.events.builders import Events
 

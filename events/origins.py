@@ -1,0 +1,134 @@
+"""Who may publish what: the origin rule of each event kind (docs/ARCHITECTURE.md §2, "published by").
+
+Defence in depth behind the bus's own permissions: an event whose `env.origin` cannot have
+produced it is refused by the fold (`apply` raises `ForbiddenOrigin`, and the event is
+quarantined), so a forged `ChunkGenerated` or `InstancePlaced` never changes the State.
+
+The rules, read off every publisher (grep `Origin(`):
+- the API creates and cancels tasks;
+- the master places, assigns, retires, times nodes out, declares stalls, and ends tasks no rank
+  will end (`TaskCompleted` of a task cancelled while waiting, `TaskFailed` of one nobody serves);
+- a worker announces only its own node, and reports the exit of a runner it ran (a rank of an
+  instance placed on its node);
+- a runner (`service=runner`, its node and rank) reports its own rank's status, and the progress,
+  chunks and end of tasks assigned to its instance, and its node's model downloads;
+- the master says a model cannot be served (`ModelUnavailable`).
+
+Each rule is a pure function of the State before the event; it answers the reason an origin is
+refused, or None. An event about an id the State does not know is left to `apply`, which names
+it (`UnknownTask`...) more precisely than an origin rule could.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import assert_never
+
+from events.catalogue import (
+    ChunkGenerated,
+    InstancePlaced,
+    InstanceRetired,
+    LogEvent,
+    ModelDownloadProgress,
+    ModelUnavailable,
+    NodeJoined,
+    NodeLeft,
+    NodeTimedOut,
+    Origin,
+    PrefillProgress,
+    PrefillStarted,
+    RunnerStatusChanged,
+    TaskAssigned,
+    TaskCancelled,
+    TaskCompleted,
+    TaskCreated,
+    TaskFailed,
+    TaskStalled,
+)
+from events.ids import InstanceId
+from events.state import InstanceInfo, State, TaskInfo
+
+API = "api"
+MASTER = "master"
+WORKER = "worker"
+RUNNER = "runner"
+
+
+def origin_refusal(state: State, event: LogEvent) -> str | None:
+    """Why `event.env.origin` may not publish `event` given `state`; None when it may."""
+    origin = event.env.origin
+    match event:
+        case PrefillProgress() | PrefillStarted():
+            task = state.tasks.get(event.task_id)
+            return None if task is None else task_runner_refusal(state.instances, task, origin, event.rank)
+        case ChunkGenerated():
+            task = state.tasks.get(event.task_id)
+            return None if task is None else task_runner_refusal(state.instances, task, origin, None)
+        case TaskCreated() | TaskCancelled():
+            return _service_refusal(origin, API)
+        case (
+            TaskAssigned() | TaskStalled() | InstancePlaced() | InstanceRetired() | NodeTimedOut() | ModelUnavailable()
+        ):
+            return _service_refusal(origin, MASTER)
+        case ModelDownloadProgress():
+            if origin.service == RUNNER and origin.node == event.node_id:
+                return None
+            return f"only a runner on node {event.node_id!r} reports its downloads, not {_who(origin)}"
+        case TaskCompleted() | TaskFailed():
+            task = state.tasks.get(event.task_id)
+            if origin.service == MASTER or task is None:
+                return None
+            return task_runner_refusal(state.instances, task, origin, None)
+        case NodeJoined() | NodeLeft():
+            if origin.service == WORKER and origin.node == event.node_id:
+                return None
+            return f"only the worker of node {event.node_id!r} announces it, not {_who(origin)}"
+        case RunnerStatusChanged():
+            instance = state.instances.get(event.instance_id)
+            return None if instance is None else _rank_refusal(instance, origin, event.rank)
+        case _:
+            assert_never(event)
+
+
+def task_runner_refusal(
+    instances: Mapping[InstanceId, InstanceInfo], task: TaskInfo, origin: Origin, rank: int | None
+) -> str | None:
+    """A runner of the instance `task` is assigned to, reporting as itself (`rank`: the rank the
+    event claims, when it claims one). Shared with `events.fold.Folder`'s hot path."""
+    if origin.service != RUNNER:
+        return f"only a runner of the task's instance reports on task {task.task_id!r}, not {_who(origin)}"
+    instance = instances.get(task.instance_id) if task.instance_id is not None else None
+    if instance is None:
+        return f"task {task.task_id!r} is assigned to no instance, so no runner reports on it"
+    if rank is not None and rank != origin.rank:
+        return f"{_who(origin)} reports for rank {rank}"
+    return _runner_of(instance, origin)
+
+
+def _rank_refusal(instance: InstanceInfo, origin: Origin, rank: int) -> str | None:
+    """The status of `rank`: from that rank's runner, or from the worker of the node it runs on."""
+    if not 0 <= rank < len(instance.runners):
+        return None  # apply names a rank outside the instance
+    node = instance.runners[rank].node_id
+    if origin.service == WORKER and origin.node == node:
+        return None
+    if origin.service == RUNNER and origin.rank == rank:
+        return _runner_of(instance, origin)
+    return f"only rank {rank} of {instance.instance_id!r} or the worker of node {node!r} reports it, not {_who(origin)}"
+
+
+def _runner_of(instance: InstanceInfo, origin: Origin) -> str | None:
+    rank = origin.rank
+    if rank is None or not 0 <= rank < len(instance.runners) or instance.runners[rank].node_id != origin.node:
+        return f"{_who(origin)} is not a rank of instance {instance.instance_id!r}"
+    return None
+
+
+def _service_refusal(origin: Origin, service: str) -> str | None:
+    return None if origin.service == service else f"only the {service} publishes it, not {_who(origin)}"
+
+
+def _who(origin: Origin) -> str:
+    where = f" on node {origin.node!r}" if origin.node else ""
+    rank = f" rank {origin.rank}" if origin.rank is not None else ""
+    return f"{origin.service!r}{rank}{where}"
