@@ -140,6 +140,19 @@ def runner_nodes(nats_url: str) -> dict[tuple[str, int], str]:
     return nodes
 
 
+def runner_pids(nats_url: str, node: str) -> list[int]:
+    """Pids of the runner processes attached to `nats_url` on `node`."""
+    pids: list[int] = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "runner.service.main" in args and nats_url in args and args[args.index("--node-id") + 1] == node:
+            pids.append(int(cmdline.parent.name))
+    return pids
+
+
 # --- one hang: drive a task, inject, time the error -------------------------------------------------
 
 
@@ -356,10 +369,13 @@ def test_rank_sleeping_inside_a_prefill_iteration(sleepy: Cluster, tmp_path: Pat
 
 
 def test_worker_whose_heartbeats_stop(services: Services, tmp_path: Path) -> None:
-    """SIGSTOP the `shoal worker` hosting the task's last rank: its runners keep running, but the
-    node's heartbeats stop, the master times the node out and retires the instance on it. (With
-    separate services the master places as soon as one node joined, so the instance may have one
-    rank or two: the test asks the runner processes which node hosts which rank.)"""
+    """SIGSTOP the host of the task's last rank — its `shoal worker` and the runners on it, as a
+    machine that swaps or is paused: the node's heartbeats stop, the master times the node out
+    and retires the instance on it, well before the stall deadline. (Freezing the worker alone
+    left the outcome to a race: the tiny model's greedy answer may end at an early EOS, before
+    the node timeout. With separate services the master places as soon as one node joined, so the
+    instance may have one rank or two: the test asks the runner processes which node hosts which
+    rank.)"""
     base_url = f"http://127.0.0.1:{services.api_port}"
     frozen: list[tuple[str, list[int], int]] = []  # (node, its ranks, worker pid)
 
@@ -369,6 +385,9 @@ def test_worker_whose_heartbeats_stop(services: Services, tmp_path: Path) -> Non
         pid = services.procs[f"worker{node.removeprefix('n')}"].process.pid
         frozen.append((node, sorted(r for r, n in ranks.items() if n == node), pid))
         os.kill(pid, signal.SIGSTOP)
+        for runner in runner_pids(services.nats_url, node):
+            frozen.append((node, [], runner))
+            os.kill(runner, signal.SIGSTOP)
 
     try:
         with httpx.Client(base_url=base_url, timeout=30) as http:
