@@ -168,8 +168,9 @@ class StreamShape(Protocol):
 class TaskStream(Response):
     """An SSE response that publishes and follows its task while it streams.
 
-    Until the first token, `keepalive_seconds` of silence sends an SSE comment, so a proxy does
-    not take a long prefill for a dead connection (None: never, as when progress is streamed)."""
+    Until the first token, `keepalive_seconds` without a byte sent sends an SSE comment, so a
+    proxy does not take a long prefill for a dead connection (None: never, as when progress is
+    streamed)."""
 
     media_type = "text/event-stream"
 
@@ -188,6 +189,7 @@ class TaskStream(Response):
         self._task = task
         self._shape = shape
         self._keepalive = keepalive_seconds
+        self._last_sent = 0.0  # anyio's clock when the client was last sent a byte
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def stream(events: TaskEvents) -> TaskCompleted | TaskFailed:
@@ -201,28 +203,31 @@ class TaskStream(Response):
     async def _stream(self, events: TaskEvents, send: Send) -> TaskCompleted | TaskFailed:
         """Send the task's events as chunks until its terminal event, which ends the response."""
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        self._last_sent = anyio.current_time()
         for chunk in self._shape.opening():
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        keepalive = self._keepalive
+            await self._send(send, chunk)
         while True:
-            event = await _next_event(events, send, keepalive)
+            event = await self._next_event(events, send)
             if isinstance(event, ChunkGenerated):
-                keepalive = None
+                self._keepalive = None
             for chunk in self._shape.chunks(event):
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await self._send(send, chunk)
             if isinstance(event, TaskCompleted | TaskFailed):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return event
 
+    async def _send(self, send: Send, chunk: bytes) -> None:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        self._last_sent = anyio.current_time()
 
-async def _next_event(events: TaskEvents, send: Send, keepalive: float | None) -> LogEvent:
-    """The task's next event; a keepalive comment for every `keepalive` seconds without one."""
-    if keepalive is None:
+    async def _next_event(self, events: TaskEvents, send: Send) -> LogEvent:
+        """The task's next event, sending a keepalive comment whenever the client has been sent
+        nothing for the interval (events it is not shown, such as prefill progress, count as nothing)."""
+        while self._keepalive is not None:
+            with anyio.move_on_after(self._last_sent + self._keepalive - anyio.current_time()):
+                return await events.next()
+            await self._send(send, KEEPALIVE)
         return await events.next()
-    while True:
-        with anyio.move_on_after(keepalive):
-            return await events.next()
-        await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
 
 
 def keepalive_seconds(ctx: ApiContext, wants_progress: bool) -> float | None:
