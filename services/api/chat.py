@@ -11,11 +11,19 @@ from events.catalogue import ChunkGenerated, LogEvent, PrefillProgress, TaskComp
 from events.ids import TaskId
 from services.api.auth import caller_of
 from services.api.context import ApiContext
-from services.api.errors import error_body, error_response
+from services.api.errors import error_body
 from services.api.openai_format import DONE, ChunkMaker, completion, sse
-from services.api.responses import json_response
+from services.api.responses import ChatCompletion
 from services.api.schemas import ChatCompletionRequest, decode_chat_request, to_task
-from services.api.task_stream import TaskStream, admit, check_model, collect, keepalive_seconds, read_body, run_task
+from services.api.task_stream import (
+    Collected,
+    TaskStream,
+    admit,
+    check_model,
+    keepalive_seconds,
+    read_body,
+    run_to_end,
+)
 
 
 async def chat_completions(request: Request, ctx: ApiContext) -> Response:
@@ -28,16 +36,13 @@ async def chat_completions(request: Request, ctx: ApiContext) -> Response:
     if chat.stream:
         shape = _ChatShape(ctx, chat, task.task_id)
         return TaskStream(ctx, task, shape, headers, keepalive_seconds(ctx, chat.wants_progress))
-    outcome = await run_task(ctx, task, request.receive, collect)
-    if outcome is None:
-        return Response(status_code=499)
-    terminal = outcome.terminal
-    if isinstance(terminal, TaskFailed):
-        return error_response(500, terminal.error, kind="task_failed", code="task_failed", headers=headers)
-    body = completion(
-        f"chatcmpl-{task.task_id}", chat.model, outcome.text, terminal.finish_reason, terminal.usage, outcome.logprobs
-    )
-    return json_response(body, headers=headers)
+
+    def answer(outcome: Collected, terminal: TaskCompleted) -> ChatCompletion:
+        completion_id = f"chatcmpl-{task.task_id}"
+        usage = terminal.usage
+        return completion(completion_id, chat.model, outcome.text, terminal.finish_reason, usage, outcome.logprobs)
+
+    return await run_to_end(ctx, task, request, headers, answer)
 
 
 class _ChatShape:

@@ -17,11 +17,18 @@ from services.api.auth import caller_of
 from services.api.chat import failed_chunk
 from services.api.completions_format import TextChunkMaker, completion_logprobs, text_completion
 from services.api.context import ApiContext
-from services.api.errors import error_response
 from services.api.openai_format import DONE
-from services.api.responses import json_response
+from services.api.responses import TextCompletion
 from services.api.schemas import CompletionRequest, RequestProblem, completion_params, decode_completion_request
-from services.api.task_stream import TaskStream, admit, check_model, collect, keepalive_seconds, read_body, run_task
+from services.api.task_stream import (
+    Collected,
+    TaskStream,
+    admit,
+    check_model,
+    keepalive_seconds,
+    read_body,
+    run_to_end,
+)
 
 
 async def completions(request: Request, ctx: ApiContext) -> Response:
@@ -36,18 +43,15 @@ async def completions(request: Request, ctx: ApiContext) -> Response:
     if body.stream:
         shape = _TextShape(body, task.task_id, echoed)
         return TaskStream(ctx, task, shape, headers, keepalive_seconds(ctx, body.wants_progress))
-    outcome = await run_task(ctx, task, request.receive, collect)
-    if outcome is None:
-        return Response(status_code=499)
-    terminal = outcome.terminal
-    if isinstance(terminal, TaskFailed):
-        return error_response(500, terminal.error, kind="task_failed", code="task_failed", headers=headers)
-    logprobs = None if outcome.logprobs is None else completion_logprobs(outcome.logprobs, len(echoed))
-    text = echoed + outcome.text
-    completion = text_completion(
-        f"cmpl-{task.task_id}", body.model, text, terminal.finish_reason, terminal.usage, logprobs
-    )
-    return json_response(completion, headers=headers)
+
+    def answer(outcome: Collected, terminal: TaskCompleted) -> TextCompletion:
+        logprobs = None if outcome.logprobs is None else completion_logprobs(outcome.logprobs, len(echoed))
+        text = echoed + outcome.text
+        return text_completion(
+            f"cmpl-{task.task_id}", body.model, text, terminal.finish_reason, terminal.usage, logprobs
+        )
+
+    return await run_to_end(ctx, task, request, headers, answer)
 
 
 async def _echo_text(ctx: ApiContext, model_name: str, prompt: RawPrompt) -> str:

@@ -81,25 +81,22 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
     include_progress: bool = False
 
 
-class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
+class SamplingRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What chat and text completion requests share: the model, sampling, stops and streaming."""
+
     model: str
-    messages: Annotated[list[RequestMessage], msgspec.Meta(min_length=1)]
     max_tokens: PositiveInt | None = None
-    max_completion_tokens: PositiveInt | None = None
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.0
     top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 1.0
     seed: Annotated[int, msgspec.Meta(ge=0, le=SEED_MAX)] | None = None
     stop: StopString | Annotated[list[StopString], msgspec.Meta(max_length=MAX_STOP_STRINGS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    shoal_progress: bool = False
     user: str | None = None
-    logprobs: bool = False
-    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
 
     @property
     def wants_progress(self) -> bool:
-        return self.shoal_progress or (self.stream_options is not None and self.stream_options.include_progress)
+        return self.stream_options is not None and self.stream_options.include_progress
 
     @property
     def wants_usage(self) -> bool:
@@ -110,33 +107,28 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
-TokenId = Annotated[int, msgspec.Meta(ge=0)]
-
-
-class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """`/v1/completions`: one prompt, as text or token ids. OpenAI's list of several prompts decodes
-    (so the 400 can say why) and is refused in `single_prompt`."""
-
-    model: str
-    prompt: str | Annotated[list[TokenId | str | list[TokenId]], msgspec.Meta(min_length=1)]
-    max_tokens: PositiveInt | None = None
-    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.0
-    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 1.0
-    seed: Annotated[int, msgspec.Meta(ge=0, le=SEED_MAX)] | None = None
-    stop: StopString | Annotated[list[StopString], msgspec.Meta(max_length=MAX_STOP_STRINGS)] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    echo: bool = False
-    logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
-    user: str | None = None
-
-    @property
-    def wants_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+class ChatCompletionRequest(SamplingRequest, frozen=True, kw_only=True):
+    messages: Annotated[list[RequestMessage], msgspec.Meta(min_length=1)]
+    max_completion_tokens: PositiveInt | None = None
+    shoal_progress: bool = False
+    logprobs: bool = False
+    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
 
     @property
     def wants_progress(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_progress
+        return self.shoal_progress or super().wants_progress
+
+
+TokenId = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class CompletionRequest(SamplingRequest, frozen=True, kw_only=True):
+    """`/v1/completions`: one prompt, as text or token ids. OpenAI's list of several prompts decodes
+    (so the 400 can say why) and is refused in `single_prompt`."""
+
+    prompt: str | Annotated[list[TokenId | str | list[TokenId]], msgspec.Meta(min_length=1)]
+    echo: bool = False
+    logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt: text, or token ids (a list of ints, or a list holding one prompt)."""
@@ -220,16 +212,8 @@ def to_task(request: ChatCompletionRequest, *, max_tokens_limit: int) -> tuple[l
     if request.top_logprobs is not None and not request.logprobs:
         raise RequestProblem(400, "top_logprobs needs logprobs=true", param="top_logprobs")
     asked = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
-    params = task_params(
-        asked,
-        max_tokens_limit=max_tokens_limit,
-        temperature=request.temperature,
-        top_p=request.top_p,
-        seed=request.seed,
-        stop=request.stop_strings,
-        stream_progress=request.wants_progress,
-        logprobs=(request.top_logprobs or 0) if request.logprobs else None,
-    )
+    logprobs = (request.top_logprobs or 0) if request.logprobs else None
+    params = _task_params(request, asked, max_tokens_limit=max_tokens_limit, logprobs=logprobs)
     return [ChatMessage(role=m.role, content=m.text()) for m in request.messages], params
 
 
@@ -241,29 +225,11 @@ def completion_params(request: CompletionRequest, *, max_tokens_limit: int) -> T
             param="echo",
             code="unsupported_parameter",
         )
-    stop = request.stop
-    return task_params(
-        request.max_tokens,
-        max_tokens_limit=max_tokens_limit,
-        temperature=request.temperature,
-        top_p=request.top_p,
-        seed=request.seed,
-        stop=[stop] if isinstance(stop, str) else list(stop or []),
-        stream_progress=request.wants_progress,
-        logprobs=request.logprobs,
-    )
+    return _task_params(request, request.max_tokens, max_tokens_limit=max_tokens_limit, logprobs=request.logprobs)
 
 
-def task_params(
-    asked_max_tokens: int | None,
-    *,
-    max_tokens_limit: int,
-    temperature: float,
-    top_p: float,
-    seed: int | None,
-    stop: list[str],
-    stream_progress: bool,
-    logprobs: int | None,
+def _task_params(
+    request: SamplingRequest, asked_max_tokens: int | None, *, max_tokens_limit: int, logprobs: int | None
 ) -> TaskParams:
     """`TaskParams` after the checks both routes share.
 
@@ -275,6 +241,7 @@ def task_params(
         raise RequestProblem(
             400, f"max_tokens={max_tokens} exceeds this server's limit of {max_tokens_limit}", param="max_tokens"
         )
+    stop = request.stop_strings
     stop_bytes = sum(len(s.encode()) for s in stop)
     if stop_bytes > MAX_STOP_BYTES:
         raise RequestProblem(
@@ -282,10 +249,10 @@ def task_params(
         )
     return TaskParams(
         max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        seed=request.seed,
         stop=stop,
-        stream_progress=stream_progress,
+        stream_progress=request.wants_progress,
         logprobs=logprobs,
     )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import anyio
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -32,9 +33,10 @@ from events.catalogue import (
 from events.ids import KeyId, new_task_id
 from events.logprobs import TokenLogprob
 from services.api.context import ApiContext
-from services.api.errors import error_for, log_refused
+from services.api.errors import error_for, error_response, log_refused
 from services.api.hub import TaskEvents
 from services.api.prompts import check_context, prompt_tokens, stop_tokens
+from services.api.responses import json_response
 from services.api.schemas import RequestProblem
 
 T = TypeVar("T")
@@ -134,6 +136,24 @@ async def _stop_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> Non
     while (await receive())["type"] != "http.disconnect":
         pass  # request body after its end is no one's to read
     scope.cancel()
+
+
+async def run_to_end(
+    ctx: ApiContext,
+    task: TaskCreated,
+    request: Request,
+    headers: dict[str, str],
+    answer: Callable[[Collected, TaskCompleted], msgspec.Struct],
+) -> Response:
+    """The JSON response of a task not streamed: `answer`'s body once it completed, a 500 if it
+    failed, 499 (nobody reads it) if the client went away."""
+    outcome = await run_task(ctx, task, request.receive, collect)
+    if outcome is None:
+        return Response(status_code=499)
+    terminal = outcome.terminal
+    if isinstance(terminal, TaskFailed):
+        return error_response(500, terminal.error, kind="task_failed", code="task_failed", headers=headers)
+    return json_response(answer(outcome, terminal), headers=headers)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.e2e.cluster import Cluster
 from tests.e2e.conftest import E2E_SETTINGS
@@ -23,7 +24,7 @@ KEEPALIVE_SECONDS = "0.05"  # short: a prefill of a long prompt is many interval
 @pytest.fixture(scope="module", params=[1, 2], ids=["1-worker", "2-workers"])
 def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     settings = {**E2E_SETTINGS, "sse_keepalive_seconds": KEEPALIVE_SECONDS}
-    running = Cluster(tmp_path_factory.mktemp("cluster"), workers=request.param, **settings)
+    running = Cluster(tmp_path_factory.mktemp("cluster"), workers=request.param, env=None, **settings)
     try:
         yield running.wait_ready()
     finally:
@@ -106,14 +107,9 @@ def test_completion_logprobs_in_the_legacy_shape(cluster: Cluster) -> None:
 
 def test_chat_logprobs_streaming_or_not(cluster: Cluster) -> None:
     client = cluster.client()
-    messages = [{"role": "user", "content": PROMPT}]
-    completion = client.chat.completions.create(
-        model="tiny",
-        messages=messages,  # pyright: ignore[reportArgumentType]
-        max_tokens=6,
-        logprobs=True,
-        top_logprobs=4,
-    )
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": PROMPT}]
+    asked = {"model": "tiny", "messages": messages, "max_tokens": 6, "logprobs": True, "top_logprobs": 4}
+    completion = client.chat.completions.create(**asked)
     choice = completion.choices[0]
     assert choice.logprobs is not None and choice.logprobs.content
     content = choice.logprobs.content
@@ -124,25 +120,13 @@ def test_chat_logprobs_streaming_or_not(cluster: Cluster) -> None:
         assert len(tops) == 4 and tops == sorted(tops, reverse=True)
         assert token.logprob <= 0 and token.logprob == pytest.approx(tops[0], abs=1e-6)
         assert token.bytes == list(token.token.encode())
-    streamed = client.chat.completions.create(
-        model="tiny",
-        messages=messages,  # pyright: ignore[reportArgumentType]
-        max_tokens=6,
-        logprobs=True,
-        top_logprobs=4,
-        stream=True,
-    )
-    tokens = [
-        t
-        for chunk in streamed
-        if chunk.choices and chunk.choices[0].logprobs
-        for t in chunk.choices[0].logprobs.content or []
-    ]
-    assert [t.logprob for t in tokens] == pytest.approx([t.logprob for t in content], abs=1e-6)
-    plain = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6)  # pyright: ignore[reportArgumentType]
+    chunks = client.chat.completions.create(**asked, stream=True)
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content or []]
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-6)
+    plain = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6)
     assert plain.choices[0].logprobs is None
     with pytest.raises(openai.BadRequestError, match="top_logprobs"):
-        client.chat.completions.create(model="tiny", messages=messages, max_tokens=2, top_logprobs=2)  # pyright: ignore[reportArgumentType]
+        client.chat.completions.create(model="tiny", messages=messages, max_tokens=2, top_logprobs=2)
 
 
 def test_keepalive_comments_come_before_the_first_token(cluster: Cluster) -> None:
