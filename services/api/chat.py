@@ -15,15 +15,7 @@ from services.api.errors import error_body
 from services.api.openai_format import DONE, ChunkMaker, completion, sse
 from services.api.responses import ChatCompletion
 from services.api.schemas import ChatCompletionRequest, decode_chat_request, to_task
-from services.api.task_stream import (
-    Collected,
-    TaskStream,
-    admit,
-    check_model,
-    keepalive_seconds,
-    read_body,
-    run_to_end,
-)
+from services.api.task_stream import Collected, admit, check_model, read_body, respond
 
 
 async def chat_completions(request: Request, ctx: ApiContext) -> Response:
@@ -32,17 +24,14 @@ async def chat_completions(request: Request, ctx: ApiContext) -> Response:
     check_model(ctx, chat.model)
     messages, params = to_task(chat, max_tokens_limit=config.max_tokens_limit)
     task = await admit(ctx, chat.model, params, caller_of(request).key_id, messages=messages)
-    headers: dict[str, str] = {"x-shoal-task-id": str(task.task_id)}
-    if chat.stream:
-        shape = _ChatShape(ctx, chat, task.task_id)
-        return TaskStream(ctx, task, shape, headers, keepalive_seconds(ctx, chat.wants_progress))
 
     def answer(outcome: Collected, terminal: TaskCompleted) -> ChatCompletion:
         completion_id = f"chatcmpl-{task.task_id}"
         usage = terminal.usage
         return completion(completion_id, chat.model, outcome.text, terminal.finish_reason, usage, outcome.logprobs)
 
-    return await run_to_end(ctx, task, request, headers, answer)
+    shape = _ChatShape(ctx, chat, task.task_id) if chat.stream else None
+    return await respond(ctx, task, request, shape=shape, wants_progress=chat.wants_progress, answer=answer)
 
 
 class _ChatShape:

@@ -20,15 +20,7 @@ from services.api.context import ApiContext
 from services.api.openai_format import DONE
 from services.api.responses import TextCompletion
 from services.api.schemas import CompletionRequest, RequestProblem, completion_params, decode_completion_request
-from services.api.task_stream import (
-    Collected,
-    TaskStream,
-    admit,
-    check_model,
-    keepalive_seconds,
-    read_body,
-    run_to_end,
-)
+from services.api.task_stream import Collected, admit, check_model, read_body, respond
 
 
 async def completions(request: Request, ctx: ApiContext) -> Response:
@@ -39,10 +31,6 @@ async def completions(request: Request, ctx: ApiContext) -> Response:
     prompt = body.single_prompt()
     task = await admit(ctx, body.model, params, caller_of(request).key_id, messages=[], raw_prompt=prompt)
     echoed = await _echo_text(ctx, body.model, prompt) if body.echo else ""
-    headers: dict[str, str] = {"x-shoal-task-id": str(task.task_id)}
-    if body.stream:
-        shape = _TextShape(body, task.task_id, echoed)
-        return TaskStream(ctx, task, shape, headers, keepalive_seconds(ctx, body.wants_progress))
 
     def answer(outcome: Collected, terminal: TaskCompleted) -> TextCompletion:
         logprobs = None if outcome.logprobs is None else completion_logprobs(outcome.logprobs, len(echoed))
@@ -51,7 +39,8 @@ async def completions(request: Request, ctx: ApiContext) -> Response:
             f"cmpl-{task.task_id}", body.model, text, terminal.finish_reason, terminal.usage, logprobs
         )
 
-    return await run_to_end(ctx, task, request, headers, answer)
+    shape = _TextShape(body, task.task_id, echoed) if body.stream else None
+    return await respond(ctx, task, request, shape=shape, wants_progress=body.wants_progress, answer=answer)
 
 
 async def _echo_text(ctx: ApiContext, model_name: str, prompt: RawPrompt) -> str:

@@ -138,6 +138,22 @@ async def _stop_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> Non
     scope.cancel()
 
 
+async def respond(
+    ctx: ApiContext,
+    task: TaskCreated,
+    request: Request,
+    *,
+    shape: StreamShape | None,
+    wants_progress: bool,
+    answer: Callable[[Collected, TaskCompleted], msgspec.Struct],
+) -> Response:
+    """Run `task` for `request`: streamed in `shape` when there is one, else answered as JSON."""
+    headers = {"x-shoal-task-id": str(task.task_id)}
+    if shape is not None:
+        return TaskStream(ctx, task, shape, headers, keepalive_seconds(ctx, wants_progress))
+    return await run_to_end(ctx, task, request, headers, answer)
+
+
 async def run_to_end(
     ctx: ApiContext,
     task: TaskCreated,
