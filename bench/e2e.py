@@ -5,6 +5,8 @@ Three sides stay up for the whole run: bare mlx-lm `stream_generate` (a subproce
 `shoal up --workers 2`, both reached with the official openai client. After a warm-up, each
 round sends one request to every side (the order rotates per round), so a neighbour's load
 lands on all three; the ratios and differences are taken per round and their medians judged.
+A fourth side sends the 1-worker request with `logprobs` and `top_logprobs=5`: its decode rate
+over the plain request's, per round, is what logprobs cost per token.
 """
 
 from __future__ import annotations
@@ -32,14 +34,16 @@ from bench.stats import compare, summarize, target
 PROMPT = "Write a long story about a river, a stone and a lantern."
 ABOUT = (
     "streamed chat requests after warm-up, interleaved per round: bare mlx-lm `stream_generate` vs "
-    "`shoal up --workers 1` and `--workers 2` through the openai client (tiny model)"
+    "`shoal up --workers 1` and `--workers 2` through the openai client (tiny model), and 1 worker with "
+    "logprobs (top_logprobs=5)"
 )
 SIZED = (
     Sized("--rounds", 20, 2, "rounds; each sends one request to every side"),
     Sized("--max-tokens", 64, 16, "tokens to generate per request"),
     Sized("--warmup", 2, 1, "unmeasured requests per side before the rounds"),
 )
-SIDES = ("bare_mlx_lm", "shoal_1w", "shoal_2w")
+SIDES = ("bare_mlx_lm", "shoal_1w", "shoal_2w", "shoal_1w_logprobs")
+LOGPROBS = {"logprobs": True, "top_logprobs": 5}
 DECODE_RATIO_MIN = 0.95
 TTFT_OVERHEAD_MAX_MS = 15.0
 
@@ -71,6 +75,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sides: dict[str, Callable[[], Sample]] = {"bare_mlx_lm": lambda: Sample(**bare.generate())}
         for workers, cluster in zip((1, 2), clusters, strict=True):
             sides[f"shoal_{workers}w"] = partial(_one_request, cluster.client(timeout=120), settings["max_tokens"])
+        sides["shoal_1w_logprobs"] = partial(
+            _one_request, clusters[0].client(timeout=120), settings["max_tokens"], **LOGPROBS
+        )
         for side in sides.values():
             for _ in range(settings["warmup"]):
                 side()
@@ -91,7 +98,7 @@ def _tiny_dir(env: dict[str, str]) -> str:
     ).stdout.strip()
 
 
-def _one_request(client: Any, max_tokens: int) -> Sample:
+def _one_request(client: Any, max_tokens: int, **extra: Any) -> Sample:
     started = time.perf_counter()
     first = last = started
     count = 0
@@ -101,6 +108,7 @@ def _one_request(client: Any, max_tokens: int) -> Sample:
         max_tokens=max_tokens,
         stream=True,
         stream_options={"include_usage": True},
+        **extra,
     )
     for chunk in stream:
         now = time.perf_counter()
@@ -130,6 +138,9 @@ def _report(settings: dict[str, Any], samples: dict[str, list[Sample]], quick: b
         comparisons[f"ttft_overhead_ms_{workers}w"] = compare(
             ttft[side], ttft["bare_mlx_lm"], "difference", f"{side}_ttft_ms - bare_mlx_lm_ttft_ms", "ms"
         )
+    comparisons["logprobs_decode_ratio_1w"] = compare(
+        decode["shoal_1w_logprobs"], decode["shoal_1w"], "ratio", "shoal_1w_logprobs_decode_tps / shoal_1w_decode_tps"
+    )
     targets = {
         "decode_ratio_1w": target(comparisons["decode_ratio_1w"]["median"], ">=", DECODE_RATIO_MIN),
         "ttft_overhead_ms_1w": target(comparisons["ttft_overhead_ms_1w"]["median"], "<=", TTFT_OVERHEAD_MAX_MS, "ms"),

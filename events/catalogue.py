@@ -15,6 +15,7 @@ from typing import Literal
 import msgspec
 
 from events.ids import EventId, InstanceId, KeyId, NodeId, TaskId
+from events.logprobs import TokenLogprob
 from events.runner_settings import RunnerSettings
 from events.vocabulary import CancelReason, FinishReason, Phase, PrefillPath, RunnerStatus, RunnerStatusCause
 
@@ -67,6 +68,14 @@ class TaskParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     seed: int | None = None
     stop: list[str] = msgspec.field(default_factory=list)
     stream_progress: bool = False
+    # Log probabilities per generated token, with this many most likely alternatives (0..20);
+    # None: none asked, and none computed (they cost a top-k per token on the sampling rank).
+    logprobs: int | None = None
+
+
+# A raw prompt (`/v1/completions`): text, encoded as the tokenizer does without a chat template, or
+# token ids taken as they are.
+RawPrompt = str | list[int]
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -155,6 +164,9 @@ class TaskCreated(Event, tag="task_created", frozen=True, kw_only=True):
     messages: list[ChatMessage]
     params: TaskParams = msgspec.field(default_factory=TaskParams)
     owner: KeyId = KeyId("")  # the API key that created it, by id; "" when the API ran without keys
+    # Set by `/v1/completions`: the prompt as it is, without the chat template (`messages` is then
+    # empty). None in chat tasks and in logs written before completions existed.
+    prompt: RawPrompt | None = None
 
 
 class TaskAssigned(Event, tag="task_assigned", frozen=True, kw_only=True):
@@ -184,6 +196,7 @@ class ChunkGenerated(Event, tag="chunk_generated", frozen=True, kw_only=True):
     index: int  # index of the first token of this chunk in the completion
     text: str
     token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the task asked for them
 
 
 class TaskCancelled(Event, tag="task_cancelled", frozen=True, kw_only=True):

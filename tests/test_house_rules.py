@@ -36,7 +36,7 @@ ENGINE_MAY_NOT_IMPORT = (
     *("os", "pathlib", "shutil", "tempfile", "io", "logging", "loguru"),
     *("events", "eventlog", "services", "runner.local", "runner.service", "runner.flight"),
 )
-ENGINE_MAY_IMPORT_ANYWAY = ("events.vocabulary", "events.runner_settings")  # pure literal and settings types
+ENGINE_MAY_IMPORT_ANYWAY = ("events.vocabulary", "events.runner_settings", "events.logprobs")  # pure value types
 ENGINE_MAY_NOT_CALL = ("open", "print", "input", "breakpoint")
 RUNNER_MAY_NOT_IMPORT = ("services",)
 

@@ -37,6 +37,7 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = msgspec.field(default_factory=list)
+    top_logprobs: int | None = None  # logprobs with this many alternatives per token; None: none
     prefill_path: PathChoice = "auto"  # benchmarks and tests force a path; services leave auto
 
 
@@ -138,6 +139,7 @@ class Engine:
             eos_ids=frozenset(int(i) for i in self.tokenizer.eos_token_ids),
             cancel_interval=settings.decode_cancel_poll_tokens,
             prefill_iterations=prefill.iterations,
+            top_logprobs=request.top_logprobs,
         )
         decoded = run_decode(run, spec, self.tokenizer)
         if not self.shard.outbox.is_empty():

@@ -19,3 +19,16 @@ def encode_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[i
             ids = ids["input_ids"]
         return [int(i) for i in ids]
     return [int(i) for i in tokenizer.encode("\n".join(m["content"] for m in plain))]
+
+
+def encode_task_prompt(
+    tokenizer: Any, messages: Sequence[Mapping[str, str]], raw_prompt: str | list[int] | None
+) -> list[int]:
+    """A task's prompt ids: its raw prompt when it has one (`/v1/completions`: text tokenized as the
+    tokenizer does by default, special tokens such as BOS included; ids as they are), else its
+    messages through the chat template. The API sizes prompts with this too, so both agree."""
+    if isinstance(raw_prompt, str):
+        return [int(i) for i in tokenizer.encode(raw_prompt)]
+    if raw_prompt is not None:
+        return list(raw_prompt)
+    return encode_chat(tokenizer, messages)

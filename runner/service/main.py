@@ -83,6 +83,7 @@ def make_request_factory() -> Any:
             top_p=p.top_p,
             seed=p.seed,
             stop=list(p.stop),
+            top_logprobs=p.logprobs,
         )
 
     return make

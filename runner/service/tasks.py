@@ -34,7 +34,7 @@ from events.subjects import task_subject
 from events.vocabulary import FinishReason, RunnerStatus
 from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
 from runner.errors import RequestError
-from runner.models.chat import encode_chat
+from runner.models.chat import encode_task_prompt
 from runner.service.bridge import Assignment
 
 
@@ -113,7 +113,8 @@ class TaskServer:
                 TaskFailed(env=self.stamper.stamp(), task_id=task_id, error="TaskCreated not found in the log")
             )
             return
-        prompt = encode_chat(self.engine.tokenizer, [_as_dict(m) for m in created.messages])
+        messages = [_as_dict(m) for m in created.messages]
+        prompt = encode_task_prompt(self.engine.tokenizer, messages, created.prompt)
         request = self.make_request(task_id, prompt, created)
         if not self.engine.agree_start(task_id, self.cancel, self.phases):
             self._terminal(TaskCompleted(env=self.stamper.stamp(), task_id=task_id, finish_reason="cancelled"))

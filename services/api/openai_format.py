@@ -9,14 +9,18 @@ from typing import Any
 import msgspec
 
 from events.catalogue import Usage
+from events.logprobs import TokenLogprob
 from events.vocabulary import FinishReason
 from services.api.responses import (
     AssistantMessage,
     ChatCompletion,
+    ChatTokenLogprob,
     Choice,
+    ChoiceLogprobs,
     CompletionUsage,
     OpenAIFinishReason,
     ShoalUsage,
+    TopLogprob,
 )
 
 
@@ -42,6 +46,23 @@ def completion_usage(usage: Usage) -> CompletionUsage:
     )
 
 
+def chat_logprobs(logprobs: list[TokenLogprob]) -> ChoiceLogprobs:
+    """OpenAI's `choices[i].logprobs` of a chat completion (or of one streamed chunk)."""
+    return ChoiceLogprobs(
+        content=[
+            ChatTokenLogprob(
+                token=lp.token,
+                logprob=lp.logprob,
+                bytes=list(lp.token.encode()),
+                top_logprobs=[
+                    TopLogprob(token=t.token, logprob=t.logprob, bytes=list(t.token.encode())) for t in lp.top
+                ],
+            )
+            for lp in logprobs
+        ]
+    )
+
+
 class ChunkMaker:
     """Builds the chunks of one streamed completion (same id, created time and model)."""
 
@@ -63,8 +84,11 @@ class ChunkMaker:
     def role(self) -> bytes:
         return sse(self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]))
 
-    def content(self, text: str) -> bytes:
-        return sse(self._chunk([{"index": 0, "delta": {"content": text}, "finish_reason": None}]))
+    def content(self, text: str, logprobs: list[TokenLogprob] | None = None) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+        if logprobs is not None:
+            choice["logprobs"] = msgspec.to_builtins(chat_logprobs(logprobs))
+        return sse(self._chunk([choice]))
 
     def progress(self, processed: int, total: int, time_ms: float) -> bytes:
         """Prefill progress shaped like llama.cpp's `prompt_progress` (no choices)."""
@@ -83,7 +107,14 @@ class ChunkMaker:
         return sse(self._chunk([], usage=msgspec.to_builtins(completion_usage(usage))))
 
 
-def completion(completion_id: str, model: str, text: str, finish_reason: FinishReason, usage: Usage) -> ChatCompletion:
+def completion(
+    completion_id: str,
+    model: str,
+    text: str,
+    finish_reason: FinishReason,
+    usage: Usage,
+    logprobs: list[TokenLogprob] | None = None,
+) -> ChatCompletion:
     return ChatCompletion(
         id=completion_id,
         object="chat.completion",
@@ -94,6 +125,7 @@ def completion(completion_id: str, model: str, text: str, finish_reason: FinishR
                 index=0,
                 message=AssistantMessage(role="assistant", content=text),
                 finish_reason=openai_finish(finish_reason),
+                logprobs=None if logprobs is None else chat_logprobs(logprobs),
             )
         ],
         usage=completion_usage(usage),

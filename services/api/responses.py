@@ -32,10 +32,28 @@ class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True):
     content: str
 
 
+class TopLogprob(msgspec.Struct, frozen=True, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None  # the token's UTF-8 bytes (as the tokenizer decodes it alone)
+
+
+class ChatTokenLogprob(msgspec.Struct, frozen=True, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(msgspec.Struct, frozen=True, kw_only=True):
+    content: list[ChatTokenLogprob] | None
+
+
 class Choice(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     message: AssistantMessage
     finish_reason: OpenAIFinishReason
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ShoalUsage(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,6 +96,32 @@ class DownloadCard(msgspec.Struct, frozen=True, kw_only=True):
     node_id: str
     bytes_done: int
     bytes_total: int  # 0 = not known yet
+
+
+class CompletionLogprobs(msgspec.Struct, frozen=True, kw_only=True):
+    """The legacy completions' logprobs: parallel lists, one entry per generated token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]  # where each token starts in the choice's text (echoed prompt included)
+
+
+class CompletionChoice(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: OpenAIFinishReason
+
+
+class TextCompletion(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage
+    shoal_finish_reason: FinishReason
 
 
 class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
