@@ -15,6 +15,7 @@ from typing import Any
 import mlx.core as mx
 
 from events.vocabulary import FinishReason
+from runner.engine.constraints import TokenMask
 from runner.engine.stops import TextAssembler
 from runner.engine.task_run import TaskRun
 
@@ -29,6 +30,7 @@ class DecodeSpec:
     eos_ids: frozenset[int]
     cancel_interval: int
     prefill_iterations: int
+    token_mask: TokenMask | None = None  # the request's grammar, on the sampling rank only
 
 
 @dataclass(slots=True)
@@ -41,8 +43,9 @@ class DecodeResult:
 
 
 def run_decode(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResult:
-    """The world size is agreed data: every rank takes the same loop."""
-    if run.collectives.world == 1:
+    """The world size is agreed data: every rank takes the same loop. A grammar needs each token
+    before it can mask the next, so one rank with a grammar steps without look-ahead."""
+    if run.collectives.world == 1 and spec.token_mask is None:
         return _decode_alone(run, spec, tokenizer)
     return _decode_in_step(run, spec, tokenizer)
 
@@ -70,6 +73,8 @@ class _Emitter:
         if step == 0:
             result.first_token_at = time.perf_counter()
             run.report_progress(self.spec.prompt_len, self.spec.prompt_len, self.spec.prefill_iterations)
+        if self.spec.token_mask is not None:
+            self.spec.token_mask.advance(token)
         if token in self.spec.eos_ids:
             result.finish_reason = "stop"
             return True
@@ -104,7 +109,7 @@ def _decode_in_step(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeRes
     next_input = spec.first_input
     for step in range(spec.max_tokens):
         run.phases.enter("decode", run.task_id, step)
-        local_token = _step(run, next_input, spec.sampler)
+        local_token = _step(run, next_input, spec.sampler, spec.token_mask)
         run.phases.enter("agree_cancel", run.task_id, step)
         poll = step % spec.cancel_interval == 0
         wants_stop = poll and run.wants_stop()
@@ -149,7 +154,7 @@ def _sample_lazily(run: TaskRun, tokens: Any, sampler: Any) -> Any:
     return sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
 
 
-def _step(run: TaskRun, token: int, sampler: Any) -> int:
+def _step(run: TaskRun, token: int, sampler: Any, token_mask: TokenMask | None) -> int:
     """One forward step on this rank; the sampled token on the last rank, 0 elsewhere."""
     logits = run.forward(mx.array([[token]], dtype=mx.int32))
     if not run.placement.is_last:
@@ -157,6 +162,8 @@ def _step(run: TaskRun, token: int, sampler: Any) -> int:
         return 0
     logits = logits[:, -1, :]
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    if token_mask is not None:
+        logprobs = token_mask.apply(logprobs)
     sampled = sampler(logprobs)
     mx.eval(sampled, *run.caches.states())
     return int(sampled.item())
