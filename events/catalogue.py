@@ -14,6 +14,7 @@ from typing import Literal
 
 import msgspec
 
+from events.constraints import Constraint, ToolFunction
 from events.ids import EventId, InstanceId, KeyId, NodeId, TaskId
 from events.runner_settings import RunnerSettings
 from events.vocabulary import CancelReason, FinishReason, Phase, PrefillPath, RunnerStatus, RunnerStatusCause
@@ -63,37 +64,6 @@ class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     content: str
     tool_calls: list[ToolCall] = msgspec.field(default_factory=list)  # an assistant's calls, replayed
     tool_call_id: str | None = None  # a tool result: the call it answers
-
-
-class ToolFunction(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """A function the model may call, rendered into the prompt by the model's chat template."""
-
-    name: str
-    description: str = ""
-    parameters: str = "{}"  # its arguments' JSON schema, as JSON text
-
-
-class ConstraintBase(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", gc=False):
-    """What the sampling rank's grammar holds the output to (structured output, forced tool calls)."""
-
-
-class JsonObject(ConstraintBase, tag="json_object", frozen=True, kw_only=True):
-    """Any JSON object (`response_format: json_object`)."""
-
-
-class JsonSchema(ConstraintBase, tag="json_schema", frozen=True, kw_only=True):
-    name: str
-    schema: str  # JSON text
-
-
-class ToolCallRequired(ConstraintBase, tag="tool_call", frozen=True, kw_only=True):
-    """One call of one of `names` (all of `tools` for `required`, one for a named `tool_choice`),
-    in the tool-call format of the model's chat template."""
-
-    names: list[str]
-
-
-Constraint = JsonObject | JsonSchema | ToolCallRequired
 
 
 # Tokens a task may generate when its request does not say (the API's `max_tokens` default);

@@ -32,7 +32,8 @@ class TokenMask:
         """`logprobs` (1 x vocab) with every token the grammar refuses at -inf."""
         llguidance.numpy.fill_next_token_bitmask(self.matcher, self.bitmask, 0)
         allowed = np.unpackbits(self.bitmask.view(np.uint8), bitorder="little")[: self.vocab_size]
-        return mx.where(mx.array(allowed.astype(np.bool_)), logprobs, mx.array(-mx.inf, dtype=logprobs.dtype))
+        mask = mx.array(allowed.astype(np.bool_))  # pyright: ignore[reportArgumentType]  # mlx takes numpy arrays
+        return mx.where(mask, logprobs, mx.array(-mx.inf, dtype=logprobs.dtype))
 
     def advance(self, token: int) -> None:
         """Take the agreed token. A token the mask refused cannot be agreed; if the matcher errs

@@ -15,7 +15,7 @@ import mlx.core as mx
 import msgspec
 from mlx_lm.sample_utils import make_sampler
 
-from events.catalogue import Constraint, ToolCallRequired, ToolFunction
+from events.constraints import Constraint, ToolCallRequired, ToolFunction
 from events.runner_settings import RunnerSettings
 from events.vocabulary import FinishReason, PrefillPath
 from runner.engine.collectives import Collectives
@@ -110,7 +110,9 @@ class Engine:
     def _grammar(self, constraint: Constraint, tools: list[ToolFunction]) -> str:
         """The constraint's grammar, checked on every rank (the same verdict everywhere)."""
         if isinstance(constraint, ToolCallRequired) and _tool_parser_name(self.tokenizer) != TOOL_CALL_PARSER:
-            raise RequestError(f"a forced tool call needs a model whose chat template uses the {TOOL_CALL_PARSER} format")
+            raise RequestError(
+                f"a forced tool call needs a model whose chat template uses the {TOOL_CALL_PARSER} format"
+            )
         try:
             grammar = grammar_for(constraint, tools)
             check_grammar(grammar)
@@ -122,7 +124,7 @@ class Engine:
         if request.constraint is None or not self.is_sampling_rank:
             return None
         if self.grammars is None:
-            vocab_size = int(self.shard.model.args.vocab_size)  # pyright: ignore[reportAttributeAccessIssue]
+            vocab_size = int(self.shard.model.args.vocab_size)  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
             self.grammars = GrammarCompiler(self.tokenizer._tokenizer, self.tokenizer.eos_token_id, vocab_size)
         return self.grammars.mask(self._grammar(request.constraint, request.tools))
 

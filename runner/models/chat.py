@@ -10,7 +10,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from events.catalogue import ChatMessage, ToolFunction
+from events.catalogue import ChatMessage
+from events.constraints import ToolFunction
 
 
 def encode_chat(

@@ -15,7 +15,7 @@ from typing import Any, assert_never
 
 import llguidance
 
-from events.catalogue import Constraint, JsonObject, JsonSchema, ToolCallRequired, ToolFunction
+from events.constraints import Constraint, JsonObject, JsonSchema, ToolCallRequired, ToolFunction
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
@@ -48,7 +48,7 @@ def check_grammar(grammar: str) -> None:
 
 
 def _from_schema(schema: dict[str, Any]) -> str:
-    return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_COMPACT)
+    return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults={"whitespace_flexible": False})
 
 
 def _decode_schema(text: str, where: str) -> dict[str, Any]:

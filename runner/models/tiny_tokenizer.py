@@ -20,12 +20,12 @@ EOS_TOKEN = "<|im_end|>"
 CHAT_TEMPLATE = (
     "{% if tools %}<|im_start|>system\nYou may call these functions:\n<tools>\n"
     "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n"
-    'Call one as <tool_call>{\"name\": <name>, \"arguments\": <arguments>}</tool_call><|im_end|>\n'
+    'Call one as <tool_call>{"name": <name>, "arguments": <arguments>}</tool_call><|im_end|>\n'
     "{% endif %}"
     "{% for message in messages %}"
     "<|im_start|>{{ message['role'] }}\n{{ message['content'] or '' }}"
     "{% for call in message['tool_calls'] or [] %}{% set tool_call = call['function'] %}"
-    '<tool_call>{\"name\": {{ tool_call.name | tojson }}, \"arguments\": {{ tool_call.arguments | tojson }}}</tool_call>'
+    '<tool_call>{"name": {{ tool_call.name | tojson }}, "arguments": {{ tool_call.arguments | tojson }}}</tool_call>'
     "{% endfor %}<|im_end|>\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

@@ -151,4 +151,3 @@ class TaskServer:
         if self.is_sampling_rank:
             logger.info("task {} ended: {}", event.task_id, type(event).__name__)
             self.inbox.publish(event)
-

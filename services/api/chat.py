@@ -29,6 +29,7 @@ from services.api.openai_format import DONE, ChunkMaker, completion, sse
 from services.api.prompts import check_context, prompt_tokens, stop_tokens
 from services.api.responses import json_response
 from services.api.schemas import ChatCompletionRequest, RequestProblem, decode_chat_request, to_task
+from services.api.tool_calls import Split, ToolCallSplitter, split_text
 
 T = TypeVar("T")
 
@@ -46,7 +47,10 @@ async def chat_completions(request: Request, ctx: ApiContext) -> Response:
     text, terminal = outcome
     if isinstance(terminal, TaskFailed):
         return error_response(500, terminal.error, kind="task_failed", code="task_failed", headers=headers)
-    body = completion(f"chatcmpl-{task.task_id}", chat.model, text, terminal.finish_reason, terminal.usage)
+    splitter = _tool_call_splitter(task)
+    split = Split(content=text) if splitter is None else split_text(splitter, text)
+    completion_id = f"chatcmpl-{task.task_id}"
+    body = completion(completion_id, chat.model, split.content, terminal.finish_reason, terminal.usage, split.calls)
     return json_response(body, headers=headers)
 
 
@@ -154,11 +158,12 @@ class ChatStream(Response):
         """Send the task's events as chunks until its terminal event, which ends the response."""
         task_id = self._task.task_id
         maker = ChunkMaker(f"chatcmpl-{task_id}", self._chat.model)
+        splitter = _tool_call_splitter(self._task)
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         await send({"type": "http.response.body", "body": maker.role(), "more_body": True})
         while True:
             event = await events.next()
-            for chunk in _sse_chunks(self._ctx, self._chat, task_id, maker, event):
+            for chunk in _sse_chunks(self._ctx, self._chat, task_id, maker, splitter, event):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             if isinstance(event, TaskCompleted | TaskFailed):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -166,20 +171,42 @@ class ChatStream(Response):
 
 
 def _sse_chunks(
-    ctx: ApiContext, chat: ChatCompletionRequest, task_id: TaskId, maker: ChunkMaker, event: LogEvent
+    ctx: ApiContext,
+    chat: ChatCompletionRequest,
+    task_id: TaskId,
+    maker: ChunkMaker,
+    splitter: ToolCallSplitter | None,
+    event: LogEvent,
 ) -> list[bytes]:
     match event:
         case PrefillProgress() if chat.wants_progress and _is_last_rank(ctx, task_id, event.rank):
             return [maker.progress(event.processed, event.total, _since_created_ms(ctx, task_id, event.env.wall_time))]
-        case ChunkGenerated() if event.text:
+        case ChunkGenerated() if event.text and splitter is None:
             return [maker.content(event.text)]
+        case ChunkGenerated() if event.text and splitter is not None:
+            return _split_chunks(maker, splitter, splitter.feed(event.text))
         case TaskCompleted():
             usage = [maker.usage(event.usage)] if chat.wants_usage else []
-            return [maker.finish(event.finish_reason), *usage, DONE]
+            held = [] if splitter is None else _split_chunks(maker, splitter, splitter.finish())
+            called = splitter is not None and splitter.calls_made > 0
+            return [*held, maker.finish(event.finish_reason, called), *usage, DONE]
         case TaskFailed():
             return [sse(msgspec.to_builtins(error_body(event.error, kind="task_failed", code="task_failed"))), DONE]
         case _:
             return []
+
+
+def _tool_call_splitter(task: TaskCreated) -> ToolCallSplitter | None:
+    """Only a task that offered the model tools has tool calls to look for in its text."""
+    if not task.params.tools:
+        return None
+    return ToolCallSplitter(call_id=lambda n: f"call_{task.task_id}_{n}")
+
+
+def _split_chunks(maker: ChunkMaker, splitter: ToolCallSplitter, split: Split) -> list[bytes]:
+    first = splitter.calls_made - len(split.calls)
+    content = [maker.content(split.content)] if split.content else []
+    return [*content, *(maker.tool_call(first + i, call) for i, call in enumerate(split.calls))]
 
 
 async def _collect(events: TaskEvents) -> tuple[str, TaskCompleted | TaskFailed]:
