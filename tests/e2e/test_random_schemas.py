@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 
 from tests.e2e.cluster import Cluster
+from tests.e2e.helpers import serve_cluster
 from tests.e2e.random_schemas import byte_bound, random_schema
 
 pytestmark = pytest.mark.timeout(300)
@@ -20,11 +21,7 @@ REQUESTS = 50
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    running = Cluster(tmp_path_factory.mktemp("cluster"), workers=1)
-    try:
-        yield running.wait_ready()
-    finally:
-        running.stop()
+    yield from serve_cluster(tmp_path_factory.mktemp("cluster"), workers=1)
 
 
 def test_fifty_random_schemas_all_parse_and_validate(cluster: Cluster) -> None:

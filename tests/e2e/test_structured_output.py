@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from tests.e2e.cluster import Cluster
+from tests.e2e.helpers import serve_cluster
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -25,7 +26,7 @@ PERSON = {
     "required": ["name", "age", "pets"],
     "additionalProperties": False,
 }
-WEATHER = {
+WEATHER: Any = {  # Any: the openai client's TypedDicts would want every literal spelled out
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -41,27 +42,24 @@ WEATHER = {
         },
     },
 }
-CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
-ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+CLOCK: Any = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+NOPE: Any = {"type": "function", "function": {"name": "nope"}}
+ASK: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1w", "2w"])
 def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    running = Cluster(tmp_path_factory.mktemp("cluster"), workers=request.param)
-    try:
-        yield running.wait_ready()
-    finally:
-        running.stop()
+    yield from serve_cluster(tmp_path_factory.mktemp("cluster"), workers=request.param)
 
 
 def _ask(client: openai.OpenAI, stream: bool, **extra: Any) -> tuple[str, str | None]:
     """(content, finish_reason), streamed or not."""
     if not stream:
-        choice = client.chat.completions.create(model="tiny", messages=ASK, **extra).choices[0]  # pyright: ignore[reportArgumentType]
+        choice = client.chat.completions.create(model="tiny", messages=ASK, **extra).choices[0]
         return choice.message.content or "", choice.finish_reason
     parts: list[str] = []
     finish: str | None = None
-    for chunk in client.chat.completions.create(model="tiny", messages=ASK, stream=True, **extra):  # pyright: ignore[reportArgumentType]
+    for chunk in client.chat.completions.create(model="tiny", messages=ASK, stream=True, **extra):
         if chunk.choices:
             parts.append(chunk.choices[0].delta.content or "")
             finish = chunk.choices[0].finish_reason or finish
@@ -97,7 +95,7 @@ def test_tool_call_round_trip(cluster: Cluster) -> None:
         messages=ASK,
         tools=[WEATHER, CLOCK],
         tool_choice="required",
-        max_tokens=200,  # pyright: ignore[reportArgumentType]
+        max_tokens=200,
     )
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -111,20 +109,20 @@ def test_tool_call_round_trip(cluster: Cluster) -> None:
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"sky": "clear", "celsius": 21})},
     ]
-    answer = client.chat.completions.create(model="tiny", messages=follow_up, tools=[WEATHER, CLOCK], max_tokens=8)  # pyright: ignore[reportArgumentType]
+    answer = client.chat.completions.create(model="tiny", messages=follow_up, tools=[WEATHER, CLOCK], max_tokens=8)
     assert answer.choices[0].message.content
     assert answer.choices[0].finish_reason in ("stop", "length")
     assert not answer.choices[0].message.tool_calls
 
 
 def test_named_tool_call_streams_deltas_the_client_assembles(cluster: Cluster) -> None:
-    choice = {"type": "function", "function": {"name": "get_weather"}}
+    choice: Any = {"type": "function", "function": {"name": "get_weather"}}
     with cluster.client().chat.completions.stream(
         model="tiny",
         messages=ASK,
         tools=[WEATHER, CLOCK],
         tool_choice=choice,
-        max_tokens=200,  # pyright: ignore[reportArgumentType]
+        max_tokens=200,
     ) as stream:
         final = stream.get_final_completion()
     message = final.choices[0].message
@@ -136,7 +134,7 @@ def test_named_tool_call_streams_deltas_the_client_assembles(cluster: Cluster) -
 def test_tools_with_auto_leave_a_plain_answer_as_content(cluster: Cluster) -> None:
     choice = (
         cluster.client().chat.completions.create(model="tiny", messages=ASK, tools=[WEATHER], max_tokens=8).choices[0]
-    )  # pyright: ignore[reportArgumentType]
+    )
     assert choice.message.content and not choice.message.tool_calls
     assert choice.finish_reason in ("stop", "length")
 
@@ -148,11 +146,11 @@ def test_bad_schema_and_unknown_tool_are_400(cluster: Cluster) -> None:
             model="tiny",
             messages=ASK,
             tools=[WEATHER],
-            tool_choice={"type": "function", "function": {"name": "nope"}},  # pyright: ignore[reportArgumentType]
+            tool_choice=NOPE,
         )
-    bad = {
+    bad: Any = {
         "type": "json_schema",
         "json_schema": {"name": "bad", "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}},
     }
     with pytest.raises(openai.BadRequestError, match="cannot constrain the output"):
-        client.chat.completions.create(model="tiny", messages=ASK, response_format=bad)  # pyright: ignore[reportArgumentType]
+        client.chat.completions.create(model="tiny", messages=ASK, response_format=bad)
