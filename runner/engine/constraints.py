@@ -22,9 +22,10 @@ class TokenMask:
     """One task's grammar state: `apply` before sampling, `advance` with the agreed token."""
 
     def __init__(self, tokenizer: llguidance.LLTokenizer, grammar: str, vocab_size: int) -> None:
+        # Never raises: every rank checked the grammar before the task (`Engine.validate`), and a
+        # matcher that still errs masks all but EOS, so the task ends on every rank by the EOS rule
+        # rather than by an exception on this rank alone (which would leave the others waiting).
         self.matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
-        if self.matcher.is_error():
-            raise ValueError(f"the grammar does not compile: {self.matcher.get_error()}")
         self.vocab_size = vocab_size
         self.bitmask = llguidance.numpy.allocate_token_bitmask(1, tokenizer.vocab_size)
 
@@ -37,7 +38,7 @@ class TokenMask:
 
     def advance(self, token: int) -> None:
         """Take the agreed token. A token the mask refused cannot be agreed; if the matcher errs
-        anyway, the next mask allows nothing but EOS (llguidance's error state), ending the task."""
+        anyway, its next mask allows nothing but EOS (llguidance's error state), ending the task."""
         self.matcher.consume_token(token)
 
 
