@@ -34,8 +34,9 @@ from bench.stats import compare, summarize, target
 PROMPT = "Write a long story about a river, a stone and a lantern."
 ABOUT = (
     "streamed chat requests after warm-up, interleaved per round: bare mlx-lm `stream_generate` vs "
-    "`shoal up --workers 1` and `--workers 2` through the openai client (tiny model), and 1 worker with "
-    "logprobs (top_logprobs=5)"
+    "`shoal up --workers 1` and `--workers 2` through the openai client (tiny model); 1 worker with "
+    "logprobs (top_logprobs=5); and 1 worker under a json_schema constraint, for the per-token cost of "
+    "constrained decoding"
 )
 SIZED = (
     Sized("--rounds", 20, 2, "rounds; each sends one request to every side"),
@@ -44,6 +45,20 @@ SIZED = (
 )
 SIDES = ("bare_mlx_lm", "shoal_1w", "shoal_2w", "shoal_1w_logprobs")
 LOGPROBS = {"logprobs": True, "top_logprobs": 5}
+JSON_SCHEMA_SIDE = "shoal_1w_json_schema"
+# One string longer than any run's max_tokens can write, so every constrained answer runs to
+# max_tokens as the unconstrained ones do, each token masked by the grammar.
+STORY_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "story",
+        "schema": {
+            "type": "object",
+            "properties": {"story": {"type": "string", "minLength": 10_000}},
+            "required": ["story"],
+        },
+    },
+}
 DECODE_RATIO_MIN = 0.95
 TTFT_OVERHEAD_MAX_MS = 15.0
 
@@ -78,6 +93,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sides["shoal_1w_logprobs"] = partial(
             _one_request, clusters[0].client(timeout=120), settings["max_tokens"], **LOGPROBS
         )
+        sides[JSON_SCHEMA_SIDE] = _json_schema_side(clusters[0], settings["max_tokens"])
         for side in sides.values():
             for _ in range(settings["warmup"]):
                 side()
@@ -96,6 +112,11 @@ def _tiny_dir(env: dict[str, str]) -> str:
     return subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout.strip()
+
+
+def _json_schema_side(cluster: Cluster, max_tokens: int) -> Callable[[], Sample]:
+    """The 1-worker side again, its output held to a JSON schema by the sampling rank's grammar."""
+    return partial(_one_request, cluster.client(timeout=120), max_tokens, response_format=STORY_FORMAT)
 
 
 def _one_request(client: Any, max_tokens: int, **extra: Any) -> Sample:
@@ -145,6 +166,9 @@ def _report(settings: dict[str, Any], samples: dict[str, list[Sample]], quick: b
         "decode_ratio_1w": target(comparisons["decode_ratio_1w"]["median"], ">=", DECODE_RATIO_MIN),
         "ttft_overhead_ms_1w": target(comparisons["ttft_overhead_ms_1w"]["median"], "<=", TTFT_OVERHEAD_MAX_MS, "ms"),
     }
+    constrained_measures, constrained_comparisons = _constrained_cost(samples)
+    measures |= constrained_measures
+    comparisons |= constrained_comparisons
     tokens = {side: statistics.median(s.tokens for s in samples[side]) for side in SIDES}
     return bench_result(
         "e2e",
@@ -158,3 +182,21 @@ def _report(settings: dict[str, Any], samples: dict[str, list[Sample]], quick: b
         checks={"every_side_generated_the_same_tokens": len(set(tokens.values())) == 1},
         details={"tokens_per_request": tokens},
     )
+
+
+def _constrained_cost(samples: dict[str, list[Sample]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a json_schema grammar costs per token on 1 worker: the decode rate under it, and the
+    difference in milliseconds per token against the same cluster unconstrained, per round."""
+    constrained = [s.decode_tps for s in samples[JSON_SCHEMA_SIDE]]
+    plain = [s.decode_tps for s in samples["shoal_1w"]]
+    per_token = [1000 / c - 1000 / p for c, p in zip(constrained, plain, strict=True) if c > 0 and p > 0]
+    measures = {
+        f"{JSON_SCHEMA_SIDE}_decode_tps": summarize(constrained, "tok/s"),
+        "json_schema_cost_ms_per_token_1w": summarize(per_token, "ms"),
+    }
+    comparisons = {
+        "json_schema_decode_ratio_1w": compare(
+            constrained, plain, "ratio", f"{JSON_SCHEMA_SIDE}_decode_tps / shoal_1w_decode_tps"
+        )
+    }
+    return measures, comparisons

@@ -14,6 +14,7 @@ from typing import Literal
 
 import msgspec
 
+from events.constraints import Constraint, ToolFunction
 from events.ids import EventId, InstanceId, KeyId, NodeId, TaskId
 from events.logprobs import TokenLogprob
 from events.runner_settings import RunnerSettings
@@ -51,9 +52,19 @@ class Shard(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     end_layer: int  # exclusive
 
 
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A function call an assistant made, as OpenAI carries it (`arguments` is JSON text)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
 class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str
+    tool_calls: list[ToolCall] = msgspec.field(default_factory=list)  # an assistant's calls, replayed
+    tool_call_id: str | None = None  # a tool result: the call it answers
 
 
 # Tokens a task may generate when its request does not say (the API's `max_tokens` default);
@@ -71,6 +82,8 @@ class TaskParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # Log probabilities per generated token, with this many most likely alternatives (0..20);
     # None: none asked, and none computed (they cost a top-k per token on the sampling rank).
     logprobs: int | None = None
+    tools: list[ToolFunction] = msgspec.field(default_factory=list)
+    constraint: Constraint | None = None
 
 
 # A raw prompt (`/v1/completions`): text, encoded as the tokenizer does without a chat template, or

@@ -16,6 +16,7 @@ import mlx.core as mx
 
 from events.logprobs import TokenLogprob
 from events.vocabulary import FinishReason
+from runner.engine.constraints import TokenMask
 from runner.engine.logprobs import LazyLogprobs, as_token_logprob, token_logprobs
 from runner.engine.stops import TextAssembler
 from runner.engine.task_run import TaskRun
@@ -32,6 +33,7 @@ class DecodeSpec:
     cancel_interval: int
     prefill_iterations: int
     top_logprobs: int | None = None  # logprobs with this many alternatives; None: not computed
+    token_mask: TokenMask | None = None  # the request's grammar, on the sampling rank only
 
 
 @dataclass(slots=True)
@@ -44,8 +46,9 @@ class DecodeResult:
 
 
 def run_decode(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResult:
-    """The world size is agreed data: every rank takes the same loop."""
-    if run.collectives.world == 1:
+    """The world size is agreed data: every rank takes the same loop. A grammar needs each token
+    before it can mask the next, so one rank with a grammar steps without look-ahead."""
+    if run.collectives.world == 1 and spec.token_mask is None:
         return _decode_alone(run, spec, tokenizer)
     return _decode_in_step(run, spec, tokenizer)
 
@@ -75,6 +78,8 @@ class _Emitter:
         if step == 0:
             result.first_token_at = time.perf_counter()
             run.report_progress(self.spec.prompt_len, self.spec.prompt_len, self.spec.prefill_iterations)
+        if self.spec.token_mask is not None:
+            self.spec.token_mask.advance(token)
         if token in self.spec.eos_ids:
             result.finish_reason = "stop"
             return True
@@ -160,11 +165,17 @@ def _sample_lazily(run: TaskRun, tokens: Any, spec: DecodeSpec) -> tuple[Any, La
 
 
 def _sample(logits: Any, spec: DecodeSpec) -> tuple[Any, LazyLogprobs | None]:
-    """The sampled token and, when the request asks, its logprobs from the same logits (lazily)."""
+    """The sampled token and, when the request asks, its logprobs (lazily). Under a grammar they
+    are of the distribution the sampler drew from: the model's, with the tokens the grammar refuses
+    at -inf, renormalized over the ones it allows (so a forced token has logprob 0)."""
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    if spec.token_mask is not None:
+        logprobs = spec.token_mask.apply(logprobs)
     sampled = spec.sampler(logprobs)
     if spec.top_logprobs is None:
         return sampled, None
+    if spec.token_mask is not None:
+        logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
     return sampled, token_logprobs(logprobs, sampled, spec.top_logprobs)
 
 

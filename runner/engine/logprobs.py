@@ -7,6 +7,7 @@ other ranks do not know they exist (docs/ARCHITECTURE.md §6).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import mlx.core as mx
@@ -32,9 +33,14 @@ def token_logprobs(logprobs: Any, sampled: Any, top: int) -> LazyLogprobs:
 
 
 def as_token_logprob(tokenizer: Any, token: int, lazy: LazyLogprobs) -> TokenLogprob:
-    """The evaluated logprobs of `token`, with each token's text as the tokenizer decodes it alone."""
+    """The evaluated logprobs of `token`, with each token's text as the tokenizer decodes it alone.
+    An alternative at -inf (a token a grammar refused) is none: fewer than asked are listed."""
     chosen, top_ids, top_values = lazy
     ids: list[int] = top_ids.tolist()
     values: list[float] = top_values.astype(mx.float32).tolist()
-    top = [TopLogprob(token_id=i, token=tokenizer.decode([i]), logprob=v) for i, v in zip(ids, values, strict=True)]
+    top = [
+        TopLogprob(token_id=i, token=tokenizer.decode([i]), logprob=v)
+        for i, v in zip(ids, values, strict=True)
+        if v > -math.inf
+    ]
     return TokenLogprob(token_id=token, token=tokenizer.decode([token]), logprob=float(chosen.item()), top=top)

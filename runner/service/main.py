@@ -84,6 +84,8 @@ def make_request_factory() -> Any:
             seed=p.seed,
             stop=list(p.stop),
             top_logprobs=p.logprobs,
+            constraint=p.constraint,
+            tools=list(p.tools),
         )
 
     return make

@@ -19,7 +19,6 @@ from typing import Any, Protocol
 from loguru import logger
 
 from events.catalogue import (
-    ChatMessage,
     LogEvent,
     RunnerStatusChanged,
     TaskCompleted,
@@ -113,8 +112,7 @@ class TaskServer:
                 TaskFailed(env=self.stamper.stamp(), task_id=task_id, error="TaskCreated not found in the log")
             )
             return
-        messages = [_as_dict(m) for m in created.messages]
-        prompt = encode_task_prompt(self.engine.tokenizer, messages, created.prompt)
+        prompt = encode_task_prompt(self.engine.tokenizer, created.messages, created.params.tools, created.prompt)
         request = self.make_request(task_id, prompt, created)
         if not self.engine.agree_start(task_id, self.cancel, self.phases):
             self._terminal(TaskCompleted(env=self.stamper.stamp(), task_id=task_id, finish_reason="cancelled"))
@@ -153,7 +151,3 @@ class TaskServer:
         if self.is_sampling_rank:
             logger.info("task {} ended: {}", event.task_id, type(event).__name__)
             self.inbox.publish(event)
-
-
-def _as_dict(message: ChatMessage) -> dict[str, str]:
-    return {"role": message.role, "content": message.content}

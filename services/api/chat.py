@@ -1,5 +1,6 @@
 """POST /v1/chat/completions: validate, publish `TaskCreated`, turn the task's events into an
-OpenAI response (JSON or SSE). How a task is admitted, run and streamed is `task_stream`'s."""
+OpenAI response (JSON or SSE). How a task is admitted, run and streamed is `task_stream`'s; a task
+that offered the model tools has its tool calls split out of its text (`tool_calls`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from events.catalogue import ChunkGenerated, LogEvent, PrefillProgress, TaskCompleted, TaskFailed
+from events.catalogue import ChunkGenerated, LogEvent, PrefillProgress, TaskCompleted, TaskCreated, TaskFailed
 from events.ids import TaskId
+from events.logprobs import TokenLogprob
 from services.api.auth import caller_of
 from services.api.context import ApiContext
 from services.api.errors import error_body
@@ -16,6 +18,7 @@ from services.api.openai_format import DONE, ChunkMaker, completion, sse
 from services.api.responses import ChatCompletion
 from services.api.schemas import ChatCompletionRequest, decode_chat_request, to_task
 from services.api.task_stream import Collected, admit, check_model, read_body, respond
+from services.api.tool_calls import Split, ToolCallSplitter, split_text
 
 
 async def chat_completions(request: Request, ctx: ApiContext) -> Response:
@@ -26,20 +29,23 @@ async def chat_completions(request: Request, ctx: ApiContext) -> Response:
     task = await admit(ctx, chat.model, params, caller_of(request).key_id, messages=messages)
 
     def answer(outcome: Collected, terminal: TaskCompleted) -> ChatCompletion:
+        splitter = _tool_call_splitter(task)
+        split = Split(content=outcome.text) if splitter is None else split_text(splitter, outcome.text)
         completion_id = f"chatcmpl-{task.task_id}"
-        usage = terminal.usage
-        return completion(completion_id, chat.model, outcome.text, terminal.finish_reason, usage, outcome.logprobs)
+        finish, usage = terminal.finish_reason, terminal.usage
+        return completion(completion_id, chat.model, split.content, finish, usage, outcome.logprobs, split.calls)
 
-    shape = _ChatShape(ctx, chat, task.task_id) if chat.stream else None
+    shape = _ChatShape(ctx, chat, task) if chat.stream else None
     return await respond(ctx, task, request, shape=shape, wants_progress=chat.wants_progress, answer=answer)
 
 
 class _ChatShape:
     """A chat task's events as `chat.completion.chunk`s."""
 
-    def __init__(self, ctx: ApiContext, chat: ChatCompletionRequest, task_id: TaskId) -> None:
-        self.ctx, self.chat, self.task_id = ctx, chat, task_id
-        self.maker = ChunkMaker(f"chatcmpl-{task_id}", chat.model)
+    def __init__(self, ctx: ApiContext, chat: ChatCompletionRequest, task: TaskCreated) -> None:
+        self.ctx, self.chat, self.task_id = ctx, chat, task.task_id
+        self.maker = ChunkMaker(f"chatcmpl-{task.task_id}", chat.model)
+        self.splitter = _tool_call_splitter(task)
 
     def opening(self) -> list[bytes]:
         return [self.maker.role()]
@@ -50,15 +56,38 @@ class _ChatShape:
             case PrefillProgress() if chat.wants_progress and _is_last_rank(ctx, task_id, event.rank):
                 since_ms = _since_created_ms(ctx, task_id, event.env.wall_time)
                 return [maker.progress(event.processed, event.total, since_ms)]
+            case ChunkGenerated() if self.splitter is not None:
+                return _split_chunks(maker, self.splitter, self.splitter.feed(event.text), event.logprobs)
             case ChunkGenerated() if event.text or event.logprobs:
                 return [maker.content(event.text, event.logprobs)]
             case TaskCompleted():
                 usage = [maker.usage(event.usage)] if chat.wants_usage else []
-                return [maker.finish(event.finish_reason), *usage, DONE]
+                held = (
+                    [] if self.splitter is None else _split_chunks(maker, self.splitter, self.splitter.finish(), None)
+                )
+                called = self.splitter is not None and self.splitter.calls_made > 0
+                return [*held, maker.finish(event.finish_reason, called), *usage, DONE]
             case TaskFailed():
                 return [failed_chunk(event)]
             case _:
                 return []
+
+
+def _split_chunks(
+    maker: ChunkMaker, splitter: ToolCallSplitter, split: Split, logprobs: list[TokenLogprob] | None
+) -> list[bytes]:
+    """What the splitter released: content (with the logprobs of the event's tokens, even when it
+    held their text back), then each whole call as a delta."""
+    first = splitter.calls_made - len(split.calls)
+    content = [maker.content(split.content, logprobs)] if split.content or logprobs else []
+    return [*content, *(maker.tool_call(first + i, call) for i, call in enumerate(split.calls))]
+
+
+def _tool_call_splitter(task: TaskCreated) -> ToolCallSplitter | None:
+    """Only a task that offered the model tools has tool calls to look for in its text."""
+    if not task.params.tools:
+        return None
+    return ToolCallSplitter(call_id=lambda n: f"call_{task.task_id}_{n}")
 
 
 def failed_chunk(event: TaskFailed) -> bytes:

@@ -18,6 +18,7 @@ from jinja2.exceptions import TemplateError
 from loguru import logger
 
 from events.catalogue import ChatMessage, RawPrompt
+from events.constraints import ToolFunction
 from runner.errors import ModelDirError
 from runner.models.chat import encode_task_prompt
 from runner.models.model_info import read_model_info
@@ -46,9 +47,14 @@ def load_prompt_model(model_dir: Path) -> PromptModel | None:
     return PromptModel(tokenizer=tokenizer, context_length=info.context_length)
 
 
-def prompt_tokens(model: PromptModel | None, messages: Sequence[ChatMessage], raw_prompt: RawPrompt | None) -> int:
+def prompt_tokens(
+    model: PromptModel | None,
+    messages: Sequence[ChatMessage],
+    tools: Sequence[ToolFunction],
+    raw_prompt: RawPrompt | None,
+) -> int:
     """The prompt's size in tokens as the runner will see it: the raw prompt as it is, or the
-    messages in the chat template."""
+    messages and tools in the chat template."""
     if isinstance(raw_prompt, list):
         _check_token_ids(model, raw_prompt)
         return len(raw_prompt)
@@ -56,8 +62,7 @@ def prompt_tokens(model: PromptModel | None, messages: Sequence[ChatMessage], ra
         texts = [raw_prompt] if raw_prompt is not None else [m.content for m in messages]
         return sum(len(text) // CHARS_PER_TOKEN + 1 for text in texts)
     try:
-        chat = [{"role": m.role, "content": m.content} for m in messages]
-        ids = encode_task_prompt(model.tokenizer, chat, raw_prompt)
+        ids = encode_task_prompt(model.tokenizer, messages, tools, raw_prompt)
     except TemplateError as exc:
         raise RequestProblem(
             400,

@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from events.vocabulary import FinishReason
 
-OpenAIFinishReason = Literal["stop", "length"]
+OpenAIFinishReason = Literal["stop", "length", "tool_calls"]
 ErrorKind = Literal["invalid_request_error", "server_error", "task_failed"]
 
 
@@ -27,9 +27,21 @@ class ErrorResponse(msgspec.Struct, frozen=True, kw_only=True):
     error: ErrorDetail
 
 
+class CalledFunction(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    arguments: str  # JSON text
+
+
+class ResponseToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True):
     role: Literal["assistant"]
-    content: str
+    content: str | None  # None when the turn is only tool calls
+    tool_calls: list[ResponseToolCall] | None = None
 
 
 class TopLogprob(msgspec.Struct, frozen=True, kw_only=True):

@@ -16,6 +16,15 @@ from typing import Annotated, Literal, TypeVar
 import msgspec
 
 from events.catalogue import DEFAULT_MAX_TOKENS, ChatMessage, TaskParams
+from services.api.tools import (
+    RequestToolCall,
+    ResponseFormat,
+    Tool,
+    ToolChoice,
+    ToolProblem,
+    task_tool_calls,
+    task_tools_and_constraint,
+)
 
 MAX_STOP_STRINGS = 4  # OpenAI's own bound
 MAX_STOP_BYTES = 1024  # all stop strings together: the sampling rank matches them on every token
@@ -27,11 +36,8 @@ SEED_MAX = 2**63 - 1  # OpenAI's seed is an int64; the runner's RNG (mlx.random.
 # one moves it from here into `ChatCompletionRequest`.
 UNSUPPORTED_PARAMS: Mapping[str, tuple[object, ...]] = {
     "n": (1,),
-    "tools": ([],),
-    "tool_choice": ("none",),
     "functions": ([],),
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
     "logit_bias": ({},),
     "frequency_penalty": (0, 0.0),
     "presence_penalty": (0, 0.0),
@@ -67,12 +73,14 @@ class TextPart(msgspec.Struct, frozen=True, kw_only=True):
 
 class RequestMessage(msgspec.Struct, frozen=True, kw_only=True):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None  # None only beside an assistant's tool_calls
     name: str | None = None
+    tool_calls: list[RequestToolCall] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool result: the call it answers
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
         return "".join(part.text for part in self.content)
 
 
@@ -113,6 +121,9 @@ class ChatCompletionRequest(SamplingRequest, frozen=True, kw_only=True):
     shoal_progress: bool = False
     logprobs: bool = False
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None  # none given: "auto" with tools, "none" without
+    response_format: ResponseFormat | None = None
 
     @property
     def wants_progress(self) -> bool:
@@ -214,7 +225,21 @@ def to_task(request: ChatCompletionRequest, *, max_tokens_limit: int) -> tuple[l
     asked = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     params = _task_params(request, asked, max_tokens_limit=max_tokens_limit, logprobs=logprobs)
-    return [ChatMessage(role=m.role, content=m.text()) for m in request.messages], params
+    try:
+        messages = [_task_message(m, f"messages[{i}].tool_calls") for i, m in enumerate(request.messages)]
+        tools, constraint = task_tools_and_constraint(request.tools or [], request.tool_choice, request.response_format)
+    except ToolProblem as problem:
+        raise RequestProblem(400, str(problem), param=problem.param) from problem
+    return messages, msgspec.structs.replace(params, tools=tools, constraint=constraint)
+
+
+def _task_message(message: RequestMessage, where: str) -> ChatMessage:
+    return ChatMessage(
+        role=message.role,
+        content=message.text(),
+        tool_calls=task_tool_calls(message.tool_calls or [], where),
+        tool_call_id=message.tool_call_id,
+    )
 
 
 def completion_params(request: CompletionRequest, *, max_tokens_limit: int) -> TaskParams:

@@ -68,7 +68,9 @@ async def admit(
     config = ctx.resolved.config
     param = "messages" if raw_prompt is None else "prompt"
     model = await ctx.prompt_model(model_name)
-    size = await anyio.to_thread.run_sync(prompt_tokens, model, messages, raw_prompt)  # long prompts take a while
+    size = await anyio.to_thread.run_sync(
+        prompt_tokens, model, messages, params.tools, raw_prompt
+    )  # long prompts take a while
     check_context(model, size, param)
     size += stop_tokens(model, params.stop)
     if size > config.max_prompt_tokens:
