@@ -5,6 +5,8 @@ Three sides stay up for the whole run: bare mlx-lm `stream_generate` (a subproce
 `shoal up --workers 2`, both reached with the official openai client. After a warm-up, each
 round sends one request to every side (the order rotates per round), so a neighbour's load
 lands on all three; the ratios and differences are taken per round and their medians judged.
+A fourth side sends the 1-worker request with `logprobs` and `top_logprobs=5`: its decode rate
+over the plain request's, per round, is what logprobs cost per token.
 """
 
 from __future__ import annotations
@@ -32,14 +34,31 @@ from bench.stats import compare, summarize, target
 PROMPT = "Write a long story about a river, a stone and a lantern."
 ABOUT = (
     "streamed chat requests after warm-up, interleaved per round: bare mlx-lm `stream_generate` vs "
-    "`shoal up --workers 1` and `--workers 2` through the openai client (tiny model)"
+    "`shoal up --workers 1` and `--workers 2` through the openai client (tiny model); 1 worker with "
+    "logprobs (top_logprobs=5); and 1 worker under a json_schema constraint, for the per-token cost of "
+    "constrained decoding"
 )
 SIZED = (
     Sized("--rounds", 20, 2, "rounds; each sends one request to every side"),
     Sized("--max-tokens", 64, 16, "tokens to generate per request"),
     Sized("--warmup", 2, 1, "unmeasured requests per side before the rounds"),
 )
-SIDES = ("bare_mlx_lm", "shoal_1w", "shoal_2w")
+SIDES = ("bare_mlx_lm", "shoal_1w", "shoal_2w", "shoal_1w_logprobs")
+LOGPROBS = {"logprobs": True, "top_logprobs": 5}
+JSON_SCHEMA_SIDE = "shoal_1w_json_schema"
+# One string longer than any run's max_tokens can write, so every constrained answer runs to
+# max_tokens as the unconstrained ones do, each token masked by the grammar.
+STORY_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "story",
+        "schema": {
+            "type": "object",
+            "properties": {"story": {"type": "string", "minLength": 10_000}},
+            "required": ["story"],
+        },
+    },
+}
 DECODE_RATIO_MIN = 0.95
 TTFT_OVERHEAD_MAX_MS = 15.0
 
@@ -71,6 +90,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sides: dict[str, Callable[[], Sample]] = {"bare_mlx_lm": lambda: Sample(**bare.generate())}
         for workers, cluster in zip((1, 2), clusters, strict=True):
             sides[f"shoal_{workers}w"] = partial(_one_request, cluster.client(timeout=120), settings["max_tokens"])
+        sides["shoal_1w_logprobs"] = partial(
+            _one_request, clusters[0].client(timeout=120), settings["max_tokens"], **LOGPROBS
+        )
+        sides[JSON_SCHEMA_SIDE] = _json_schema_side(clusters[0], settings["max_tokens"])
         for side in sides.values():
             for _ in range(settings["warmup"]):
                 side()
@@ -91,7 +114,12 @@ def _tiny_dir(env: dict[str, str]) -> str:
     ).stdout.strip()
 
 
-def _one_request(client: Any, max_tokens: int) -> Sample:
+def _json_schema_side(cluster: Cluster, max_tokens: int) -> Callable[[], Sample]:
+    """The 1-worker side again, its output held to a JSON schema by the sampling rank's grammar."""
+    return partial(_one_request, cluster.client(timeout=120), max_tokens, response_format=STORY_FORMAT)
+
+
+def _one_request(client: Any, max_tokens: int, **extra: Any) -> Sample:
     started = time.perf_counter()
     first = last = started
     count = 0
@@ -101,6 +129,7 @@ def _one_request(client: Any, max_tokens: int) -> Sample:
         max_tokens=max_tokens,
         stream=True,
         stream_options={"include_usage": True},
+        **extra,
     )
     for chunk in stream:
         now = time.perf_counter()
@@ -130,10 +159,16 @@ def _report(settings: dict[str, Any], samples: dict[str, list[Sample]], quick: b
         comparisons[f"ttft_overhead_ms_{workers}w"] = compare(
             ttft[side], ttft["bare_mlx_lm"], "difference", f"{side}_ttft_ms - bare_mlx_lm_ttft_ms", "ms"
         )
+    comparisons["logprobs_decode_ratio_1w"] = compare(
+        decode["shoal_1w_logprobs"], decode["shoal_1w"], "ratio", "shoal_1w_logprobs_decode_tps / shoal_1w_decode_tps"
+    )
     targets = {
         "decode_ratio_1w": target(comparisons["decode_ratio_1w"]["median"], ">=", DECODE_RATIO_MIN),
         "ttft_overhead_ms_1w": target(comparisons["ttft_overhead_ms_1w"]["median"], "<=", TTFT_OVERHEAD_MAX_MS, "ms"),
     }
+    constrained_measures, constrained_comparisons = _constrained_cost(samples)
+    measures |= constrained_measures
+    comparisons |= constrained_comparisons
     tokens = {side: statistics.median(s.tokens for s in samples[side]) for side in SIDES}
     return bench_result(
         "e2e",
@@ -147,3 +182,21 @@ def _report(settings: dict[str, Any], samples: dict[str, list[Sample]], quick: b
         checks={"every_side_generated_the_same_tokens": len(set(tokens.values())) == 1},
         details={"tokens_per_request": tokens},
     )
+
+
+def _constrained_cost(samples: dict[str, list[Sample]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a json_schema grammar costs per token on 1 worker: the decode rate under it, and the
+    difference in milliseconds per token against the same cluster unconstrained, per round."""
+    constrained = [s.decode_tps for s in samples[JSON_SCHEMA_SIDE]]
+    plain = [s.decode_tps for s in samples["shoal_1w"]]
+    per_token = [1000 / c - 1000 / p for c, p in zip(constrained, plain, strict=True) if c > 0 and p > 0]
+    measures = {
+        f"{JSON_SCHEMA_SIDE}_decode_tps": summarize(constrained, "tok/s"),
+        "json_schema_cost_ms_per_token_1w": summarize(per_token, "ms"),
+    }
+    comparisons = {
+        "json_schema_decode_ratio_1w": compare(
+            constrained, plain, "ratio", f"{JSON_SCHEMA_SIDE}_decode_tps / shoal_1w_decode_tps"
+        )
+    }
+    return measures, comparisons

@@ -14,7 +14,9 @@ from typing import Literal
 
 import msgspec
 
+from events.constraints import Constraint, ToolFunction
 from events.ids import EventIdField, InstanceIdField, KeyId, NodeIdField, TaskIdField
+from events.logprobs import TokenLogprob
 from events.runner_settings import RunnerSettings
 from events.vocabulary import CancelReason, FinishReason, Phase, PrefillPath, RunnerStatus, RunnerStatusCause
 
@@ -50,9 +52,19 @@ class Shard(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     end_layer: int  # exclusive
 
 
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A function call an assistant made, as OpenAI carries it (`arguments` is JSON text)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
 class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str
+    tool_calls: list[ToolCall] = msgspec.field(default_factory=list)  # an assistant's calls, replayed
+    tool_call_id: str | None = None  # a tool result: the call it answers
 
 
 # Tokens a task may generate when its request does not say (the API's `max_tokens` default);
@@ -67,6 +79,16 @@ class TaskParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     seed: int | None = None
     stop: list[str] = msgspec.field(default_factory=list)
     stream_progress: bool = False
+    # Log probabilities per generated token, with this many most likely alternatives (0..20);
+    # None: none asked, and none computed (they cost a top-k per token on the sampling rank).
+    logprobs: int | None = None
+    tools: list[ToolFunction] = msgspec.field(default_factory=list)
+    constraint: Constraint | None = None
+
+
+# A raw prompt (`/v1/completions`): text, encoded as the tokenizer does without a chat template, or
+# token ids taken as they are.
+RawPrompt = str | list[int]
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -155,6 +177,9 @@ class TaskCreated(Event, tag="task_created", frozen=True, kw_only=True):
     messages: list[ChatMessage]
     params: TaskParams = msgspec.field(default_factory=TaskParams)
     owner: KeyId = KeyId("")  # the API key that created it, by id; "" when the API ran without keys
+    # Set by `/v1/completions`: the prompt as it is, without the chat template (`messages` is then
+    # empty). None in chat tasks and in logs written before completions existed.
+    prompt: RawPrompt | None = None
 
 
 class TaskAssigned(Event, tag="task_assigned", frozen=True, kw_only=True):
@@ -184,6 +209,7 @@ class ChunkGenerated(Event, tag="chunk_generated", frozen=True, kw_only=True):
     index: int  # index of the first token of this chunk in the completion
     text: str
     token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the task asked for them
 
 
 class TaskCancelled(Event, tag="task_cancelled", frozen=True, kw_only=True):

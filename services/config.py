@@ -126,6 +126,14 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_tokens_limit: Annotated[int, Meta(ge=1, description="the most tokens a request may ask for")] = 4096
     max_prompt_tokens: Annotated[int, Meta(ge=1, description="the most tokens a prompt may have")] = 32768
     max_body_bytes: Annotated[int, Meta(ge=1024, description="the largest request body the API reads")] = 1_000_000
+    sse_keepalive_seconds: Annotated[
+        float,
+        Meta(
+            ge=0,
+            extra={"allowed": "a number of seconds, 0 or more"},
+            description="silence before a stream's first token that sends an SSE comment; 0 = never",
+        ),
+    ] = 10.0
     task_stall_seconds: Annotated[float, POSITIVE_SECONDS, Meta(description="no progress this long fails a task")] = (
         30.0
     )

@@ -7,7 +7,7 @@
   subprocesses, threads, signals, files (`os`, `pathlib`, `shutil`, `tempfile`, `io`, `open()`),
   logging or printing, and no shell (`runner.local`, `runner.service`, `runner.flight`) or log
   package (`events`, `eventlog`, `services`) — except the pure shared types it must speak
-  (`events.vocabulary`, `events.runner_settings`). The ring collectives it issues through mlx are its job.
+  (`events.vocabulary`, `events.runner_settings`, `events.logprobs`, `events.constraints`). The ring collectives it issues through mlx are its job.
 - `runner/` never imports `services/` (the services start runners as processes).
 - No Python file is over 400 lines.
 
@@ -36,7 +36,9 @@ ENGINE_MAY_NOT_IMPORT = (
     *("os", "pathlib", "shutil", "tempfile", "io", "logging", "loguru"),
     *("events", "eventlog", "services", "runner.local", "runner.service", "runner.flight"),
 )
-ENGINE_MAY_IMPORT_ANYWAY = ("events.vocabulary", "events.runner_settings")  # pure literal and settings types
+ENGINE_MAY_IMPORT_ANYWAY = (  # pure value types
+    *("events.vocabulary", "events.runner_settings", "events.logprobs", "events.constraints"),
+)
 ENGINE_MAY_NOT_CALL = ("open", "print", "input", "breakpoint")
 RUNNER_MAY_NOT_IMPORT = ("services",)
 

@@ -14,7 +14,10 @@ from typing import Any
 
 import mlx.core as mx
 
+from events.logprobs import TokenLogprob
 from events.vocabulary import FinishReason
+from runner.engine.constraints import TokenMask
+from runner.engine.logprobs import LazyLogprobs, as_token_logprob, token_logprobs
 from runner.engine.stops import TextAssembler
 from runner.engine.task_run import TaskRun
 
@@ -29,6 +32,8 @@ class DecodeSpec:
     eos_ids: frozenset[int]
     cancel_interval: int
     prefill_iterations: int
+    top_logprobs: int | None = None  # logprobs with this many alternatives; None: not computed
+    token_mask: TokenMask | None = None  # the request's grammar, on the sampling rank only
 
 
 @dataclass(slots=True)
@@ -41,8 +46,9 @@ class DecodeResult:
 
 
 def run_decode(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResult:
-    """The world size is agreed data: every rank takes the same loop."""
-    if run.collectives.world == 1:
+    """The world size is agreed data: every rank takes the same loop. A grammar needs each token
+    before it can mask the next, so one rank with a grammar steps without look-ahead."""
+    if run.collectives.world == 1 and spec.token_mask is None:
         return _decode_alone(run, spec, tokenizer)
     return _decode_in_step(run, spec, tokenizer)
 
@@ -57,23 +63,29 @@ class _Emitter:
         self.detokenizer = tokenizer.detokenizer
         self.detokenizer.reset()
         self.sampling = run.placement.is_last
+        self.tokenizer = tokenizer
+        self.logprobs: list[TokenLogprob] = []  # the sampling rank's, one per entry of result.token_ids
 
     def cancelled(self, step: int) -> DecodeResult:
         self.run.cancelled_at = f"decode:{step}"
         self.result.finish_reason = "cancelled"
         return self.finish()
 
-    def accept(self, step: int, token: int) -> bool:
+    def accept(self, step: int, token: int, logprobs: LazyLogprobs | None = None) -> bool:
         """Take the token agreed at `step`; True when generation stops here."""
         result, run = self.result, self.run
         result.steps = step + 1
         if step == 0:
             result.first_token_at = time.perf_counter()
             run.report_progress(self.spec.prompt_len, self.spec.prompt_len, self.spec.prefill_iterations)
+        if self.spec.token_mask is not None:
+            self.spec.token_mask.advance(token)
         if token in self.spec.eos_ids:
             result.finish_reason = "stop"
             return True
         result.token_ids.append(token)
+        if logprobs is not None:
+            self.logprobs.append(as_token_logprob(self.tokenizer, token, logprobs))
         self.detokenizer.add_token(token)
         self._deliver(self.assembler.add(token, self.detokenizer.last_segment))
         if self.assembler.stopped:
@@ -95,7 +107,9 @@ class _Emitter:
         text, ids = released
         if self.sampling and (text or ids):
             produced = len(self.result.token_ids)
-            self.run.notify(self.run.sink.tokens, self.run.task_id, produced - len(ids), text, ids)
+            index = produced - len(ids)
+            logprobs = self.logprobs[index:produced] if self.spec.top_logprobs is not None else None
+            self.run.notify(self.run.sink.tokens, self.run.task_id, index, text, ids, logprobs)
 
 
 def _decode_in_step(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResult:
@@ -104,14 +118,14 @@ def _decode_in_step(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeRes
     next_input = spec.first_input
     for step in range(spec.max_tokens):
         run.phases.enter("decode", run.task_id, step)
-        local_token = _step(run, next_input, spec.sampler)
+        local_token, logprobs = _step(run, next_input, spec)
         run.phases.enter("agree_cancel", run.task_id, step)
         poll = step % spec.cancel_interval == 0
         wants_stop = poll and run.wants_stop()
         token, stop_votes = run.collectives.agree([local_token if emitter.sampling else 0, int(wants_stop)])
         if stop_votes > 0:
             return emitter.cancelled(step)
-        if emitter.accept(step, token):
+        if emitter.accept(step, token, logprobs):
             break
         next_input = token
     return emitter.finish()
@@ -122,41 +136,56 @@ def _decode_alone(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResul
     token n is handled (the look-ahead crosses no collective: there is none). The step still in
     flight when decoding ends is waited for, so nothing is left running for the next task."""
     emitter = _Emitter(run, spec, tokenizer)
-    pending = _sample_lazily(run, mx.array([[spec.first_input]], dtype=mx.int32), spec.sampler)
-    mx.async_eval(pending)
+    pending, pending_logprobs = _sample_lazily(run, mx.array([[spec.first_input]], dtype=mx.int32), spec)
+    mx.async_eval(pending, *(pending_logprobs or ()))
     ahead: Any = None
+    ahead_logprobs: LazyLogprobs | None = None
     try:
         for step in range(spec.max_tokens):
             run.phases.enter("decode", run.task_id, step)
-            ahead = None
+            ahead, ahead_logprobs = None, None
             if step + 1 < spec.max_tokens:
-                ahead = _sample_lazily(run, pending.reshape(1, 1), spec.sampler)
-                mx.async_eval(ahead)
+                ahead, ahead_logprobs = _sample_lazily(run, pending.reshape(1, 1), spec)
+                mx.async_eval(ahead, *(ahead_logprobs or ()))
             token = int(pending.item())
             if step % spec.cancel_interval == 0 and run.wants_stop():
                 return emitter.cancelled(step)
-            if emitter.accept(step, token):
+            if emitter.accept(step, token, pending_logprobs):
                 break
-            pending = ahead
+            pending, pending_logprobs = ahead, ahead_logprobs
         return emitter.finish()
     finally:
         if ahead is not None:
-            mx.eval(ahead)
+            mx.eval(ahead, *(ahead_logprobs or ()))
 
 
-def _sample_lazily(run: TaskRun, tokens: Any, sampler: Any) -> Any:
+def _sample_lazily(run: TaskRun, tokens: Any, spec: DecodeSpec) -> tuple[Any, LazyLogprobs | None]:
     logits = run.forward(tokens)[:, -1, :]
-    return sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+    return _sample(logits, spec)
 
 
-def _step(run: TaskRun, token: int, sampler: Any) -> int:
-    """One forward step on this rank; the sampled token on the last rank, 0 elsewhere."""
+def _sample(logits: Any, spec: DecodeSpec) -> tuple[Any, LazyLogprobs | None]:
+    """The sampled token and, when the request asks, its logprobs (lazily). Under a grammar they
+    are of the distribution the sampler drew from: the model's, with the tokens the grammar refuses
+    at -inf, renormalized over the ones it allows (so a forced token has logprob 0)."""
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    if spec.token_mask is not None:
+        logprobs = spec.token_mask.apply(logprobs)
+    sampled = spec.sampler(logprobs)
+    if spec.top_logprobs is None:
+        return sampled, None
+    if spec.token_mask is not None:
+        logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
+    return sampled, token_logprobs(logprobs, sampled, spec.top_logprobs)
+
+
+def _step(run: TaskRun, token: int, spec: DecodeSpec) -> tuple[int, LazyLogprobs | None]:
+    """One forward step on this rank; the sampled token (and its logprobs, if asked) on the last
+    rank, 0 elsewhere."""
     logits = run.forward(mx.array([[token]], dtype=mx.int32))
     if not run.placement.is_last:
         mx.eval([*run.caches.states(), *run.outbox.take_all()])
-        return 0
-    logits = logits[:, -1, :]
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    sampled = sampler(logprobs)
-    mx.eval(sampled, *run.caches.states())
-    return int(sampled.item())
+        return 0, None
+    sampled, logprobs = _sample(logits[:, -1, :], spec)
+    mx.eval(sampled, *(logprobs or ()), *run.caches.states())
+    return int(sampled.item()), logprobs

@@ -9,14 +9,17 @@ that could change it is taken on agreed data (the request, the world size, an al
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import mlx.core as mx
 import msgspec
 from mlx_lm.sample_utils import make_sampler
 
+from events.constraints import Constraint, ToolCallRequired, ToolFunction
 from events.runner_settings import RunnerSettings
 from events.vocabulary import FinishReason, PrefillPath
 from runner.engine.collectives import Collectives
+from runner.engine.constraints import GrammarCompiler, TokenMask
 from runner.engine.decode import DecodeSpec, run_decode
 from runner.engine.plan import PathChoice, choose_path, chunk_sizes, effective_step, rank_schedule
 from runner.engine.prefill import run_prefill
@@ -24,6 +27,7 @@ from runner.engine.protocols import CancelSource, NeverCancelled, NullSink, Phas
 from runner.engine.task_run import TaskRun
 from runner.errors import CallbackError, RequestError
 from runner.models.chat import encode_chat
+from runner.models.grammar import TOOL_CALL_PARSER, GrammarError, check_grammar, grammar_for
 from runner.models.shard import LoadedShard, ShardCache
 
 __all__ = ["Engine", "GenerationOutcome", "GenerationRequest", "encode_chat"]
@@ -37,7 +41,10 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = msgspec.field(default_factory=list)
+    top_logprobs: int | None = None  # logprobs with this many alternatives per token; None: none
     prefill_path: PathChoice = "auto"  # benchmarks and tests force a path; services leave auto
+    constraint: Constraint | None = None  # a grammar the output must follow (structured output, forced tool call)
+    tools: list[ToolFunction] = msgspec.field(default_factory=list)  # what a tool-call constraint may name
 
 
 class GenerationOutcome(msgspec.Struct, kw_only=True):
@@ -64,6 +71,7 @@ class Engine:
         self.shard = shard
         self.settings = settings
         self.collectives = Collectives(group)
+        self.grammars: GrammarCompiler | None = None  # built on the sampling rank at its first grammar
         if self.collectives.world != shard.placement.world:
             raise ValueError(f"group has {self.collectives.world} ranks, placement {shard.placement.world}")
 
@@ -97,6 +105,29 @@ class Engine:
 
     def validate(self, request: GenerationRequest) -> None:
         check_request(request, self.shard.context_length)
+        if request.constraint is not None:
+            self._grammar(request.constraint, request.tools)
+
+    def _grammar(self, constraint: Constraint, tools: list[ToolFunction]) -> str:
+        """The constraint's grammar, checked on every rank (the same verdict everywhere)."""
+        if isinstance(constraint, ToolCallRequired) and _tool_parser_name(self.tokenizer) != TOOL_CALL_PARSER:
+            raise RequestError(
+                f"a forced tool call needs a model whose chat template uses the {TOOL_CALL_PARSER} format"
+            )
+        try:
+            grammar = grammar_for(constraint, tools)
+            check_grammar(grammar)
+        except GrammarError as exc:
+            raise RequestError(f"cannot constrain the output: {exc}") from exc
+        return grammar
+
+    def _token_mask(self, request: GenerationRequest) -> TokenMask | None:
+        if request.constraint is None or not self.is_sampling_rank:
+            return None
+        if self.grammars is None:
+            vocab_size = int(self.shard.model.args.vocab_size)  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
+            self.grammars = GrammarCompiler(self.tokenizer._tokenizer, self.tokenizer.eos_token_id, vocab_size)
+        return self.grammars.mask(self._grammar(request.constraint, request.tools))
 
     def generate(
         self, request: GenerationRequest, cancel: CancelSource, sink: RunnerSink, phases: PhaseTracker
@@ -138,6 +169,8 @@ class Engine:
             eos_ids=frozenset(int(i) for i in self.tokenizer.eos_token_ids),
             cancel_interval=settings.decode_cancel_poll_tokens,
             prefill_iterations=prefill.iterations,
+            top_logprobs=request.top_logprobs,
+            token_mask=self._token_mask(request),
         )
         decoded = run_decode(run, spec, self.tokenizer)
         if not self.shard.outbox.is_empty():
@@ -174,6 +207,12 @@ def check_request(request: GenerationRequest, context_length: int | None) -> Non
         raise RequestError(
             f"prompt has {len(request.prompt_token_ids)} tokens but the model's context is {context_length}"
         )
+
+
+def _tool_parser_name(tokenizer: Any) -> str | None:
+    """mlx-lm's tool-call parser of this tokenizer, by module name (None: its template has no tools)."""
+    parser = getattr(tokenizer, "tool_parser", None)
+    return None if parser is None else parser.__module__.rsplit(".", 1)[-1]
 
 
 def _raise_callback_errors(run: TaskRun) -> None:

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+from events.logprobs import TokenLogprob
 from events.vocabulary import Phase, PrefillPath
 
 
@@ -23,8 +24,11 @@ class RunnerSink(Protocol):
 
     def prefill_progress(self, task_id: str, processed: int, total: int, iteration: int) -> None: ...
 
-    def tokens(self, task_id: str, index: int, text: str, token_ids: list[int]) -> None:
-        """Sampling rank only; `index` is the position of token_ids[0] in the completion."""
+    def tokens(
+        self, task_id: str, index: int, text: str, token_ids: list[int], logprobs: list[TokenLogprob] | None = None
+    ) -> None:
+        """Sampling rank only; `index` is the position of token_ids[0] in the completion; `logprobs`
+        one per token id, when the request asked for them."""
         ...
 
 
@@ -40,7 +44,9 @@ class NullSink:
     def prefill_progress(self, task_id: str, processed: int, total: int, iteration: int) -> None:
         pass
 
-    def tokens(self, task_id: str, index: int, text: str, token_ids: list[int]) -> None:
+    def tokens(
+        self, task_id: str, index: int, text: str, token_ids: list[int], logprobs: list[TokenLogprob] | None = None
+    ) -> None:
         pass
 
 

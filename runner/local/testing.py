@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from events.logprobs import TokenLogprob
+
 
 @dataclass(slots=True)
 class BrokenCancel:
@@ -36,6 +38,7 @@ class RecordingSink:
     started: list[dict[str, object]] = field(default_factory=list)
     progress: list[tuple[int, int, int]] = field(default_factory=list)
     chunks: list[tuple[int, str, list[int]]] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # of every chunk's tokens, in order
     fail_on_tokens: bool = False  # tests: a sink whose publisher broke mid-task
 
     def prefill_started(self, task_id: str, path: str, prompt_tokens: int, chunks: int, step: int) -> None:
@@ -44,10 +47,13 @@ class RecordingSink:
     def prefill_progress(self, task_id: str, processed: int, total: int, iteration: int) -> None:
         self.progress.append((processed, total, iteration))
 
-    def tokens(self, task_id: str, index: int, text: str, token_ids: list[int]) -> None:
+    def tokens(
+        self, task_id: str, index: int, text: str, token_ids: list[int], logprobs: list[TokenLogprob] | None = None
+    ) -> None:
         if self.fail_on_tokens:
             raise ConnectionError("publisher closed")
         self.chunks.append((index, text, list(token_ids)))
+        self.logprobs.extend(logprobs or [])
 
 
 def mlx_reference(shard: Any, task: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import cast
 
 # Bump when the generated files change, so cached copies under the data dir are rebuilt.
-TINY_FORMAT_VERSION = 2
+TINY_FORMAT_VERSION = 3  # 3: the chat template renders tools
 
 # mlx's default init makes a random llama collapse onto one repeated token whatever the prompt;
 # a larger spread in the projections makes the output depend on the context, so "same tokens

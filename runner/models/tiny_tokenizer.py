@@ -14,9 +14,19 @@ from pathlib import Path
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 EOS_TOKEN = "<|im_end|>"
+# Tools as Hermes/Qwen 2.5 templates render them: mlx-lm reads this template's `<tool_call>` and
+# `tool_call.name` as its `json_tools` format, `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+# (runner/models/grammar.py forces the same format). Without tools a prompt renders as before.
 CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nYou may call these functions:\n<tools>\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n"
+    'Call one as <tool_call>{"name": <name>, "arguments": <arguments>}</tool_call><|im_end|>\n'
+    "{% endif %}"
     "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] or '' }}"
+    "{% for call in message['tool_calls'] or [] %}{% set tool_call = call['function'] %}"
+    '<tool_call>{"name": {{ tool_call.name | tojson }}, "arguments": {{ tool_call.arguments | tojson }}}</tool_call>'
+    "{% endfor %}<|im_end|>\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )

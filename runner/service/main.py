@@ -83,6 +83,9 @@ def make_request_factory() -> Any:
             top_p=p.top_p,
             seed=p.seed,
             stop=list(p.stop),
+            top_logprobs=p.logprobs,
+            constraint=p.constraint,
+            tools=list(p.tools),
         )
 
     return make

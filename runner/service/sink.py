@@ -12,6 +12,7 @@ from events.catalogue import (
     TelemetryEvent,
 )
 from events.ids import TaskId
+from events.logprobs import TokenLogprob
 from events.stamp import Stamper
 from events.vocabulary import PrefillPath
 
@@ -54,9 +55,16 @@ class LogSink:
             )
         )
 
-    def tokens(self, task_id: str, index: int, text: str, token_ids: list[int]) -> None:
+    def tokens(
+        self, task_id: str, index: int, text: str, token_ids: list[int], logprobs: list[TokenLogprob] | None = None
+    ) -> None:
         self._publisher.publish(
             ChunkGenerated(
-                env=self._stamper.stamp(), task_id=TaskId(task_id), index=index, text=text, token_ids=token_ids
+                env=self._stamper.stamp(),
+                task_id=TaskId(task_id),
+                index=index,
+                text=text,
+                token_ids=token_ids,
+                logprobs=logprobs,
             )
         )

@@ -19,7 +19,6 @@ from typing import Any, Protocol
 from loguru import logger
 
 from events.catalogue import (
-    ChatMessage,
     LogEvent,
     RunnerStatusChanged,
     TaskCompleted,
@@ -34,7 +33,7 @@ from events.subjects import task_subject
 from events.vocabulary import FinishReason, RunnerStatus
 from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
 from runner.errors import RequestError
-from runner.models.chat import encode_chat
+from runner.models.chat import encode_task_prompt
 from runner.service.bridge import Assignment
 
 
@@ -113,7 +112,7 @@ class TaskServer:
                 TaskFailed(env=self.stamper.stamp(), task_id=task_id, error="TaskCreated not found in the log")
             )
             return
-        prompt = encode_chat(self.engine.tokenizer, [_as_dict(m) for m in created.messages])
+        prompt = encode_task_prompt(self.engine.tokenizer, created.messages, created.params.tools, created.prompt)
         request = self.make_request(task_id, prompt, created)
         if not self.engine.agree_start(task_id, self.cancel, self.phases):
             self._terminal(TaskCompleted(env=self.stamper.stamp(), task_id=task_id, finish_reason="cancelled"))
@@ -152,7 +151,3 @@ class TaskServer:
         if self.is_sampling_rank:
             logger.info("task {} ended: {}", event.task_id, type(event).__name__)
             self.inbox.publish(event)
-
-
-def _as_dict(message: ChatMessage) -> dict[str, str]:
-    return {"role": message.role, "content": message.content}

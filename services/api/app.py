@@ -18,7 +18,7 @@ from starlette.routing import Route
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from eventlog.publish import LogError
-from services.api import chat, routes
+from services.api import chat, completions, routes
 from services.api.auth import ApiAccess, Caller, Need, Refusal, admit
 from services.api.browser import BrowserGuard, BrowserRules
 from services.api.context import ApiContext
@@ -64,6 +64,7 @@ def build_app(ctx: ApiContext) -> Starlette:
     # and diagnoses, and links to the admin-only timeline.
     route_table = [
         Route("/v1/chat/completions", bind("chat", chat.chat_completions, "key"), methods=["POST"]),
+        Route("/v1/completions", bind("completions", completions.completions, "key"), methods=["POST"]),
         Route("/v1/models", bind("models", routes.list_models, "key"), methods=["GET"]),
         Route("/v1/tasks/{task_id}", bind("task", routes.get_task, "key"), methods=["GET"]),
         Route("/v1/tasks/{task_id}/cancel", bind("cancel", routes.cancel_task, "key"), methods=["POST"]),

@@ -8,15 +8,21 @@ from typing import Any
 
 import msgspec
 
-from events.catalogue import Usage
+from events.catalogue import ToolCall, Usage
+from events.logprobs import TokenLogprob
 from events.vocabulary import FinishReason
 from services.api.responses import (
     AssistantMessage,
+    CalledFunction,
     ChatCompletion,
+    ChatTokenLogprob,
     Choice,
+    ChoiceLogprobs,
     CompletionUsage,
     OpenAIFinishReason,
+    ResponseToolCall,
     ShoalUsage,
+    TopLogprob,
 )
 
 
@@ -28,9 +34,18 @@ def sse(payload: dict[str, Any] | str) -> bytes:
 DONE = sse("[DONE]")
 
 
-def openai_finish(finish_reason: FinishReason) -> OpenAIFinishReason:
-    """OpenAI has no `cancelled`; a cancelled task ends as `stop` (shoal_finish_reason says why)."""
+def openai_finish(finish_reason: FinishReason, called: bool = False) -> OpenAIFinishReason:
+    """OpenAI has no `cancelled`; a cancelled task ends as `stop` (shoal_finish_reason says why).
+    A completion that stopped after calling tools ends as `tool_calls`."""
+    if finish_reason == "stop" and called:
+        return "tool_calls"
     return "stop" if finish_reason == "cancelled" else finish_reason
+
+
+def response_tool_call(call: ToolCall) -> ResponseToolCall:
+    return ResponseToolCall(
+        id=call.id, type="function", function=CalledFunction(name=call.name, arguments=call.arguments)
+    )
 
 
 def completion_usage(usage: Usage) -> CompletionUsage:
@@ -39,6 +54,23 @@ def completion_usage(usage: Usage) -> CompletionUsage:
         completion_tokens=usage.completion_tokens,
         total_tokens=usage.prompt_tokens + usage.completion_tokens,
         shoal=ShoalUsage(ttft_ms=usage.ttft_ms, prefill_tps=usage.prefill_tps, decode_tps=usage.decode_tps),
+    )
+
+
+def chat_logprobs(logprobs: list[TokenLogprob]) -> ChoiceLogprobs:
+    """OpenAI's `choices[i].logprobs` of a chat completion (or of one streamed chunk)."""
+    return ChoiceLogprobs(
+        content=[
+            ChatTokenLogprob(
+                token=lp.token,
+                logprob=lp.logprob,
+                bytes=list(lp.token.encode()),
+                top_logprobs=[
+                    TopLogprob(token=t.token, logprob=t.logprob, bytes=list(t.token.encode())) for t in lp.top
+                ],
+            )
+            for lp in logprobs
+        ]
     )
 
 
@@ -63,18 +95,26 @@ class ChunkMaker:
     def role(self) -> bytes:
         return sse(self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]))
 
-    def content(self, text: str) -> bytes:
-        return sse(self._chunk([{"index": 0, "delta": {"content": text}, "finish_reason": None}]))
+    def content(self, text: str, logprobs: list[TokenLogprob] | None = None) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+        if logprobs is not None:
+            choice["logprobs"] = msgspec.to_builtins(chat_logprobs(logprobs))
+        return sse(self._chunk([choice]))
 
     def progress(self, processed: int, total: int, time_ms: float) -> bytes:
         """Prefill progress shaped like llama.cpp's `prompt_progress` (no choices)."""
         progress = {"total": total, "cache": 0, "processed": processed, "time_ms": round(time_ms, 1)}
         return sse(self._chunk([], prompt_progress=progress))
 
-    def finish(self, finish_reason: FinishReason) -> bytes:
+    def tool_call(self, index: int, call: ToolCall) -> bytes:
+        """One whole call as one delta (the `openai` client assembles deltas by `index`)."""
+        delta = {"tool_calls": [{"index": index, **msgspec.to_builtins(response_tool_call(call))}]}
+        return sse(self._chunk([{"index": 0, "delta": delta, "finish_reason": None}]))
+
+    def finish(self, finish_reason: FinishReason, called: bool = False) -> bytes:
         return sse(
             self._chunk(
-                [{"index": 0, "delta": {}, "finish_reason": openai_finish(finish_reason)}],
+                [{"index": 0, "delta": {}, "finish_reason": openai_finish(finish_reason, called)}],
                 shoal_finish_reason=finish_reason,
             )
         )
@@ -83,7 +123,17 @@ class ChunkMaker:
         return sse(self._chunk([], usage=msgspec.to_builtins(completion_usage(usage))))
 
 
-def completion(completion_id: str, model: str, text: str, finish_reason: FinishReason, usage: Usage) -> ChatCompletion:
+def completion(
+    completion_id: str,
+    model: str,
+    text: str,
+    finish_reason: FinishReason,
+    usage: Usage,
+    logprobs: list[TokenLogprob] | None = None,
+    tool_calls: list[ToolCall] | None = None,
+) -> ChatCompletion:
+    """A whole completion; with tool calls, `content` is None unless the model also wrote text.
+    `logprobs` are of every generated token, the tool calls' text included."""
     return ChatCompletion(
         id=completion_id,
         object="chat.completion",
@@ -92,8 +142,13 @@ def completion(completion_id: str, model: str, text: str, finish_reason: FinishR
         choices=[
             Choice(
                 index=0,
-                message=AssistantMessage(role="assistant", content=text),
-                finish_reason=openai_finish(finish_reason),
+                message=AssistantMessage(
+                    role="assistant",
+                    content=text if text.strip() or not tool_calls else None,
+                    tool_calls=[response_tool_call(c) for c in tool_calls] if tool_calls else None,
+                ),
+                finish_reason=openai_finish(finish_reason, bool(tool_calls)),
+                logprobs=None if logprobs is None else chat_logprobs(logprobs),
             )
         ],
         usage=completion_usage(usage),

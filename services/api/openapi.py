@@ -9,15 +9,25 @@ from typing import Any
 import msgspec
 
 from events.state import TaskInfo
-from services.api.responses import CancelAccepted, ChatCompletion, ErrorResponse, Health, ModelList
-from services.api.schemas import ChatCompletionRequest
+from services.api.responses import CancelAccepted, ChatCompletion, ErrorResponse, Health, ModelList, TextCompletion
+from services.api.schemas import ChatCompletionRequest, CompletionRequest
 
-_TYPES = (ChatCompletionRequest, ChatCompletion, ErrorResponse, ModelList, TaskInfo, CancelAccepted, Health)
+_TYPES = (
+    ChatCompletionRequest,
+    ChatCompletion,
+    ErrorResponse,
+    ModelList,
+    TaskInfo,
+    CancelAccepted,
+    Health,
+    CompletionRequest,
+    TextCompletion,
+)
 
 
 def openapi_document() -> dict[str, Any]:
     refs, components = msgspec.json.schema_components(_TYPES, ref_template="#/components/schemas/{name}")
-    request, chat_completion, error_schema, model_list, task, cancel, health = refs
+    request, chat_completion, error_schema, model_list, task, cancel, health, text_request, text_completion = refs
 
     def json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
         return {"description": description, "content": {"application/json": {"schema": schema}}}
@@ -28,11 +38,15 @@ def openapi_document() -> dict[str, Any]:
     def errors(*statuses: int) -> dict[str, Any]:
         return {str(status): json("error", error_schema) for status in statuses}
 
+    def streamed(schema: dict[str, Any], chunk: str) -> dict[str, Any]:
+        response = json(f"completion (with stream=true: text/event-stream of {chunk}); header x-shoal-task-id", schema)
+        # each server-sent event's `data` is a JSON chunk, then the literal [DONE]; `: keepalive`
+        # comment lines may come before the first token
+        event = {"type": "object", "properties": {"data": {"type": "string"}}, "required": ["data"]}
+        response["content"]["text/event-stream"] = {"schema": event}
+        return response
+
     task_param = [{"name": "task_id", "in": "path", "required": True, "schema": {"type": "string"}}]
-    completion = json("completion (with stream=true: text/event-stream); header x-shoal-task-id", chat_completion)
-    # each server-sent event's `data` is a JSON chat.completion.chunk, then the literal [DONE]
-    event = {"type": "object", "properties": {"data": {"type": "string"}}, "required": ["data"]}
-    completion["content"]["text/event-stream"] = {"schema": event}
     return {
         "openapi": "3.1.0",
         "info": {"title": "shoal", "version": "0.1.0", "description": "OpenAI-compatible API of a shoal cluster"},
@@ -42,7 +56,20 @@ def openapi_document() -> dict[str, Any]:
                     "summary": "Create a chat completion",
                     "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
                     # 500: the task failed on its runner (type task_failed); 503: no worker, or the log is full
-                    "responses": {"200": completion, **errors(400, 404, 413, 500, 503)},
+                    "responses": {
+                        "200": streamed(chat_completion, "chat.completion.chunk"),
+                        **errors(400, 404, 413, 500, 503),
+                    },
+                }
+            },
+            "/v1/completions": {
+                "post": {
+                    "summary": "Create a text completion (one prompt: text or token ids, no chat template)",
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": text_request}}},
+                    "responses": {
+                        "200": streamed(text_completion, "text_completion"),
+                        **errors(400, 404, 413, 500, 503),
+                    },
                 }
             },
             "/v1/models": {"get": {"summary": "List models", "responses": {"200": json("models", model_list)}}},

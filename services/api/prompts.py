@@ -17,9 +17,10 @@ from typing import Any
 from jinja2.exceptions import TemplateError
 from loguru import logger
 
-from events.catalogue import ChatMessage
+from events.catalogue import ChatMessage, RawPrompt
+from events.constraints import ToolFunction
 from runner.errors import ModelDirError
-from runner.models.chat import encode_chat
+from runner.models.chat import encode_task_prompt
 from runner.models.model_info import read_model_info
 from services.api.schemas import RequestProblem
 
@@ -46,12 +47,22 @@ def load_prompt_model(model_dir: Path) -> PromptModel | None:
     return PromptModel(tokenizer=tokenizer, context_length=info.context_length)
 
 
-def prompt_tokens(model: PromptModel | None, messages: Sequence[ChatMessage]) -> int:
-    """The prompt's size in tokens as the runner will see it: the messages in the chat template."""
+def prompt_tokens(
+    model: PromptModel | None,
+    messages: Sequence[ChatMessage],
+    tools: Sequence[ToolFunction],
+    raw_prompt: RawPrompt | None,
+) -> int:
+    """The prompt's size in tokens as the runner will see it: the raw prompt as it is, or the
+    messages and tools in the chat template."""
+    if isinstance(raw_prompt, list):
+        _check_token_ids(model, raw_prompt)
+        return len(raw_prompt)
     if model is None:
-        return sum(len(m.content) // CHARS_PER_TOKEN + 1 for m in messages)
+        texts = [raw_prompt] if raw_prompt is not None else [m.content for m in messages]
+        return sum(len(text) // CHARS_PER_TOKEN + 1 for text in texts)
     try:
-        ids = encode_chat(model.tokenizer, [{"role": m.role, "content": m.content} for m in messages])
+        ids = encode_task_prompt(model.tokenizer, messages, tools, raw_prompt)
     except TemplateError as exc:
         raise RequestProblem(
             400,
@@ -62,6 +73,15 @@ def prompt_tokens(model: PromptModel | None, messages: Sequence[ChatMessage]) ->
     return len(ids)
 
 
+def _check_token_ids(model: PromptModel | None, ids: list[int]) -> None:
+    """Token ids the model has no embedding for are refused here, not met by a runner."""
+    vocabulary = len(model.tokenizer) if model is not None else None
+    if vocabulary is not None and any(i >= vocabulary for i in ids):
+        raise RequestProblem(
+            400, f"the prompt has token ids outside the model's vocabulary of {vocabulary}", param="prompt"
+        )
+
+
 def stop_tokens(model: PromptModel | None, stop: Sequence[str]) -> int:
     """The stop strings' size: the sampling rank holds and matches them, so they count against the
     prompt limit as the prompt does."""
@@ -70,12 +90,12 @@ def stop_tokens(model: PromptModel | None, stop: Sequence[str]) -> int:
     return sum(len(model.tokenizer.encode(s, add_special_tokens=False)) for s in stop)
 
 
-def check_context(model: PromptModel | None, tokens: int) -> None:
+def check_context(model: PromptModel | None, tokens: int, param: str) -> None:
     """The runner refuses a prompt longer than the model's context; say so before it gets there."""
     if model is not None and model.context_length is not None and tokens > model.context_length:
         raise RequestProblem(
             400,
             f"the prompt has {tokens} tokens but the model's context is {model.context_length}: shorten it",
-            param="messages",
+            param=param,
             code="context_length_exceeded",
         )

@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from events.vocabulary import FinishReason
 
-OpenAIFinishReason = Literal["stop", "length"]
+OpenAIFinishReason = Literal["stop", "length", "tool_calls"]
 ErrorKind = Literal["invalid_request_error", "server_error", "task_failed"]
 
 
@@ -27,15 +27,45 @@ class ErrorResponse(msgspec.Struct, frozen=True, kw_only=True):
     error: ErrorDetail
 
 
+class CalledFunction(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    arguments: str  # JSON text
+
+
+class ResponseToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True):
     role: Literal["assistant"]
-    content: str
+    content: str | None  # None when the turn is only tool calls
+    tool_calls: list[ResponseToolCall] | None = None
+
+
+class TopLogprob(msgspec.Struct, frozen=True, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None  # the token's UTF-8 bytes (as the tokenizer decodes it alone)
+
+
+class ChatTokenLogprob(msgspec.Struct, frozen=True, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(msgspec.Struct, frozen=True, kw_only=True):
+    content: list[ChatTokenLogprob] | None
 
 
 class Choice(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     message: AssistantMessage
     finish_reason: OpenAIFinishReason
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ShoalUsage(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,6 +108,32 @@ class DownloadCard(msgspec.Struct, frozen=True, kw_only=True):
     node_id: str
     bytes_done: int
     bytes_total: int  # 0 = not known yet
+
+
+class CompletionLogprobs(msgspec.Struct, frozen=True, kw_only=True):
+    """The legacy completions' logprobs: parallel lists, one entry per generated token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]  # where each token starts in the choice's text (echoed prompt included)
+
+
+class CompletionChoice(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: OpenAIFinishReason
+
+
+class TextCompletion(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage
+    shoal_finish_reason: FinishReason
 
 
 class ModelCard(msgspec.Struct, frozen=True, kw_only=True):

@@ -11,11 +11,20 @@ it asked for.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
 from events.catalogue import DEFAULT_MAX_TOKENS, ChatMessage, TaskParams
+from services.api.tools import (
+    RequestToolCall,
+    ResponseFormat,
+    Tool,
+    ToolChoice,
+    ToolProblem,
+    task_tool_calls,
+    task_tools_and_constraint,
+)
 
 MAX_STOP_STRINGS = 4  # OpenAI's own bound
 MAX_STOP_BYTES = 1024  # all stop strings together: the sampling rank matches them on every token
@@ -27,13 +36,8 @@ SEED_MAX = 2**63 - 1  # OpenAI's seed is an int64; the runner's RNG (mlx.random.
 # one moves it from here into `ChatCompletionRequest`.
 UNSUPPORTED_PARAMS: Mapping[str, tuple[object, ...]] = {
     "n": (1,),
-    "tools": ([],),
-    "tool_choice": ("none",),
     "functions": ([],),
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
-    "logprobs": (False,),
-    "top_logprobs": (0,),
     "logit_bias": ({},),
     "frequency_penalty": (0, 0.0),
     "presence_penalty": (0, 0.0),
@@ -44,6 +48,19 @@ UNSUPPORTED_PARAMS: Mapping[str, tuple[object, ...]] = {
     "web_search_options": (),
     "store": (False,),
 }
+
+# The same for `/v1/completions`: its own legacy parameters, and the chat ones it shares.
+UNSUPPORTED_COMPLETION_PARAMS: Mapping[str, tuple[object, ...]] = {
+    "n": (1,),
+    "best_of": (1,),
+    "suffix": ("",),
+    "logit_bias": ({},),
+    "frequency_penalty": (0, 0.0),
+    "presence_penalty": (0, 0.0),
+}
+
+MAX_TOP_LOGPROBS = 20  # chat's bound in OpenAI's API
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' bound
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 StopString = Annotated[str, msgspec.Meta(min_length=1)]
@@ -56,12 +73,14 @@ class TextPart(msgspec.Struct, frozen=True, kw_only=True):
 
 class RequestMessage(msgspec.Struct, frozen=True, kw_only=True):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None  # None only beside an assistant's tool_calls
     name: str | None = None
+    tool_calls: list[RequestToolCall] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool result: the call it answers
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
         return "".join(part.text for part in self.content)
 
 
@@ -70,23 +89,22 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
     include_progress: bool = False
 
 
-class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
+class SamplingRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What chat and text completion requests share: the model, sampling, stops and streaming."""
+
     model: str
-    messages: Annotated[list[RequestMessage], msgspec.Meta(min_length=1)]
     max_tokens: PositiveInt | None = None
-    max_completion_tokens: PositiveInt | None = None
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.0
     top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 1.0
     seed: Annotated[int, msgspec.Meta(ge=0, le=SEED_MAX)] | None = None
     stop: StopString | Annotated[list[StopString], msgspec.Meta(max_length=MAX_STOP_STRINGS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    shoal_progress: bool = False
     user: str | None = None
 
     @property
     def wants_progress(self) -> bool:
-        return self.shoal_progress or (self.stream_options is not None and self.stream_options.include_progress)
+        return self.stream_options is not None and self.stream_options.include_progress
 
     @property
     def wants_usage(self) -> bool:
@@ -95,6 +113,48 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class ChatCompletionRequest(SamplingRequest, frozen=True, kw_only=True):
+    messages: Annotated[list[RequestMessage], msgspec.Meta(min_length=1)]
+    max_completion_tokens: PositiveInt | None = None
+    shoal_progress: bool = False
+    logprobs: bool = False
+    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None  # none given: "auto" with tools, "none" without
+    response_format: ResponseFormat | None = None
+
+    @property
+    def wants_progress(self) -> bool:
+        return self.shoal_progress or super().wants_progress
+
+
+TokenId = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class CompletionRequest(SamplingRequest, frozen=True, kw_only=True):
+    """`/v1/completions`: one prompt, as text or token ids. OpenAI's list of several prompts decodes
+    (so the 400 can say why) and is refused in `single_prompt`."""
+
+    prompt: str | Annotated[list[TokenId | str | list[TokenId]], msgspec.Meta(min_length=1)]
+    echo: bool = False
+    logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt: text, or token ids (a list of ints, or a list holding one prompt)."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return prompt
+        if all(isinstance(item, int) for item in prompt):
+            return [item for item in prompt if isinstance(item, int)]
+        if len(prompt) == 1 and not isinstance(prompt[0], int):
+            return prompt[0]
+        raise RequestProblem(
+            400,
+            "shoal takes one prompt per request: send a string or a list of token ids, one request per prompt",
+            param="prompt",
+        )
 
 
 class RequestProblem(Exception):
@@ -108,14 +168,25 @@ class RequestProblem(Exception):
         self.code = code
 
 
+R = TypeVar("R")
+
 _decoder = msgspec.json.Decoder(ChatCompletionRequest)
+_completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _fields_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
 def decode_chat_request(body: bytes) -> ChatCompletionRequest:
+    return _decode(body, _decoder, UNSUPPORTED_PARAMS)
+
+
+def decode_completion_request(body: bytes) -> CompletionRequest:
+    return _decode(body, _completion_decoder, UNSUPPORTED_COMPLETION_PARAMS)
+
+
+def _decode(body: bytes, decoder: msgspec.json.Decoder[R], unsupported: Mapping[str, tuple[object, ...]]) -> R:
     try:
-        request = _decoder.decode(body)
-        _refuse_unsupported(_fields_decoder.decode(body))
+        request = decoder.decode(body)
+        _refuse_unsupported(_fields_decoder.decode(body), unsupported)
     except msgspec.ValidationError as exc:
         raise RequestProblem(400, f"invalid request body: {exc}", param=_field_of(exc)) from exc
     except msgspec.DecodeError as exc:
@@ -131,8 +202,8 @@ def _field_of(exc: msgspec.ValidationError) -> str | None:
     return path.strip("`").removeprefix("$.") if at else None
 
 
-def _refuse_unsupported(fields: dict[str, msgspec.Raw]) -> None:
-    for name, harmless in UNSUPPORTED_PARAMS.items():
+def _refuse_unsupported(fields: dict[str, msgspec.Raw], unsupported: Mapping[str, tuple[object, ...]]) -> None:
+    for name, harmless in unsupported.items():
         if name not in fields:
             continue
         value = msgspec.json.decode(fields[name])
@@ -148,13 +219,49 @@ def _refuse_unsupported(fields: dict[str, msgspec.Raw]) -> None:
 
 
 def to_task(request: ChatCompletionRequest, *, max_tokens_limit: int) -> tuple[list[ChatMessage], TaskParams]:
-    """Messages and params for `TaskCreated`, after checking the values a model cannot fix.
+    """Messages and params for `TaskCreated`, after checking the values a model cannot fix."""
+    if request.top_logprobs is not None and not request.logprobs:
+        raise RequestProblem(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+    asked = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+    logprobs = (request.top_logprobs or 0) if request.logprobs else None
+    params = _task_params(request, asked, max_tokens_limit=max_tokens_limit, logprobs=logprobs)
+    try:
+        messages = [_task_message(m, f"messages[{i}].tool_calls") for i, m in enumerate(request.messages)]
+        tools, constraint = task_tools_and_constraint(request.tools or [], request.tool_choice, request.response_format)
+    except ToolProblem as problem:
+        raise RequestProblem(400, str(problem), param=problem.param) from problem
+    return messages, msgspec.structs.replace(params, tools=tools, constraint=constraint)
+
+
+def _task_message(message: RequestMessage, where: str) -> ChatMessage:
+    return ChatMessage(
+        role=message.role,
+        content=message.text(),
+        tool_calls=task_tool_calls(message.tool_calls or [], where),
+        tool_call_id=message.tool_call_id,
+    )
+
+
+def completion_params(request: CompletionRequest, *, max_tokens_limit: int) -> TaskParams:
+    if request.echo and request.logprobs is not None:
+        raise RequestProblem(
+            400,
+            "shoal does not compute the prompt's logprobs: send echo or logprobs, not both",
+            param="echo",
+            code="unsupported_parameter",
+        )
+    return _task_params(request, request.max_tokens, max_tokens_limit=max_tokens_limit, logprobs=request.logprobs)
+
+
+def _task_params(
+    request: SamplingRequest, asked_max_tokens: int | None, *, max_tokens_limit: int, logprobs: int | None
+) -> TaskParams:
+    """`TaskParams` after the checks both routes share.
 
     A request that does not say `max_tokens` gets `DEFAULT_MAX_TOKENS`, or the server's limit when
     that is lower: the limit bounds what a client asks for, so it cannot refuse a request that asked
     for nothing."""
-    asked = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
-    max_tokens = asked if asked is not None else min(DEFAULT_MAX_TOKENS, max_tokens_limit)
+    max_tokens = asked_max_tokens if asked_max_tokens is not None else min(DEFAULT_MAX_TOKENS, max_tokens_limit)
     if max_tokens > max_tokens_limit:
         raise RequestProblem(
             400, f"max_tokens={max_tokens} exceeds this server's limit of {max_tokens_limit}", param="max_tokens"
@@ -165,13 +272,12 @@ def to_task(request: ChatCompletionRequest, *, max_tokens_limit: int) -> tuple[l
         raise RequestProblem(
             400, f"stop strings take {stop_bytes} bytes together, over the limit of {MAX_STOP_BYTES}", param="stop"
         )
-    messages = [ChatMessage(role=m.role, content=m.text()) for m in request.messages]
-    params = TaskParams(
+    return TaskParams(
         max_tokens=max_tokens,
         temperature=request.temperature,
         top_p=request.top_p,
         seed=request.seed,
         stop=stop,
         stream_progress=request.wants_progress,
+        logprobs=logprobs,
     )
-    return messages, params

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from bench.cluster import long_prompt, shoal_argv
+from bench.cluster import Cluster, long_prompt, shoal_argv
 
 __all__ = ["long_prompt", "one_rank_text", "task_state", "wait_task_ended"]
 
@@ -38,3 +40,12 @@ def wait_task_ended(http: httpx.Client, task_id: str, timeout: float = 30.0) -> 
             return state
         time.sleep(0.1)
     raise TimeoutError(f"task {task_id} did not end within {timeout}s: {task_state(http, task_id)}")
+
+
+def serve_cluster(root: Path, workers: int) -> Iterator[Cluster]:
+    """A ready cluster for a module fixture to `yield from`; stopped when the module is done."""
+    running = Cluster(root, workers=workers)
+    try:
+        yield running.wait_ready()
+    finally:
+        running.stop()

@@ -1,0 +1,274 @@
+"""What every task route shares: admitting a task, running it for one request, streaming it.
+
+A route reads its body (`read_body`), builds a `TaskCreated` that passed `admit`, and runs it
+through `run_task`, which owns everything the task needs while it runs: the listener (entered
+before publishing), the consumer of its events, and a watch for the client's `http.disconnect`,
+in one task group. A streamed response runs it inside the response itself (`TaskStream`), so
+nothing outlives the request. A client that goes away cancels its task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+import anyio
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from eventlog.publish import LogError
+from events.catalogue import (
+    ChatMessage,
+    ChunkGenerated,
+    LogEvent,
+    RawPrompt,
+    TaskCompleted,
+    TaskCreated,
+    TaskFailed,
+    TaskParams,
+)
+from events.ids import KeyId, new_task_id
+from events.logprobs import TokenLogprob
+from services.api.context import ApiContext
+from services.api.errors import error_for, error_response, log_refused
+from services.api.hub import TaskEvents
+from services.api.prompts import check_context, prompt_tokens, stop_tokens
+from services.api.responses import json_response
+from services.api.schemas import RequestProblem
+
+T = TypeVar("T")
+KEEPALIVE = b": keepalive\n\n"  # an SSE comment: clients skip it, proxies see a live connection
+
+
+def check_model(ctx: ApiContext, model_name: str) -> None:
+    known = ctx.known_models()
+    if model_name not in known:
+        raise RequestProblem(
+            404,
+            f"model {model_name!r} does not exist; known models: {', '.join(known)}",
+            param="model",
+            code="model_not_found",
+        )
+
+
+async def admit(
+    ctx: ApiContext,
+    model_name: str,
+    params: TaskParams,
+    owner: KeyId,
+    *,
+    messages: list[ChatMessage],
+    raw_prompt: RawPrompt | None = None,
+) -> TaskCreated:
+    """The task of a request that passed every check a runner would otherwise fail it on (the
+    model's name is checked first, by `check_model`, before the request's values)."""
+    config = ctx.resolved.config
+    param = "messages" if raw_prompt is None else "prompt"
+    model = await ctx.prompt_model(model_name)
+    size = await anyio.to_thread.run_sync(
+        prompt_tokens, model, messages, params.tools, raw_prompt
+    )  # long prompts take a while
+    check_context(model, size, param)
+    size += stop_tokens(model, params.stop)
+    if size > config.max_prompt_tokens:
+        raise RequestProblem(
+            413,
+            f"prompt and stop strings have about {size} tokens, over this server's limit of {config.max_prompt_tokens}",
+            param=param,
+        )
+    if not any(n.status == "up" for n in ctx.hub.state.nodes.values()):
+        raise RequestProblem(
+            503,
+            "no worker node has joined the cluster: start one with `shoal worker` (or use `shoal up`)",
+            code="no_workers",
+        )
+    return TaskCreated(
+        env=ctx.stamper.stamp(),
+        task_id=new_task_id(),
+        model=model_name,
+        messages=messages,
+        params=params,
+        owner=owner,
+        prompt=raw_prompt,
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestProblem(413, f"request body of {declared} bytes is over the limit of {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestProblem(413, f"request body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def run_task(
+    ctx: ApiContext, task: TaskCreated, receive: Receive, consume: Callable[[TaskEvents], Awaitable[T]]
+) -> T | None:
+    """Publish `task` and hand its events to `consume`: what it returns, or None if the client went
+    away first. A task not followed to its end is cancelled: nobody is waiting for it any more."""
+    outcome: T | None = None
+    with ctx.hub.listen(task.task_id) as events:  # before publishing: no event of the task can be missed
+        try:
+            await ctx.publish(task)
+        except LogError as exc:
+            raise log_refused(exc) from exc
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(_stop_on_disconnect, receive, group.cancel_scope)
+                outcome = await consume(events)
+                group.cancel_scope.cancel()
+        finally:
+            if outcome is None:
+                with anyio.CancelScope(shield=True):  # the client is gone; its cancel must still be published
+                    await ctx.cancel(task.task_id, "client_disconnect")
+    return outcome
+
+
+async def _stop_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+    """Wait for the ASGI server to say the client went away, then stop the request's work."""
+    while (await receive())["type"] != "http.disconnect":
+        pass  # request body after its end is no one's to read
+    scope.cancel()
+
+
+async def respond(
+    ctx: ApiContext,
+    task: TaskCreated,
+    request: Request,
+    *,
+    shape: StreamShape | None,
+    wants_progress: bool,
+    answer: Callable[[Collected, TaskCompleted], msgspec.Struct],
+) -> Response:
+    """Run `task` for `request`: streamed in `shape` when there is one, else answered as JSON."""
+    headers = {"x-shoal-task-id": str(task.task_id)}
+    if shape is not None:
+        return TaskStream(ctx, task, shape, headers, keepalive_seconds(ctx, wants_progress))
+    return await run_to_end(ctx, task, request, headers, answer)
+
+
+async def run_to_end(
+    ctx: ApiContext,
+    task: TaskCreated,
+    request: Request,
+    headers: dict[str, str],
+    answer: Callable[[Collected, TaskCompleted], msgspec.Struct],
+) -> Response:
+    """The JSON response of a task not streamed: `answer`'s body once it completed, a 500 if it
+    failed, 499 (nobody reads it) if the client went away."""
+    outcome = await run_task(ctx, task, request.receive, collect)
+    if outcome is None:
+        return Response(status_code=499)
+    terminal = outcome.terminal
+    if isinstance(terminal, TaskFailed):
+        return error_response(500, terminal.error, kind="task_failed", code="task_failed", headers=headers)
+    return json_response(answer(outcome, terminal), headers=headers)
+
+
+@dataclass(frozen=True, slots=True)
+class Collected:
+    """A task followed to its end: its text, its tokens' logprobs (None unless asked), how it ended."""
+
+    text: str
+    logprobs: list[TokenLogprob] | None
+    terminal: TaskCompleted | TaskFailed
+
+
+async def collect(events: TaskEvents) -> Collected:
+    parts: list[str] = []
+    logprobs: list[TokenLogprob] | None = None
+    while True:
+        event = await events.next()
+        if isinstance(event, ChunkGenerated):
+            parts.append(event.text)
+            if event.logprobs is not None:
+                logprobs = [*(logprobs or []), *event.logprobs]
+        elif isinstance(event, TaskCompleted | TaskFailed):
+            return Collected("".join(parts), logprobs, event)
+
+
+class StreamShape(Protocol):
+    """How one route writes a task's events as server-sent events."""
+
+    def opening(self) -> list[bytes]: ...
+    def chunks(self, event: LogEvent) -> list[bytes]: ...
+
+
+class TaskStream(Response):
+    """An SSE response that publishes and follows its task while it streams.
+
+    Until the first token, `keepalive_seconds` without a byte sent sends an SSE comment, so a
+    proxy does not take a long prefill for a dead connection (None: never, as when progress is
+    streamed)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        ctx: ApiContext,
+        task: TaskCreated,
+        shape: StreamShape,
+        headers: dict[str, str],
+        keepalive_seconds: float | None,
+    ) -> None:
+        self.status_code = 200
+        self.background = None
+        self.init_headers(headers)
+        self._ctx = ctx
+        self._task = task
+        self._shape = shape
+        self._keepalive = keepalive_seconds
+        self._last_sent = 0.0  # anyio's clock when the client was last sent a byte
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def stream(events: TaskEvents) -> TaskCompleted | TaskFailed:
+            return await self._stream(events, send)
+
+        try:
+            await run_task(self._ctx, self._task, receive, stream)
+        except RequestProblem as problem:  # raised before the stream starts: the task was not taken
+            await error_for(problem)(scope, receive, send)
+
+    async def _stream(self, events: TaskEvents, send: Send) -> TaskCompleted | TaskFailed:
+        """Send the task's events as chunks until its terminal event, which ends the response."""
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        self._last_sent = anyio.current_time()
+        for chunk in self._shape.opening():
+            await self._send(send, chunk)
+        while True:
+            event = await self._next_event(events, send)
+            if isinstance(event, ChunkGenerated):
+                self._keepalive = None
+            for chunk in self._shape.chunks(event):
+                await self._send(send, chunk)
+            if isinstance(event, TaskCompleted | TaskFailed):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return event
+
+    async def _send(self, send: Send, chunk: bytes) -> None:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        self._last_sent = anyio.current_time()
+
+    async def _next_event(self, events: TaskEvents, send: Send) -> LogEvent:
+        """The task's next event, sending a keepalive comment whenever the client has been sent
+        nothing for the interval (events it is not shown, such as prefill progress, count as nothing)."""
+        while self._keepalive is not None:
+            with anyio.move_on_after(self._last_sent + self._keepalive - anyio.current_time()):
+                return await events.next()
+            await self._send(send, KEEPALIVE)
+        return await events.next()
+
+
+def keepalive_seconds(ctx: ApiContext, wants_progress: bool) -> float | None:
+    """The stream's keepalive interval: none when progress chunks already flow, or when set to 0."""
+    seconds = ctx.resolved.config.sse_keepalive_seconds
+    return None if wants_progress or seconds == 0 else seconds

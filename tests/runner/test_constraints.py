@@ -1,0 +1,87 @@
+"""Constrained decoding in one engine on the tiny random model: the grammar alone makes its noise
+valid JSON or a valid tool call, a cut answer says `length`, a refused schema is a request error,
+and logprobs under a grammar are of the masked distribution the sampler drew from."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+
+import jsonschema
+import pytest
+
+from events.constraints import JsonSchema, ToolCallRequired, ToolFunction
+from events.runner_settings import RunnerSettings
+from runner.engine.engine import Engine, GenerationOutcome, GenerationRequest
+from runner.engine.protocols import NeverCancelled, NullSink, PhaseTracker, RunnerSink
+from runner.errors import RequestError
+from runner.local.testing import RecordingSink
+from runner.models.chat import encode_chat
+from runner.models.shard import ShardPlacement, load_shard
+from runner.models.tiny import cached_tiny
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"word": {"enum": ["cat", "dog"]}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["word", "n"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    placement = ShardPlacement(rank=0, world=1, layer_ranges=((0, 8),))
+    yield Engine(None, load_shard(cached_tiny(), placement, None), RunnerSettings())
+
+
+def _generate(engine: Engine, max_tokens: int, sink: RunnerSink | None = None, **request: object) -> GenerationOutcome:
+    prompt = encode_chat(engine.tokenizer, [{"role": "user", "content": "hello"}])
+    asked = GenerationRequest(task_id="t", prompt_token_ids=prompt, max_tokens=max_tokens, **request)  # pyright: ignore[reportArgumentType]
+    return engine.generate(asked, NeverCancelled(), sink or NullSink(), PhaseTracker())
+
+
+def test_the_schema_holds_and_the_answer_ends_at_eos(engine: Engine) -> None:
+    free = _generate(engine, 24)
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(free.text)  # the model alone writes noise
+    held = _generate(engine, 64, constraint=JsonSchema(name="s", schema=json.dumps(SCHEMA)))
+    assert held.finish_reason == "stop"
+    jsonschema.validate(json.loads(held.text), SCHEMA)
+
+
+def test_a_cut_answer_says_length(engine: Engine) -> None:
+    cut = _generate(engine, 2, constraint=JsonSchema(name="s", schema=json.dumps(SCHEMA)))
+    assert cut.finish_reason == "length" and cut.text.startswith("{")
+
+
+def test_logprobs_under_a_grammar_are_of_the_masked_distribution(engine: Engine) -> None:
+    """What OpenAI reports for structured output: the alternatives are only tokens the grammar
+    allows (a refused one would be -inf), renormalized over them, so a token the grammar forces,
+    such as the opening brace, has logprob 0 whatever the model thought of it."""
+    sink = RecordingSink()
+    held = _generate(engine, 64, sink, constraint=JsonSchema(name="s", schema=json.dumps(SCHEMA)), top_logprobs=5)
+    assert [lp.token_id for lp in sink.logprobs] == held.token_ids
+    assert sink.logprobs[0].token == "{" and sink.logprobs[0].logprob == pytest.approx(0.0, abs=1e-4)
+    for lp in sink.logprobs:
+        tops = [t.logprob for t in lp.top]
+        assert 1 <= len(tops) <= 5 and all(v > -math.inf for v in [lp.logprob, *tops])
+        assert sum(math.exp(v) for v in tops) <= 1.0 + 1e-3
+    assert len(sink.logprobs[0].top) == 1  # the brace was the only token allowed
+
+
+def test_a_forced_call_names_a_tool_and_follows_its_schema(engine: Engine) -> None:
+    tool = ToolFunction(name="pick", parameters=json.dumps(SCHEMA))
+    call = _generate(engine, 96, constraint=ToolCallRequired(names=["pick"]), tools=[tool])
+    body = call.text.removeprefix("<tool_call>").removesuffix("</tool_call>")
+    assert call.finish_reason == "stop" and body != call.text
+    parsed = json.loads(body)
+    assert parsed["name"] == "pick"
+    jsonschema.validate(parsed["arguments"], SCHEMA)
+
+
+def test_a_schema_llguidance_refuses_is_a_request_error_on_every_rank(engine: Engine) -> None:
+    bad = JsonSchema(name="s", schema=json.dumps({"type": "nonsense"}))
+    prompt = encode_chat(engine.tokenizer, [{"role": "user", "content": "hello"}])
+    with pytest.raises(RequestError, match="cannot constrain the output"):
+        engine.validate(GenerationRequest(task_id="t", prompt_token_ids=prompt, max_tokens=4, constraint=bad))

@@ -1,0 +1,102 @@
+"""The pure parts of tools and structured output: request -> task constraint, text -> tool calls."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from events.constraints import JsonObject, JsonSchema, ToolCallRequired
+from services.api.schemas import RequestProblem, decode_chat_request, to_task
+from services.api.tool_calls import ToolCallSplitter, split_text
+
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
+
+
+def _task(**fields: object):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **fields}
+    return to_task(decode_chat_request(msgspec.json.encode(body)), max_tokens_limit=100)
+
+
+def test_tool_choice_and_response_format_become_constraints() -> None:
+    assert _task()[1].constraint is None
+    assert _task(response_format={"type": "text"})[1].constraint is None
+    assert _task(response_format={"type": "json_object"})[1].constraint == JsonObject()
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    made = _task(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})[1]
+    assert made.constraint == JsonSchema(name="s", schema=json.dumps(schema))
+    auto = _task(tools=[WEATHER])[1]
+    assert auto.constraint is None and [t.name for t in auto.tools] == ["get_weather"]
+    assert _task(tools=[WEATHER], tool_choice="required")[1].constraint == ToolCallRequired(names=["get_weather"])
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    assert _task(tools=[WEATHER], tool_choice=named)[1].constraint == ToolCallRequired(names=["get_weather"])
+    assert _task(tools=[WEATHER], tool_choice="none")[1].tools == []
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "says"),
+    [
+        ({"tool_choice": "required"}, "tool_choice", "has no tools"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}}, "tool_choice", "'x'"),
+        (
+            {"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "response_format",
+            "cannot both hold",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "nope"}}}},
+            "response_format",
+            "cannot constrain",
+        ),
+    ],
+)
+def test_impossible_constraints_are_400(fields: dict[str, object], param: str, says: str) -> None:
+    with pytest.raises(RequestProblem, match=says) as raised:
+        _task(**fields)
+    assert raised.value.status == 400 and raised.value.param == param
+
+
+def test_assistant_tool_calls_need_json_arguments() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{"}}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]}]
+    with pytest.raises(RequestProblem, match="not JSON") as raised:
+        _task(messages=messages)
+    assert raised.value.param == "messages[1].tool_calls"
+    call["function"]["arguments"] = '{"city": "Oslo"}'
+    tool = {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+    carried = _task(messages=[*messages, tool])[0]
+    assert carried[1].tool_calls[0].arguments == '{"city": "Oslo"}' and carried[2].tool_call_id == "c1"
+
+
+def _splitter() -> ToolCallSplitter:
+    return ToolCallSplitter(call_id=lambda n: f"call_{n}")
+
+
+def test_calls_split_from_content_whatever_the_pieces() -> None:
+    text = 'Sure. <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call><tool_call>{"name": "g"}</tool_call>'
+    whole = split_text(_splitter(), text)
+    assert whole.content == "Sure. "
+    assert [(c.id, c.name, json.loads(c.arguments)) for c in whole.calls] == [
+        ("call_0", "f", {"a": 1}),
+        ("call_1", "g", {}),
+    ]
+    for size in (1, 3, 7):
+        splitter, content, calls = _splitter(), "", []
+        for at in range(0, len(text), size):
+            piece = splitter.feed(text[at : at + size])
+            assert "<" not in piece.content  # half a marker is held back, never shown
+            content, calls = content + piece.content, calls + piece.calls
+        assert (content + splitter.finish().content, calls) == (whole.content, whole.calls)
+
+
+def test_text_that_is_not_a_call_stays_content() -> None:
+    assert (
+        split_text(_splitter(), "a < b <tool_call>not json</tool_call>").content
+        == "a < b <tool_call>not json</tool_call>"
+    )
+    cut = split_text(_splitter(), 'x <tool_call>{"name": "f"')
+    assert cut.content == 'x <tool_call>{"name": "f"' and cut.calls == []
