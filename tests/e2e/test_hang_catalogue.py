@@ -34,6 +34,7 @@ import pytest
 from tests.e2e.cluster import Cluster, shoal_argv
 from tests.e2e.conftest import E2E_SETTINGS
 from tests.e2e.helpers import long_prompt, task_state
+from tests.e2e.processes import runner_nodes, runner_pids
 from tests.e2e.test_failures import Services
 
 STALL_S = float(E2E_SETTINGS["task_stall_seconds"])
@@ -124,33 +125,6 @@ def _signal(pid: int, sig: int) -> None:
 def _resume_all(cluster: Cluster) -> None:
     for pid in cluster.runner_pids().values():
         _signal(pid, signal.SIGCONT)
-
-
-def runner_nodes(nats_url: str) -> dict[tuple[str, int], str]:
-    """(instance, rank) -> node id of the runner processes attached to `nats_url`."""
-    nodes: dict[tuple[str, int], str] = {}
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            args = cmdline.read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if "runner.service.main" in args and nats_url in args:
-            key = (args[args.index("--instance") + 1], int(args[args.index("--rank") + 1]))
-            nodes[key] = args[args.index("--node-id") + 1]
-    return nodes
-
-
-def runner_pids(nats_url: str, node: str) -> list[int]:
-    """Pids of the runner processes attached to `nats_url` on `node`."""
-    pids: list[int] = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            args = cmdline.read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if "runner.service.main" in args and nats_url in args and args[args.index("--node-id") + 1] == node:
-            pids.append(int(cmdline.parent.name))
-    return pids
 
 
 # --- one hang: drive a task, inject, time the error -------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import msgspec
@@ -39,6 +39,7 @@ from services.api.metrics import Metrics
 from services.master.core import MasterPolicy
 from services.master.service import Master, MasterSettings
 from services.models import LocalModelCatalog
+from services.nats import EmbeddedNats
 from services.ops.offline import diagnose_scan
 from services.ops.render_text import diagnosis_text
 from services.ops.scan import scan
@@ -108,11 +109,20 @@ def _forged_chunk(task_id: str) -> ChunkGenerated:
 
 
 async def test_poison_already_in_the_log_never_stops_a_start_and_diagnose_reports_it(
-    event_log: EventLog, nats_url: str
+    make_nats: Callable[..., EmbeddedNats],
 ) -> None:
+    # A server of its own: the master's start-up fold reads this log and nothing else.
+    server = make_nats("poison").start()
+    event_log = await EventLog.connect(server.url)
+    try:
+        await _poison_in_the_log(event_log, server.url)
+    finally:
+        await event_log.close()
+
+
+async def _poison_in_the_log(event_log: EventLog, nats_url: str) -> None:
     ev = Events()
-    # The session's log may hold other tests' events: this test's ids are its own, and it reads
-    # only what it appended (seq >= its first).
+    # This test's ids are its own, and it reads only what it appended (seq >= its first).
     unique = secrets.token_hex(4)
     task, node, evil = f"t-{unique}", f"n-{unique}", f"evil-{unique}"
     ghost_cancel = TaskCancelled(env=ev.api.stamp(), task_id=TaskId(f"trimmed-{unique}"), reason="api")
