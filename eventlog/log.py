@@ -41,7 +41,7 @@ from eventlog.client import NatsClient
 from eventlog.consume import ConsumerRestart, Deliveries, Position, StreamNotFound, StreamReader
 from eventlog.endpoint import NatsEndpoint
 from eventlog.publish import LogError, Outbox, pipeline
-from eventlog.streams import LogSettings, create_stream, stream_config, stream_name
+from eventlog.streams import LEASE_BUCKET, LogSettings, create_stream, lease_bucket_config, stream_config, stream_name
 from eventlog.tls import TlsRefused
 from eventlog.wire import Wire, WireClosed, WireError
 from events.catalogue import AnyEvent, LogEvent, TelemetryEvent
@@ -97,7 +97,8 @@ class EventLog:
     # --- streams ----------------------------------------------------------------------------
 
     async def ensure_streams(self) -> None:
-        """Create SHOAL_EVENTS and SHOAL_TELEMETRY, or update them to the settings (idempotent)."""
+        """Create SHOAL_EVENTS and SHOAL_TELEMETRY, or update them to the settings (idempotent), and
+        the masters' lease bucket if missing (only the admin may: `services/nats_permissions.py`)."""
         for key in ("events", "telemetry"):
             config = stream_config(key, self.settings)
             try:
@@ -107,12 +108,19 @@ class EventLog:
                 logger.debug("created stream {}", config.name)
             else:
                 await self._js.update_stream(config)  # pyright: ignore[reportUnknownMemberType]
+        try:
+            await self._js.key_value(LEASE_BUCKET)
+        except nats.js.errors.BucketNotFoundError:
+            await self._js.create_key_value(lease_bucket_config(self.settings))  # pyright: ignore[reportUnknownMemberType]
 
     async def delete_streams(self) -> None:
-        """Delete both streams (tests, or before an import); `ensure_streams()` recreates them."""
+        """Delete both streams and the lease bucket (tests, or before an import); `ensure_streams()`
+        recreates them."""
         for key in ("events", "telemetry"):
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await self._js.delete_stream(stream_name(key))
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await self._js.delete_key_value(LEASE_BUCKET)
 
     async def reset_stream(self, stream: StreamKey, *, first_seq: int = 1) -> None:
         """Delete one stream and create it empty, its first message to get `first_seq` (imports)."""

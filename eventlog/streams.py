@@ -11,13 +11,15 @@ import asyncio
 import msgspec
 import nats.js.errors
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import DiscardPolicy, KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
 
 from events.subjects import EVENTS_STREAM, EVENTS_SUBJECTS, TELEMETRY_STREAM, TELEMETRY_SUBJECTS
 from events.vocabulary import StreamKey
 
 DAY_S = 86_400.0
 GIB = 1 << 30
+LEASE_BUCKET = "SHOAL_LEASES"  # JetStream KV: the masters' leadership lease (services/master/lease.py)
+MASTER_LEASE_KEY = "master"
 
 
 class StreamLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,6 +73,13 @@ def stream_config(key: StreamKey, settings: LogSettings) -> StreamConfig:
         num_replicas=settings.replicas,
         duplicate_window=window,
         allow_direct=True,
+    )
+
+
+def lease_bucket_config(settings: LogSettings) -> KeyValueConfig:
+    """The lease bucket: one value per key (no history), as many replicas as the log, read directly."""
+    return KeyValueConfig(
+        bucket=LEASE_BUCKET, history=1, replicas=settings.replicas, storage=StorageType.FILE, direct=True
     )
 
 

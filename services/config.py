@@ -43,6 +43,7 @@ from events.runner_settings import (
     StallStackSeconds,
 )
 from services.config_values import REDACTED, ConfigError, DeclaredFields
+from services.master.lease import DEFAULT_LEASE_SECONDS
 
 ENV_PREFIX = "SHOAL_"
 ENV_NOT_SETTINGS = frozenset({"SHOAL_CONFIG", IDENTITY_ENV})  # SHOAL_* variables that are not settings
@@ -120,6 +121,9 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     ] = "tiny"
     model_download: ModelDownload = RUNNER_DEFAULTS.model_download
     workers: Annotated[int, Meta(ge=1, le=64, description="worker nodes `shoal up` starts")] = 2
+    masters: Annotated[
+        int, Meta(ge=1, le=8, description="masters `shoal up` starts (one leads, the rest stand by)")
+    ] = 1
     prefill_step_size: PrefillStepSize = RUNNER_DEFAULTS.prefill_step_size
     kv_bits: KvBits = RUNNER_DEFAULTS.kv_bits
     kv_group_size: KvGroupSize = RUNNER_DEFAULTS.kv_group_size
@@ -138,6 +142,9 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
         30.0
     )
     node_timeout_seconds: Annotated[float, POSITIVE_SECONDS, Meta(description="silence that times a node out")] = 10.0
+    master_lease_seconds: Annotated[
+        float, POSITIVE_SECONDS, Meta(description="a leading master unheard this long is replaced by a stand-by")
+    ] = DEFAULT_LEASE_SECONDS
     heartbeat_interval_seconds: HeartbeatIntervalSeconds = RUNNER_DEFAULTS.heartbeat_interval_seconds
     stall_stack_seconds: StallStackSeconds = RUNNER_DEFAULTS.stall_stack_seconds
     decode_cancel_poll_tokens: DecodeCancelPollTokens = RUNNER_DEFAULTS.decode_cancel_poll_tokens

@@ -7,7 +7,7 @@ Identities (nkey users in one account; the server checks every PUB and SUB again
 |---|---|---|
 | `admin` | everything, and manages streams | everything |
 | `api` | `TaskCreated`, `TaskCancelled` | SHOAL_EVENTS, SHOAL_TELEMETRY |
-| `master` | placement, assignment, retirement, watchdog, master-ended tasks, `ModelUnavailable` | both |
+| `master` | placement, assignment, retirement, watchdog, master-ended tasks, `ModelUnavailable`; its lease key | both; its lease key |
 | `worker-<node>` | its node's `NodeJoined`/`NodeLeft`/`NodeHeartbeat`; `RunnerStatusChanged` | SHOAL_EVENTS |
 | `runner-<node>` | prefill, chunks, `TaskCompleted`/`TaskFailed`, `RunnerStatusChanged`, `ModelDownloadProgress`, `RunnerHeartbeat` | SHOAL_EVENTS |
 
@@ -29,6 +29,7 @@ from typing import Literal
 
 import msgspec
 
+from eventlog.streams import LEASE_BUCKET, MASTER_LEASE_KEY
 from events.catalogue import (
     ChunkGenerated,
     Event,
@@ -163,6 +164,13 @@ def reader_api(stream: str) -> list[str]:
     ]
 
 
+def lease_api() -> list[str]:
+    """What a master asks of the lease bucket (`services/master/lease.py`): read and compare-and-swap
+    its one key. Creating the bucket is the admin's (`EventLog.ensure_streams`)."""
+    stream, key = f"KV_{LEASE_BUCKET}", f"$KV.{LEASE_BUCKET}.{MASTER_LEASE_KEY}"
+    return [key, f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.DIRECT.GET.{stream}.{key}"]
+
+
 def permissions(identity: Identity) -> dict[str, dict[str, list[str]]]:
     """The identity's allow lists; everything else is refused by the server."""
     if identity.role == "admin":
@@ -170,6 +178,8 @@ def permissions(identity: Identity) -> dict[str, dict[str, list[str]]]:
     publish = [SUBJECTS[kind].replace(NODE, identity.node or "*") for kind in PUBLISHES[identity.role]]
     for stream in READS[identity.role]:
         publish += reader_api(stream)
+    if identity.role == "master":
+        publish += lease_api()
     return {"publish": {"allow": publish}, "subscribe": {"allow": [f"{identity.inbox_prefix}.>"]}}
 
 

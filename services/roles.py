@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
+
 from services.api.app import serve_api
 from services.api.auth import ApiAccess
 from services.config import ResolvedConfig, ShoalConfig, runner_settings
@@ -32,13 +34,20 @@ def served(config: ShoalConfig) -> list[str]:
 
 
 async def run_master(
-    resolved: ResolvedConfig, *, min_nodes_for_default: int = 1, ready: asyncio.Event | None = None
+    resolved: ResolvedConfig,
+    *,
+    min_nodes_for_default: int = 1,
+    ready: asyncio.Event | None = None,
+    name: str | None = None,  # the lease holder's name (default: host and pid)
 ) -> None:
     config = resolved.config
     settings = MasterSettings(
         nats=endpoint_for(config, Identity("master")),
         policy=master_policy(config, min_nodes_for_default=min_nodes_for_default),
+        master_lease_seconds=config.master_lease_seconds,
     )
+    if name is not None:
+        settings = msgspec.structs.replace(settings, name=name)
     await Master(settings, LocalModelCatalog(served(config), allow_download=config.model_download)).run(ready)
 
 

@@ -54,9 +54,11 @@ async def run_cluster(resolved: ResolvedConfig, access: ApiAccess, workers: int)
     log = await EventLog.connect(admin, log_settings(config), name="shoal-up")
     try:
         async with asyncio.TaskGroup() as group:
-            master_ready = asyncio.Event()
-            group.create_task(run_master(resolved, min_nodes_for_default=workers, ready=master_ready))
-            await master_ready.wait()
+            for index in range(config.masters):  # one leads by the lease; the others stand by
+                master_ready = asyncio.Event()
+                name = f"master-{index}"
+                group.create_task(run_master(resolved, min_nodes_for_default=workers, ready=master_ready, name=name))
+                await master_ready.wait()
             for node_id in node_ids(workers):
                 group.create_task(run_worker(resolved, node_id))
             api_ready = asyncio.Event()

@@ -28,6 +28,7 @@ def register(subparsers: Any) -> None:
     up = subparsers.add_parser("up", help="run a whole cluster on this machine: NATS, master, workers, API")
     add_common_flags(up)
     add_setting_flag(up, "workers", "worker nodes to start (default 2: the model runs as a 2-rank pipeline)")
+    add_setting_flag(up, "masters", "masters to start (default 1; more stand by to take over)")
     add_setting_flag(up, "model", "model to serve: `tiny` or an mlx-lm model directory")
     up.add_argument("--port", dest="api_port", default=None, help="API port (default 8000)")
     add_setting_flag(up, "nats_port", "embedded NATS client port (default 4222)")

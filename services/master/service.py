@@ -2,12 +2,20 @@
 
 It decides on an event only once its own earlier decisions are back in its State (it waits
 for their sequence numbers), so it never decides twice on a State that lacks its last decision.
+
+Several masters may run: each folds the log and follows the heartbeats, but only the holder of
+the lease (`services/master/lease.py`) decides. A stand-by that takes over runs `reconcile` on
+its State, which is current, so the take-over costs no replay; a leader whose lease lapses stops
+deciding at once (`_publish` asks the lease before every write).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import os
+import socket
 import time
 from collections.abc import Callable, Sequence
 
@@ -23,6 +31,7 @@ from events.stamp import Stamper
 from events.state import State
 from events.subjects import PREFIX
 from services.master.core import MasterCore, MasterPolicy, ModelCatalog
+from services.master.lease import DEFAULT_LEASE_SECONDS, KvLease, Leadership
 from services.master.watchdog import Liveness, RunnerKey, tick
 
 
@@ -30,13 +39,21 @@ class MasterSettings(msgspec.Struct, frozen=True, kw_only=True):
     nats: NatsEndpoint  # URL, TLS files and the master's identity
     policy: MasterPolicy
     tick_seconds: float = 0.5
+    name: str = msgspec.field(default_factory=lambda: f"master-{socket.gethostname()}-{os.getpid()}")  # lease holder
+    master_lease_seconds: float = DEFAULT_LEASE_SECONDS
 
 
 class Master:
     def __init__(
-        self, settings: MasterSettings, catalog: ModelCatalog, *, wall_ns: Callable[[], int] = time.time_ns
+        self,
+        settings: MasterSettings,
+        catalog: ModelCatalog,
+        *,
+        wall_ns: Callable[[], int] = time.time_ns,
+        leadership: Leadership | None = None,  # default: the KV lease; tests force a leader
     ) -> None:
         self.settings = settings
+        self.leadership = leadership
         self.stamper = Stamper(Origin(service="master"), wall_ns=wall_ns)
         self.core = MasterCore(settings.policy, catalog, self.stamper)
         self.wall_ns = wall_ns
@@ -51,26 +68,54 @@ class Master:
         log = await EventLog.connect(self.settings.nats, name="shoal-master")
         self._log = log
         try:
-            self.state = await log.fold()
-            logger.info("master resumed at seq {}", self.state.last_seq)
-            started = self.wall_ns()  # heartbeats from before this start were not watched: count from now
-            self.node_last_seen = {node_id: started for node_id in self.state.nodes}
-            await self._publish(self.core.reconcile(self.state))
-            async with asyncio.TaskGroup() as group:
-                group.create_task(self._follow_heartbeats(log))
-                group.create_task(self._tick_loop())
-                if ready is not None:
-                    ready.set()
-                async for seq, event in log.follow(from_seq=self.state.last_seq + 1):
-                    await self._on_event(seq, event)
+            async with contextlib.AsyncExitStack() as stack:
+                if self.leadership is None:
+                    name, lease = self.settings.name, self.settings.master_lease_seconds
+                    self.leadership = await stack.enter_async_context(KvLease.open(self.settings.nats, name, lease))
+                await self._serve(log, self.leadership, ready)
         finally:
             await log.close()
+
+    async def _serve(self, log: EventLog, leadership: Leadership, ready: asyncio.Event | None) -> None:
+        self.state = await log.fold()
+        logger.info("master {} resumed at seq {}", self.settings.name, self.state.last_seq)
+        started = self.wall_ns()  # heartbeats from before this start were not watched: count from now
+        self.node_last_seen = {node_id: started for node_id in self.state.nodes}
+        transitions: asyncio.Queue[bool] = asyncio.Queue()
+        async with asyncio.TaskGroup() as group:
+            group.create_task(leadership.keep(transitions))
+            group.create_task(self._follow_leadership(transitions))
+            group.create_task(self._follow_heartbeats(log))
+            group.create_task(self._tick_loop())
+            if ready is not None:
+                ready.set()
+            async for seq, event in log.follow(from_seq=self.state.last_seq + 1):
+                await self._on_event(seq, event)
+
+    async def _follow_leadership(self, transitions: asyncio.Queue[bool]) -> None:
+        """Say so on each change; on taking over, decide what is owed (the State is current)."""
+        name = self.settings.name
+        while True:
+            if await transitions.get():
+                logger.info("master {} leading at seq {}", name, self.state.last_seq)
+                self._awaiting_seq = 0  # a stand-by published nothing it could wait for
+                await self._publish(self.core.reconcile(self.state))
+            elif self._undecided or self._awaiting_seq:
+                logger.warning("master {} lost the lease: standing by", name)
+                self._undecided.clear()  # whoever leads now reconciles them
+            else:
+                logger.info("master {} standing by (another master leads)", name)
+
+    def _leading(self) -> bool:
+        return self.leadership is not None and self.leadership.leading()
 
     async def _on_event(self, seq: int, event: LogEvent) -> None:
         self.state, error = apply_live(self.state, seq, event)
         if error is not None:
             logger.warning("master: skipping seq {}: {}", seq, error)
             return
+        if not self._leading():
+            return  # a stand-by only folds; on taking over it reconciles the State
         self._undecided.append(event)
         if seq < self._awaiting_seq:
             return  # our own last decision is not folded yet
@@ -80,7 +125,7 @@ class Master:
                 return
 
     async def _publish(self, decisions: Sequence[LogEvent]) -> None:
-        if not decisions or self._log is None:
+        if not decisions or self._log is None or not self._leading():
             return
         for event in decisions:
             logger.info("master decides {}", _describe(event))
@@ -90,7 +135,7 @@ class Master:
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.tick_seconds)
-            if self._awaiting_seq > self.state.last_seq:
+            if self._awaiting_seq > self.state.last_seq or not self._leading():
                 continue
             liveness = Liveness(nodes=self.node_last_seen, runners=self.runner_beats)
             decisions = tick(self.state, self.wall_ns(), liveness, self.settings.policy, self.stamper)

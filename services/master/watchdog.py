@@ -73,7 +73,9 @@ def _node_timeouts(
             continue
         last = max(liveness.nodes.get(node.node_id, 0), node.changed_at)
         if now_ns - last > policy.node_timeout_seconds * NS:
-            env = stamper.stamp(f"timeout-{node.node_id}-{last}")
+            # The id names the log's fact (the node's up-period since `changed_at`), not this
+            # master's liveness (its receive times), so two masters store one timeout per period.
+            env = stamper.stamp(f"timeout-{node.node_id}-{node.changed_at}")
             timed_out.append(NodeTimedOut(env=env, node_id=node.node_id, last_seen=last))
     return timed_out
 

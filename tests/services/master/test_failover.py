@@ -1,0 +1,134 @@
+"""Master fail-over on a real NATS server: masters as separate processes, the leader SIGKILLed
+under a stream of requests; and two masters forced to lead at once on the same log. In both,
+the log must show every task assigned once and ended once, and every instance placed once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import AsyncGenerator, Sequence
+
+import msgspec
+import nats
+import nats.js.errors
+import pytest
+from nats.js.kv import KeyValue
+
+from eventlog.endpoint import NatsEndpoint
+from eventlog.log import EventLog
+from eventlog.streams import LEASE_BUCKET, MASTER_LEASE_KEY
+from events.catalogue import LogEvent
+from services.master.lease import LeaseRecord
+from services.master.service import Master, MasterSettings
+from tests.services.master.ranks import POLICY, Catalog, LiveEvents, joined, request, simulate_ranks, wait_all_ended
+
+LEASE_SECONDS = 2.0
+
+
+class ForcedLeader:
+    """A lease that always says "you lead": two masters with it decide side by side."""
+
+    def leading(self) -> bool:
+        return True
+
+    async def keep(self, transitions: asyncio.Queue[bool]) -> None:
+        transitions.put_nowait(True)
+        await asyncio.Event().wait()
+
+
+class RecordingMaster(Master):
+    """A master that remembers the id of every decision it published."""
+
+    published: set[str]
+
+    async def _publish(self, decisions: Sequence[LogEvent]) -> None:  # pyright: ignore[reportImplicitOverride]
+        await super()._publish(decisions)
+        self.__dict__.setdefault("published", set()).update(d.env.event_id for d in decisions)
+
+
+@pytest.mark.timeout(120)
+async def test_two_forced_leaders_decide_nothing_twice(event_log: EventLog, nats_url: str) -> None:
+    ev = LiveEvents()
+    await event_log.append_many(joined(ev))
+    masters = [
+        RecordingMaster(
+            MasterSettings(nats=NatsEndpoint(url=nats_url), policy=POLICY, name=f"m{i}"),
+            Catalog(),
+            leadership=ForcedLeader(),
+        )
+        for i in range(2)
+    ]
+    async with asyncio.TaskGroup() as group:
+        ready = [asyncio.Event() for _ in masters]
+        running = [group.create_task(m.run(r)) for m, r in zip(masters, ready, strict=True)]
+        running.append(group.create_task(simulate_ranks(event_log, ev)))
+        for event in ready:
+            await event.wait()
+        burst = await request(event_log, ev, 120, every_seconds=0.0, prefix="burst-")
+        trickle = await request(event_log, ev, 40, every_seconds=0.02, prefix="trickle-")
+        decisions = await wait_all_ended(event_log, burst + trickle, timeout=80)
+        for task in running:
+            task.cancel()
+    decisions.check(burst + trickle)
+    both = masters[0].published & masters[1].published
+    assert sum(i.startswith("assign-") for i in both) > 20, "the two masters did not both decide"
+    assert any(i.startswith("place-") for i in both)
+
+
+@contextlib.asynccontextmanager
+async def lease_bucket(nats_url: str) -> AsyncGenerator[KeyValue]:
+    nc = await nats.connect(nats_url)  # pyright: ignore[reportUnknownMemberType]
+    try:
+        yield await nc.jetstream().key_value(LEASE_BUCKET)  # pyright: ignore[reportUnknownMemberType]
+    finally:
+        await nc.close()
+
+
+async def holder(kv: KeyValue) -> str | None:
+    try:
+        entry = await kv.get(MASTER_LEASE_KEY)
+    except nats.js.errors.KeyNotFoundError:
+        return None
+    return msgspec.json.decode(entry.value or b"", type=LeaseRecord).holder
+
+
+async def wait_holder(kv: KeyValue, other_than: str | None, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        name = await holder(kv)
+        if name is not None and name != other_than:
+            return name
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no master other than {other_than} took the lease within {timeout:g}s")
+
+
+@pytest.mark.timeout(150)
+async def test_a_stand_by_leads_when_the_leader_is_killed_under_load(event_log: EventLog, nats_url: str) -> None:
+    ev = LiveEvents()
+    await event_log.append_many(joined(ev))
+    names = [f"master-{i}" for i in range(3)]
+    command = [sys.executable, "-m", "tests.services.master.master_process", nats_url]
+    processes = {name: subprocess.Popen([*command, name, str(LEASE_SECONDS)]) for name in names}
+    try:
+        async with lease_bucket(nats_url) as kv, asyncio.TaskGroup() as group:
+            leader = await wait_holder(kv, None, timeout=60)
+            ranks = group.create_task(simulate_ranks(event_log, ev))
+            requests = group.create_task(request(event_log, ev, 100, every_seconds=0.05))
+            await asyncio.sleep(1.5)
+            processes[leader].kill()  # no clean release: the lease must run out
+            killed_at = time.monotonic()
+            successor = await wait_holder(kv, leader, timeout=6 * LEASE_SECONDS)
+            took_over = time.monotonic() - killed_at
+            tasks = await requests
+            decisions = await wait_all_ended(event_log, tasks, timeout=60)
+            ranks.cancel()
+    finally:
+        for process in processes.values():
+            process.kill()
+            process.wait()
+    print(f"{successor} took over from {leader} {took_over:.2f}s after the kill (lease {LEASE_SECONDS:g}s)")
+    assert took_over < 2 * LEASE_SECONDS
+    decisions.check(tasks)
