@@ -12,7 +12,9 @@ from tests.services.master.test_core import Cluster
 
 
 def ticked(c: Cluster, master: str, last_seen: dict[NodeId, int]) -> list[LogEvent]:
-    return tick(c.state, c.clock.now_ns, Liveness(nodes=last_seen), c.policy, fake_stamper("master", c.clock, node=master))
+    return tick(
+        c.state, c.clock.now_ns, Liveness(nodes=last_seen), c.policy, fake_stamper("master", c.clock, node=master)
+    )
 
 
 def test_two_masters_with_different_last_seen_derive_one_timeout_id() -> None:
