@@ -21,7 +21,7 @@ from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from eventlog.streams import LEASE_BUCKET, MASTER_LEASE_KEY
 from events.catalogue import LogEvent
-from services.master.lease import LeaseRecord
+from services.master.lease import KvLease, LeaseRecord
 from services.master.service import Master, MasterSettings
 from tests.services.master.ranks import POLICY, Catalog, LiveEvents, joined, request, simulate_ranks, wait_all_ended
 
@@ -132,3 +132,22 @@ async def test_a_stand_by_leads_when_the_leader_is_killed_under_load(event_log: 
     print(f"{successor} took over from {leader} {took_over:.2f}s after the kill (lease {LEASE_SECONDS:g}s)")
     assert took_over < 2 * LEASE_SECONDS
     decisions.check(tasks)
+
+
+@pytest.mark.timeout(60)
+async def test_a_leader_that_cannot_renew_stops_before_a_stand_by_takes_over(
+    event_log: EventLog, nats_url: str
+) -> None:
+    """The leader freezes after taking the lease (no more renewals, as when paused or cut off); on
+    the real bucket and real clocks, it counts itself leader no longer by the time a stand-by wins."""
+    endpoint = NatsEndpoint(url=nats_url)
+    async with KvLease.open(endpoint, "frozen", 1.0) as frozen, KvLease.open(endpoint, "stand-by", 1.0) as stand_by:
+        await frozen.step()
+        assert frozen.leading()
+        taken_at = time.monotonic()
+        while not stand_by.leading():
+            await stand_by.step()
+            assert not (stand_by.leading() and frozen.leading()), "two leaders at once"
+            await asyncio.sleep(0.01)
+        waited = time.monotonic() - taken_at
+    assert 1.0 <= waited < 2.0, waited
