@@ -38,6 +38,8 @@ async def run_master(
     settings = MasterSettings(
         nats=endpoint_for(config, Identity("master")),
         policy=master_policy(config, min_nodes_for_default=min_nodes_for_default),
+        finished_tasks_kept=config.finished_tasks_kept,
+        snapshot_every_events=config.snapshot_every_events,
     )
     await Master(settings, LocalModelCatalog(served(config), allow_download=config.model_download)).run(ready)
 
@@ -59,6 +61,7 @@ async def run_worker(
         heartbeat_interval_seconds=config.heartbeat_interval_seconds,
         blas=config.blas,
         echo_runner_logs=echo_runner_logs,
+        finished_tasks_kept=config.finished_tasks_kept,
     )
     await Worker(settings).run(ready)
 

@@ -20,9 +20,10 @@ from events.catalogue import LogEvent, NodeHeartbeat, Origin, RunnerHeartbeat
 from events.fold import apply_live
 from events.ids import NodeId
 from events.stamp import Stamper
-from events.state import State
+from events.state import FINISHED_TASKS_KEPT, State
 from events.subjects import PREFIX
 from services.master.core import MasterCore, MasterPolicy, ModelCatalog
+from services.master.snapshots import SnapshotWriter
 from services.master.watchdog import Liveness, RunnerKey, tick
 
 
@@ -30,6 +31,8 @@ class MasterSettings(msgspec.Struct, frozen=True, kw_only=True):
     nats: NatsEndpoint  # URL, TLS files and the master's identity
     policy: MasterPolicy
     tick_seconds: float = 0.5
+    finished_tasks_kept: int = FINISHED_TASKS_KEPT
+    snapshot_every_events: int = 10_000
 
 
 class Master:
@@ -46,12 +49,14 @@ class Master:
         self._awaiting_seq = 0
         self._undecided: collections.deque[LogEvent] = collections.deque()
         self._log: EventLog | None = None
+        self._snapshots: SnapshotWriter | None = None
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         log = await EventLog.connect(self.settings.nats, name="shoal-master")
         self._log = log
         try:
-            self.state = await log.fold()
+            self.state = await log.fold(from_snapshot=True, finished_tasks_kept=self.settings.finished_tasks_kept)
+            self._snapshots = SnapshotWriter(log, self.settings.snapshot_every_events, self.state.last_seq)
             logger.info("master resumed at seq {}", self.state.last_seq)
             started = self.wall_ns()  # heartbeats from before this start were not watched: count from now
             self.node_last_seen = {node_id: started for node_id in self.state.nodes}
@@ -95,6 +100,8 @@ class Master:
             liveness = Liveness(nodes=self.node_last_seen, runners=self.runner_beats)
             decisions = tick(self.state, self.wall_ns(), liveness, self.settings.policy, self.stamper)
             await self._publish(decisions)
+            if self._snapshots is not None:
+                await self._snapshots.write_if_due(self.state)
 
     async def _follow_heartbeats(self, log: EventLog) -> None:
         start = await log.last_seq("telemetry") + 1
