@@ -169,7 +169,8 @@ def reader_api(stream: str) -> list[str]:
 def snapshot_api(role: Role) -> list[str]:
     """Every service starts from the State's snapshot (an object store: an unnamed ordered
     consumer reads its chunks); only the master writes it (chunks, meta, purge of the old chunks)."""
-    read = [*reader_api(SNAPSHOT_STREAM), f"$JS.API.CONSUMER.CREATE.{SNAPSHOT_STREAM}"]
+    # STREAM.NAMES: nats-py's object store looks the chunks' stream up by subject (names only).
+    read = [*reader_api(SNAPSHOT_STREAM), f"$JS.API.CONSUMER.CREATE.{SNAPSHOT_STREAM}", "$JS.API.STREAM.NAMES"]
     if role != "master":
         return read
     return [*read, f"$O.{SNAPSHOT_BUCKET}.C.>", f"$O.{SNAPSHOT_BUCKET}.M.>", f"$JS.API.STREAM.PURGE.{SNAPSHOT_STREAM}"]
