@@ -21,12 +21,12 @@ import argparse
 import asyncio
 import gc
 import hashlib
-import multiprocessing
 import os
 import tempfile
 import time
 from typing import Any
 
+from bench.fresh import in_fresh_process
 from bench.options import Sized, add_sized, resolve
 from bench.result import bench_result
 from bench.rounds import run_rounds
@@ -87,13 +87,7 @@ def _start_up(url: str, mode: str, kept: int, results: Any) -> None:
 
 
 def start_up(url: str, mode: str, kept: int) -> dict[str, Any]:
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    child = context.Process(target=_start_up, args=(url, mode, kept, results))
-    child.start()
-    out = results.get(timeout=300)
-    child.join(timeout=60)
-    return out
+    return in_fresh_process(_start_up, url, mode, kept)
 
 
 class GrowingLog:
