@@ -14,7 +14,6 @@ Targets (issue 5), on medians: fold >= 300,000 events/s; diagnose on 1M events <
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import resource
 import tempfile
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import recorder_overhead
+from bench.fresh import in_fresh_process
 from bench.options import Sized, add_sized, resolve
 from bench.replay_log import generate
 from bench.result import bench_result
@@ -82,13 +82,7 @@ def _diagnose_child(path: str, results: Any) -> None:
 
 
 def diagnose(path: Path) -> dict[str, Any]:
-    context = multiprocessing.get_context("spawn")  # a fresh interpreter: its peak is diagnose's own
-    results = context.Queue()
-    child = context.Process(target=_diagnose_child, args=(str(path), results))
-    child.start()
-    out = results.get(timeout=300)
-    child.join(timeout=60)
-    return out
+    return in_fresh_process(_diagnose_child, str(path))  # its peak is diagnose's own
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

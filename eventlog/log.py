@@ -6,7 +6,8 @@
     seqs = await log.append_many(events)            # pipelined, for bulk
     async for seq, event in log.replay(from_seq=1): ...       # stops at the current end
     async for seq, event in log.follow(from_seq=state.last_seq + 1): ...  # then live, forever
-    state = await log.fold(snapshot)                # rebuild a State from the log (fastest path)
+    state = await log.fold()                        # rebuild a State from the log (fastest path)
+    state = await log.fold(from_snapshot=True)      # from the stored snapshot plus the tail
     found = await log.get_last(task_subject(task_id, "created"))   # (seq, event) | None
     await log.close()
 
@@ -41,13 +42,15 @@ from eventlog.client import NatsClient
 from eventlog.consume import ConsumerRestart, Deliveries, Position, StreamNotFound, StreamReader
 from eventlog.endpoint import NatsEndpoint
 from eventlog.publish import LogError, Outbox, pipeline
+from eventlog.snapshots import delete_snapshot_bucket, ensure_snapshot_bucket, read_snapshot, write_snapshot
 from eventlog.streams import LEASE_BUCKET, LogSettings, create_stream, lease_bucket_config, stream_config, stream_name
 from eventlog.tls import TlsRefused
 from eventlog.wire import Wire, WireClosed, WireError
 from events.catalogue import AnyEvent, LogEvent, TelemetryEvent
 from events.codec import MalformedEvent, decode_log_event, decode_telemetry_event, encode
 from events.fold import Folder
-from events.state import State
+from events.retention import with_finished_kept
+from events.state import FINISHED_TASKS_KEPT, State
 from events.subjects import is_telemetry_subject, subject_for
 from events.vocabulary import StreamKey
 
@@ -97,8 +100,9 @@ class EventLog:
     # --- streams ----------------------------------------------------------------------------
 
     async def ensure_streams(self) -> None:
-        """Create SHOAL_EVENTS and SHOAL_TELEMETRY, or update them to the settings (idempotent), and
-        the masters' lease bucket if missing (only the admin may: `services/nats_permissions.py`)."""
+        """Create SHOAL_EVENTS and SHOAL_TELEMETRY, or update them to the settings (idempotent), the
+        snapshot bucket, and the masters' lease bucket if missing (only the admin may:
+        `services/nats_permissions.py`)."""
         for key in ("events", "telemetry"):
             config = stream_config(key, self.settings)
             try:
@@ -112,15 +116,17 @@ class EventLog:
             await self._js.key_value(LEASE_BUCKET)
         except nats.js.errors.BucketNotFoundError:
             await self._js.create_key_value(lease_bucket_config(self.settings))  # pyright: ignore[reportUnknownMemberType]
+        await ensure_snapshot_bucket(self._js, self.settings)
 
     async def delete_streams(self) -> None:
-        """Delete both streams and the lease bucket (tests, or before an import); `ensure_streams()`
+        """Delete both streams, the snapshots and the lease bucket (tests, or before an import); `ensure_streams()`
         recreates them."""
         for key in ("events", "telemetry"):
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await self._js.delete_stream(stream_name(key))
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await self._js.delete_key_value(LEASE_BUCKET)
+        await delete_snapshot_bucket(self._js)
 
     async def reset_stream(self, stream: StreamKey, *, first_seq: int = 1) -> None:
         """Delete one stream and create it empty, its first message to get `first_seq` (imports)."""
@@ -248,22 +254,13 @@ class EventLog:
                 yield seq, event
 
     @overload
-    def follow(
-        self,
-        from_seq: int | None = None,
-        subjects: Sequence[str] | None = None,
-        stream: Literal["events"] = "events",
-        from_time: datetime | None = None,
-    ) -> AsyncIterator[tuple[int, LogEvent]]: ...
+    def follow(self, from_seq: int | None = None, subjects: Sequence[str] | None = None,
+               stream: Literal["events"] = "events", from_time: datetime | None = None,
+               ) -> AsyncIterator[tuple[int, LogEvent]]: ...  # fmt: skip
     @overload
-    def follow(
-        self,
-        from_seq: int | None = None,
-        subjects: Sequence[str] | None = None,
-        *,
-        stream: Literal["telemetry"],
-        from_time: datetime | None = None,
-    ) -> AsyncIterator[tuple[int, TelemetryEvent]]: ...
+    def follow(self, from_seq: int | None = None, subjects: Sequence[str] | None = None, *,
+               stream: Literal["telemetry"], from_time: datetime | None = None,
+               ) -> AsyncIterator[tuple[int, TelemetryEvent]]: ...  # fmt: skip
     async def follow(
         self,
         from_seq: int | None = None,
@@ -338,13 +335,26 @@ class EventLog:
                 if wire is not None:
                     wire.close()
 
-    async def fold(self, state: State | None = None) -> State:
+    async def fold(
+        self,
+        state: State | None = None,
+        *,
+        from_snapshot: bool = False,
+        finished_tasks_kept: int = FINISHED_TASKS_KEPT,
+    ) -> State:
         """Replay SHOAL_EVENTS onto `state` (from its last_seq + 1) up to the current end.
 
+        Without `state`: from the stored snapshot if `from_snapshot` and one fits this log, else
+        from empty, keeping `finished_tasks_kept` ended tasks whole (`events.retention`). A head
+        trimmed by retention is stepped over like deleted messages, so it never stops a start-up.
         Malformed messages are counted and stepped over; events the fold refuses are quarantined
         in the State (`events.fold`) and logged with their seq, so no poison stops a start-up.
         Works batch by batch (no per-event iterator hop): the fastest way to rebuild a State.
         """
+        if state is None:
+            snapshot = await read_snapshot(self._js) if from_snapshot else None
+            state = snapshot.state if snapshot is not None else State.keeping(finished_tasks_kept)
+            state = with_finished_kept(state, finished_tasks_kept)
         folder = Folder(state)
         position = Position(seq=folder.last_seq + 1)
         async for batch in self._batches(position, None, "events", live=False):
@@ -360,6 +370,10 @@ class EventLog:
                 if refused is not None:
                     logger.warning("quarantined {} seq {}: {}", message.subject.decode(errors="replace"), seq, refused)
         return folder.state
+
+    async def write_snapshot(self, state: State) -> int:
+        """Store `state` for start-ups to begin from (`eventlog.snapshots`): the leading master's job."""
+        return await write_snapshot(self._js, state)
 
     def _poison(self, subject: str | bytes, seq: int, exc: Exception) -> None:
         self.malformed += 1

@@ -10,7 +10,8 @@ One small function per event kind, dispatched by an exhaustive `match`; the most
   - `InvalidEvent`: an event that contradicts the State (a rank outside the instance);
   - `ForbiddenOrigin`: an event its origin cannot have published (`events.origins`).
 Late events about an ended task (a slow rank's progress after the watchdog failed the task, a
-second terminal event) are legitimate races: they advance `last_seq` and change nothing else.
+second terminal event) are legitimate races: they advance `last_seq` and change nothing else; so
+are those about an ended task whose payload has since left the State (`events.retention`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from events.catalogue import (
 )
 from events.ids import InstanceId, NodeId, TaskId
 from events.origins import origin_refusal
+from events.retention import is_evicted, late_about_evicted, task_ended, task_started
 from events.state import InstanceInfo, NodeInfo, RankPrefill, RankProgress, RunnerInfo, State, TaskInfo
 
 replace = msgspec.structs.replace
@@ -97,6 +99,8 @@ def apply(state: State, seq: int, event: LogEvent) -> State:
     refusal = origin_refusal(state, event)
     if refusal is not None:
         raise ForbiddenOrigin(tag_of(event), refusal)
+    if late_about_evicted(state, event):  # a race with the task's end, as for a task still held
+        return _advance(state, seq)
     match event:
         case PrefillProgress():
             return _prefill_progress(state, seq, event)
@@ -176,7 +180,7 @@ def _dequeue(state: State, task: TaskInfo, at: int) -> State:
 
 def _end_task(state: State, seq: int, task: TaskInfo, at: int) -> State:
     ended = replace(task, ended_at=at, ended_seq=seq, last_activity_at=at)
-    return _dequeue(_with_task(state, seq, ended), ended, at)
+    return task_ended(_dequeue(_with_task(state, seq, ended), ended, at), ended.task_id)
 
 
 # --- task lifecycle --------------------------------------------------------------------------
@@ -238,7 +242,7 @@ def _prefill_started(state: State, seq: int, event: PrefillStarted) -> State:
 
 
 def _task_created(state: State, seq: int, event: TaskCreated) -> State:
-    if event.task_id in state.tasks:
+    if event.task_id in state.tasks or is_evicted(state, event.task_id):
         raise InvalidEvent(f"task {event.task_id!r} was already created")
     at = event.env.wall_time
     task = TaskInfo(
@@ -251,7 +255,7 @@ def _task_created(state: State, seq: int, event: TaskCreated) -> State:
         created_at=at,
         last_activity_at=at,
     )
-    return _with_task(state, seq, task)
+    return task_started(_with_task(state, seq, task), task)
 
 
 def _task_assigned(state: State, seq: int, event: TaskAssigned) -> State:

@@ -35,6 +35,7 @@ from events.apply import (
 from events.catalogue import ChunkGenerated, LogEvent, PrefillProgress, tag_of
 from events.ids import TaskId
 from events.origins import task_runner_refusal
+from events.retention import is_evicted
 from events.state import QUARANTINE_KEPT, Quarantined, State, TaskInfo
 
 replace = msgspec.structs.replace
@@ -126,6 +127,9 @@ class Folder:
         if tasks is None:
             tasks = self._tasks = self._state.tasks.mutate()
         task = tasks.get(event.task_id)
+        if task is None and is_evicted(self._state, event.task_id):  # finished is never stale here
+            self._last_seq = seq
+            return
         if task is None:
             raise UnknownTask(event.task_id, tag_of(event))
         rank = event.rank if isinstance(event, PrefillProgress) else None

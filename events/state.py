@@ -154,6 +154,29 @@ class ModelStatus(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     unavailable_at: int = 0
 
 
+# How many ended tasks a State keeps whole by default (`ShoalConfig.finished_tasks_kept`).
+FINISHED_TASKS_KEPT = 1000
+
+
+class FinishedTasks(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The ended tasks, in the order they ended, as a persistent queue of ordinals (`events.retention`).
+
+    Ordinals [kept_from, next) name tasks still whole in `State.tasks`; [first, kept_from) name
+    tombstones: tasks whose payload left the State, remembered only so that a late event about one
+    (a slow rank's chunk, a second terminal event) stays a harmless race and is not quarantined as
+    an unknown task. Both spans hold at most `kept` entries, so memory does not grow with history.
+    `kept` 0 keeps every ended task (no bound, no queue). Everything here is decided by the log's
+    order, never a clock, so every replica folding the same log holds the same State.
+    """
+
+    kept: int = FINISHED_TASKS_KEPT
+    order: immutables.Map[int, TaskId] = immutables.Map()  # ordinal -> task, for [first, next)
+    evicted: immutables.Map[TaskId, int] = immutables.Map()  # tombstones: task -> its ordinal
+    first: int = 0
+    kept_from: int = 0
+    next: int = 0
+
+
 # How many quarantined events a State keeps (the newest); `State.quarantined_count` counts them all.
 QUARANTINE_KEPT = 64
 
@@ -172,6 +195,8 @@ class State(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     nodes: immutables.Map[NodeId, NodeInfo] = immutables.Map()
     instances: immutables.Map[InstanceId, InstanceInfo] = immutables.Map()
     tasks: immutables.Map[TaskId, TaskInfo] = immutables.Map()
+    live_tasks: immutables.Map[TaskId, int] = immutables.Map()  # not ended: task -> created_seq (master's ticks)
+    finished: FinishedTasks = FinishedTasks()
     models: immutables.Map[str, ModelStatus] = immutables.Map()  # only models some event is about
     # Part of the State (not a log line) so every replica that folds the same log agrees on it,
     # and `shoal diagnose` can report it; bounded so a flood of poison cannot grow it.
@@ -179,9 +204,14 @@ class State(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     quarantined_count: int = 0
 
     @classmethod
-    def starting_before(cls, seq: int) -> State:
+    def starting_before(cls, seq: int, finished_tasks_kept: int = FINISHED_TASKS_KEPT) -> State:
         """An empty State that expects `seq` next (a stream whose head was trimmed by retention)."""
-        return cls(last_seq=seq - 1)
+        return cls(last_seq=seq - 1, finished=FinishedTasks(kept=finished_tasks_kept))
+
+    @classmethod
+    def keeping(cls, finished_tasks_kept: int) -> State:
+        """An empty State that keeps that many ended tasks whole (0: all of them)."""
+        return cls(finished=FinishedTasks(kept=finished_tasks_kept))
 
 
 def _sorted_maps(obj: Any) -> Any:

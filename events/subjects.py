@@ -33,6 +33,8 @@ from events.catalogue import (
 PREFIX = "shoal"
 EVENTS_STREAM = "SHOAL_EVENTS"
 TELEMETRY_STREAM = "SHOAL_TELEMETRY"
+SNAPSHOT_BUCKET = "SHOAL_SNAPSHOTS"  # the object store of the State's snapshots (eventlog/snapshots.py)
+SNAPSHOT_STREAM = f"OBJ_{SNAPSHOT_BUCKET}"  # the stream behind it
 EVENTS_SUBJECTS = f"{PREFIX}.ev.>"
 TELEMETRY_SUBJECTS = f"{PREFIX}.hb.>"
 

@@ -141,3 +141,35 @@ def synthetic_history(count: int, *, id_prefix: str = "ev") -> list[LogEvent]:
         number += 1
         source = _task(st, number)
     return out
+
+
+class FinishedTasks:
+    """An endless supply of short finished tasks (created with a prompt and stop strings, assigned,
+    one chunk of answer, completed) after the same cluster as `synthetic_history`: a long history
+    for soak benches. Event ids stay unique across calls, so batches can be appended to one log."""
+
+    def __init__(self, *, id_prefix: str = "soak", prompt_chars: int = 1000, answer_chars: int = 1000) -> None:
+        self._st = _Stampers(id_prefix)
+        self._number = 0
+        self._prompt = "p" * prompt_chars
+        self._answer = "a" * answer_chars
+
+    def cluster(self) -> list[LogEvent]:
+        """The nodes, the instance and its ready ranks: the first events of the log."""
+        return list(_cluster(self._st))
+
+    def next(self, count: int) -> list[LogEvent]:
+        """The events of the next `count` tasks (4 each)."""
+        out: list[LogEvent] = []
+        for _ in range(count):
+            self._number += 1
+            task = TaskId(f"task-{self._number:08d}")
+            messages = [ChatMessage(role="user", content=f"{self._number} {self._prompt}")]
+            params = TaskParams(max_tokens=64, stop=["</answer>", "\n\nUser:"])
+            out += [
+                TaskCreated(env=self._st.api.stamp(), task_id=task, model="tiny", messages=messages, params=params),
+                TaskAssigned(env=self._st.master.stamp(), task_id=task, instance_id=_INSTANCE),
+                ChunkGenerated(env=self._st.ranks[-1].stamp(), task_id=task, index=0, text=self._answer, token_ids=[1]),
+                TaskCompleted(env=self._st.ranks[-1].stamp(), task_id=task, finish_reason="stop", usage=Usage()),
+            ]
+        return out

@@ -42,6 +42,7 @@ from events.runner_settings import (
     RunnerSettings,
     StallStackSeconds,
 )
+from events.state import FINISHED_TASKS_KEPT
 from services.config_values import REDACTED, ConfigError, DeclaredFields
 from services.master.lease import DEFAULT_LEASE_SECONDS
 
@@ -158,6 +159,13 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
         3600.0
     )
     stream_replicas: Annotated[int, Meta(ge=1, le=5, description="copies of each stream in a NATS cluster")] = 1
+    finished_tasks_kept: Annotated[
+        int,
+        Meta(ge=0, description="ended tasks each service holds whole in memory (older: read from the log); 0 = all"),
+    ] = FINISHED_TASKS_KEPT
+    snapshot_every_events: Annotated[
+        int, Meta(ge=0, description="events between the master's snapshots of the State (start-ups); 0 = none")
+    ] = 10_000
     blas: Annotated[str, Meta(pattern=r"\S", extra={"allowed": _BLAS}, description="BLAS of the runners on CPU")] = (
         "auto"
     )

@@ -7,14 +7,15 @@ Identities (nkey users in one account; the server checks every PUB and SUB again
 |---|---|---|
 | `admin` | everything, and manages streams | everything |
 | `api` | `TaskCreated`, `TaskCancelled` | SHOAL_EVENTS, SHOAL_TELEMETRY |
-| `master` | placement, assignment, retirement, watchdog, master-ended tasks, `ModelUnavailable`; its lease key | both; its lease key |
+| `master` | placement, assignment, retirement, watchdog, master-ended tasks, `ModelUnavailable`; its lease key | both; its lease key; writes the snapshot object store |
 | `worker-<node>` | its node's `NodeJoined`/`NodeLeft`/`NodeHeartbeat`; `RunnerStatusChanged` | SHOAL_EVENTS |
 | `runner-<node>` | prefill, chunks, `TaskCompleted`/`TaskFailed`, `RunnerStatusChanged`, `ModelDownloadProgress`, `RunnerHeartbeat` | SHOAL_EVENTS |
 
 Reading is done through JetStream only: every identity but the admin may subscribe to its own
 inbox (`_INBOX.<identity>.>`) and nothing else, so no one taps `shoal.>` live nor reads another
 identity's replies and deliveries. What it may ask JetStream is read-only: stream info, message
-get, creating and deleting its own (ephemeral) consumers, and answering flow control.
+get, creating and deleting its own (ephemeral) consumers, and answering flow control; every
+identity reads the State's snapshot (SHOAL_SNAPSHOTS), only the master writes it.
 
 What subjects cannot say is not enforced here: task subjects do not name the instance, and
 instance subjects do not name the node, so a runner identity may publish progress for any task and
@@ -56,6 +57,8 @@ from events.ids import check_token
 from events.subjects import (
     EVENTS_STREAM,
     PREFIX,
+    SNAPSHOT_BUCKET,
+    SNAPSHOT_STREAM,
     TELEMETRY_STREAM,
     instance_subject,
     node_subject,
@@ -171,6 +174,16 @@ def lease_api() -> list[str]:
     return [key, f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.DIRECT.GET.{stream}.{key}"]
 
 
+def snapshot_api(role: Role) -> list[str]:
+    """Every service starts from the State's snapshot (an object store: an unnamed ordered
+    consumer reads its chunks); only the master writes it (chunks, meta, purge of the old chunks)."""
+    # STREAM.NAMES: nats-py's object store looks the chunks' stream up by subject (names only).
+    read = [*reader_api(SNAPSHOT_STREAM), f"$JS.API.CONSUMER.CREATE.{SNAPSHOT_STREAM}", "$JS.API.STREAM.NAMES"]
+    if role != "master":
+        return read
+    return [*read, f"$O.{SNAPSHOT_BUCKET}.C.>", f"$O.{SNAPSHOT_BUCKET}.M.>", f"$JS.API.STREAM.PURGE.{SNAPSHOT_STREAM}"]
+
+
 def permissions(identity: Identity) -> dict[str, dict[str, list[str]]]:
     """The identity's allow lists; everything else is refused by the server."""
     if identity.role == "admin":
@@ -180,6 +193,7 @@ def permissions(identity: Identity) -> dict[str, dict[str, list[str]]]:
         publish += reader_api(stream)
     if identity.role == "master":
         publish += lease_api()
+    publish += snapshot_api(identity.role)
     return {"publish": {"allow": publish}, "subscribe": {"allow": [f"{identity.inbox_prefix}.>"]}}
 
 

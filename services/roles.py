@@ -45,6 +45,8 @@ async def run_master(
         nats=endpoint_for(config, Identity("master")),
         policy=master_policy(config, min_nodes_for_default=min_nodes_for_default),
         master_lease_seconds=config.master_lease_seconds,
+        finished_tasks_kept=config.finished_tasks_kept,
+        snapshot_every_events=config.snapshot_every_events,
     )
     if name is not None:
         settings = msgspec.structs.replace(settings, name=name)
@@ -68,6 +70,7 @@ async def run_worker(
         heartbeat_interval_seconds=config.heartbeat_interval_seconds,
         blas=config.blas,
         echo_runner_logs=echo_runner_logs,
+        finished_tasks_kept=config.finished_tasks_kept,
     )
     await Worker(settings).run(ready)
 

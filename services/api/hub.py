@@ -17,7 +17,7 @@ from eventlog.log import EventLog
 from events.catalogue import LogEvent
 from events.fold import apply_live
 from events.ids import TaskId
-from events.state import State
+from events.state import FINISHED_TASKS_KEPT, State
 from services.api.dashboard_feed import DashboardFeed
 from services.api.metrics import Metrics
 
@@ -36,17 +36,18 @@ class TaskEvents:
 
 
 class LogHub:
-    def __init__(self, log: EventLog, metrics: Metrics) -> None:
+    def __init__(self, log: EventLog, metrics: Metrics, finished_tasks_kept: int = FINISHED_TASKS_KEPT) -> None:
         self.log = log
         self.metrics = metrics
         self.feed = DashboardFeed()  # the open dashboard pages
-        self.state = State()
+        self.state = State.keeping(finished_tasks_kept)
+        self.finished_tasks_kept = finished_tasks_kept
         self.caught_up = asyncio.Event()
         self._listeners: dict[TaskId, list[TaskEvents]] = {}
 
     async def run(self) -> None:
         """Fold the log to its end, then follow it live (until cancelled)."""
-        self.state = await self.log.fold()
+        self.state = await self.log.fold(from_snapshot=True, finished_tasks_kept=self.finished_tasks_kept)
         self.caught_up.set()
         async for seq, event in self.log.follow(from_seq=self.state.last_seq + 1):
             if not self._apply(seq, event):

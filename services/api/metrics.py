@@ -25,6 +25,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from events.catalogue import LogEvent, TaskCancelled, TaskCompleted, TaskFailed
+from events.retention import live_tasks_of
 from events.state import State
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -136,7 +137,7 @@ class FoldCollector(Collector):
 
     def _gauges(self, state: State) -> Iterator[Metric]:
         waiting, running = Counter[str](), Counter[str]()
-        for task in state.tasks.values():
+        for task in live_tasks_of(state):
             if task.status in WAITING_STATUSES:
                 waiting[task.model] += 1
             elif task.status in RUNNING_STATUSES:

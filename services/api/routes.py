@@ -15,6 +15,7 @@ from services.api.model_cards import model_card
 from services.api.responses import CancelAccepted, Health, ModelCard, ModelList, json_response
 from services.api.schemas import RequestProblem
 from services.models import model_error
+from services.ops.task_history import task_from_log
 
 
 async def list_models(request: Request, ctx: ApiContext) -> Response:
@@ -26,22 +27,23 @@ async def list_models(request: Request, ctx: ApiContext) -> Response:
     return json_response(ModelList(object="list", data=data))
 
 
-def _callers_task(request: Request, ctx: ApiContext) -> TaskInfo:
+async def _callers_task(request: Request, ctx: ApiContext) -> TaskInfo:
     """The task named in the path, if the caller may see it: another key's task is answered exactly
-    as a task that does not exist, so a 404 tells nothing about other keys' tasks."""
+    as a task that does not exist, so a 404 tells nothing about other keys' tasks. A task no longer
+    held whole in the State (an older ended one, `events.retention`) is read back from the log."""
     task_id = _task_id(request)
-    task = ctx.hub.state.tasks.get(task_id)
+    task = ctx.hub.state.tasks.get(task_id) or await task_from_log(ctx.log, task_id, ctx.hub.state)
     if task is None or not caller_of(request).may_see(task.owner):
         raise RequestProblem(404, f"task {task_id!r} does not exist", code="task_not_found")
     return task
 
 
 async def get_task(request: Request, ctx: ApiContext) -> Response:
-    return json_response(_callers_task(request, ctx))
+    return json_response(await _callers_task(request, ctx))
 
 
 async def cancel_task(request: Request, ctx: ApiContext) -> Response:
-    task = _callers_task(request, ctx)
+    task = await _callers_task(request, ctx)
     task_id = task.task_id
     if task.ended:
         raise RequestProblem(409, f"task {task_id!r} already ended ({task.status})", code="task_ended")

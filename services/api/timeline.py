@@ -23,6 +23,7 @@ from services.api.schemas import RequestProblem
 from services.ops.nearest import unknown_id_message
 from services.ops.offline import timeline_and_findings
 from services.ops.render_html import render_timeline_html
+from services.ops.task_history import task_from_log
 
 
 async def timeline_page(request: Request, ctx: ApiContext) -> Response:
@@ -30,6 +31,8 @@ async def timeline_page(request: Request, ctx: ApiContext) -> Response:
     if not task_id:
         raise RequestProblem(400, "give the task to draw: /debug/timeline?task=<task id>", param="task")
     task = ctx.hub.state.tasks.get(TaskId(task_id))
+    if task is None:  # an older ended task: the log still has it
+        task = await task_from_log(ctx.log, TaskId(task_id), ctx.hub.state)
     if task is None:
         raise RequestProblem(
             404, unknown_id_message("task", task_id, ctx.hub.state.tasks.keys()), code="task_not_found"

@@ -26,6 +26,7 @@ BENCHES: dict[str, str] = {
     "e2e": "time to first token and decode rate through shoal vs bare mlx-lm",
     "cancel": "time from TaskCancelled to every rank idle, in prefill and in decode",
     "replay": "offline fold and diagnose over a generated million-event log",
+    "soak": "start-up time and resident memory against 1k..100k finished tasks (snapshot + bounded State)",
 }
 # What `shoal bench all` runs: every figure the README's table quotes, in its order.
 ALL_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -35,6 +36,7 @@ ALL_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("e2e", ()),
     ("cancel", ()),
     ("replay", ()),
+    ("soak", ()),
 )
 SKIPPED_IN_COMMAND = {"json", "record", "handler", "bench", "command"}
 

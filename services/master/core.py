@@ -33,6 +33,7 @@ from events.catalogue import (
     TaskFailed,
 )
 from events.culprit import STALLED_TASK_BOUNDS, Culprit, Evidence, name_culprit
+from events.retention import live_tasks_of
 from events.runner_settings import RunnerSettings
 from events.stamp import Stamper
 from events.state import InstanceInfo, State, TaskInfo
@@ -76,7 +77,8 @@ class MasterCore:
             case TaskCreated():
                 return self._serve_waiting(state, event.model)
             case TaskCancelled():
-                return self._finish_if_waiting(state.tasks[event.task_id])
+                task = state.tasks.get(event.task_id)  # None: a late cancel of an evicted task
+                return [] if task is None else self._finish_if_waiting(task)
             case RunnerStatusChanged():
                 instance = state.instances[event.instance_id]
                 if instance.retired:
@@ -237,10 +239,7 @@ def retire_instance(
 
 def _waiting_tasks(state: State, model: str | None) -> list[TaskInfo]:
     """Tasks not yet assigned and not ended, oldest first."""
-    waiting = [
-        t for t in state.tasks.values() if t.instance_id is None and not t.ended and (model is None or t.model == model)
-    ]
-    return sorted(waiting, key=lambda t: t.created_seq)
+    return [t for t in live_tasks_of(state) if t.instance_id is None and (model is None or t.model == model)]
 
 
 def _live_instances(state: State, model: str) -> list[InstanceInfo]:

@@ -28,10 +28,11 @@ from events.catalogue import LogEvent, NodeHeartbeat, Origin, RunnerHeartbeat
 from events.fold import apply_live
 from events.ids import NodeId
 from events.stamp import Stamper
-from events.state import State
+from events.state import FINISHED_TASKS_KEPT, State
 from events.subjects import PREFIX
 from services.master.core import MasterCore, MasterPolicy, ModelCatalog
 from services.master.lease import DEFAULT_LEASE_SECONDS, KvLease, Leadership
+from services.master.snapshots import SnapshotWriter
 from services.master.watchdog import Liveness, RunnerKey, tick
 
 
@@ -41,6 +42,8 @@ class MasterSettings(msgspec.Struct, frozen=True, kw_only=True):
     tick_seconds: float = 0.5
     name: str = msgspec.field(default_factory=lambda: f"master-{socket.gethostname()}-{os.getpid()}")  # lease holder
     master_lease_seconds: float = DEFAULT_LEASE_SECONDS
+    finished_tasks_kept: int = FINISHED_TASKS_KEPT
+    snapshot_every_events: int = 10_000
 
 
 class Master:
@@ -63,6 +66,7 @@ class Master:
         self._awaiting_seq = 0
         self._undecided: collections.deque[LogEvent] = collections.deque()
         self._log: EventLog | None = None
+        self._snapshots: SnapshotWriter | None = None
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         log = await EventLog.connect(self.settings.nats, name="shoal-master")
@@ -77,7 +81,8 @@ class Master:
             await log.close()
 
     async def _serve(self, log: EventLog, leadership: Leadership, ready: asyncio.Event | None) -> None:
-        self.state = await log.fold()
+        self.state = await log.fold(from_snapshot=True, finished_tasks_kept=self.settings.finished_tasks_kept)
+        self._snapshots = SnapshotWriter(log, self.settings.snapshot_every_events, self.state.last_seq)
         logger.info("master {} resumed at seq {}", self.settings.name, self.state.last_seq)
         started = self.wall_ns()  # heartbeats from before this start were not watched: count from now
         self.node_last_seen = {node_id: started for node_id in self.state.nodes}
@@ -140,6 +145,8 @@ class Master:
             liveness = Liveness(nodes=self.node_last_seen, runners=self.runner_beats)
             decisions = tick(self.state, self.wall_ns(), liveness, self.settings.policy, self.stamper)
             await self._publish(decisions)
+            if self._snapshots is not None:
+                await self._snapshots.write_if_due(self.state)
 
     async def _follow_heartbeats(self, log: EventLog) -> None:
         start = await log.last_seq("telemetry") + 1

@@ -16,6 +16,7 @@ import msgspec
 from events.catalogue import LogEvent, NodeTimedOut, RunnerHeartbeat, TaskFailed, TaskStalled
 from events.culprit import STALLED_TASK_BOUNDS, Culprit, TaskEvidence, name_culprit
 from events.ids import InstanceId, NodeId
+from events.retention import live_tasks_of
 from events.stamp import Stamper
 from events.state import InstanceInfo, State, TaskInfo
 from services.master.core import MasterPolicy, judge_instance, retire_instance
@@ -113,8 +114,8 @@ def blame(state: State, instance: InstanceInfo, task: TaskInfo, liveness: Livene
 
 def _unserved_tasks(state: State, now_ns: int, policy: MasterPolicy, stamper: Stamper) -> list[LogEvent]:
     failed: list[LogEvent] = []
-    for task in state.tasks.values():
-        if task.ended or task.instance_id is not None:
+    for task in live_tasks_of(state):
+        if task.instance_id is not None:
             continue
         if now_ns - task.created_at > policy.assign_timeout_seconds * NS:
             error = f"no ready instance of model {task.model!r} within {policy.assign_timeout_seconds:g}s"

@@ -74,7 +74,9 @@ class ScanResult:
     """What one pass learned. Mutable while scanning; read it after `scan` returns."""
 
     def __init__(self) -> None:
-        self.state = State()
+        # Every task, never evicted (`events.retention`): a tool reads one log once, and its
+        # operator may ask about any task in it.
+        self.state = State.keeping(0)
         self.heartbeats = HeartbeatIndex()
         self.newest_wall_ns = 0
         self.events_folded = 0

@@ -16,7 +16,7 @@ from events.catalogue import LogEvent, NodeHeartbeat, NodeJoined, NodeLeft, Orig
 from events.fold import apply_live
 from events.ids import InstanceId, NodeId
 from events.stamp import Stamper
-from events.state import State
+from events.state import FINISHED_TASKS_KEPT, State
 from runner.blas import blas_env
 from runner.service.exit_codes import exit_cause
 from services.worker.plan import RunnerKey, plan_runners, ranks_sharing_host
@@ -35,6 +35,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat_interval_seconds: float
     blas: str
     echo_runner_logs: bool = False
+    finished_tasks_kept: int = FINISHED_TASKS_KEPT
 
 
 def default_node_id() -> str:
@@ -71,7 +72,8 @@ class Worker:
                     group, self._runner_exited, echo_prefix="" if not self.settings.echo_runner_logs else "runner"
                 )
                 end = await log.last_seq()
-                self.state = await log.fold()  # catch up before acting: old instances may be retired later in the log
+                # catch up before acting: old instances may be retired later in the log
+                self.state = await log.fold(from_snapshot=True, finished_tasks_kept=self.settings.finished_tasks_kept)
                 await log.append(self._joined())
                 group.create_task(self._heartbeats())
                 if ready is not None:

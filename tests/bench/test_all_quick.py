@@ -17,7 +17,10 @@ from bench.readme_table import render_section
 from bench.result import KEYS, load_records
 
 ROOT = Path(__file__).resolve().parents[2]
-EXPECTED_FILES = {"log.json", "prefill-2ranks.json", "prefill-3ranks.json", "e2e.json", "cancel.json", "replay.json"}
+EXPECTED_FILES = {
+    *("log.json", "prefill-2ranks.json", "prefill-3ranks.json", "e2e.json", "cancel.json", "replay.json"),
+    "soak.json",
+}
 
 
 @pytest.mark.timeout(420)
@@ -26,7 +29,7 @@ def test_every_bench_runs_quick_and_is_recorded(tmp_path: Path) -> None:
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])["results"]
-    assert [r["bench"] for r in results] == ["log", "prefill", "prefill", "e2e", "cancel", "replay"]
+    assert [r["bench"] for r in results] == ["log", "prefill", "prefill", "e2e", "cancel", "replay", "soak"]
     for result in results:
         name = result["bench"]
         assert set(KEYS) <= set(result) and result["quick"] is True, name

@@ -1,0 +1,46 @@
+"""The master's snapshot schedule (pure) and its writer on a real nats-server."""
+
+from __future__ import annotations
+
+import nats
+import pytest
+
+from eventlog.log import EventLog
+from eventlog.snapshots import read_snapshot
+from events.fold import fold
+from events.state import State
+from events.synthetic import synthetic_history
+from services.master.snapshots import SnapshotWriter, snapshot_due
+
+
+@pytest.mark.parametrize(
+    ("last_seq", "written_seq", "every", "due"),
+    [
+        (0, 0, 100, False),
+        (99, 0, 100, False),
+        (100, 0, 100, True),
+        (250, 200, 100, False),
+        (300, 200, 100, True),
+        (10**6, 0, 0, False),  # 0: never
+    ],
+)
+def test_a_snapshot_is_due_every_so_many_events(last_seq: int, written_seq: int, every: int, due: bool) -> None:
+    assert snapshot_due(State(last_seq=last_seq), written_seq, every) is due
+
+
+@pytest.mark.timeout(60)
+async def test_the_writer_stores_the_state_when_due_and_only_then(event_log: EventLog, nats_url: str) -> None:
+    events = synthetic_history(1000)
+    await event_log.append_many(events)
+    writer = SnapshotWriter(event_log, every_events=400)
+    early = fold(enumerate(events[:300], start=1))
+    assert not await writer.write_if_due(early)
+    state = fold(enumerate(events, start=1))
+    assert await writer.write_if_due(state) and writer.written_seq == 1000
+    assert not await writer.write_if_due(state)  # nothing new since
+    nc = await nats.connect(nats_url)  # pyright: ignore[reportUnknownMemberType]
+    try:
+        stored = await read_snapshot(nc.jetstream())  # pyright: ignore[reportUnknownMemberType]
+    finally:
+        await nc.close()
+    assert stored is not None and stored.state == state
