@@ -40,7 +40,7 @@ from loguru import logger
 from eventlog.client import NatsClient
 from eventlog.consume import ConsumerRestart, Deliveries, Position, StreamNotFound, StreamReader
 from eventlog.endpoint import NatsEndpoint
-from eventlog.publish import LogError, Outbox, pipeline
+from eventlog.publish import LogError, LogUnreachable, Outbox, pipeline
 from eventlog.streams import LogSettings, create_stream, stream_config, stream_name
 from eventlog.tls import TlsRefused
 from eventlog.wire import Wire, WireClosed, WireError
@@ -149,7 +149,10 @@ class EventLog:
     # --- appending --------------------------------------------------------------------------
 
     async def append(self, event: LogEvent) -> int:
-        """Store one event; its seq. A retry (same event_id) returns the original's seq."""
+        """Store one event; its seq. A retry (same event_id) returns the original's seq.
+
+        Unacknowledged for `settings.retry_seconds`: `LogUnreachable` (call again to keep trying);
+        refused by the server: `LogError`."""
         subject = subject_for(event)
         headers = {"Nats-Msg-Id": str(event.env.event_id)}
         payload = encode(event)
@@ -163,9 +166,11 @@ class EventLog:
                 nats.errors.NoRespondersError,
                 nats.js.errors.NoStreamResponseError,
                 nats.errors.ConnectionReconnectingError,
+                nats.errors.OutboundBufferLimitError,
             ) as exc:
                 if time.monotonic() > deadline:
-                    raise LogError(f"append to {subject} failed for {self.settings.retry_seconds}s: {exc}") from exc
+                    failed = f"append to {subject} not acknowledged for {self.settings.retry_seconds}s: {exc}"
+                    raise LogUnreachable(failed) from exc
                 logger.debug("append to {} not acknowledged ({}); retrying with the same id", subject, exc)
                 await asyncio.sleep(0.1)
             except nats.js.errors.APIError as exc:
@@ -194,7 +199,8 @@ class EventLog:
                 except (WireClosed, TimeoutError, OSError) as exc:
                     self._drop_pub_wire()
                     if time.monotonic() > deadline:
-                        raise LogError(f"append_many failed for {self.settings.retry_seconds}s: {exc}") from exc
+                        failed = f"append_many not acknowledged for {self.settings.retry_seconds}s: {exc}"
+                        raise LogUnreachable(failed) from exc
                     logger.warning("append_many interrupted ({}); resending {} unacknowledged", exc, len(todo))
                     await asyncio.sleep(0.2)
 
