@@ -31,6 +31,7 @@ import msgspec
 
 from events.catalogue import (
     ChunkGenerated,
+    ClusterStarted,
     Event,
     InstancePlaced,
     InstanceRetired,
@@ -53,6 +54,7 @@ from events.catalogue import (
 )
 from events.ids import check_token
 from events.subjects import (
+    CLUSTER_STARTED,
     EVENTS_STREAM,
     PREFIX,
     TELEMETRY_STREAM,
@@ -69,6 +71,7 @@ ROUTE_USER = "shoal-route"
 
 # The subject pattern of each event kind (tests/security checks each against `subject_for`).
 SUBJECTS: Mapping[type[Event], str] = {
+    ClusterStarted: CLUSTER_STARTED,  # the admin's (`shoal up`), like every subject
     NodeJoined: node_subject(NODE, "joined"),
     NodeLeft: node_subject(NODE, "left"),
     NodeTimedOut: node_subject("*", "timed_out"),
