@@ -44,8 +44,12 @@ async def _bridge(url: str, ev: Events, limit: int) -> LogBridge:
     return await asyncio.to_thread(build)
 
 
-async def _task_on_the_log(log: EventLog, ev: Events) -> None:
+async def _running_task(server: EmbeddedNats, ev: Events, limit: int) -> tuple[EventLog, LogBridge]:
+    """Task t1 assigned to the 2-rank instance i1 on a fresh server; a bridge for its last rank."""
+    await asyncio.to_thread(server.start)
+    log = await EventLog.connect(server.url)
     await log.append_many([ev.node("n1"), ev.node("n2"), ev.placed("i1"), ev.created("t1"), ev.assigned("t1", "i1")])
+    return log, await _bridge(server.url, ev, limit)
 
 
 async def _end_of(log: EventLog, task_id: str) -> AnyEvent:
@@ -74,11 +78,8 @@ def _completed(ev: Events) -> TaskCompleted:
 async def test_a_task_spanning_an_outage_completes_with_its_whole_text(
     make_nats: Callable[..., EmbeddedNats],
 ) -> None:
-    server = await asyncio.to_thread(make_nats("outage").start)
-    log = await EventLog.connect(server.url)
-    ev = Events()
-    await _task_on_the_log(log, ev)
-    bridge = await _bridge(server.url, ev, limit=1000)
+    server, ev = make_nats("outage"), Events()
+    log, bridge = await _running_task(server, ev, limit=1000)
     try:
         chunks = [ev.chunk("t1", index=i, text=word) for i, word in enumerate(WORDS)]
         for chunk in chunks[:4]:
@@ -104,11 +105,8 @@ async def test_a_task_spanning_an_outage_completes_with_its_whole_text(
 async def test_an_outage_past_the_backlog_fails_the_task_loudly_and_never_completes_it(
     make_nats: Callable[..., EmbeddedNats],
 ) -> None:
-    server = await asyncio.to_thread(make_nats("paused").start)
-    log = await EventLog.connect(server.url)
-    ev = Events()
-    await _task_on_the_log(log, ev)
-    bridge = await _bridge(server.url, ev, limit=3)
+    server, ev = make_nats("paused"), Events()
+    log, bridge = await _running_task(server, ev, limit=3)
     assert server.pid is not None
     os.kill(server.pid, signal.SIGSTOP)
     try:
