@@ -146,6 +146,17 @@ class EventLog:
             return None
         return seq, event
 
+    async def is_newest_on_its_subject(self, event: LogEvent) -> bool:
+        """Whether `event` (by id) is the newest message on its subject; False when NATS cannot say.
+        For a publisher that resends after the duplicate window may have passed: its own last
+        event on a subject only it writes (a task's chunks) is stored once this says so."""
+        try:
+            found = await self.get_last(subject_for(event))
+        except (nats.errors.Error, TimeoutError) as exc:
+            logger.debug("cannot tell whether {} is stored: {}", event.env.event_id, exc)
+            return False
+        return found is not None and found[1].env.event_id == event.env.event_id
+
     # --- appending --------------------------------------------------------------------------
 
     async def append(self, event: LogEvent) -> int:

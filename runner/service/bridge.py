@@ -255,11 +255,16 @@ class LogBridge:
                 self._outbox.task_done()
 
     async def _append_until_stored(self, log: EventLog, event: LogEvent) -> None:
+        """After a long outage the duplicate window may be over: if the first send was stored but
+        its acknowledgement lost, a resend would store a chunk twice. So a resend first asks."""
+        resending = False
         while True:
             try:
-                await log.append(event)
+                if not (resending and await log.is_newest_on_its_subject(event)):
+                    await log.append(event)
                 return
             except LogUnreachable as exc:  # NATS is away: keep the event, and everything behind it
+                resending = True
                 logger.warning("still cannot publish ({} events waiting): {}", self._backlog.waiting, exc)
             except LogError as exc:  # refused for good (permissions, size): it will never be stored
                 logger.error("the log refused {}: {}", type(event).__name__, exc)

@@ -95,3 +95,18 @@ def test_diagnose_reports_the_current_run_and_history_on_request(
     assert "1 finding(s) of earlier runs not shown" in capsys.readouterr().out
     assert main(["diagnose", "--file", path, "--history"]) == 1
     assert "(run 1) [instance_not_ready] instance i1" in capsys.readouterr().out
+
+
+def test_replay_of_a_task_from_an_earlier_run_still_shows_its_finding(
+    export_file: ExportFile, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = scenarios.LogBuilder()
+    log.cluster_started()
+    log.node_joined("n1")
+    log.ready_instance("i1", ["n1"])
+    log.task_created("t1")
+    log.task_assigned("t1", "i1")
+    log.failed("t1", "ValueError: boom", rank=0)
+    log.cluster_started()
+    assert main(["replay", "--file", str(export_file(log)), "--task", "t1"]) == 0
+    assert "[rank_error] task t1" in capsys.readouterr().out
