@@ -34,7 +34,7 @@ from loguru import logger
 
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
-from eventlog.publish import LogError, LogUnreachable
+from eventlog.publish import LogUnreachable
 from events.catalogue import AnyEvent, LogEvent, TaskAssigned, TaskCreated, TaskFailed, TelemetryEvent
 from events.ids import TaskId
 from events.runner_settings import RunnerSettings
@@ -266,8 +266,8 @@ class LogBridge:
             except LogUnreachable as exc:  # NATS is away: keep the event, and everything behind it
                 resending = True
                 logger.warning("still cannot publish ({} events waiting): {}", self._backlog.waiting, exc)
-            except LogError as exc:  # refused for good (permissions, size): it will never be stored
-                logger.error("the log refused {}: {}", type(event).__name__, exc)
+            except Exception as exc:  # refused for good (permissions, size, a bug): its task fails, not the runner
+                logger.error("the log refused {}: {}: {}", type(event).__name__, type(exc).__name__, exc)
                 self._refused(event, str(exc))
                 return
 

@@ -130,3 +130,24 @@ async def test_an_outage_past_the_backlog_fails_the_task_loudly_and_never_comple
         assert state.tasks[TaskId("t1")].text == "".join(WORDS[:3])  # a prefix, then the failure
     finally:
         await log.close()
+
+
+async def test_an_event_the_log_refuses_fails_its_task_and_nothing_of_it_follows(
+    make_nats: Callable[..., EmbeddedNats],
+) -> None:
+    server, ev = make_nats("refusing"), Events()
+    log, bridge = await _running_task(server, ev, limit=1000)
+    try:
+        bridge.publish(ev.chunk("t1", index=0, text="kept "))
+        bridge.publish(ev.chunk("t1", index=1, text="x" * (2 << 20)))  # over the server's max payload
+        bridge.publish(ev.chunk("t1", index=2, text="after the hole"))
+        bridge.publish(_completed(ev))
+        failed = await _end_of(log, "t1")
+        assert isinstance(failed, TaskFailed) and "refused its ChunkGenerated" in failed.error
+    finally:
+        await asyncio.to_thread(bridge.close)
+    try:
+        assert await log.get_last(task_subject("t1", "completed")) is None
+        assert (await log.fold()).tasks[TaskId("t1")].text == "kept "
+    finally:
+        await log.close()
