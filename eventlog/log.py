@@ -41,7 +41,7 @@ from loguru import logger
 from eventlog.client import NatsClient
 from eventlog.consume import ConsumerRestart, Deliveries, Position, StreamNotFound, StreamReader
 from eventlog.endpoint import NatsEndpoint
-from eventlog.publish import LogError, Outbox, pipeline
+from eventlog.publish import LogError, LogUnreachable, Outbox, pipeline
 from eventlog.snapshots import delete_snapshot_bucket, ensure_snapshot_bucket, read_snapshot, write_snapshot
 from eventlog.streams import LEASE_BUCKET, LogSettings, create_stream, lease_bucket_config, stream_config, stream_name
 from eventlog.tls import TlsRefused
@@ -160,10 +160,24 @@ class EventLog:
             return None
         return seq, event
 
+    async def is_newest_on_its_subject(self, event: LogEvent) -> bool:
+        """Whether `event` (by id) is the newest message on its subject; False when NATS cannot say.
+        For a publisher that resends after the duplicate window may have passed: its own last
+        event on a subject only it writes (a task's chunks) is stored once this says so."""
+        try:
+            found = await self.get_last(subject_for(event))
+        except (nats.errors.Error, TimeoutError) as exc:
+            logger.debug("cannot tell whether {} is stored: {}", event.env.event_id, exc)
+            return False
+        return found is not None and found[1].env.event_id == event.env.event_id
+
     # --- appending --------------------------------------------------------------------------
 
     async def append(self, event: LogEvent) -> int:
-        """Store one event; its seq. A retry (same event_id) returns the original's seq."""
+        """Store one event; its seq. A retry (same event_id) returns the original's seq.
+
+        Unacknowledged for `settings.retry_seconds`: `LogUnreachable` (call again to keep trying);
+        refused by the server: `LogError`."""
         subject = subject_for(event)
         headers = {"Nats-Msg-Id": str(event.env.event_id)}
         payload = encode(event)
@@ -177,9 +191,11 @@ class EventLog:
                 nats.errors.NoRespondersError,
                 nats.js.errors.NoStreamResponseError,
                 nats.errors.ConnectionReconnectingError,
+                nats.errors.OutboundBufferLimitError,
             ) as exc:
                 if time.monotonic() > deadline:
-                    raise LogError(f"append to {subject} failed for {self.settings.retry_seconds}s: {exc}") from exc
+                    failed = f"append to {subject} not acknowledged for {self.settings.retry_seconds}s: {exc}"
+                    raise LogUnreachable(failed) from exc
                 logger.debug("append to {} not acknowledged ({}); retrying with the same id", subject, exc)
                 await asyncio.sleep(0.1)
             except nats.js.errors.APIError as exc:
@@ -208,7 +224,8 @@ class EventLog:
                 except (WireClosed, TimeoutError, OSError) as exc:
                     self._drop_pub_wire()
                     if time.monotonic() > deadline:
-                        raise LogError(f"append_many failed for {self.settings.retry_seconds}s: {exc}") from exc
+                        failed = f"append_many not acknowledged for {self.settings.retry_seconds}s: {exc}"
+                        raise LogUnreachable(failed) from exc
                     logger.warning("append_many interrupted ({}); resending {} unacknowledged", exc, len(todo))
                     await asyncio.sleep(0.2)
 

@@ -26,6 +26,11 @@ class LogError(RuntimeError):
     """The log refused an operation (stream missing, NATS unreachable past the retry time)."""
 
 
+class LogUnreachable(LogError):
+    """NATS did not acknowledge within the retry time: the operation may succeed if retried (with
+    the same event ids, so nothing is stored twice), unlike a refusal."""
+
+
 class _PubAck(msgspec.Struct, frozen=True):
     seq: int = 0
     duplicate: bool = False

@@ -108,7 +108,11 @@ class Wire:
         last: Exception | None = None
         for host, port, auth in split_servers(url):
             try:
-                return await asyncio.wait_for(cls._handshake(host, port, auth, name, tls, identity), timeout)
+                # Not `asyncio.wait_for`: on Python 3.11 it swallows a cancel that arrives as the
+                # handshake completes, and a cancelled follow() then reads on forever (the hang
+                # of a master stopped right after its start, tests/security/test_poison.py).
+                async with asyncio.timeout(timeout):
+                    return await cls._handshake(host, port, auth, name, tls, identity)
             except CredentialsUnreadable:
                 raise
             except (OSError, TimeoutError, WireError) as exc:

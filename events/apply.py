@@ -23,6 +23,7 @@ import msgspec
 from events.apply_models import model_download_progress, model_unavailable
 from events.catalogue import (
     ChunkGenerated,
+    ClusterStarted,
     InstancePlaced,
     InstanceRetired,
     LogEvent,
@@ -137,6 +138,8 @@ def apply(state: State, seq: int, event: LogEvent) -> State:
             return model_download_progress(state, seq, event)
         case ModelUnavailable():
             return model_unavailable(state, seq, event)
+        case ClusterStarted():  # marks a run for the operator tools; the State carries over
+            return _advance(state, seq)
         case _:
             assert_never(event)
 

@@ -147,6 +147,14 @@ class InstanceRetired(Event, tag="instance_retired", frozen=True, kw_only=True):
     reason: str
 
 
+class ClusterStarted(Event, tag="cluster_started", frozen=True, kw_only=True):
+    """`shoal up` began a run on this log (which outlives it): a live diagnosis of "now" starts
+    here, and what came before belongs to earlier runs (`services/ops/runs.py`)."""
+
+    workers: int = 0
+    model: str = ""
+
+
 # --- models ---------------------------------------------------------------------------------
 
 
@@ -255,6 +263,7 @@ class NodeHeartbeat(Event, tag="node_heartbeat", frozen=True, kw_only=True):
 
 LogEvent = (
     NodeJoined
+    | ClusterStarted
     | NodeLeft
     | NodeTimedOut
     | InstancePlaced

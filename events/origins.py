@@ -12,7 +12,8 @@ The rules, read off every publisher (grep `Origin(`):
   instance placed on its node);
 - a runner (`service=runner`, its node and rank) reports its own rank's status, and the progress,
   chunks and end of tasks assigned to its instance, and its node's model downloads;
-- the master says a model cannot be served (`ModelUnavailable`).
+- the master says a model cannot be served (`ModelUnavailable`);
+- `shoal up` says a run began (`ClusterStarted`).
 
 Each rule is a pure function of the State before the event; it answers the reason an origin is
 refused, or None. An event about an id the State does not know is left to `apply`, which names
@@ -26,6 +27,7 @@ from typing import assert_never
 
 from events.catalogue import (
     ChunkGenerated,
+    ClusterStarted,
     InstancePlaced,
     InstanceRetired,
     LogEvent,
@@ -52,6 +54,7 @@ API = "api"
 MASTER = "master"
 WORKER = "worker"
 RUNNER = "runner"
+UP = "up"  # `shoal up`, as the admin identity that starts a run
 
 
 def origin_refusal(state: State, event: LogEvent) -> str | None:
@@ -66,6 +69,8 @@ def origin_refusal(state: State, event: LogEvent) -> str | None:
             return None if task is None else task_runner_refusal(state.instances, task, origin, None)
         case TaskCreated() | TaskCancelled():
             return _service_refusal(origin, API)
+        case ClusterStarted():
+            return _service_refusal(origin, UP)
         case (
             TaskAssigned() | TaskStalled() | InstancePlaced() | InstanceRetired() | NodeTimedOut() | ModelUnavailable()
         ):

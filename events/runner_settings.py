@@ -48,6 +48,15 @@ ModelDownload = Annotated[
     ),
 ]
 
+PublishBacklogEvents = Annotated[
+    int,
+    msgspec.Meta(
+        ge=1,
+        description="events a rank keeps while the log is unreachable; past it, the task that would "
+        "lose one fails (never completes with text missing)",
+    ),
+]
+
 
 class RunnerSettings(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Everything a rank needs beyond its identity (nats url, instance, rank, node)."""
@@ -59,3 +68,5 @@ class RunnerSettings(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     heartbeat_interval_seconds: HeartbeatIntervalSeconds = 1.0
     stall_stack_seconds: StallStackSeconds = 5.0
     model_download: ModelDownload = True
+    # ~20 minutes of one task's chunks (8 tokens each at 100 tokens/s); a few tens of MB at most.
+    publish_backlog_events: PublishBacklogEvents = 10_000

@@ -9,6 +9,7 @@ from typing import assert_never
 from events.catalogue import (
     AnyEvent,
     ChunkGenerated,
+    ClusterStarted,
     InstancePlaced,
     InstanceRetired,
     ModelDownloadProgress,
@@ -46,6 +47,9 @@ def task_subject(task_id: str, kind: str = "*") -> str:
 def task_events(task_id: str) -> str:
     """Everything about one task (what the API subscribes to before publishing TaskCreated)."""
     return f"{PREFIX}.ev.task.{task_id}.>"
+
+
+CLUSTER_STARTED = f"{PREFIX}.ev.cluster.started"
 
 
 def node_subject(node_id: str, kind: str = "*") -> str:
@@ -104,6 +108,8 @@ def subject_for(event: AnyEvent) -> str:
             return instance_subject(event.instance_id, kind)
         case ModelDownloadProgress() | ModelUnavailable():
             return model_subject(event.model, kind)
+        case ClusterStarted():
+            return CLUSTER_STARTED
         case RunnerHeartbeat():
             return f"{PREFIX}.hb.runner.{event.instance_id}.{event.rank}"
         case NodeHeartbeat():

@@ -33,6 +33,7 @@ import msgspec
 from eventlog.streams import LEASE_BUCKET, MASTER_LEASE_KEY
 from events.catalogue import (
     ChunkGenerated,
+    ClusterStarted,
     Event,
     InstancePlaced,
     InstanceRetired,
@@ -55,6 +56,7 @@ from events.catalogue import (
 )
 from events.ids import check_token
 from events.subjects import (
+    CLUSTER_STARTED,
     EVENTS_STREAM,
     PREFIX,
     SNAPSHOT_BUCKET,
@@ -73,6 +75,7 @@ ROUTE_USER = "shoal-route"
 
 # The subject pattern of each event kind (tests/security checks each against `subject_for`).
 SUBJECTS: Mapping[type[Event], str] = {
+    ClusterStarted: CLUSTER_STARTED,  # the admin's (`shoal up`), like every subject
     NodeJoined: node_subject(NODE, "joined"),
     NodeLeft: node_subject(NODE, "left"),
     NodeTimedOut: node_subject("*", "timed_out"),

@@ -16,7 +16,10 @@ import sys
 import msgspec
 
 from eventlog.log import EventLog
+from events.catalogue import ClusterStarted, Origin
 from events.fold import apply_live
+from events.origins import UP
+from events.stamp import Stamper
 from events.state import State
 from services.api.auth import ApiAccess, load_api_access
 from services.config import ResolvedConfig, log_settings
@@ -53,6 +56,9 @@ async def run_cluster(resolved: ResolvedConfig, access: ApiAccess, workers: int)
     admin = endpoint_for(config, Identity("admin"))
     log = await EventLog.connect(admin, log_settings(config), name="shoal-up")
     try:
+        # The log outlives this run: mark where it begins, so `shoal diagnose` tells now from before.
+        started = ClusterStarted(env=Stamper(Origin(service=UP)).stamp(), workers=workers, model=config.model)
+        await log.append(started)
         async with asyncio.TaskGroup() as group:
             for index in range(config.masters):  # one leads by the lease; the others stand by
                 master_ready = asyncio.Event()

@@ -1,7 +1,10 @@
 """The runner's link to the event log, on its own thread, so the MLX thread never awaits.
 
 The MLX thread calls:
-- `publish(event)`: queued, appended in order by one task (heartbeats go to telemetry);
+- `publish(event)`: queued, appended in order by one task, resent with the same id until the log
+  takes it however long NATS is away, up to `publish_backlog_events` waiting: past that the
+  task fails loudly (`runner.service.backlog`). Heartbeats go to telemetry, by a task of their
+  own: a newer heartbeat replaces an unsent one, and none waits behind the log;
 - `is_cancelled(task_id)`: a set lookup, filled by a consumer of every task's cancel and
   failure subjects *from the log* (a cancel published before the runner looked is not missed);
 - `next_assignment(timeout)`: the instance's `TaskAssigned`s (with their `TaskCreated`), in log
@@ -31,8 +34,13 @@ from loguru import logger
 
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
+from eventlog.publish import LogUnreachable
 from events.catalogue import AnyEvent, LogEvent, TaskAssigned, TaskCreated, TaskFailed, TelemetryEvent
+from events.ids import TaskId
+from events.runner_settings import RunnerSettings
+from events.stamp import Stamper
 from events.subjects import task_subject
+from runner.service.backlog import PublishBacklog, task_of
 
 T = TypeVar("T")
 OpenLog = Callable[[NatsEndpoint], Awaitable[EventLog]]
@@ -52,6 +60,7 @@ ASSIGNED = task_subject("*", "assigned")
 CREATED = task_subject("*", "created")
 CREATED_CACHE_SIZE = 4096  # tasks created but not yet assigned that we remember
 STOPPING_SUBJECTS = (task_subject("*", "cancelled"), task_subject("*", "failed"))
+TELEMETRY_QUEUE = 8  # unsent heartbeats kept while NATS is away; the newest matter, older are dropped
 
 
 async def open_runner_log(nats: NatsEndpoint) -> EventLog:
@@ -60,8 +69,18 @@ async def open_runner_log(nats: NatsEndpoint) -> EventLog:
 
 
 class LogBridge:
-    def __init__(self, nats: NatsEndpoint, *, open_log: OpenLog = open_runner_log) -> None:
+    def __init__(
+        self,
+        nats: NatsEndpoint,
+        stamper: Stamper,
+        *,
+        open_log: OpenLog = open_runner_log,
+        backlog_limit: int = RunnerSettings().publish_backlog_events,
+    ) -> None:
+        """`stamper` stamps the `TaskFailed` of a task whose events the runner could not publish;
+        `backlog_limit` holds until the placement's own setting arrives (`limit_backlog`)."""
         self._nats = nats
+        self._stamper = stamper
         self._open_log = open_log
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="log-bridge", daemon=True)
@@ -71,7 +90,10 @@ class LogBridge:
         self._opened: Future[None] = Future()
         self._down: Future[None] = Future()  # fails with LogBridgeDown when the bridge stops
         self._down.add_done_callback(self._wake_waiters)
-        self._outbox: asyncio.Queue[LogEvent | TelemetryEvent] = asyncio.Queue()
+        self._outbox: asyncio.Queue[LogEvent] = asyncio.Queue()
+        self._backlog = PublishBacklog(backlog_limit, self._fail_task)
+        self._backlog_lock = threading.Lock()
+        self._telemetry: asyncio.Queue[TelemetryEvent] = asyncio.Queue(TELEMETRY_QUEUE)
         self._stopping: set[str] = set()
         self._stopping_lock = threading.Lock()
         self._assignments: collections.deque[Assignment] = collections.deque()
@@ -101,9 +123,24 @@ class LogBridge:
 
     # --- MLX-thread API ---------------------------------------------------------------------
 
+    def limit_backlog(self, limit: int) -> None:
+        """The placement's `publish_backlog_events` (the bridge opens before it is known)."""
+        with self._backlog_lock:
+            self._backlog.limit = limit
+
     def publish(self, event: LogEvent | TelemetryEvent) -> None:
+        """Queue `event` (thread-safe, never blocks). A log event is kept until the log takes it,
+        or, once the backlog is full, replaced by its task's failure (see runner.service.backlog)."""
         self._raise_if_down()
-        self._loop.call_soon_threadsafe(self._outbox.put_nowait, event)
+        if isinstance(event, TelemetryEvent):
+            self._loop.call_soon_threadsafe(self._queue_telemetry, event)
+            return
+        with self._backlog_lock:
+            admitted = self._backlog.admit(event)
+        for queued in admitted:
+            if queued is not event and isinstance(queued, TaskFailed):  # the backlog gave the task up
+                self._stop_lost_task(queued)
+            self._loop.call_soon_threadsafe(self._outbox.put_nowait, queued)
 
     def is_cancelled(self, task_id: str) -> bool:
         self._raise_if_down()
@@ -174,6 +211,8 @@ class LogBridge:
             async with anyio.create_task_group() as group:
                 self._log, self._group = log, group
                 group.start_soon(self._supervise, "publisher", partial(self._publisher, log), group.cancel_scope)
+                telemetry = partial(self._telemetry_publisher, log)
+                group.start_soon(self._supervise, "telemetry publisher", telemetry, group.cancel_scope)
                 self._opened.set_result(None)
                 await self._closing.wait()
                 group.cancel_scope.cancel()
@@ -202,17 +241,68 @@ class LogBridge:
         group.start_soon(self._supervise, "cancel consumer", stops, group.cancel_scope)
 
     async def _publisher(self, log: EventLog) -> None:
+        """Append the outbox in order; the oldest event is resent (same id) until the log takes it."""
         while True:
             event = await self._outbox.get()
             try:
-                if isinstance(event, TelemetryEvent):
-                    await log.publish_telemetry(event)
-                else:
-                    await log.append(event)
-            except Exception as exc:  # a lost progress event must not kill the runner
-                logger.error("could not publish {}: {}", type(event).__name__, exc)
+                with self._backlog_lock:
+                    wanted = self._backlog.still_wanted(event)
+                if wanted:
+                    await self._append_until_stored(log, event)
             finally:
+                with self._backlog_lock:
+                    self._backlog.stored()
                 self._outbox.task_done()
+
+    async def _append_until_stored(self, log: EventLog, event: LogEvent) -> None:
+        """After a long outage the duplicate window may be over: if the first send was stored but
+        its acknowledgement lost, a resend would store a chunk twice. So a resend first asks."""
+        resending = False
+        while True:
+            try:
+                if not (resending and await log.is_newest_on_its_subject(event)):
+                    await log.append(event)
+                return
+            except LogUnreachable as exc:  # NATS is away: keep the event, and everything behind it
+                resending = True
+                logger.warning("still cannot publish ({} events waiting): {}", self._backlog.waiting, exc)
+            except Exception as exc:  # refused for good (permissions, size, a bug): its task fails, not the runner
+                logger.error("the log refused {}: {}: {}", type(event).__name__, type(exc).__name__, exc)
+                self._refused(event, str(exc))
+                return
+
+    def _refused(self, event: LogEvent, error: str) -> None:
+        """A task whose event the log refused has a hole: fail it, after what was stored of it."""
+        task_id = task_of(event)
+        if task_id is None or isinstance(event, TaskFailed):
+            return
+        with self._backlog_lock:
+            refused = f"the log refused its {type(event).__name__}: {error}"
+            failed = self._backlog.give_up(task_id, refused, cut_queued=True)
+        self._stop_lost_task(failed)
+        self._outbox.put_nowait(failed)
+
+    def _fail_task(self, task_id: TaskId, error: str) -> TaskFailed:
+        return TaskFailed(env=self._stamper.stamp(), task_id=task_id, error=error, rank=self._stamper.origin.rank)
+
+    def _stop_lost_task(self, failed: TaskFailed) -> None:
+        """The ranks stop a task whose output can no longer reach the log (as they stop a cancel)."""
+        logger.error("task {} failed: {}", failed.task_id, failed.error)
+        with self._stopping_lock:
+            self._stopping.add(failed.task_id)
+
+    def _queue_telemetry(self, event: TelemetryEvent) -> None:
+        if self._telemetry.full():
+            self._telemetry.get_nowait()  # the oldest unsent heartbeat says least
+        self._telemetry.put_nowait(event)
+
+    async def _telemetry_publisher(self, log: EventLog) -> None:
+        while True:
+            event = await self._telemetry.get()
+            try:
+                await log.publish_telemetry(event)
+            except Exception as exc:  # a heartbeat is not worth a wait: a newer one follows
+                logger.debug("could not publish {}: {}", type(event).__name__, exc)
 
     async def _consume_assignments(self, log: EventLog, instance_id: str, from_seq: int) -> None:
         """Assignments in log order, each with its TaskCreated when it came after `from_seq`

@@ -212,10 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     phases = PhaseTracker()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    bridge = LogBridge(NatsEndpoint.from_env(args.nats_url, os.environ))  # TLS files: see NatsEndpoint
+    bridge = LogBridge(NatsEndpoint.from_env(args.nats_url, os.environ), stamper)  # TLS files: see NatsEndpoint
     bridge.start()
     try:
         placed_seq, placed = fetch_placement(bridge, args.instance)
+        bridge.limit_backlog(placed.settings.publish_backlog_events)
         with _flight_recorder(args, placed.settings, bridge, phases):
             run(args, placed_seq, placed, bridge, stamper, phases, stop)
     except Exception as exc:

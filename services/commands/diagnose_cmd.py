@@ -32,6 +32,12 @@ def register(subparsers: Any) -> None:
     add_source_arguments(parser, default_to_config=True)
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     parser.add_argument(
+        "--history",
+        action="store_true",
+        help="also report findings of earlier runs on this log (each `shoal up` starts a run; by default "
+        "only the current run's are reported, and the exit status is theirs)",
+    )
+    parser.add_argument(
         "--now", help="judge staleness at this ISO time (default: the wall clock live, the log's end offline)"
     )
     defaults = Limits()
@@ -58,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     )
     result = scan(source.records(), abandon=source.abandon, allow_gaps=source.live)
     skipped = source.skipped or result.fold_error
-    diagnosis = diagnose_scan(result, now_ns=now_ns, limits=limits, skipped=skipped)
+    diagnosis = diagnose_scan(result, now_ns=now_ns, limits=limits, skipped=skipped, history=args.history)
     if skipped is not None:
         print(f"shoal diagnose: {skipped.describe()}; diagnosed what came before", file=sys.stderr)
     if args.json:

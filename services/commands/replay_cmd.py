@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(_text(args, result, builder, reference))
     if builder is not None and args.html is not None:
-        findings = findings_for_task(diagnose_scan(result, now_ns=reference), args.task)
+        findings = findings_for_task(diagnose_scan(result, now_ns=reference, history=True), args.task)
         args.html.write_text(render_timeline_html(builder.build(), findings), encoding="utf-8")
         print(f"wrote {args.html}", file=sys.stderr)
     return 0
@@ -78,7 +78,7 @@ def _text(args: argparse.Namespace, result: ScanResult, builder: TimelineBuilder
     parts: list[str] = []
     if builder is not None:
         parts.append(timeline_text(builder.build()))
-        findings = findings_for_task(diagnose_scan(result, now_ns=reference), args.task)
+        findings = findings_for_task(diagnose_scan(result, now_ns=reference, history=True), args.task)
         parts.extend(finding_text(f) for f in findings)
     if builder is None or args.at is not None:
         parts.append(state_text(result.state, heartbeats_of(result), reference))
@@ -95,7 +95,7 @@ def _json(
     out: dict[str, Any] = {"reference_wall_ns": reference, "skipped": skipped}
     if builder is not None:
         out["timeline"] = builder.build()
-        out["findings"] = findings_for_task(diagnose_scan(result, now_ns=reference), args.task)
+        out["findings"] = findings_for_task(diagnose_scan(result, now_ns=reference, history=True), args.task)
     if builder is None or args.at is not None:
         out["state"] = msgspec.Raw(canonical_bytes(result.state))
         out["heartbeats"] = list(result.heartbeats.latest.values())

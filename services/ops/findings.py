@@ -75,6 +75,7 @@ class Finding(msgspec.Struct, frozen=True, kw_only=True):
     ranks: tuple[RankView, ...] = ()
     idle_s: float = 0.0  # how long before the reference the subject last showed activity
     evidence: tuple[str, ...] = ()
+    run: int = 0  # the run of the cluster its subject began in (services/ops/runs.py)
 
 
 class Diagnosis(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,3 +85,7 @@ class Diagnosis(msgspec.Struct, frozen=True, kw_only=True):
     reference: Literal["wall_clock", "end_of_log"]
     findings: tuple[Finding, ...]
     skipped: str | None = None  # the unusable tail of the input, if any
+    run: int = 0  # the current run: the number of `ClusterStarted` in the log (0: none)
+    run_started_wall_ns: int = 0
+    history: bool = False  # findings of earlier runs are included
+    earlier_findings: int = 0  # findings of earlier runs left out (history False)

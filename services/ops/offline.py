@@ -15,6 +15,7 @@ from services.ops.diagnose import diagnose
 from services.ops.findings import Diagnosis, Finding, Limits
 from services.ops.load import ExportReader, SkippedLines
 from services.ops.ranks import Heartbeats
+from services.ops.runs import Runs, label_runs
 from services.ops.scan import Cutoff, EventObserver, HeartbeatIndex, ScanResult, scan
 from services.ops.timeline import Timeline, TimelineBuilder
 
@@ -38,21 +39,32 @@ def diagnose_scan(
     now_ns: int | None = None,
     limits: Limits | None = None,
     skipped: SkippedLines | None = None,
+    history: bool = False,
 ) -> Diagnosis:
-    """Findings for a scanned log; without `now_ns` the reference is the newest event (offline)."""
+    """Findings for a scanned log; without `now_ns` the reference is the newest event (offline).
+    Only the current run's, unless `history` (each finding says its run either way)."""
     reference = now_ns if now_ns is not None else result.newest_wall_ns
-    findings = diagnose(result.state, heartbeats_of(result), reference, limits)
+    runs = Runs(result.runs)
+    findings = label_runs(diagnose(result.state, heartbeats_of(result), reference, limits), result.state, runs)
+    # Oldest run first (stable: within a run, diagnose's own order).
+    shown = sorted(findings, key=lambda f: f.run) if history else [f for f in findings if f.run == runs.current]
     return Diagnosis(
         reference_wall_ns=reference,
         reference="wall_clock" if now_ns is not None else "end_of_log",
-        findings=tuple(findings),
+        findings=tuple(shown),
         skipped=skipped.describe() if skipped is not None else None,
+        run=runs.current,
+        run_started_wall_ns=runs.starts[-1].wall_ns if runs.starts else 0,
+        history=history,
+        earlier_findings=len(findings) - len(shown),
     )
 
 
-def diagnose_file(path: Path, *, now_ns: int | None = None, limits: Limits | None = None) -> Diagnosis:
+def diagnose_file(
+    path: Path, *, now_ns: int | None = None, limits: Limits | None = None, history: bool = False
+) -> Diagnosis:
     result, skipped = scan_file(path)
-    return diagnose_scan(result, now_ns=now_ns, limits=limits, skipped=skipped)
+    return diagnose_scan(result, now_ns=now_ns, limits=limits, skipped=skipped, history=history)
 
 
 def findings_for_task(diagnosis: Diagnosis, task_id: str) -> list[Finding]:

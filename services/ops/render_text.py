@@ -121,8 +121,20 @@ def finding_text(finding: Finding) -> str:
 
 def diagnosis_text(diagnosis: Diagnosis) -> str:
     where = "the end of the log" if diagnosis.reference == "end_of_log" else "now"
-    head = f"reference: {where} ({iso(diagnosis.reference_wall_ns)})"
+    head = f"reference: {where} ({iso(diagnosis.reference_wall_ns)})" + _runs_text(diagnosis)
     if not diagnosis.findings:
         return f"{head}\nno findings: every task ended well and no instance is stuck"
-    body = "\n\n".join(finding_text(f) for f in diagnosis.findings)
+    labelled = diagnosis.run > 0  # the log knows its runs: say which one each finding is from
+    body = "\n\n".join((f"(run {f.run}) " if labelled else "") + finding_text(f) for f in diagnosis.findings)
     return f"{head}\n{len(diagnosis.findings)} finding(s)\n\n{body}"
+
+
+def _runs_text(diagnosis: Diagnosis) -> str:
+    if diagnosis.run == 0:
+        return ""
+    text = f"\ncurrent run: {diagnosis.run} (`shoal up` at {iso(diagnosis.run_started_wall_ns)})"
+    if diagnosis.history:
+        return text + "; findings of every run"
+    if diagnosis.earlier_findings:
+        return text + f"; {diagnosis.earlier_findings} finding(s) of earlier runs not shown (--history shows them)"
+    return text

@@ -17,13 +17,14 @@ from typing import Protocol
 import msgspec
 
 from events.apply import ApplyError
-from events.catalogue import AnyEvent, NodeHeartbeat, RunnerHeartbeat
+from events.catalogue import AnyEvent, ClusterStarted, NodeHeartbeat, RunnerHeartbeat
 from events.codec import ExportRecord
 from events.fold import Folder
 from events.ids import InstanceId, TaskId
 from events.state import State
 from events.vocabulary import StreamKey
 from services.ops.load import SkippedLines
+from services.ops.runs import RunStart
 
 _TELEMETRY_TYPES = (RunnerHeartbeat, NodeHeartbeat)
 
@@ -82,6 +83,7 @@ class ScanResult:
         self.events_folded = 0
         self.records_read = 0
         self.fold_error: SkippedLines | None = None
+        self.runs: list[RunStart] = []  # each `shoal up` that started on this log, in order
 
 
 def scan(
@@ -116,7 +118,7 @@ def scan(
             if seq > folder.last_seq + 1 and (allow_gaps or folder.last_seq == 0):
                 folder.skip_to(seq)  # trimmed head / skipped poison message
             try:
-                add_event(seq, event)  # pyright: ignore[reportArgumentType]
+                refused = add_event(seq, event)  # pyright: ignore[reportArgumentType]
             except ApplyError as exc:
                 error = f"cannot fold event seq {seq}: {exc}"
                 result.fold_error = SkippedLines(line=line, reason=error, lines_not_used=1)
@@ -124,6 +126,8 @@ def scan(
                     abandon(line, error)
                 break
             folded += 1
+            if type(event) is ClusterStarted and refused is None:  # a forged one starts no run
+                result.runs.append(RunStart(seq=seq, wall_ns=wall))
         if wall > newest:
             newest = wall
         for watcher in watchers:

@@ -16,6 +16,7 @@ from events.catalogue import (
     AnyEvent,
     ChatMessage,
     ChunkGenerated,
+    ClusterStarted,
     Envelope,
     InstancePlaced,
     InstanceRetired,
@@ -104,6 +105,10 @@ class LogBuilder:
         return event
 
     # --- cluster -----------------------------------------------------------------------------
+
+    def cluster_started(self, workers: int = 2, model: str = "tiny") -> None:
+        """A `shoal up` began a run here (what came before belongs to earlier runs)."""
+        self._emit(ClusterStarted(env=self._env("up"), workers=workers, model=model))
 
     def node_joined(self, node_id: str, host: str = "10.0.0.1") -> None:
         env = self._env("worker", node_id)

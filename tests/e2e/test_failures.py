@@ -16,6 +16,9 @@ import httpx
 import openai
 import pytest
 
+from eventlog.export import read_export
+from services.ops.delivery import delivery_problems
+from services.ops.scan import scan
 from tests.e2e.cluster import Cluster, Proc, free_port, shoal_argv
 from tests.e2e.conftest import E2E_SETTINGS
 from tests.e2e.helpers import long_prompt, one_rank_text, wait_task_ended
@@ -178,6 +181,10 @@ def test_restarting_the_master_mid_stream_finishes_the_stream_and_decides_nothin
     assert kinds["instance_placed"] == 1, kinds
     assert assigned and set(assigned.values()) == {1}, assigned
     assert kinds["task_created"] == kinds["task_completed"] + kinds["task_failed"]
+    exported = read_export(services.root / "export.jsonl")
+    events = [(r.seq, r.event) for r in exported if r.stream == "events"]
+    state = scan(enumerate(exported, 1)).state
+    assert delivery_problems(events, state, {task_id: "".join(parts)}) == []  # the stream got the log's text
 
 
 def test_ctrl_c_stops_shoal_up_leaving_no_process(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 from contextlib import aclosing
 from datetime import UTC, datetime
 
@@ -12,10 +13,10 @@ import pytest
 
 from eventlog.log import EventLog, LogError
 from eventlog.streams import LogSettings, StreamLimits
-from events.catalogue import NodeHeartbeat, Origin, RunnerHeartbeat
+from events.catalogue import ChunkGenerated, NodeHeartbeat, Origin, RunnerHeartbeat
 from events.codec import encode
 from events.fold import fold
-from events.ids import InstanceId, NodeId
+from events.ids import InstanceId, NodeId, TaskId
 from events.stamp import Stamper
 from events.subjects import subject_for, task_events, task_subject
 from events.synthetic import synthetic_history
@@ -205,3 +206,19 @@ async def test_replaying_a_missing_stream_fails_at_once(event_log: EventLog) -> 
     async with asyncio.timeout(5):
         with pytest.raises(LogError, match="stream not found"):
             await collect(event_log)
+
+
+async def test_a_resend_can_ask_whether_its_event_is_stored(event_log: EventLog) -> None:
+    runner = Stamper(Origin(service="runner", node="n1", rank=0))  # random ids: the log is shared
+    task_id = TaskId(f"t-{secrets.token_hex(4)}")
+
+    def chunk(text: str) -> ChunkGenerated:
+        return ChunkGenerated(env=runner.stamp(), task_id=task_id, index=0, text=text, token_ids=[1])
+
+    first, second = chunk("a"), chunk("b")
+    await event_log.append(first)
+    assert await event_log.is_newest_on_its_subject(first)
+    assert not await event_log.is_newest_on_its_subject(second)  # never sent
+    await event_log.append(second)
+    assert not await event_log.is_newest_on_its_subject(first)
+    assert await event_log.is_newest_on_its_subject(second)

@@ -152,3 +152,24 @@ def test_server_urls() -> None:
     assert split_servers("nats://tok@h:5") == [("h", 5, {"auth_token": "tok"})]
     with pytest.raises(ValueError, match="scheme"):
         split_servers("http://h:1")
+
+
+class CancelledAsItConnects(Wire):
+    """A wire whose handshake completes in the same instant its opener is cancelled: the race
+    that made a stopped master's heartbeat follow() read on forever (Python 3.11's wait_for
+    returned the wire and dropped the cancel)."""
+
+    opener: asyncio.Task[Wire] | None = None
+
+    @classmethod
+    async def _handshake(cls, *args: object, **kwargs: object) -> Wire:  # pyright: ignore[reportIncompatibleMethodOverride]
+        assert cls.opener is not None
+        cls.opener.cancel()
+        return FakeWire([])
+
+
+async def test_a_cancel_that_arrives_as_the_handshake_completes_is_not_lost() -> None:
+    opening = asyncio.create_task(CancelledAsItConnects.open("nats://127.0.0.1:1"))
+    CancelledAsItConnects.opener = opening
+    with pytest.raises(asyncio.CancelledError):
+        await opening

@@ -78,3 +78,35 @@ def test_replay_json_and_html(export_file: ExportFile, tmp_path: Path, capsys: p
 def test_bad_at_value_is_explained(export_file: ExportFile, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--file", str(export_file(scenarios.healthy())), "--at", "yesterday"]) == 2
     assert "ISO time" in capsys.readouterr().err
+
+
+def test_diagnose_reports_the_current_run_and_history_on_request(
+    export_file: ExportFile, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = scenarios.LogBuilder()
+    log.cluster_started()
+    log.node_joined("n1")
+    log.instance_placed("i1", ["n1"])
+    log.runner_status("i1", 0, "loading")  # a run stopped while loading: stuck for ever after
+    log.advance(700)
+    log.cluster_started()
+    path = str(export_file(log))
+    assert main(["diagnose", "--file", path]) == 0  # nothing wrong now
+    assert "1 finding(s) of earlier runs not shown" in capsys.readouterr().out
+    assert main(["diagnose", "--file", path, "--history"]) == 1
+    assert "(run 1) [instance_not_ready] instance i1" in capsys.readouterr().out
+
+
+def test_replay_of_a_task_from_an_earlier_run_still_shows_its_finding(
+    export_file: ExportFile, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = scenarios.LogBuilder()
+    log.cluster_started()
+    log.node_joined("n1")
+    log.ready_instance("i1", ["n1"])
+    log.task_created("t1")
+    log.task_assigned("t1", "i1")
+    log.failed("t1", "ValueError: boom", rank=0)
+    log.cluster_started()
+    assert main(["replay", "--file", str(export_file(log)), "--task", "t1"]) == 0
+    assert "[rank_error] task t1" in capsys.readouterr().out

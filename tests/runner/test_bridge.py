@@ -38,7 +38,7 @@ async def watching_bridge(nats_url: str, open_log: OpenLog = open_runner_log) ->
     thread without an event loop."""
 
     def build() -> LogBridge:
-        bridge = LogBridge(NatsEndpoint(url=nats_url), open_log=open_log)
+        bridge = LogBridge(NatsEndpoint(url=nats_url), Events().rank("i1", 0), open_log=open_log)
         bridge.start()
         bridge.watch("i1", 1)
         return bridge

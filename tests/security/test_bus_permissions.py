@@ -17,6 +17,7 @@ from events.catalogue import (
     AnyEvent,
     ChatMessage,
     ChunkGenerated,
+    ClusterStarted,
     InstancePlaced,
     InstanceRetired,
     ModelDownloadProgress,
@@ -75,6 +76,7 @@ def one_of_each_kind() -> list[AnyEvent]:
         NodeHeartbeat(env=env(), node_id=NODE_A),
         ModelDownloadProgress(env=env(), node_id=NODE_A, model="owner/name", bytes_done=1, bytes_total=2),
         ModelUnavailable(env=env(), model="owner/name", error="forged"),
+        ClusterStarted(env=env(), workers=2, model="tiny"),
     ]
 
 

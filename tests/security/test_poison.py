@@ -108,10 +108,6 @@ def _forged_chunk(task_id: str) -> ChunkGenerated:
     return ChunkGenerated(env=env, task_id=TaskId(task_id), index=0, text="FORGED", token_ids=[1])
 
 
-@pytest.mark.skip(
-    reason="known open bug: after tests/security/test_fuzz_inputs.py in the same process this test "
-    "hangs past its timeout (alone, or after any other module, it passes); cause not yet found"
-)
 async def test_poison_already_in_the_log_never_stops_a_start_and_diagnose_reports_it(
     make_nats: Callable[..., EmbeddedNats],
 ) -> None:
