@@ -28,7 +28,6 @@ it is closed when garbage collected. Stop a `follow` by cancelling its task or `
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from datetime import datetime
@@ -41,9 +40,10 @@ from loguru import logger
 from eventlog.client import NatsClient
 from eventlog.consume import ConsumerRestart, Deliveries, Position, StreamNotFound, StreamReader
 from eventlog.endpoint import NatsEndpoint
+from eventlog.provision import delete_log_storage, ensure_log_storage, reset_stream
 from eventlog.publish import LogError, LogUnreachable, Outbox, pipeline
-from eventlog.snapshots import delete_snapshot_bucket, ensure_snapshot_bucket, read_snapshot, write_snapshot
-from eventlog.streams import LEASE_BUCKET, LogSettings, create_stream, lease_bucket_config, stream_config, stream_name
+from eventlog.snapshots import read_snapshot, write_snapshot
+from eventlog.streams import LogSettings, stream_name
 from eventlog.tls import TlsRefused
 from eventlog.wire import Wire, WireClosed, WireError
 from events.catalogue import AnyEvent, LogEvent, TelemetryEvent
@@ -100,41 +100,16 @@ class EventLog:
     # --- streams ----------------------------------------------------------------------------
 
     async def ensure_streams(self) -> None:
-        """Create SHOAL_EVENTS and SHOAL_TELEMETRY, or update them to the settings (idempotent), the
-        snapshot bucket, and the masters' lease bucket if missing (only the admin may:
-        `services/nats_permissions.py`)."""
-        for key in ("events", "telemetry"):
-            config = stream_config(key, self.settings)
-            try:
-                await self._js.stream_info(stream_name(key))
-            except nats.js.errors.NotFoundError:
-                await create_stream(self._js, config)
-                logger.debug("created stream {}", config.name)
-            else:
-                await self._js.update_stream(config)  # pyright: ignore[reportUnknownMemberType]
-        try:
-            await self._js.key_value(LEASE_BUCKET)
-        except nats.js.errors.BucketNotFoundError:
-            await self._js.create_key_value(lease_bucket_config(self.settings))  # pyright: ignore[reportUnknownMemberType]
-        await ensure_snapshot_bucket(self._js, self.settings)
+        """Create or update the streams, the lease bucket and the snapshot store (`provision.py`)."""
+        await ensure_log_storage(self._js, self.settings)
 
     async def delete_streams(self) -> None:
-        """Delete both streams, the snapshots and the lease bucket (tests, or before an import); `ensure_streams()`
-        recreates them."""
-        for key in ("events", "telemetry"):
-            with contextlib.suppress(nats.js.errors.NotFoundError):
-                await self._js.delete_stream(stream_name(key))
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            await self._js.delete_key_value(LEASE_BUCKET)
-        await delete_snapshot_bucket(self._js)
+        """Delete everything `ensure_streams()` creates (tests, or before an import)."""
+        await delete_log_storage(self._js)
 
     async def reset_stream(self, stream: StreamKey, *, first_seq: int = 1) -> None:
         """Delete one stream and create it empty, its first message to get `first_seq` (imports)."""
-        config = stream_config(stream, self.settings)
-        config.first_seq = first_seq if first_seq > 1 else None
-        with contextlib.suppress(nats.js.errors.NotFoundError):
-            await self._js.delete_stream(stream_name(stream))
-        await create_stream(self._js, config)
+        await reset_stream(self._js, stream, self.settings, first_seq=first_seq)
 
     async def last_seq(self, stream: StreamKey = "events") -> int:
         """The sequence of the newest message in the stream (0 when it never held one)."""
