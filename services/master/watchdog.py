@@ -27,7 +27,8 @@ RunnerKey = tuple[InstanceId, int]
 
 
 class Liveness(msgspec.Struct, frozen=True, kw_only=True):
-    """When the master last heard each node's heartbeat (wall ns), and each runner's newest one."""
+    """What the master heard, on its own clock (`services.master.hearing`): when it last heard
+    each node (wall ns at arrival), and each runner's newest heartbeat stamped with its arrival."""
 
     nodes: Mapping[NodeId, int] = msgspec.field(default_factory=dict[NodeId, int])
     runners: Mapping[RunnerKey, RunnerHeartbeat] = msgspec.field(default_factory=dict[RunnerKey, RunnerHeartbeat])
@@ -67,13 +68,17 @@ def _orphaned_instances(state: State, now_ns: int, policy: MasterPolicy, stamper
 def _node_timeouts(
     state: State, now_ns: int, liveness: Liveness, policy: MasterPolicy, stamper: Stamper
 ) -> list[LogEvent]:
+    """Nodes up that the master has not heard from for `node_timeout_seconds`, by its own clock.
+    A node it has not noticed yet is not judged (`hearing.Hearing.notice` notices every node up
+    on the first tick that sees it). The id names the announcement timed out (its `changed_at`,
+    the same in every master's State), so each announcement is timed out at most once."""
     timed_out: list[LogEvent] = []
     for node in state.nodes.values():
-        if node.status != "up":
+        last = liveness.nodes.get(node.node_id)
+        if node.status != "up" or last is None:
             continue
-        last = max(liveness.nodes.get(node.node_id, 0), node.changed_at)
         if now_ns - last > policy.node_timeout_seconds * NS:
-            env = stamper.stamp(f"timeout-{node.node_id}-{last}")
+            env = stamper.stamp(f"timeout-{node.node_id}-{node.changed_at}")
             timed_out.append(NodeTimedOut(env=env, node_id=node.node_id, last_seen=last))
     return timed_out
 
