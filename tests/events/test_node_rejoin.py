@@ -30,10 +30,11 @@ def _down(ev: Events, how: str) -> State:
 def test_a_node_gone_is_up_again_when_its_worker_rejoins(how: str, cause: JoinCause) -> None:
     ev = Events()
     down = _down(ev, how)
-    assert down.nodes["n1"].status == how
+    n1 = NodeId("n1")
+    assert down.nodes[n1].status == how
     rejoin = msgspec.structs.replace(ev.node("n1"), cause=cause)
     up = apply(down, 3, rejoin)
-    assert (up.nodes["n1"].status, up.nodes["n1"].reason) == ("up", "")
+    assert (up.nodes[n1].status, up.nodes[n1].reason) == ("up", "")
 
 
 def test_only_the_nodes_own_worker_brings_it_back() -> None:

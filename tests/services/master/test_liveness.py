@@ -16,7 +16,7 @@ from events.catalogue import (
     Origin,
     RunnerHeartbeat,
 )
-from events.ids import NodeId
+from events.ids import InstanceId, NodeId, TaskId
 from events.stamp import Stamper
 from events.vocabulary import JoinCause
 from services.master.core import MasterPolicy
@@ -149,7 +149,7 @@ def test_a_rank_whose_clock_runs_slow_is_not_blamed_as_silent(skew_s: float) -> 
     hearing = Hearing()
     for beat in beats:
         hearing.heard(beat, c.clock.now_ns)
-    instance, task = c.state.instances[instance_id], c.state.tasks["warm"]
+    instance, task = c.state.instances[InstanceId(instance_id)], c.state.tasks[TaskId("warm")]
     assert blame(c.state, instance, task, hearing.liveness(), c.clock.now_ns).cause != "silent"
     as_sent = Liveness(runners={(b.instance_id, b.rank): b for b in beats})
     assert blame(c.state, instance, task, as_sent, c.clock.now_ns).cause == "silent"
