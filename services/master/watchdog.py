@@ -28,10 +28,15 @@ RunnerKey = tuple[InstanceId, int]
 
 class Liveness(msgspec.Struct, frozen=True, kw_only=True):
     """What the master heard, on its own clock (`services.master.hearing`): when it last heard
-    each node (wall ns at arrival), and each runner's newest heartbeat stamped with its arrival."""
+    each node (wall ns at arrival), each runner's newest heartbeat stamped with its arrival, when
+    it first saw each busy instance's head task where it is now (`activity`) and each failed
+    instance's down ranks as they are now (`losses`). An instance missing from `activity` or
+    `losses` is judged by the State's own stamps (a tool replaying a log has no arrivals)."""
 
     nodes: Mapping[NodeId, int] = msgspec.field(default_factory=dict[NodeId, int])
     runners: Mapping[RunnerKey, RunnerHeartbeat] = msgspec.field(default_factory=dict[RunnerKey, RunnerHeartbeat])
+    activity: Mapping[InstanceId, int] = msgspec.field(default_factory=dict[InstanceId, int])
+    losses: Mapping[InstanceId, int] = msgspec.field(default_factory=dict[InstanceId, int])
 
     def beats_of(self, instance: InstanceInfo) -> dict[int, RunnerHeartbeat]:
         keys = [(instance.instance_id, r.rank) for r in instance.runners]
@@ -43,11 +48,13 @@ def tick(state: State, now_ns: int, liveness: Liveness, policy: MasterPolicy, st
         *_node_timeouts(state, now_ns, liveness, policy, stamper),
         *_stalled_tasks(state, now_ns, liveness, policy, stamper),
         *_unserved_tasks(state, now_ns, policy, stamper),
-        *_orphaned_instances(state, now_ns, policy, stamper),
+        *_orphaned_instances(state, now_ns, liveness, policy, stamper),
     ]
 
 
-def _orphaned_instances(state: State, now_ns: int, policy: MasterPolicy, stamper: Stamper) -> list[LogEvent]:
+def _orphaned_instances(
+    state: State, now_ns: int, liveness: Liveness, policy: MasterPolicy, stamper: Stamper
+) -> list[LogEvent]:
     """Instances whose ranks only report losing a peer: after a grace nobody named a culprit
     (its node may be gone, or its worker too), so retire with what is known."""
     decisions: list[LogEvent] = []
@@ -58,7 +65,8 @@ def _orphaned_instances(state: State, now_ns: int, policy: MasterPolicy, stamper
         if culprit is None or culprit.cause != "unreported":
             continue  # the core retired it already, or will on its next event
         lost = [instance.runners[rank] for rank in culprit.followers]
-        if now_ns - max(r.changed_at for r in lost) > policy.peer_loss_grace_seconds * NS:
+        lost_at = liveness.losses.get(instance.instance_id, max(r.changed_at for r in lost))
+        if now_ns - lost_at > policy.peer_loss_grace_seconds * NS:
             silent = [rank for rank in culprit.ranks if rank not in culprit.followers]
             reason = f"rank {lost[0].rank} lost its peers; rank(s) {silent} never reported (node or worker gone?)"
             decisions += retire_instance(stamper, instance, reason, rank=culprit.sole_rank if silent else None)
@@ -91,7 +99,7 @@ def _stalled_tasks(
         if instance.retired or not instance.queue:
             continue
         task = state.tasks[instance.queue[0]]
-        since = max(task.last_activity_at, instance.head_since)
+        since = liveness.activity.get(instance.instance_id, max(task.last_activity_at, instance.head_since))
         if now_ns - since <= policy.task_stall_seconds * NS:
             continue
         diagnosis = describe_positions(task, instance, now_ns)

@@ -3,6 +3,8 @@ watchdog's node rule, the culprit's silence rule as the master feeds it, and the
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import msgspec
 import pytest
 
@@ -15,6 +17,7 @@ from events.catalogue import (
     NodeTimedOut,
     Origin,
     RunnerHeartbeat,
+    TaskStalled,
 )
 from events.ids import InstanceId, NodeId, TaskId
 from events.stamp import Stamper
@@ -23,7 +26,7 @@ from services.master.core import MasterPolicy
 from services.master.hearing import Hearing, as_heard
 from services.master.watchdog import NS, Liveness, blame, tick
 from tests.events.builders import fake_stamper
-from tests.services.master.test_core import Cluster
+from tests.services.master.test_core import Cluster, _failed  # pyright: ignore[reportPrivateUsage]
 
 # Sender clocks that run an hour or half a minute slow, right, or fast of the master's.
 SKEWS_S = [-3600.0, -30.0, 0.0, 30.0, 3600.0]
@@ -126,9 +129,13 @@ def test_a_timed_out_node_that_rejoins_is_up_the_default_model_is_placed_again(c
     assert timeouts(live_for(c, hearing, 30, node)) == []
 
 
-def _skewed(beat: RunnerHeartbeat, skew_s: float) -> RunnerHeartbeat:
+Stamped = TypeVar("Stamped", RunnerHeartbeat, LogEvent)
+
+
+def _skewed(event: Stamped, skew_s: float) -> Stamped:
+    """`event` as a sender whose clock is `skew_s` off would have stamped it."""
     return msgspec.structs.replace(
-        beat, env=msgspec.structs.replace(beat.env, wall_time=beat.env.wall_time + int(skew_s * NS))
+        event, env=msgspec.structs.replace(event.env, wall_time=event.env.wall_time + int(skew_s * NS))
     )
 
 
@@ -161,3 +168,34 @@ def test_a_heartbeat_as_heard_keeps_everything_but_its_stamp() -> None:
     heard = as_heard(beat, 42)
     assert heard.env.wall_time == 42
     assert msgspec.structs.replace(heard, env=beat.env) == beat
+
+
+def test_a_task_whose_ranks_clocks_run_slow_is_not_stalled_while_it_progresses() -> None:
+    """Progress stamped an hour old still is progress: the master saw it arrive. Judged by the
+    stamps, the task would be stalled within the deadline; judged by arrival, only once the
+    progress stops."""
+    c = Cluster(MasterPolicy(task_stall_seconds=30.0, node_timeout_seconds=TIMEOUT_S))
+    c.ready_instance()
+    hearing = Hearing()
+    for iteration in range(60):
+        c.clock.advance(1)
+        c.feed(_skewed(c.ev.progress("warm", rank=1, iteration=iteration), -3600.0))
+        hearing.heard(Node(c, "n1", 0).beat(), c.clock.now_ns)
+        hearing.heard(Node(c, "n2", 0).beat(), c.clock.now_ns)
+        assert master_tick(c, hearing) == []
+    by_stamps = tick(c.state, c.clock.now_ns, Liveness(), c.policy, fake_stamper("master", c.clock))
+    assert any(isinstance(e, TaskStalled) for e in by_stamps)
+    c.clock.advance(31)
+    assert any(isinstance(e, TaskStalled) for e in master_tick(c, hearing))
+
+
+def test_a_casualty_whose_clock_runs_fast_is_retired_after_the_grace() -> None:
+    """A rank that lost its peers, stamped an hour ahead: the grace runs from its arrival."""
+    c = Cluster(MasterPolicy(peer_loss_grace_seconds=2.0, node_timeout_seconds=TIMEOUT_S))
+    instance = c.ready_instance()
+    hearing = Hearing()
+    assert c.feed(_skewed(_failed(c, instance, 0, "the ring group broke", "peer_lost"), 3600.0)) == []
+    assert master_tick(c, hearing) == []
+    c.clock.advance(3)
+    assert [e for e in master_tick(c, hearing) if isinstance(e, InstanceRetired)]
+    assert tick(c.state, c.clock.now_ns, Liveness(), c.policy, fake_stamper("master", c.clock)) == []  # by stamps
