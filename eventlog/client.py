@@ -28,14 +28,35 @@ from eventlog.wire import Wire, WireClosed, split_servers
 RETRY_SECONDS = 0.25
 
 
-class NatsClient:
-    """nats-py's client, the TLS context every other connection of its owner reuses, and whether
-    the owner is closing (a disconnect then is expected, not news)."""
+class Reconnects:
+    """How many times a connection came back after losing its server, and a way to wait for the
+    next time (a service re-announces itself then: the log may have moved on without it)."""
 
-    def __init__(self, nc: Client, tls: ssl.SSLContext | None, closing: asyncio.Event) -> None:
+    def __init__(self) -> None:
+        self.count = 0
+        self._changed = asyncio.Condition()
+
+    async def note(self) -> None:
+        async with self._changed:
+            self.count += 1
+            self._changed.notify_all()
+
+    async def after(self, seen: int) -> int:
+        """Wait until the connection has come back more than `seen` times; the new count."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.count > seen)
+            return self.count
+
+
+class NatsClient:
+    """nats-py's client, the TLS context every other connection of its owner reuses, whether
+    the owner is closing (a disconnect then is expected, not news), and its reconnects."""
+
+    def __init__(self, nc: Client, tls: ssl.SSLContext | None, closing: asyncio.Event, reconnects: Reconnects) -> None:
         self.nc = nc
         self.tls = tls
         self.closing = closing
+        self.reconnects = reconnects
 
     @classmethod
     async def open(cls, endpoint: NatsEndpoint, *, name: str, wait_seconds: float) -> NatsClient:
@@ -53,6 +74,7 @@ class NatsClient:
         await _reach(endpoint, tls, wait_seconds)
         closing = asyncio.Event()
         connected = asyncio.Event()
+        reconnects = Reconnects()
         try:
             nc = await nats.connect(  # pyright: ignore[reportUnknownMemberType]
                 url.split(","),
@@ -62,13 +84,13 @@ class NatsClient:
                 connect_timeout=2,
                 allow_reconnect=True,
                 **endpoint.nats_py_kwargs(tls),
-                **_callbacks(url, connected, closing),
+                **_callbacks(url, connected, closing, reconnects),
             )
         except (OSError, nats.errors.Error, TimeoutError) as exc:
             raise LogError(_unreachable(endpoint, exc)) from exc
         nc.options["max_reconnect_attempts"] = -1  # bounded only for the first connect
         connected.set()
-        return cls(nc, tls, closing)
+        return cls(nc, tls, closing, reconnects)
 
 
 async def _reach(endpoint: NatsEndpoint, tls: ssl.SSLContext | None, wait_seconds: float) -> None:
@@ -97,7 +119,7 @@ def _unreachable(endpoint: NatsEndpoint, exc: Exception) -> str:
     )
 
 
-def _callbacks(url: str, connected: asyncio.Event, closing: asyncio.Event) -> dict[str, Any]:
+def _callbacks(url: str, connected: asyncio.Event, closing: asyncio.Event, reconnects: Reconnects) -> dict[str, Any]:
     """nats-py callbacks that log through loguru; quiet before the first connect and after close()."""
 
     async def on_error(exc: Exception) -> None:
@@ -110,5 +132,6 @@ def _callbacks(url: str, connected: asyncio.Event, closing: asyncio.Event) -> di
 
     async def on_reconnect() -> None:
         logger.info("NATS reconnected to {}", url)
+        await reconnects.note()
 
     return {"error_cb": on_error, "disconnected_cb": on_disconnect, "reconnected_cb": on_reconnect}

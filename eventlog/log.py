@@ -217,6 +217,11 @@ class EventLog:
     async def flush(self) -> None:
         await self._nc.flush()
 
+    async def reconnected(self, seen: int = 0) -> int:
+        """Wait until the connection has come back from a lost server more than `seen` times
+        (counted since connect); the new count, to pass next time."""
+        return await self._client.reconnects.after(seen)
+
     # --- reading ----------------------------------------------------------------------------
 
     @overload

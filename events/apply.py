@@ -21,6 +21,7 @@ from typing import assert_never
 import msgspec
 
 from events.apply_models import model_download_progress, model_unavailable
+from events.apply_nodes import node_joined
 from events.catalogue import (
     ChunkGenerated,
     ClusterStarted,
@@ -46,7 +47,7 @@ from events.catalogue import (
 from events.ids import InstanceId, NodeId, TaskId
 from events.origins import origin_refusal
 from events.retention import is_evicted, late_about_evicted, task_ended, task_started
-from events.state import InstanceInfo, NodeInfo, RankPrefill, RankProgress, RunnerInfo, State, TaskInfo
+from events.state import InstanceInfo, RankPrefill, RankProgress, RunnerInfo, State, TaskInfo
 
 replace = msgspec.structs.replace
 
@@ -122,7 +123,7 @@ def apply(state: State, seq: int, event: LogEvent) -> State:
         case TaskStalled():
             return _task_stalled(state, seq, event)
         case NodeJoined():
-            return _node_joined(state, seq, event)
+            return node_joined(state, seq, event)
         case NodeLeft():
             return _node_gone(state, seq, event.node_id, "left", event.reason, event.env.wall_time, "node_left")
         case NodeTimedOut():
@@ -313,19 +314,6 @@ def _task_stalled(state: State, seq: int, event: TaskStalled) -> State:
 
 
 # --- cluster ---------------------------------------------------------------------------------
-
-
-def _node_joined(state: State, seq: int, event: NodeJoined) -> State:
-    node = NodeInfo(
-        node_id=event.node_id,
-        host=event.host,
-        cores=event.cores,
-        memory_bytes=event.memory_bytes,
-        backend=event.backend,
-        version=event.version,
-        changed_at=event.env.wall_time,
-    )  # a node that rejoins (restart) is up again with its new facts
-    return replace(state, last_seq=seq, nodes=state.nodes.set(node.node_id, node))
 
 
 def _node_gone(state: State, seq: int, node_id: NodeId, status: str, reason: str, at: int, kind: str) -> State:

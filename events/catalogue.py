@@ -18,7 +18,15 @@ from events.constraints import Constraint, ToolFunction
 from events.ids import EventIdField, InstanceIdField, KeyId, NodeIdField, TaskIdField
 from events.logprobs import TokenLogprob
 from events.runner_settings import RunnerSettings
-from events.vocabulary import CancelReason, FinishReason, Phase, PrefillPath, RunnerStatus, RunnerStatusCause
+from events.vocabulary import (
+    CancelReason,
+    FinishReason,
+    JoinCause,
+    Phase,
+    PrefillPath,
+    RunnerStatus,
+    RunnerStatusCause,
+)
 
 
 class Origin(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -103,12 +111,21 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class NodeJoined(Event, tag="node_joined", frozen=True, kw_only=True):
+    """The node is up: its worker says so, at start and whenever it learns the log may think
+    otherwise (`cause`). A timed-out node comes back this way, not by a master decision: the
+    worker that announces is the one that folds the log and runs what is placed on it, so its
+    announcement proves more than a heartbeat (which only proves telemetry gets through), and
+    it needs no clock. Every reader (placement, `/healthz`, the dashboard, diagnose, the bus
+    permissions) already takes `NodeJoined` as "up", so a recovery needs no new kind. A re-announce
+    answering a timeout carries an id derived from that timeout, so it is stored once."""
+
     node_id: NodeIdField
     host: str
     cores: int
     memory_bytes: int
     backend: str  # "cpu", "metal", "cuda"
     version: str
+    cause: JoinCause = "start"  # logs written before re-announces existed hold only starts
 
 
 class NodeLeft(Event, tag="node_left", frozen=True, kw_only=True):
@@ -118,7 +135,7 @@ class NodeLeft(Event, tag="node_left", frozen=True, kw_only=True):
 
 class NodeTimedOut(Event, tag="node_timed_out", frozen=True, kw_only=True):
     node_id: NodeIdField
-    last_seen: int  # unix ns of the last heartbeat the master saw
+    last_seen: int  # unix ns on the master's clock when it last heard the node (never the sender's)
 
 
 class InstancePlaced(Event, tag="instance_placed", frozen=True, kw_only=True):

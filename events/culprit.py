@@ -23,7 +23,7 @@ import msgspec
 
 from events.catalogue import RunnerHeartbeat
 from events.evidence import NS, RankView, rank_views, waits_in_collective
-from events.state import InstanceInfo, RunnerInfo, State, TaskInfo
+from events.state import InstanceInfo, NodeInfo, RunnerInfo, State, TaskInfo
 from events.vocabulary import COMPUTE_PHASES, STOPPING_PHASES, WORKING_PHASES
 
 DownCause = Literal[
@@ -188,14 +188,22 @@ def stalled_views(evidence: Evidence) -> list[RankView]:
 
 def _node_gone(evidence: Evidence) -> Culprit | None:
     """The node of a rank timed out or left (before the task ended, for an ended task: a node
-    that left at shutdown long after the task failed did not fail it)."""
-    end = evidence.end_ns
-    gone: list[int] = []
-    for runner in evidence.instance.runners:
-        node = evidence.state.nodes.get(runner.node_id)
-        if node is not None and node.status != "up" and (end is None or node.changed_at <= end + AFTERMATH_NS):
-            gone.append(runner.rank)
+    that left at shutdown long after the task failed did not fail it). An ended task is also
+    blamed on a node that has come back since, if its outage overlapped the task's run."""
+    gone = [r.rank for r in evidence.instance.runners if _away_for(evidence, evidence.state.nodes.get(r.node_id))]
     return Culprit(ranks=tuple(gone), cause="node_gone") if gone else None
+
+
+def _away_for(evidence: Evidence, node: NodeInfo | None) -> bool:
+    end = evidence.end_ns
+    if node is None:
+        return False
+    if node.status != "up":
+        return end is None or node.changed_at <= end + AFTERMATH_NS
+    outage, task = node.last_outage, evidence.task
+    if outage is None or task is None or end is None:
+        return False
+    return outage.at <= end + AFTERMATH_NS and outage.back_at >= (task.assigned_at or task.created_at)
 
 
 def _down(evidence: Evidence) -> Culprit | None:

@@ -32,6 +32,16 @@ ENDED_STATUSES: frozenset[str] = frozenset({"completed", "cancelled", "failed"})
 RunnerState = RunnerStatus | Literal["placed"]  # "placed": no status reported yet
 
 
+class NodeOutage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The newest time a node went away and came back. Kept while it is up again, so a task that
+    its outage failed is still blamed on it (`events.culprit`) after the node recovered."""
+
+    status: NodeStatus  # how it went away: "timed_out" or "left"
+    reason: str
+    at: int  # wall ns it went away (the event's stamp)
+    back_at: int  # wall ns it was announced again
+
+
 class NodeInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     node_id: NodeId
     host: str
@@ -42,6 +52,7 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     status: NodeStatus = "up"
     reason: str = ""
     changed_at: int = 0  # wall ns of the last status change
+    last_outage: NodeOutage | None = None  # None: never went away since it first joined
 
 
 class RunnerInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):

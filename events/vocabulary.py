@@ -46,6 +46,16 @@ RunnerStatusCause = Literal[
     "terminated",  # asked to stop (SIGTERM), it did
 ]
 
+# --- nodes (`NodeJoined`) ------------------------------------------------------------------------
+
+# Why a worker announces its node. Only the worker says its node is up: see `NodeJoined`.
+JoinCause = Literal[
+    "start",  # the worker started
+    "reconnect",  # its NATS connection came back: the log may have lost or timed it out meanwhile
+    "timed_out",  # it folded its own node's `NodeTimedOut` while alive (a pause, a partition)
+    "left",  # it folded a `NodeLeft` of its node while alive (a stale incarnation's goodbye)
+]
+
 # --- tasks ---------------------------------------------------------------------------------------
 
 PrefillPath = Literal["pipeline", "sequential"]

@@ -53,16 +53,10 @@ async def run_master(
     await Master(settings, LocalModelCatalog(served(config), allow_download=config.model_download)).run(ready)
 
 
-async def run_worker(
-    resolved: ResolvedConfig,
-    node_id: str,
-    *,
-    host: str = "127.0.0.1",
-    echo_runner_logs: bool = False,
-    ready: asyncio.Event | None = None,
-) -> None:
-    config = resolved.config
-    settings = WorkerSettings(
+def worker_settings(
+    config: ShoalConfig, node_id: str, *, host: str = "127.0.0.1", echo_runner_logs: bool = False
+) -> WorkerSettings:
+    return WorkerSettings(
         nats=endpoint_for(config, Identity("worker", node_id)),
         runner_nats=endpoint_for(config, Identity("runner", node_id)),
         node_id=node_id,
@@ -72,6 +66,17 @@ async def run_worker(
         echo_runner_logs=echo_runner_logs,
         finished_tasks_kept=config.finished_tasks_kept,
     )
+
+
+async def run_worker(
+    resolved: ResolvedConfig,
+    node_id: str,
+    *,
+    host: str = "127.0.0.1",
+    echo_runner_logs: bool = False,
+    ready: asyncio.Event | None = None,
+) -> None:
+    settings = worker_settings(resolved.config, node_id, host=host, echo_runner_logs=echo_runner_logs)
     await Worker(settings).run(ready)
 
 

@@ -24,16 +24,16 @@ from loguru import logger
 
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
-from events.catalogue import LogEvent, NodeHeartbeat, Origin, RunnerHeartbeat
+from events.catalogue import LogEvent, Origin
 from events.fold import apply_live
-from events.ids import NodeId
 from events.stamp import Stamper
 from events.state import FINISHED_TASKS_KEPT, State
 from events.subjects import PREFIX
 from services.master.core import MasterCore, MasterPolicy, ModelCatalog
+from services.master.hearing import Hearing
 from services.master.lease import DEFAULT_LEASE_SECONDS, KvLease, Leadership
 from services.master.snapshots import SnapshotWriter
-from services.master.watchdog import Liveness, RunnerKey, tick
+from services.master.watchdog import tick
 
 
 class MasterSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,8 +61,7 @@ class Master:
         self.core = MasterCore(settings.policy, catalog, self.stamper)
         self.wall_ns = wall_ns
         self.state = State()
-        self.node_last_seen: dict[NodeId, int] = {}
-        self.runner_beats: dict[RunnerKey, RunnerHeartbeat] = {}  # the newest of each runner
+        self.hearing = Hearing()  # liveness by the master's own clock, never a sender's
         self._awaiting_seq = 0
         self._undecided: collections.deque[LogEvent] = collections.deque()
         self._log: EventLog | None = None
@@ -84,8 +83,6 @@ class Master:
         self.state = await log.fold(from_snapshot=True, finished_tasks_kept=self.settings.finished_tasks_kept)
         self._snapshots = SnapshotWriter(log, self.settings.snapshot_every_events, self.state.last_seq)
         logger.info("master {} resumed at seq {}", self.settings.name, self.state.last_seq)
-        started = self.wall_ns()  # heartbeats from before this start were not watched: count from now
-        self.node_last_seen = {node_id: started for node_id in self.state.nodes}
         transitions: asyncio.Queue[bool] = asyncio.Queue()
         async with asyncio.TaskGroup() as group:
             group.create_task(leadership.keep(transitions))
@@ -142,8 +139,9 @@ class Master:
             await asyncio.sleep(self.settings.tick_seconds)
             if self._awaiting_seq > self.state.last_seq or not self._leading():
                 continue
-            liveness = Liveness(nodes=self.node_last_seen, runners=self.runner_beats)
-            decisions = tick(self.state, self.wall_ns(), liveness, self.settings.policy, self.stamper)
+            now = self.wall_ns()
+            self.hearing.notice(self.state, now)  # a node newly up (or up before this start) counts from now
+            decisions = tick(self.state, now, self.hearing.liveness(), self.settings.policy, self.stamper)
             await self._publish(decisions)
             if self._snapshots is not None:
                 await self._snapshots.write_if_due(self.state)
@@ -151,10 +149,7 @@ class Master:
     async def _follow_heartbeats(self, log: EventLog) -> None:
         start = await log.last_seq("telemetry") + 1
         async for _seq, beat in log.follow(from_seq=start, subjects=[f"{PREFIX}.hb.>"], stream="telemetry"):
-            if isinstance(beat, NodeHeartbeat):
-                self.node_last_seen[beat.node_id] = beat.env.wall_time
-            else:
-                self.runner_beats[(beat.instance_id, beat.rank)] = beat
+            self.hearing.heard(beat, self.wall_ns())  # the arrival on our clock, not the sender's stamp
 
 
 def _describe(event: LogEvent) -> str:

@@ -28,10 +28,16 @@ RunnerKey = tuple[InstanceId, int]
 
 
 class Liveness(msgspec.Struct, frozen=True, kw_only=True):
-    """When the master last heard each node's heartbeat (wall ns), and each runner's newest one."""
+    """What the master heard, on its own clock (`services.master.hearing`): when it last heard
+    each node (wall ns at arrival), each runner's newest heartbeat stamped with its arrival, when
+    it first saw each busy instance's head task where it is now (`activity`) and each failed
+    instance's down ranks as they are now (`losses`). An instance missing from `activity` or
+    `losses` is judged by the State's own stamps (a tool replaying a log has no arrivals)."""
 
     nodes: Mapping[NodeId, int] = msgspec.field(default_factory=dict[NodeId, int])
     runners: Mapping[RunnerKey, RunnerHeartbeat] = msgspec.field(default_factory=dict[RunnerKey, RunnerHeartbeat])
+    activity: Mapping[InstanceId, int] = msgspec.field(default_factory=dict[InstanceId, int])
+    losses: Mapping[InstanceId, int] = msgspec.field(default_factory=dict[InstanceId, int])
 
     def beats_of(self, instance: InstanceInfo) -> dict[int, RunnerHeartbeat]:
         keys = [(instance.instance_id, r.rank) for r in instance.runners]
@@ -43,11 +49,13 @@ def tick(state: State, now_ns: int, liveness: Liveness, policy: MasterPolicy, st
         *_node_timeouts(state, now_ns, liveness, policy, stamper),
         *_stalled_tasks(state, now_ns, liveness, policy, stamper),
         *_unserved_tasks(state, now_ns, policy, stamper),
-        *_orphaned_instances(state, now_ns, policy, stamper),
+        *_orphaned_instances(state, now_ns, liveness, policy, stamper),
     ]
 
 
-def _orphaned_instances(state: State, now_ns: int, policy: MasterPolicy, stamper: Stamper) -> list[LogEvent]:
+def _orphaned_instances(
+    state: State, now_ns: int, liveness: Liveness, policy: MasterPolicy, stamper: Stamper
+) -> list[LogEvent]:
     """Instances whose ranks only report losing a peer: after a grace nobody named a culprit
     (its node may be gone, or its worker too), so retire with what is known."""
     decisions: list[LogEvent] = []
@@ -58,7 +66,8 @@ def _orphaned_instances(state: State, now_ns: int, policy: MasterPolicy, stamper
         if culprit is None or culprit.cause != "unreported":
             continue  # the core retired it already, or will on its next event
         lost = [instance.runners[rank] for rank in culprit.followers]
-        if now_ns - max(r.changed_at for r in lost) > policy.peer_loss_grace_seconds * NS:
+        lost_at = liveness.losses.get(instance.instance_id, max(r.changed_at for r in lost))
+        if now_ns - lost_at > policy.peer_loss_grace_seconds * NS:
             silent = [rank for rank in culprit.ranks if rank not in culprit.followers]
             reason = f"rank {lost[0].rank} lost its peers; rank(s) {silent} never reported (node or worker gone?)"
             decisions += retire_instance(stamper, instance, reason, rank=culprit.sole_rank if silent else None)
@@ -68,14 +77,16 @@ def _orphaned_instances(state: State, now_ns: int, policy: MasterPolicy, stamper
 def _node_timeouts(
     state: State, now_ns: int, liveness: Liveness, policy: MasterPolicy, stamper: Stamper
 ) -> list[LogEvent]:
+    """Nodes up that the master has not heard from for `node_timeout_seconds`, by its own clock.
+    A node it has not noticed yet is not judged (`hearing.Hearing.notice` notices every node up
+    on the first tick that sees it). The id names the announcement timed out (its `changed_at`,
+    the same in every master's State), so each announcement is timed out at most once."""
     timed_out: list[LogEvent] = []
     for node in state.nodes.values():
-        if node.status != "up":
+        last = liveness.nodes.get(node.node_id)
+        if node.status != "up" or last is None:
             continue
-        last = max(liveness.nodes.get(node.node_id, 0), node.changed_at)
         if now_ns - last > policy.node_timeout_seconds * NS:
-            # The id names the log's fact (the node's up-period since `changed_at`), not this
-            # master's liveness (its receive times), so two masters store one timeout per period.
             env = stamper.stamp(f"timeout-{node.node_id}-{node.changed_at}")
             timed_out.append(NodeTimedOut(env=env, node_id=node.node_id, last_seen=last))
     return timed_out
@@ -89,7 +100,7 @@ def _stalled_tasks(
         if instance.retired or not instance.queue:
             continue
         task = state.tasks[instance.queue[0]]
-        since = max(task.last_activity_at, instance.head_since)
+        since = liveness.activity.get(instance.instance_id, max(task.last_activity_at, instance.head_since))
         if now_ns - since <= policy.task_stall_seconds * NS:
             continue
         diagnosis = describe_positions(task, instance, now_ns)

@@ -28,7 +28,7 @@ from events.culprit import (
 )
 from events.evidence import NS, RankView, ago
 from events.ids import NodeId
-from events.state import InstanceInfo, State, TaskInfo
+from events.state import InstanceInfo, NodeInfo, State, TaskInfo
 from events.vocabulary import SERVING_STATUSES, STOPPING_PHASES
 from services.ops import advice
 from services.ops.findings import Cause, Finding, Limits
@@ -141,9 +141,16 @@ def explain(case: TaskCase, culprit: Culprit) -> Finding:
 
 def _node_gone(case: TaskCase, culprit: Culprit) -> Finding:
     nodes = sorted({case.node_of(rank) for rank in culprit.ranks})
-    evidence = [f"node {n}: {case.state.nodes[n].status} ({case.state.nodes[n].reason})" for n in nodes]
+    evidence = [f"node {n}: {_absence(case.state.nodes[n])}" for n in nodes]
     summary = f"node {', '.join(nodes)} hosting rank(s) {list(culprit.ranks)} went away"
     return case.finding("node_timed_out", culprit, summary, evidence)
+
+
+def _absence(node: NodeInfo) -> str:
+    outage = node.last_outage
+    if node.status != "up" or outage is None:
+        return f"{node.status} ({node.reason})"
+    return f"{outage.status} ({outage.reason}), then up again"
 
 
 def _rank_down(case: TaskCase, culprit: Culprit) -> Finding:

@@ -1,4 +1,5 @@
-"""The worker's pure rule: which runner processes should exist on this node (target vs current).
+"""The worker's pure rules: which runner processes should exist on this node (target vs current),
+and when to announce the node again.
 
 Target: a runner for every shard on this node of every instance that is not retired. A runner
 that already ran for an (instance, rank) is never started again in this worker's life: if it
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 import msgspec
 
+from events.catalogue import LogEvent, NodeLeft, NodeTimedOut
 from events.ids import InstanceId, NodeId
 from events.state import State
+from events.vocabulary import JoinCause
 
 RunnerKey = tuple[InstanceId, int]
 
@@ -50,3 +53,19 @@ def ranks_sharing_host(state: State, host: str) -> int:
         for shard in instance.shards
         if hosts.get(shard.node_id) == host
     )
+
+
+def rejoin_cause(state: State, node_id: NodeId, event: LogEvent) -> JoinCause | None:
+    """Why this worker, alive, must announce its node again after folding `event` into `state`:
+    the log just said its node timed out (a pause, a partition, a slow link) or left (a stale
+    incarnation's goodbye), and still says so. None otherwise. Only the worker brings its node
+    back (see `NodeJoined`); the caller derives the announcement's id from `event`'s, so folding
+    the same timeout twice (a restart, a replay) stores one re-announce."""
+    match event:
+        case NodeTimedOut() | NodeLeft() if event.node_id == node_id:
+            node = state.nodes.get(node_id)
+            if node is None or node.status == "up":
+                return None
+            return "timed_out" if isinstance(event, NodeTimedOut) else "left"
+        case _:
+            return None

@@ -1,25 +1,34 @@
 """The worker shell: announce the node, heartbeat, fold the log, and keep the runner processes
-equal to the plan. Everything it decides is in `plan.py`; here is only I/O."""
+equal to the plan. Everything it decides is in `plan.py`; here is only I/O.
+
+The node is announced at start, again after every reconnect to NATS (the log may have timed it
+out, or been replaced, meanwhile), and again whenever the log says it timed out or left while
+this worker runs (`plan.rejoin_cause`): a node whose heartbeats were held up comes back by itself.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import socket
+import time
+from collections.abc import Callable
 
 import msgspec
 from loguru import logger
 
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
+from eventlog.publish import LogError
 from events.catalogue import LogEvent, NodeHeartbeat, NodeJoined, NodeLeft, Origin, RunnerStatusChanged
 from events.fold import apply_live
 from events.ids import InstanceId, NodeId
 from events.stamp import Stamper
 from events.state import FINISHED_TASKS_KEPT, State
+from events.vocabulary import JoinCause
 from runner.blas import blas_env
 from runner.service.exit_codes import exit_cause
-from services.worker.plan import RunnerKey, plan_runners, ranks_sharing_host
+from services.worker.plan import RunnerKey, plan_runners, ranks_sharing_host, rejoin_cause
 from services.worker.procs import RunnerProcesses, child_env, describe_exit, runner_argv
 
 VERSION = "0.1.0"
@@ -54,10 +63,10 @@ def memory_available_bytes() -> int:
 
 
 class Worker:
-    def __init__(self, settings: WorkerSettings) -> None:
+    def __init__(self, settings: WorkerSettings, *, wall_ns: Callable[[], int] = time.time_ns) -> None:
         self.settings = settings
         self.node_id = NodeId(settings.node_id)
-        self.stamper = Stamper(Origin(service="worker", node=settings.node_id))
+        self.stamper = Stamper(Origin(service="worker", node=settings.node_id), wall_ns=wall_ns)
         self.state = State()
         self._log: EventLog | None = None
         self._runners: RunnerProcesses | None = None
@@ -74,13 +83,17 @@ class Worker:
                 end = await log.last_seq()
                 # catch up before acting: old instances may be retired later in the log
                 self.state = await log.fold(from_snapshot=True, finished_tasks_kept=self.settings.finished_tasks_kept)
-                await log.append(self._joined())
+                await log.append(self._joined("start"))
                 group.create_task(self._heartbeats())
+                group.create_task(self._announce_on_reconnect(log))
                 if ready is not None:
                     ready.set()
                 await self._reconcile()
                 async for seq, event in log.follow(from_seq=max(end, self.state.last_seq) + 1):
                     self._fold(seq, event)
+                    cause = rejoin_cause(self.state, self.node_id, event)
+                    if cause is not None:
+                        await self._announce(cause, event_id=f"rejoin-{self.node_id}-{event.env.event_id}")
                     await self._reconcile()
         finally:
             await self._shutdown(log)
@@ -125,15 +138,32 @@ class Worker:
         )
         await self._log.append(event)
 
-    def _joined(self) -> NodeJoined:
+    async def _announce_on_reconnect(self, log: EventLog) -> None:
+        seen = 0
+        while True:
+            seen = await log.reconnected(seen)
+            await self._announce("reconnect")
+
+    async def _announce(self, cause: JoinCause, *, event_id: str | None = None) -> None:
+        """Say the node is up again. A failure is only logged: if the master times the node out
+        meanwhile, folding that timeout announces it once more."""
+        assert self._log is not None
+        logger.info("worker {}: announcing the node again ({})", self.node_id, cause)
+        try:
+            await self._log.append(self._joined(cause, event_id))
+        except LogError as exc:
+            logger.warning("worker {}: could not announce the node ({}): {}", self.node_id, cause, exc)
+
+    def _joined(self, cause: JoinCause, event_id: str | None = None) -> NodeJoined:
         return NodeJoined(
-            env=self.stamper.stamp(),
+            env=self.stamper.stamp(event_id),
             node_id=self.node_id,
             host=self.settings.host,
             cores=os.cpu_count() or 1,
             memory_bytes=memory_available_bytes(),
             backend="cpu" if os.uname().sysname == "Linux" else "metal",
             version=VERSION,
+            cause=cause,
         )
 
     async def _heartbeats(self) -> None:

@@ -9,7 +9,7 @@ import re
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -71,10 +71,15 @@ def test_killing_a_runner_mid_task_fails_the_task_and_the_instance_is_replaced(t
         cluster.stop()
 
 
-class Services:
-    """The cluster as separate processes: `shoal nats`, `shoal master`, 2 workers, `shoal api`."""
+def shoal_worker(node: str) -> list[str]:
+    return shoal_argv("worker", "--node-id", node)
 
-    def __init__(self, root: Path, *, workers: int = 2) -> None:
+
+class Services:
+    """The cluster as separate processes: `shoal nats`, `shoal master`, 2 workers, `shoal api`.
+    `worker_argv` makes each worker's command line from its node id."""
+
+    def __init__(self, root: Path, *, workers: int = 2, worker_argv: Callable[[str], list[str]] = shoal_worker) -> None:
         self.root = root
         nats_port, self.api_port = free_port(), free_port()
         self.nats_url = f"nats://127.0.0.1:{nats_port}"
@@ -91,7 +96,7 @@ class Services:
         self.procs["nats"].wait_for_line(re.compile("JetStream at"), 30)
         self.start("master", "master")
         for i in range(workers):
-            self.start(f"worker{i}", "worker", "--node-id", f"n{i}")
+            self.procs[f"worker{i}"] = Proc(f"worker{i}", worker_argv(f"n{i}"), self.env, root)
         self.start("api", "api")
 
     def start(self, name: str, *args: str) -> Proc:

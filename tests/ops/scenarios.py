@@ -118,6 +118,15 @@ def node_timed_out() -> LogBuilder:
     return log
 
 
+def node_timed_out_then_back() -> LogBuilder:
+    """The node's timeout failed the task; the node came back before anyone diagnosed it."""
+    log = node_timed_out()
+    master_decides(log)
+    log.advance(5)
+    log.node_joined("n2")
+    return log
+
+
 def no_instance() -> LogBuilder:
     log = LogBuilder()
     log.node_joined("n1")
@@ -289,6 +298,7 @@ CATALOGUE: tuple[Case, ...] = (
     Case(cancel_split, "task", "cancel_ignored", (1,)),
     Case(cancel_no_telemetry, "task", "cancel_ignored", (0, 1)),
     Case(node_timed_out, "task", "node_timed_out", (1,)),
+    Case(node_timed_out_then_back, "task", "node_timed_out", (1,)),
     Case(no_instance, "task", "never_assigned", ()),
     Case(instance_loading, "task", "never_assigned", ()),
     Case(failed_with_error, "task", "rank_error", (0,)),

@@ -235,8 +235,9 @@ def test_watchdog_stalls_the_head_task_with_positions(silent_seconds: float) -> 
 def test_watchdog_times_out_silent_nodes() -> None:
     c = Cluster(MasterPolicy(node_timeout_seconds=10.0))
     c.feed(c.ev.node("n1"), c.ev.node("n2"))
+    seen = {"n1": c.clock.now_ns, "n2": c.clock.now_ns}  # both heard when they joined
     c.clock.advance(8)
-    seen = {"n1": c.clock.now_ns}
+    seen["n1"] = c.clock.now_ns
     c.clock.advance(5)
     out = tick(c.state, c.clock.now_ns, Liveness(nodes=seen), c.policy, fake_stamper("master", c.clock))  # pyright: ignore[reportArgumentType]
     assert [e.node_id for e in out if isinstance(e, NodeTimedOut)] == ["n2"]

@@ -1,0 +1,36 @@
+"""The fold rule of `NodeJoined`, kept apart from `apply.py`: a node is up whenever its worker
+announces it, at start or coming back from a timeout or a leave (see `NodeJoined`); the outage it
+comes back from stays in its `NodeInfo.last_outage`, so a task that outage failed is still
+blamed on the node once it is up again (`events.culprit`).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from events.catalogue import NodeJoined
+from events.state import NodeInfo, NodeOutage, State
+
+
+def node_joined(state: State, seq: int, event: NodeJoined) -> State:
+    """Up, with the facts it announces now (a restarted node may have more memory, a new host)."""
+    node = NodeInfo(
+        node_id=event.node_id,
+        host=event.host,
+        cores=event.cores,
+        memory_bytes=event.memory_bytes,
+        backend=event.backend,
+        version=event.version,
+        changed_at=event.env.wall_time,
+        last_outage=_outage_ended(state.nodes.get(event.node_id), event.env.wall_time),
+    )
+    return msgspec.structs.replace(state, last_seq=seq, nodes=state.nodes.set(node.node_id, node))
+
+
+def _outage_ended(before: NodeInfo | None, back_at: int) -> NodeOutage | None:
+    """The outage a join ends; a join of a node already up (a reconnect) keeps the last one."""
+    if before is None:
+        return None
+    if before.status == "up":
+        return before.last_outage
+    return NodeOutage(status=before.status, reason=before.reason, at=before.changed_at, back_at=back_at)

@@ -1,0 +1,107 @@
+"""What the master heard, and when, by its own clock: the evidence of the watchdog's liveness rules.
+
+Liveness is judged from the master's receive time, never from a sender's clock. An event's or a
+heartbeat's `env.wall_time` is its sender's: compared with the master's clock it turns clock
+skew into silence (a host whose clock runs a minute slow would be timed out while it beats every
+second, one that runs fast would never be). So the shell records when things *arrived*:
+- a node is heard when its heartbeat arrives, and when the master first sees it up in the State
+  (a join, a re-announce, or the master's own start);
+- a runner's newest heartbeat is kept with its `env.wall_time` replaced by the arrival time, so
+  `events.culprit` judges a rank silent by what the master heard, whatever the rank's clock says;
+- a busy instance's progress is when the master first saw its head task where it is now, and a
+  failed instance's losses when it first saw its down ranks as they are now.
+The State's stamps in those last three (`changed_at`, `last_activity_at`, `head_since`) only tell
+one value from the next here (tokens compared for equality); they are never compared with a clock.
+Seen on the tick after they arrive, so a deadline may run up to one tick late, never early.
+
+One `Hearing` belongs to one `Master` shell; the rules that read it (`watchdog.tick`) stay pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+
+import msgspec
+
+from events.catalogue import NodeHeartbeat, RunnerHeartbeat, TelemetryEvent
+from events.ids import InstanceId, NodeId
+from events.state import State
+from services.master.watchdog import Liveness, RunnerKey
+
+
+def as_heard(beat: RunnerHeartbeat, received_ns: int) -> RunnerHeartbeat:
+    """`beat` as the master heard it: stamped with its arrival on the master's clock."""
+    return msgspec.structs.replace(beat, env=msgspec.structs.replace(beat.env, wall_time=received_ns))
+
+
+Seen = dict[InstanceId, tuple[Hashable, int]]  # key -> (its value's token, when first seen with it)
+
+
+def first_seen(before: Seen, tokens: Mapping[InstanceId, Hashable], now_ns: int) -> Seen:
+    """Each key of `tokens` with the time its current token was first seen: kept from `before`
+    while the token is unchanged, `now_ns` when it is new. Keys no longer in `tokens` are dropped."""
+    return {
+        key: seen if (seen := before.get(key)) is not None and seen[0] == token else (token, now_ns)
+        for key, token in tokens.items()
+    }
+
+
+def activity_tokens(state: State) -> dict[InstanceId, Hashable]:
+    """What changes whenever a busy instance makes progress: its head task, that task's newest
+    event, and when it became the head."""
+    tokens: dict[InstanceId, Hashable] = {}
+    for instance in state.instances.values():
+        if not instance.retired and instance.queue:
+            head = state.tasks[instance.queue[0]]
+            tokens[instance.instance_id] = (head.task_id, head.last_activity_at, instance.head_since)
+    return tokens
+
+
+def loss_tokens(state: State) -> dict[InstanceId, Hashable]:
+    """The down ranks of each failed instance, with their last status change."""
+    return {
+        instance.instance_id: tuple((r.rank, r.changed_at) for r in instance.runners if r.down)
+        for instance in state.instances.values()
+        if not instance.retired and instance.failed
+    }
+
+
+class Hearing:
+    """Arrival times (master's clock, ns) of each node's newest sign of life, each runner's newest
+    heartbeat as heard, and when each instance's progress and losses were first seen."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[NodeId, int] = {}
+        self._runners: dict[RunnerKey, RunnerHeartbeat] = {}
+        self._announcements: dict[NodeId, int] = {}  # the `changed_at` of each node up, as a token
+        self._activity: Seen = {}
+        self._losses: Seen = {}
+
+    def heard(self, beat: TelemetryEvent, received_ns: int) -> None:
+        match beat:
+            case NodeHeartbeat():
+                self._nodes[beat.node_id] = received_ns
+            case RunnerHeartbeat():
+                self._runners[(beat.instance_id, beat.rank)] = as_heard(beat, received_ns)
+
+    def notice(self, state: State, now_ns: int) -> None:
+        """Take in what the State shows at `now_ns`. A node seen up after a new announcement counts
+        as heard now: one that joined before its first heartbeat arrived (or before this master
+        started) gets a full timeout from now, and one that rejoined is not timed out again on
+        stale evidence."""
+        ups = {node.node_id: node.changed_at for node in state.nodes.values() if node.status == "up"}
+        for node_id, announced in ups.items():
+            if self._announcements.get(node_id) != announced:
+                self._nodes[node_id] = now_ns
+        self._announcements = ups
+        self._activity = first_seen(self._activity, activity_tokens(state), now_ns)
+        self._losses = first_seen(self._losses, loss_tokens(state), now_ns)
+
+    def liveness(self) -> Liveness:
+        """A view for one synchronous tick (nothing is heard while the tick runs)."""
+        return Liveness(
+            nodes=self._nodes,
+            runners=self._runners,
+            activity={key: seen_at for key, (_, seen_at) in self._activity.items()},
+            losses={key: seen_at for key, (_, seen_at) in self._losses.items()},
+        )
