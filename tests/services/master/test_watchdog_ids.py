@@ -29,13 +29,16 @@ def test_two_masters_with_different_last_seen_derive_one_timeout_id() -> None:
 
 
 def test_a_node_that_joins_again_can_time_out_again() -> None:
+    """A node is judged from when this master first noticed it up (`hearing.Hearing.notice`)."""
     c = Cluster()
     c.feed(c.ev.node("n1"))
+    noticed = c.clock.now_ns
     c.clock.advance(c.policy.node_timeout_seconds + 1)
-    first = ticked(c, "master-a", {})
+    first = ticked(c, "master-a", {NodeId("n1"): noticed})
     c.feed(*first, c.ev.node("n1"))  # timed out, then back
+    noticed_again = c.clock.now_ns
     c.clock.advance(c.policy.node_timeout_seconds + 1)
-    again = ticked(c, "master-a", {})
+    again = ticked(c, "master-a", {NodeId("n1"): noticed_again})
     assert [type(e) for e in again] == [NodeTimedOut] and again[0].env.event_id != first[0].env.event_id
 
 
