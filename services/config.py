@@ -37,6 +37,7 @@ from events.runner_settings import (
     HeartbeatIntervalSeconds,
     KvBits,
     KvGroupSize,
+    MaxBatch,
     ModelDownload,
     PrefillStepSize,
     RunnerSettings,
@@ -141,6 +142,7 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat_interval_seconds: HeartbeatIntervalSeconds = RUNNER_DEFAULTS.heartbeat_interval_seconds
     stall_stack_seconds: StallStackSeconds = RUNNER_DEFAULTS.stall_stack_seconds
     decode_cancel_poll_tokens: DecodeCancelPollTokens = RUNNER_DEFAULTS.decode_cancel_poll_tokens
+    max_batch: MaxBatch = RUNNER_DEFAULTS.max_batch
     events_max_age_seconds: Annotated[float, POSITIVE_SECONDS, Meta(description="how long events are kept")] = (
         7 * 86400.0
     )

@@ -93,6 +93,10 @@ class ContinuousBatch:
     def busy(self) -> bool:
         return bool(self.composition.members)
 
+    @property
+    def members(self) -> tuple[str, ...]:
+        return self.composition.members
+
     def step(self, pending: Sequence[Admission]) -> StepResult:
         """One step; `pending`: this rank's admissions not yet admitted, in log order."""
         try:
