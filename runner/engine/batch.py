@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.sample_utils import greedy_sampler
 
 from runner.engine.batch_cache import BatchShardCache
 from runner.engine.batch_plan import AgreedStep, Composition, StepLayout, next_composition
@@ -72,6 +73,11 @@ class _Stream:
     @property
     def prefilled(self) -> bool:
         return self.next_chunk == len(self.chunks)
+
+
+def _is_plain_greedy(spec: DecodeSpec) -> bool:
+    """Argmax of the logits, no logprobs, no grammar: the same token as the row's own sampler."""
+    return spec.sampler is greedy_sampler and spec.top_logprobs is None and spec.token_mask is None
 
 
 class ContinuousBatch:
@@ -129,8 +135,12 @@ class ContinuousBatch:
         if not engine.is_sampling_rank:
             mx.eval([*self.cache.states(), *engine.shard.outbox.take_all()])
             return [0] * len(rows), [None] * len(rows)
-        drawn = [sample_token(logits[i : i + 1, -1, :], s.spec) for i, s in enumerate(rows)]
-        sampled = mx.concatenate([token.reshape(1) for token, _ in drawn])
+        if all(_is_plain_greedy(s.spec) for s in rows):  # one argmax for the whole batch
+            sampled = mx.argmax(logits[:, -1, :], axis=-1)
+            drawn: list[tuple[Any, LazyLogprobs | None]] = [(None, None)] * len(rows)
+        else:
+            drawn = [sample_token(logits[i : i + 1, -1, :], s.spec) for i, s in enumerate(rows)]
+            sampled = mx.concatenate([token.reshape(1) for token, _ in drawn])
         mx.eval(sampled, *(a for _, lp in drawn for a in (lp or ())), *self.cache.states())
         return [int(t) for t in sampled.tolist()], [lp for _, lp in drawn]  # pyright: ignore[reportGeneralTypeIssues]
 
