@@ -70,10 +70,10 @@ def test_tasks_share_the_batch_and_bad_ones_fail_alone() -> None:
         batch=ContinuousBatch(engine, phases, max_batch=3),
     )  # fmt: skip
     server.serve(stop, poll_seconds=0.01)
-    failed = {e.task_id: e.error for e in inbox.published if isinstance(e, TaskFailed)}
+    failed = {str(e.task_id): e.error for e in inbox.published if isinstance(e, TaskFailed)}
     assert set(failed) == {"bad", "ghost"}
     assert "max_tokens must be > 0" in failed["bad"] and "not found" in failed["ghost"]
-    completed = {e.task_id: e for e in inbox.published if isinstance(e, TaskCompleted)}
+    completed = {str(e.task_id): e for e in inbox.published if isinstance(e, TaskCompleted)}
     assert set(completed) == {"t1", "t2", "t3"}
     for task_id, event in completed.items():
         alone = engine.generate(make_request(task_id, [], None), NeverCancelled(), NullSink(), PhaseTracker())

@@ -60,7 +60,7 @@ def schedules(world: int) -> list[dict[str, Any]]:
 
 
 @functools.cache
-def group_results(world: int) -> list[dict[str, Any]]:
+def group_results(world: int) -> list[list[dict[str, Any]]]:
     tasks: list[dict[str, Any]] = list(schedules(world))
     if world == 1:  # every request of every schedule, alone, through the one-task path
         tasks += [{"request": entry["request"]} for schedule in schedules(3) for entry in schedule["tasks"]]

@@ -315,11 +315,11 @@ def test_watchdog_sees_a_batch_alive_while_any_of_its_streams_moves_and_fails_it
     c.feed(c.ev.chunk("t2"))  # the head is quiet, its batch-mate decodes
     c.clock.advance(20)
 
-    def stalls() -> list[LogEvent]:
+    def stalls() -> list[TaskStalled | TaskFailed]:
         out = tick(c.state, c.clock.now_ns, Liveness(), c.policy, fake_stamper("master", c.clock))
         return [e for e in out if isinstance(e, TaskStalled | TaskFailed)]
 
-    assert c.state.instances[instance].queue == ("warm", "t2", "t3")
+    assert c.state.instances[InstanceId(instance)].queue == ("warm", "t2", "t3")
     assert stalls() == []
     c.clock.advance(11)
     c.feed(c.ev.created("t4"))  # assigned just now, not started: no sign of life
