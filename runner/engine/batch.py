@@ -122,7 +122,8 @@ class ContinuousBatch:
         agreed = self.layout.decode(self.engine.collectives.agree(vector))
         self.steps += 1
         ended = self._apply(agreed, logprobs, head, pending)
-        self.phases.enter("idle" if not self.busy else "decode", None, self.steps)
+        members = self.composition.members
+        self.phases.enter("decode" if members else "idle", members[0] if members else None, self.steps)
         return ended
 
     def _decode_rows(self) -> tuple[list[int], list[LazyLogprobs | None]]:
