@@ -5,7 +5,8 @@ A schedule lists requests with the step at which each reaches the rank (`at`, pl
 optional cancels (`cancel_rank`, `cancel_at_poll`: that rank's cancel source fires from its poll
 N of that task on). The rank drives `ContinuousBatch` the way the service's task loop does: it
 steps while the batch is busy and, while it is empty, waits (jumps its clock) to its next
-arrival. Each ended task is recorded with its sink.
+arrival. Each ended task is recorded with its sink. SHOAL_TEST_FAULT counts the polls of the first
+admitted task, as in the service, where one injector wraps the cancel source of every task.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from runner.engine.protocols import CancelSource, NeverCancelled, PhaseTracker
+from runner.flight.faults import FaultInjector
 from runner.local.testing import RecordingSink
 
 if TYPE_CHECKING:
@@ -22,7 +24,9 @@ if TYPE_CHECKING:
     from runner.engine.engine import Engine
 
 
-def run_schedule(engine: Engine, schedule: dict[str, Any], rank: int, phases: PhaseTracker) -> dict[str, Any]:
+def run_schedule(
+    engine: Engine, schedule: dict[str, Any], rank: int, faults: FaultInjector, phases: PhaseTracker
+) -> dict[str, Any]:
     from runner.engine.batch import ContinuousBatch
 
     batch = ContinuousBatch(engine, phases, schedule["max_batch"])
@@ -38,7 +42,7 @@ def run_schedule(engine: Engine, schedule: dict[str, Any], rank: int, phases: Ph
         if not batch.busy and not pending:
             clock = max(clock, arrivals[received][0])  # idle: wait for the next assignment
         while received < len(arrivals) and arrivals[received][0] <= clock:
-            pending.append(_admission(arrivals[received][1], rank, sinks))
+            pending.append(_admission(arrivals[received][1], rank, faults, sinks))
             received += 1
         result = batch.step(pending)
         del pending[: result.admitted]
@@ -48,7 +52,7 @@ def run_schedule(engine: Engine, schedule: dict[str, Any], rank: int, phases: Ph
     return {"kind": "batch", "ended": ended, "steps": steps}
 
 
-def _admission(entry: dict[str, Any], rank: int, sinks: dict[str, RecordingSink]) -> Admission:
+def _admission(entry: dict[str, Any], rank: int, faults: FaultInjector, sinks: dict[str, RecordingSink]) -> Admission:
     from runner.engine.batch import Admission
     from runner.engine.engine import GenerationRequest
     from runner.local.rank_main import CancelAtPoll
@@ -58,7 +62,7 @@ def _admission(entry: dict[str, Any], rank: int, sinks: dict[str, RecordingSink]
     if entry.get("cancel_rank") == rank:
         cancel = CancelAtPoll(entry["cancel_at_poll"])
     sinks[request.task_id] = RecordingSink()
-    return Admission(request.task_id, request, cancel, sinks[request.task_id])
+    return Admission(request.task_id, request, faults.around(cancel), sinks[request.task_id])
 
 
 def _record(done: Any, sink: RecordingSink) -> dict[str, Any]:

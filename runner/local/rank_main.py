@@ -98,7 +98,7 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
         if task.get("kind") == "mlx_reference":
             results.append(mlx_reference(shard, task))
         elif task.get("kind") == "batch":
-            results.append(run_schedule(engine_for(task.get("settings", {})), task, rank, phases))
+            results.append(run_schedule(engine_for(task.get("settings", {})), task, rank, faults, phases))
         else:
             results.append(run_task(engine_for(task.get("settings", {})), task, rank, faults, phases))
     phases.enter("idle")
