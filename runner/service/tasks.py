@@ -7,7 +7,9 @@ Per assignment every rank:
 3. checks the request (same verdict everywhere: a bad request fails without any collective);
 4. runs the engine, whose sink publishes progress and chunks.
 The sampling rank (the last) publishes the terminal event, after its last chunk, so a reader
-of the task's subjects sees every chunk before `TaskCompleted`.
+of the task's subjects sees every chunk before `TaskCompleted`. With a `batch` (max_batch > 1) the
+loop is `batch_serving.BatchServing`: the same requests and terminal events, but tasks join and
+leave a running batch at step boundaries instead of running one after another.
 """
 
 from __future__ import annotations
