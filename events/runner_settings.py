@@ -34,6 +34,14 @@ KvGroupSize = Annotated[Literal[32, 64, 128], msgspec.Meta(description="group si
 DecodeCancelPollTokens = Annotated[
     int, msgspec.Meta(ge=1, description="decode steps between the ranks' agreed checks for a cancelled task")
 ]
+MaxBatch = Annotated[
+    int,
+    msgspec.Meta(
+        ge=1,
+        le=256,
+        description="sequences an instance decodes at once (continuous batching); 1 = one task at a time",
+    ),
+]
 HeartbeatIntervalSeconds = Annotated[
     float, POSITIVE_SECONDS, msgspec.Meta(description="seconds between two heartbeats of a node, and of a rank")
 ]
@@ -65,6 +73,7 @@ class RunnerSettings(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     kv_bits: KvBits = None
     kv_group_size: KvGroupSize = 64
     decode_cancel_poll_tokens: DecodeCancelPollTokens = 8
+    max_batch: MaxBatch = 8
     heartbeat_interval_seconds: HeartbeatIntervalSeconds = 1.0
     stall_stack_seconds: StallStackSeconds = 5.0
     model_download: ModelDownload = True

@@ -37,6 +37,7 @@ from events.runner_settings import (
     HeartbeatIntervalSeconds,
     KvBits,
     KvGroupSize,
+    MaxBatch,
     ModelDownload,
     PrefillStepSize,
     PublishBacklogEvents,
@@ -151,6 +152,7 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     stall_stack_seconds: StallStackSeconds = RUNNER_DEFAULTS.stall_stack_seconds
     decode_cancel_poll_tokens: DecodeCancelPollTokens = RUNNER_DEFAULTS.decode_cancel_poll_tokens
     publish_backlog_events: PublishBacklogEvents = RUNNER_DEFAULTS.publish_backlog_events
+    max_batch: MaxBatch = RUNNER_DEFAULTS.max_batch
     events_max_age_seconds: Annotated[float, POSITIVE_SECONDS, Meta(description="how long events are kept")] = (
         7 * 86400.0
     )

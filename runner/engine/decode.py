@@ -53,7 +53,7 @@ def run_decode(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResult:
     return _decode_in_step(run, spec, tokenizer)
 
 
-class _Emitter:
+class Emitter:
     """What a rank does with each agreed token: stop rules, text assembly, delivery."""
 
     def __init__(self, run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> None:
@@ -114,7 +114,7 @@ class _Emitter:
 
 def _decode_in_step(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResult:
     """Several ranks: one step at a time, each ending in the all-reduce of [token, stop vote]."""
-    emitter = _Emitter(run, spec, tokenizer)
+    emitter = Emitter(run, spec, tokenizer)
     next_input = spec.first_input
     for step in range(spec.max_tokens):
         run.phases.enter("decode", run.task_id, step)
@@ -135,7 +135,7 @@ def _decode_alone(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResul
     """One rank: no collective to keep in step with, so, like mlx-lm, step n+1 is computed while
     token n is handled (the look-ahead crosses no collective: there is none). The step still in
     flight when decoding ends is waited for, so nothing is left running for the next task."""
-    emitter = _Emitter(run, spec, tokenizer)
+    emitter = Emitter(run, spec, tokenizer)
     pending, pending_logprobs = _sample_lazily(run, mx.array([[spec.first_input]], dtype=mx.int32), spec)
     mx.async_eval(pending, *(pending_logprobs or ()))
     ahead: Any = None
@@ -161,10 +161,10 @@ def _decode_alone(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResul
 
 def _sample_lazily(run: TaskRun, tokens: Any, spec: DecodeSpec) -> tuple[Any, LazyLogprobs | None]:
     logits = run.forward(tokens)[:, -1, :]
-    return _sample(logits, spec)
+    return sample_token(logits, spec)
 
 
-def _sample(logits: Any, spec: DecodeSpec) -> tuple[Any, LazyLogprobs | None]:
+def sample_token(logits: Any, spec: DecodeSpec) -> tuple[Any, LazyLogprobs | None]:
     """The sampled token and, when the request asks, its logprobs (lazily). Under a grammar they
     are of the distribution the sampler drew from: the model's, with the tokens the grammar refuses
     at -inf, renormalized over the ones it allows (so a forced token has logprob 0)."""
@@ -186,6 +186,6 @@ def _step(run: TaskRun, token: int, spec: DecodeSpec) -> tuple[int, LazyLogprobs
     if not run.placement.is_last:
         mx.eval([*run.caches.states(), *run.outbox.take_all()])
         return 0, None
-    sampled, logprobs = _sample(logits[:, -1, :], spec)
+    sampled, logprobs = sample_token(logits[:, -1, :], spec)
     mx.eval(sampled, *(logprobs or ()), *run.caches.states())
     return int(sampled.item()), logprobs

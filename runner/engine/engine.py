@@ -13,7 +13,6 @@ from typing import Any
 
 import mlx.core as mx
 import msgspec
-from mlx_lm.sample_utils import make_sampler
 
 from events.constraints import Constraint, ToolCallRequired, ToolFunction
 from events.runner_settings import RunnerSettings
@@ -24,6 +23,7 @@ from runner.engine.decode import DecodeSpec, run_decode
 from runner.engine.plan import PathChoice, choose_path, chunk_sizes, effective_step, rank_schedule
 from runner.engine.prefill import run_prefill
 from runner.engine.protocols import CancelSource, NeverCancelled, NullSink, PhaseTracker, RunnerSink
+from runner.engine.sampling import request_sampler
 from runner.engine.task_run import TaskRun
 from runner.errors import CallbackError, RequestError
 from runner.models.chat import encode_chat
@@ -121,7 +121,7 @@ class Engine:
             raise RequestError(f"cannot constrain the output: {exc}") from exc
         return grammar
 
-    def _token_mask(self, request: GenerationRequest) -> TokenMask | None:
+    def token_mask(self, request: GenerationRequest) -> TokenMask | None:
         if request.constraint is None or not self.is_sampling_rank:
             return None
         if self.grammars is None:
@@ -151,37 +151,40 @@ class Engine:
         step = effective_step(settings.prefill_step_size, placement.world)
         chunks = chunk_sizes(prompt_len, step)
         schedule = rank_schedule(placement.rank, placement.world, len(chunks), path)
-        run = self._task_run(request.task_id, cancel, sink, phases)
+        run = self.task_run(request.task_id, cancel, sink, phases)
         run.notify(sink.prefill_started, request.task_id, path, prompt_len, len(chunks), step)
         prompt = mx.array(request.prompt_token_ids, dtype=mx.int32)
         prefill = run_prefill(run, prompt, chunks, schedule, path)
         if prefill.cancelled:
-            _raise_callback_errors(run)
-            return _outcome(request, run, path, "cancelled", [], "", prefill.iterations, started, None)
-        if request.seed is not None:
-            mx.random.seed(request.seed)
-        spec = DecodeSpec(
-            first_input=request.prompt_token_ids[-1],
-            prompt_len=prompt_len,
-            max_tokens=request.max_tokens,
-            stop=list(request.stop),
-            sampler=make_sampler(temp=request.temperature, top_p=request.top_p),
-            eos_ids=frozenset(int(i) for i in self.tokenizer.eos_token_ids),
-            cancel_interval=settings.decode_cancel_poll_tokens,
-            prefill_iterations=prefill.iterations,
-            top_logprobs=request.top_logprobs,
-            token_mask=self._token_mask(request),
-        )
+            raise_callback_errors(run)
+            return outcome_of(request, run, path, "cancelled", [], "", prefill.iterations, started, None)
+        spec = self.decode_spec(request, prefill.iterations)
         decoded = run_decode(run, spec, self.tokenizer)
         if not self.shard.outbox.is_empty():
             raise RuntimeError("internal error: a send was left pending after decode")
-        _raise_callback_errors(run)
-        return _outcome(
+        raise_callback_errors(run)
+        return outcome_of(
             request, run, path, decoded.finish_reason, decoded.token_ids, decoded.text,
             prefill.iterations, started, decoded.first_token_at,
         )  # fmt: skip
 
-    def _task_run(self, task_id: str, cancel: CancelSource, sink: RunnerSink, phases: PhaseTracker) -> TaskRun:
+    def decode_spec(self, request: GenerationRequest, prefill_iterations: int) -> DecodeSpec:
+        """How `request` decodes on this rank: its sampler (its own PRNG key when seeded), stop rules
+        and, on the sampling rank, its grammar mask."""
+        return DecodeSpec(
+            first_input=request.prompt_token_ids[-1],
+            prompt_len=len(request.prompt_token_ids),
+            max_tokens=request.max_tokens,
+            stop=list(request.stop),
+            sampler=request_sampler(request.temperature, request.top_p, request.seed),
+            eos_ids=frozenset(int(i) for i in self.tokenizer.eos_token_ids),
+            cancel_interval=self.settings.decode_cancel_poll_tokens,
+            prefill_iterations=prefill_iterations,
+            top_logprobs=request.top_logprobs,
+            token_mask=self.token_mask(request),
+        )
+
+    def task_run(self, task_id: str, cancel: CancelSource, sink: RunnerSink, phases: PhaseTracker) -> TaskRun:
         return TaskRun(
             task_id=task_id,
             model=self.shard.model,
@@ -215,7 +218,7 @@ def _tool_parser_name(tokenizer: Any) -> str | None:
     return None if parser is None else parser.__module__.rsplit(".", 1)[-1]
 
 
-def _raise_callback_errors(run: TaskRun) -> None:
+def raise_callback_errors(run: TaskRun) -> None:
     if run.callback_errors:
         first = run.callback_errors[0]
         raise CallbackError(
@@ -224,7 +227,7 @@ def _raise_callback_errors(run: TaskRun) -> None:
         ) from first
 
 
-def _outcome(
+def outcome_of(
     request: GenerationRequest,
     run: TaskRun,
     path: PrefillPath,

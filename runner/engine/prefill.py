@@ -34,7 +34,7 @@ def run_prefill(
         for iteration, chunk in enumerate(schedule):
             run.phases.enter("prefill", run.task_id, iteration)
             if chunk is not None:
-                _compute_chunk(run, prompt[starts[chunk] : starts[chunk + 1]], path)
+                compute_chunk(run, prompt[starts[chunk] : starts[chunk + 1]], path)
             if run.agree_to_stop("prefill", iteration):
                 run.outbox.discard_queued()
                 return PrefillResult(iteration + 1, cancelled=True)
@@ -50,7 +50,7 @@ def run_prefill(
     return PrefillResult(len(schedule), cancelled=False)
 
 
-def _compute_chunk(run: TaskRun, piece: mx.array, path: PrefillPath) -> None:
+def compute_chunk(run: TaskRun, piece: mx.array, path: PrefillPath) -> None:
     run.forward(piece[None])
     if path == "sequential":
         # The next rank needs this chunk before anyone can reach the agreement collective.

@@ -22,6 +22,7 @@ from runner.engine.protocols import CancelSource, NeverCancelled, PhaseTracker
 from runner.errors import CallbackError
 from runner.flight.faults import FaultInjector
 from runner.flight.recorder import FlightReading, FlightRecorder
+from runner.local.batch_job import run_schedule
 from runner.local.testing import BrokenCancel, FixedCancel, RecordingSink, mlx_reference
 
 if TYPE_CHECKING:
@@ -96,6 +97,8 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
     for task in job["tasks"]:
         if task.get("kind") == "mlx_reference":
             results.append(mlx_reference(shard, task))
+        elif task.get("kind") == "batch":
+            results.append(run_schedule(engine_for(task.get("settings", {})), task, rank, faults, phases))
         else:
             results.append(run_task(engine_for(task.get("settings", {})), task, rank, faults, phases))
     phases.enter("idle")

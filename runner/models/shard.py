@@ -138,28 +138,28 @@ class ShardCache:
 
     def __init__(self, model: nn.Module, placement: ShardPlacement) -> None:
         self.slots: list[Any] = make_prompt_cache(model)
-        self._owned = list(range(placement.start, placement.end))
+        self.owned = list(range(placement.start, placement.end))
         self._realias()
 
     def _realias(self) -> None:
         by_kind = {}
-        for index in self._owned:
+        for index in self.owned:
             by_kind.setdefault(_cache_kind(self.slots[index]), index)
         for index in range(len(self.slots)):
-            if index not in self._owned:
+            if index not in self.owned:
                 source = by_kind.get(_cache_kind(self.slots[index]))
                 if source is not None:
                     self.slots[index] = self.slots[source]
 
     def states(self) -> list[Any]:
-        return [self.slots[index].state for index in self._owned]
+        return [self.slots[index].state for index in self.owned]
 
     def maybe_quantize(self, kv_bits: int | None, kv_group_size: int) -> None:
         """Quantize owned KV caches (from the first token, the same on every path and rank)."""
         if kv_bits is None:
             return
         changed = False
-        for index in self._owned:
+        for index in self.owned:
             cache = self.slots[index]
             # Plain KV caches only: mlx-lm cannot quantize a RotatingKVCache (sliding windows).
             if type(cache).__name__ == "KVCache":

@@ -26,7 +26,7 @@ from loguru import logger
 
 from eventlog.endpoint import NatsEndpoint
 from events.catalogue import InstancePlaced, Origin, TaskCreated, TaskFailed
-from events.ids import InstanceId, NodeId, TaskId
+from events.ids import InstanceId, NodeId
 from events.runner_settings import RunnerSettings
 from events.stamp import Stamper
 from events.subjects import instance_subject
@@ -138,15 +138,28 @@ def run(
         rank=args.rank,
         is_sampling_rank=engine.is_sampling_rank,
         make_request=make_request_factory(),
+        batch=continuous_batch(engine, phases),
     )
     server.status("ready")
     try:
         server.serve(stop)
     except Exception as exc:
-        if server.current is not None and not is_peer_loss(exc) and not isinstance(exc, LogBridgeDown):
+        if not is_peer_loss(exc) and not isinstance(exc, LogBridgeDown):
             error = f"rank {args.rank} failed: {type(exc).__name__}: {exc}"
-            bridge.publish(TaskFailed(env=stamper.stamp(), task_id=TaskId(server.current), error=error, rank=args.rank))
+            for task_id in server.running:
+                bridge.publish(TaskFailed(env=stamper.stamp(), task_id=task_id, error=error, rank=args.rank))
         raise
+
+
+def continuous_batch(engine: Any, phases: PhaseTracker) -> Any:
+    """The instance's batch when it batches: `max_batch` > 1 on an unquantized KV cache (mlx-lm has
+    no batched quantized cache). The settings are the instance's, so every rank decides alike."""
+    from runner.engine.batch import ContinuousBatch
+
+    settings = engine.settings
+    if settings.max_batch <= 1 or settings.kv_bits is not None:
+        return None
+    return ContinuousBatch(engine, phases, settings.max_batch)
 
 
 # Seconds between two download reports of a rank: often enough for a progress line, rare

@@ -7,7 +7,9 @@ Per assignment every rank:
 3. checks the request (same verdict everywhere: a bad request fails without any collective);
 4. runs the engine, whose sink publishes progress and chunks.
 The sampling rank (the last) publishes the terminal event, after its last chunk, so a reader
-of the task's subjects sees every chunk before `TaskCompleted`.
+of the task's subjects sees every chunk before `TaskCompleted`. With a `batch` (max_batch > 1) the
+loop is `batch_serving.BatchServing`: the same requests and terminal events, but tasks join and
+leave a running batch at step boundaries instead of running one after another.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from events.vocabulary import FinishReason, RunnerStatus
 from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
 from runner.errors import RequestError
 from runner.models.chat import encode_task_prompt
+from runner.service.batch_serving import CREATED_MISSING, BatchLike, BatchServing
 from runner.service.bridge import Assignment
 
 
@@ -80,6 +83,7 @@ class TaskServer:
         rank: int,
         is_sampling_rank: bool,
         make_request: Callable[[str, list[int], TaskCreated], Any],
+        batch: BatchLike | None = None,
     ) -> None:
         self.engine = engine
         self.inbox = inbox
@@ -91,40 +95,52 @@ class TaskServer:
         self.rank = rank
         self.is_sampling_rank = is_sampling_rank
         self.make_request = make_request
-        self.current: TaskId | None = None  # the task the ranks are running, for error reports
+        self.batch = batch  # continuous batching (max_batch > 1); None: one task at a time
+        self.running: tuple[TaskId, ...] = ()  # the tasks the ranks are running, for error reports
 
     def serve(self, stop: threading.Event, poll_seconds: float = 0.2) -> None:
         """Run assignments until `stop` is set. Engine errors propagate (the group is broken), and so
         does `LogBridgeDown` (no assignment can come any more)."""
+        if self.batch is not None:
+            BatchServing(self, self.batch).serve(stop, poll_seconds)
+            return
         while not stop.is_set():
             assignment = self.inbox.next_assignment(poll_seconds)
             if assignment is not None:
-                self.current = assignment.assigned.task_id
+                self.running = (assignment.assigned.task_id,)
                 self.run_one(assignment.assigned.task_id, assignment.created)
-                self.current = None
+                self.running = ()
 
     def run_one(self, task_id: TaskId, created: TaskCreated | None = None) -> None:
-        if created is None:
-            created = self.inbox.fetch(task_subject(task_id, "created"))
-        if not isinstance(created, TaskCreated):
+        request = self.request_for(task_id, created)
+        if request is None:
             # Every rank reads the same log, so every rank takes this branch together.
-            self._terminal(
-                TaskFailed(env=self.stamper.stamp(), task_id=task_id, error="TaskCreated not found in the log")
-            )
+            self.terminal(TaskFailed(env=self.stamper.stamp(), task_id=task_id, error=CREATED_MISSING))
             return
-        prompt = encode_task_prompt(self.engine.tokenizer, created.messages, created.params.tools, created.prompt)
-        request = self.make_request(task_id, prompt, created)
         if not self.engine.agree_start(task_id, self.cancel, self.phases):
-            self._terminal(TaskCompleted(env=self.stamper.stamp(), task_id=task_id, finish_reason="cancelled"))
+            self.terminal(TaskCompleted(env=self.stamper.stamp(), task_id=task_id, finish_reason="cancelled"))
             return
         try:
             self.engine.validate(request)
         except RequestError as exc:
-            self._terminal(TaskFailed(env=self.stamper.stamp(), task_id=task_id, error=str(exc)))
+            self.terminal(TaskFailed(env=self.stamper.stamp(), task_id=task_id, error=str(exc)))
             return
         self.status("running", task_id)
         outcome = self.engine.generate(request, self.cancel, self.sink, self.phases)
-        self._terminal(
+        self.completed(task_id, outcome)
+        self.status("ready", task_id)
+
+    def request_for(self, task_id: TaskId, created: TaskCreated | None) -> Any | None:
+        """The task's request, built alike on every rank from its `TaskCreated` (None: not in the log)."""
+        if created is None:
+            created = self.inbox.fetch(task_subject(task_id, "created"))
+        if not isinstance(created, TaskCreated):
+            return None
+        prompt = encode_task_prompt(self.engine.tokenizer, created.messages, created.params.tools, created.prompt)
+        return self.make_request(task_id, prompt, created)
+
+    def completed(self, task_id: TaskId, outcome: Outcome) -> None:
+        self.terminal(
             TaskCompleted(
                 env=self.stamper.stamp(),
                 task_id=task_id,
@@ -138,7 +154,6 @@ class TaskServer:
                 ),
             )
         )
-        self.status("ready", task_id)
 
     def status(self, status: RunnerStatus, detail: str = "") -> None:
         self.inbox.publish(
@@ -147,7 +162,7 @@ class TaskServer:
             )
         )
 
-    def _terminal(self, event: TaskCompleted | TaskFailed) -> None:
+    def terminal(self, event: TaskCompleted | TaskFailed) -> None:
         if self.is_sampling_rank:
             logger.info("task {} ended: {}", event.task_id, type(event).__name__)
             self.inbox.publish(event)

@@ -26,7 +26,7 @@ import msgspec
 from events.catalogue import NodeHeartbeat, RunnerHeartbeat, TelemetryEvent
 from events.ids import InstanceId, NodeId
 from events.state import State
-from services.master.watchdog import Liveness, RunnerKey
+from services.master.watchdog import Liveness, RunnerKey, batch_activity
 
 
 def as_heard(beat: RunnerHeartbeat, received_ns: int) -> RunnerHeartbeat:
@@ -47,13 +47,13 @@ def first_seen(before: Seen, tokens: Mapping[InstanceId, Hashable], now_ns: int)
 
 
 def activity_tokens(state: State) -> dict[InstanceId, Hashable]:
-    """What changes whenever a busy instance makes progress: its head task, that task's newest
-    event, and when it became the head."""
+    """What changes whenever a busy instance makes progress: its head task, when it became the
+    head, and the newest event of each task of its running batch (`watchdog.batch_activity`)."""
     tokens: dict[InstanceId, Hashable] = {}
     for instance in state.instances.values():
         if not instance.retired and instance.queue:
             head = state.tasks[instance.queue[0]]
-            tokens[instance.instance_id] = (head.task_id, head.last_activity_at, instance.head_since)
+            tokens[instance.instance_id] = (head.task_id, instance.head_since, *batch_activity(state, instance))
     return tokens
 
 

@@ -100,7 +100,7 @@ def _stalled_tasks(
         if instance.retired or not instance.queue:
             continue
         task = state.tasks[instance.queue[0]]
-        since = liveness.activity.get(instance.instance_id, max(task.last_activity_at, instance.head_since))
+        since = liveness.activity.get(instance.instance_id, max(instance.head_since, *batch_activity(state, instance)))
         if now_ns - since <= policy.task_stall_seconds * NS:
             continue
         diagnosis = describe_positions(task, instance, now_ns)
@@ -114,6 +114,17 @@ def _stalled_tasks(
         reason = f"task {task.task_id} stalled; likely culprit: {culprit.describe()}"
         decisions += retire_instance(stamper, instance, reason, rank=culprit.sole_rank, head_error=error)
     return decisions
+
+
+def batch_activity(state: State, instance: InstanceInfo) -> list[int]:
+    """When the ranks last moved any task of the running batch. The first `max_batch` tasks of the
+    queue are the batch (the ranks admit in log order); its streams step together, so any of them
+    advancing shows the group alive, and a frozen rank stops them all. A task the ranks have not
+    started (no `PrefillStarted`: still waiting for a slot) shows nothing, so an assignment alone
+    never postpones the deadline; the head always counts, as before batching."""
+    window = instance.queue[: instance.settings.max_batch]
+    tasks = [state.tasks[task_id] for task_id in window]
+    return [t.last_activity_at for n, t in enumerate(tasks) if n == 0 or t.prefill]
 
 
 def blame(state: State, instance: InstanceInfo, task: TaskInfo, liveness: Liveness, now_ns: int) -> Culprit:

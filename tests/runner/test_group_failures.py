@@ -75,3 +75,26 @@ def test_deadline_turns_a_stall_into_an_error() -> None:
     with pytest.raises(RankFailedError, match="stalled"):
         run_group(job, 2, deadline_s=5)
     assert time.monotonic() - started < 30
+
+
+def _batch_job() -> dict:
+    """Three streams sharing a batch on two ranks, long enough for a fault to strike mid-batch."""
+    streams = [{"request": request(f"mate{n}", 13, max_tokens=200), "at": n} for n in range(3)]
+    return {
+        "model_dir": str(cached_tiny()),
+        "layer_ranges": [[0, 4], [4, 8]],
+        "settings": {"prefill_step_size": 12},
+        "warmup": False,
+        "tasks": [{"kind": "batch", "max_batch": 4, "tasks": streams}],
+    }
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(("spec", "named"), [("die:1:12", "SIGKILL"), ("freeze:0:12", "stopped responding")])
+def test_a_rank_lost_mid_batch_is_named_and_nothing_hangs(spec: str, named: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(RankFailedError) as failure:
+        run_group(_batch_job(), 2, deadline_s=60, extra_env=fault(spec))  # poll 12: the batch is decoding
+    assert failure.value.rank == int(spec.split(":")[1])
+    assert named in str(failure.value)
+    assert time.monotonic() - started < 60

@@ -302,3 +302,28 @@ def test_only_casualties_are_retired_after_the_grace() -> None:
     retired = [e for e in out if isinstance(e, InstanceRetired)]
     assert retired and "rank(s) [1] never reported" in retired[0].reason
     assert {e.rank for e in out if isinstance(e, TaskFailed)} == {1}
+
+
+def test_watchdog_sees_a_batch_alive_while_any_of_its_streams_moves_and_fails_it_all_when_none_does() -> None:
+    """Under continuous batching the first `max_batch` tasks of the queue run together: the head may
+    sit quiet while a batch-mate decodes, but once none moves for the stall deadline (a frozen rank
+    stops them all) every queued task fails. A task still waiting for a slot postpones nothing."""
+    c = Cluster(MasterPolicy(task_stall_seconds=30.0))
+    instance = c.ready_instance()
+    c.feed(c.ev.created("t2"), c.ev.created("t3"))
+    c.feed(c.ev.started("warm", 0), c.ev.started("t2", 0))
+    c.clock.advance(20)
+    c.feed(c.ev.chunk("t2"))  # the head is quiet, its batch-mate decodes
+    c.clock.advance(20)
+
+    def stalls() -> list[TaskStalled | TaskFailed]:
+        out = tick(c.state, c.clock.now_ns, Liveness(), c.policy, fake_stamper("master", c.clock))
+        return [e for e in out if isinstance(e, TaskStalled | TaskFailed)]
+
+    assert c.state.instances[InstanceId(instance)].queue == ("warm", "t2", "t3")
+    assert stalls() == []
+    c.clock.advance(11)
+    c.feed(c.ev.created("t4"))  # assigned just now, not started: no sign of life
+    out = stalls()
+    assert _kinds(out) == ["TaskStalled", "TaskFailed", "TaskFailed", "TaskFailed", "TaskFailed"]
+    assert [e.task_id for e in out] == ["warm", "warm", "t2", "t3", "t4"]

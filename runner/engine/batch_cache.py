@@ -1,0 +1,59 @@
+"""The KV cache of the decoding rows of a continuous batch, on one rank.
+
+A stream prefills into its own `ShardCache` (plain per-layer caches, as a task alone does); when
+its prompt is in, `join` merges those caches into the batch's with mlx-lm's batched caches
+(`KVCache.merge` gives a left-padded `BatchKVCache`, `extend` appends rows, `filter` drops them:
+the pieces mlx-lm's own `BatchGenerator` uses). Only distinct cache objects are merged: the slots
+of layers another rank owns alias an owned cache (see `ShardCache`), and keep aliasing its
+batched successor, so masks built from any slot see the right offsets and padding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+from runner.models.shard import ShardCache
+
+
+class BatchShardCache:
+    def __init__(self, first: ShardCache) -> None:
+        self._owned = first.owned
+        # slot -> the first slot holding the same object: aliases stay aliases after merging.
+        self._source = [
+            next(j for j in range(i + 1) if first.slots[j] is first.slots[i]) for i in range(len(first.slots))
+        ]
+        self.slots: list[Any] = []
+        self.rows = 0
+        self._rebuild([_merged(first.slots[i]) if self._source[i] == i else None for i in range(len(first.slots))])
+        self.rows = 1
+
+    def _rebuild(self, distinct: list[Any]) -> None:
+        self.slots = [distinct[self._source[i]] for i in range(len(distinct))]
+
+    def join(self, stream: ShardCache) -> None:
+        """Append `stream`'s prefilled caches as the last row."""
+        for i, source in enumerate(self._source):
+            if source == i:
+                self.slots[i].extend(_merged(stream.slots[i]))
+        self.rows += 1
+
+    def keep(self, rows: tuple[int, ...]) -> None:
+        """Keep these rows, in this order (the rows of streams that left are dropped)."""
+        if len(rows) == self.rows:
+            return
+        indices = mx.array(rows, dtype=mx.int32)
+        for i, source in enumerate(self._source):
+            if source == i:
+                self.slots[i].filter(indices)
+        self.rows = len(rows)
+
+    def states(self) -> list[Any]:
+        return [self.slots[index].state for index in self._owned]
+
+
+def _merged(cache: Any) -> Any:
+    if not hasattr(cache, "merge"):
+        raise ValueError(f"{type(cache).__name__} cannot be batched (no merge in mlx-lm)")
+    return cache.merge([cache])

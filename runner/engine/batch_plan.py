@@ -1,0 +1,130 @@
+"""The continuous batch's decisions, pure: what the batch is at the next step, from agreed data only.
+
+Invariant (docs/ARCHITECTURE.md §6): every rank issues the same collectives, so every rank must
+hold the same batch at every step. Each step ends in one all-reduce of one integer vector laid out
+by `StepLayout`:
+
+    [ assignments read, one entry per rank | cancel vote per slot | sampled token per slot ]
+
+A rank writes its own count of assignments read from the log in its own entry (0 in the others),
+so the sum hands every rank every count, and their minimum is how many assignments *all* ranks
+hold. Cancel votes add up (any rank's vote stops that stream); the sampling rank alone writes the
+tokens. `next_composition` turns that vector, plus what every rank derives alike from it (which
+streams hit a stop rule, whether the head's prefill is done), into the next batch: cancelled and
+finished streams leave, the prefilled head joins the decoding rows, and the first assignments
+not yet admitted join in log order while there is room (`max_batch`).
+
+Slots are `Composition.members` in order: the decoding rows (in the batch cache's row order),
+then the streams waiting for or in prefill (the first of them gets this step's prefill chunk).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class AgreedStep:
+    received: int  # assignments every rank has read (the minimum over ranks)
+    cancelled: tuple[bool, ...]  # per slot
+    tokens: tuple[int, ...]  # per slot; meaningful for decoding rows only
+
+
+@dataclass(frozen=True, slots=True)
+class StepLayout:
+    world: int
+    max_batch: int
+
+    @property
+    def size(self) -> int:
+        return self.world + 2 * self.max_batch
+
+    def encode(self, rank: int, received: int, cancel_votes: Sequence[bool], tokens: Sequence[int]) -> list[int]:
+        if len(cancel_votes) > self.max_batch or len(tokens) > self.max_batch:
+            raise ValueError(f"more than max_batch={self.max_batch} slots in one step")
+        vector = [0] * self.size
+        vector[rank] = received
+        base = self.world
+        for slot, vote in enumerate(cancel_votes):
+            vector[base + slot] = int(vote)
+        base += self.max_batch
+        for slot, token in enumerate(tokens):
+            vector[base + slot] = token
+        return vector
+
+    def decode(self, summed: Sequence[int]) -> AgreedStep:
+        if len(summed) != self.size:
+            raise ValueError(f"agreed vector has {len(summed)} entries, expected {self.size}")
+        votes = summed[self.world : self.world + self.max_batch]
+        return AgreedStep(
+            received=min(summed[: self.world]),
+            cancelled=tuple(v > 0 for v in votes),
+            tokens=tuple(summed[self.world + self.max_batch :]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Composition:
+    rows: tuple[str, ...] = ()  # decoding streams, in the batch cache's row order
+    prefilling: tuple[str, ...] = ()  # admitted, not decoding yet; the first gets the prefill chunk
+    admitted: int = 0  # assignments admitted so far, counted in log order
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return self.rows + self.prefilling
+
+    def without(self, task_ids: Sequence[str]) -> Composition:
+        """Newcomers that failed before their first step (bad request): they never took a step."""
+        gone = set(task_ids)
+        return Composition(
+            rows=tuple(t for t in self.rows if t not in gone),
+            prefilling=tuple(t for t in self.prefilling if t not in gone),
+            admitted=self.admitted,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    composition: Composition
+    kept_rows: tuple[int, ...]  # indices of the old rows that stay, in order (the cache filter)
+    cancelled: tuple[str, ...]  # members that leave cancelled
+    finished: tuple[str, ...]  # rows that leave on a stop rule (EOS, stop string, max_tokens)
+    joined: str | None  # the prefilled stream appended as the last row
+    newcomers: tuple[str, ...]  # admitted now, in log order, appended to `prefilling`
+
+
+def next_composition(
+    current: Composition,
+    agreed: AgreedStep,
+    *,
+    stopped_rows: frozenset[str],
+    head_prefilled: bool,
+    pending: Sequence[str],
+    max_batch: int,
+) -> Transition:
+    """The batch of the next step. `stopped_rows`: rows whose agreed token hit a stop rule (every rank
+    applies the same rules to the same tokens); `head_prefilled`: the first prefilling stream has no
+    prompt chunk left; `pending`: this rank's assignments not yet admitted, in log order (every rank's
+    list starts with the same `agreed.received - current.admitted` ids)."""
+    members = current.members
+    cancelled = tuple(t for slot, t in enumerate(members) if agreed.cancelled[slot])
+    gone = set(cancelled)
+    finished = tuple(t for t in current.rows if t in stopped_rows and t not in gone)
+    gone.update(finished)
+    kept_rows = tuple(i for i, t in enumerate(current.rows) if t not in gone)
+    rows = [current.rows[i] for i in kept_rows]
+    prefilling = [t for t in current.prefilling if t not in gone]
+    joined = None
+    if head_prefilled and current.prefilling and current.prefilling[0] not in gone:
+        joined = prefilling.pop(0)
+        rows.append(joined)
+    room = max_batch - len(rows) - len(prefilling)
+    available = agreed.received - current.admitted
+    if available > len(pending):
+        raise ValueError(f"agreed {agreed.received} assignments but this rank holds {current.admitted + len(pending)}")
+    newcomers = tuple(pending[: max(0, min(room, available))])
+    composition = Composition(
+        rows=tuple(rows), prefilling=(*prefilling, *newcomers), admitted=current.admitted + len(newcomers)
+    )
+    return Transition(composition, kept_rows, cancelled, finished, joined, newcomers)

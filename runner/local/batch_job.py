@@ -1,0 +1,71 @@
+"""Test tooling: a scripted continuous batch on a local rank (`"batches"` in a job).
+
+A schedule lists requests with the step at which each reaches the rank (`at`, plus a per-rank
+`lag`, so ranks read the same assignments at different times, as they do from the log) and
+optional cancels (`cancel_rank`, `cancel_at_poll`: that rank's cancel source fires from its poll
+N of that task on). The rank drives `ContinuousBatch` the way the service's task loop does: it
+steps while the batch is busy and, while it is empty, waits (jumps its clock) to its next
+arrival. Each ended task is recorded with its sink. SHOAL_TEST_FAULT counts the polls of the first
+admitted task, as in the service, where one injector wraps the cancel source of every task.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from runner.engine.protocols import CancelSource, NeverCancelled, PhaseTracker
+from runner.flight.faults import FaultInjector
+from runner.local.testing import RecordingSink
+
+if TYPE_CHECKING:
+    from runner.engine.batch import Admission
+    from runner.engine.engine import Engine
+
+
+def run_schedule(
+    engine: Engine, schedule: dict[str, Any], rank: int, faults: FaultInjector, phases: PhaseTracker
+) -> dict[str, Any]:
+    from runner.engine.batch import ContinuousBatch
+
+    batch = ContinuousBatch(engine, phases, schedule["max_batch"])
+    arrivals: list[tuple[int, dict[str, Any]]] = []
+    for entry in schedule["tasks"]:  # listed in log order: a rank never reads one before an earlier one
+        at = entry["at"] + entry.get("lag", {}).get(str(rank), 0)
+        arrivals.append((max(at, arrivals[-1][0]) if arrivals else at, entry))
+    sinks: dict[str, RecordingSink] = {}
+    ended: dict[str, Any] = {}
+    pending: list[Admission] = []
+    clock, received, steps = 0, 0, 0
+    while received < len(arrivals) or pending or batch.busy:
+        if not batch.busy and not pending:
+            clock = max(clock, arrivals[received][0])  # idle: wait for the next assignment
+        while received < len(arrivals) and arrivals[received][0] <= clock:
+            pending.append(_admission(arrivals[received][1], rank, faults, sinks))
+            received += 1
+        result = batch.step(pending)
+        del pending[: result.admitted]
+        for done in result.ended:
+            ended[done.task_id] = _record(done, sinks[done.task_id])
+        clock, steps = clock + 1, steps + 1
+    return {"kind": "batch", "ended": ended, "steps": steps}
+
+
+def _admission(entry: dict[str, Any], rank: int, faults: FaultInjector, sinks: dict[str, RecordingSink]) -> Admission:
+    from runner.engine.batch import Admission
+    from runner.engine.engine import GenerationRequest
+    from runner.local.rank_main import CancelAtPoll
+
+    request = msgspec.convert(entry["request"], GenerationRequest)
+    cancel: CancelSource = NeverCancelled()
+    if entry.get("cancel_rank") == rank:
+        cancel = CancelAtPoll(entry["cancel_at_poll"])
+    sinks[request.task_id] = RecordingSink()
+    return Admission(request.task_id, request, faults.around(cancel), sinks[request.task_id])
+
+
+def _record(done: Any, sink: RecordingSink) -> dict[str, Any]:
+    if done.outcome is None:
+        return {"task_id": done.task_id, "error": done.error}
+    return {**msgspec.to_builtins(done.outcome), "sink": msgspec.to_builtins(sink)}

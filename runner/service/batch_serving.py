@@ -1,0 +1,80 @@
+"""The task loop under continuous batching: assignments join the running batch at step boundaries.
+
+Every rank reads its instance's assignments from the log in the same order, builds each request
+alike (`TaskServer.request_for`) and hands the ones not yet admitted to `ContinuousBatch.step`,
+which admits the first of them once every rank holds them (the step's all-reduce carries each
+rank's count). While the batch is busy every rank steps; while it is empty a rank waits for an
+assignment first, and every rank gets the same one, so all of them enter the step's collective.
+The sampling rank publishes each task's terminal event when the task leaves the batch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from events.catalogue import TaskFailed
+from events.ids import TaskId
+from runner.engine.batch import Admission, StepResult
+from runner.service.bridge import Assignment
+
+if TYPE_CHECKING:
+    from runner.service.tasks import TaskServer
+
+CREATED_MISSING = "TaskCreated not found in the log"
+
+
+class BatchLike(Protocol):
+    @property
+    def busy(self) -> bool: ...
+    @property
+    def members(self) -> tuple[str, ...]: ...
+    def step(self, pending: Sequence[Admission]) -> StepResult: ...
+
+
+class BatchServing:
+    def __init__(self, server: TaskServer, batch: BatchLike) -> None:
+        self.server, self.batch = server, batch
+        self.pending: deque[Admission] = deque()  # read from the log, not admitted yet, in log order
+
+    def serve(self, stop: threading.Event, poll_seconds: float) -> None:
+        """Until `stop` is set with the batch empty (the flag is read between batches, as between tasks)."""
+        while True:
+            if not self.batch.busy:
+                if stop.is_set():
+                    return
+                if not self.pending:
+                    self._receive(self.server.inbox.next_assignment(poll_seconds))
+                    continue
+            while self._receive(self.server.inbox.next_assignment(0)):
+                pass
+            self._handle(self.batch.step(list(self.pending)))
+
+    def _receive(self, assignment: Assignment | None) -> bool:
+        if assignment is None:
+            return False
+        task_id = assignment.assigned.task_id
+        request = self.server.request_for(task_id, assignment.created)
+        server = self.server
+        error = CREATED_MISSING if request is None else None
+        self.pending.append(Admission(task_id, request, server.cancel, server.sink, error))
+        return True
+
+    def _handle(self, result: StepResult) -> None:
+        server = self.server
+        was_idle = not server.running
+        admitted = [self.pending.popleft() for _ in range(result.admitted)]
+        server.running = tuple(TaskId(t) for t in self.batch.members)
+        for admission in admitted:
+            if admission.task_id in self.batch.members:
+                server.status("running", admission.task_id)
+        for ended in result.ended:
+            task_id = TaskId(ended.task_id)
+            if ended.outcome is None:
+                server.terminal(TaskFailed(env=server.stamper.stamp(), task_id=task_id, error=ended.error or ""))
+            else:
+                server.completed(task_id, ended.outcome)
+        if not was_idle and not server.running:
+            server.status("ready")

@@ -1,0 +1,122 @@
+"""The continuous batch's pure decisions: the agreed vector and the next batch, as tables."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runner.engine.batch_plan import AgreedStep, Composition, StepLayout, next_composition
+
+
+def agreed(received: int, cancelled: tuple[bool, ...] = (), tokens: tuple[int, ...] = (), slots: int = 4) -> AgreedStep:
+    pad = slots - len(cancelled)
+    return AgreedStep(received, cancelled + (False,) * pad, tokens + (0,) * (slots - len(tokens)))
+
+
+def test_layout_sums_to_counts_votes_and_the_sampling_ranks_tokens() -> None:
+    layout = StepLayout(world=3, max_batch=2)
+    vectors = [
+        layout.encode(0, 5, [False, True], []),
+        layout.encode(1, 4, [False, False], []),
+        layout.encode(2, 6, [True, False], [17, 42]),
+    ]
+    summed = [sum(column) for column in zip(*vectors, strict=True)]
+    assert layout.decode(summed) == AgreedStep(received=4, cancelled=(True, True), tokens=(17, 42))
+
+
+def test_layout_refuses_more_slots_than_max_batch_and_a_wrong_length() -> None:
+    layout = StepLayout(world=1, max_batch=2)
+    with pytest.raises(ValueError, match="max_batch=2"):
+        layout.encode(0, 0, [False] * 3, [])
+    with pytest.raises(ValueError, match="expected 5"):
+        layout.decode([0, 0])
+
+
+@pytest.mark.parametrize(
+    ("case", "current", "step", "stopped", "head_done", "pending", "expected_rows", "expected_prefilling", "kept"),
+    [
+        ("idle admits in log order", Composition(), agreed(2), set(), False, ["a", "b", "c"], (), ("a", "b"), ()),
+        ("only what every rank read", Composition(admitted=1), agreed(2), set(), False, ["b", "c"], (), ("b",), ()),
+        ("room is the limit", Composition(rows=("a", "b", "c"), admitted=3), agreed(5), set(), False,
+         ["d", "e"], ("a", "b", "c"), ("d",), (0, 1, 2)),
+        ("a finished row frees its slot at once", Composition(rows=("a", "b", "c", "d"), admitted=4), agreed(5),
+         {"b"}, False, ["e"], ("a", "c", "d"), ("e",), (0, 2, 3)),
+        ("the prefilled head joins last", Composition(rows=("a",), prefilling=("b", "c"), admitted=3), agreed(3),
+         set(), True, [], ("a", "b"), ("c",), (0,)),
+        ("a cancelled row leaves, the others stay", Composition(rows=("a", "b", "c"), admitted=3),
+         agreed(3, (False, True)), set(), False, [], ("a", "c"), (), (0, 2)),
+        ("a cancelled head never joins", Composition(rows=("a",), prefilling=("b", "c"), admitted=3),
+         agreed(3, (False, True)), set(), True, [], ("a",), ("c",), (0,)),
+        ("cancel wins over a stop rule", Composition(rows=("a",), admitted=1), agreed(1, (True,)), {"a"}, False,
+         [], (), (), ()),
+    ],
+)  # fmt: skip
+def test_next_composition(
+    case: str,
+    current: Composition,
+    step: AgreedStep,
+    stopped: set[str],
+    head_done: bool,
+    pending: list[str],
+    expected_rows: tuple[str, ...],
+    expected_prefilling: tuple[str, ...],
+    kept: tuple[int, ...],
+) -> None:
+    transition = next_composition(
+        current, step, stopped_rows=frozenset(stopped), head_prefilled=head_done, pending=pending, max_batch=4
+    )
+    assert transition.composition.rows == expected_rows, case
+    assert transition.composition.prefilling == expected_prefilling, case
+    assert transition.kept_rows == kept, case
+    assert transition.composition.admitted == current.admitted + len(transition.newcomers), case
+
+
+def test_cancel_and_finish_are_reported_apart() -> None:
+    current = Composition(rows=("a", "b"), prefilling=("c",), admitted=3)
+    transition = next_composition(
+        current, agreed(3, (True, False, True)), stopped_rows=frozenset({"a", "b"}), head_prefilled=True,
+        pending=[], max_batch=4,
+    )  # fmt: skip
+    assert transition.cancelled == ("a", "c")
+    assert transition.finished == ("b",)
+    assert transition.joined is None
+
+
+def test_a_rank_that_holds_fewer_assignments_than_agreed_is_an_error() -> None:
+    with pytest.raises(ValueError, match="holds 1"):
+        next_composition(
+            Composition(), agreed(2), stopped_rows=frozenset(), head_prefilled=False, pending=["a"], max_batch=4
+        )
+
+
+def test_without_drops_newcomers_that_failed_validation() -> None:
+    current = Composition(rows=("a",), prefilling=("b", "c"), admitted=3)
+    assert current.without(["b"]) == Composition(rows=("a",), prefilling=("c",), admitted=3)
+
+
+@given(
+    counts=st.lists(st.integers(0, 6), min_size=1, max_size=3),
+    extra=st.lists(st.integers(0, 3), min_size=3, max_size=3),
+    votes=st.lists(st.booleans(), min_size=4, max_size=4),
+    stopped=st.sets(st.sampled_from("abcdefg")),
+    head_done=st.booleans(),
+)
+def test_every_rank_derives_the_same_batch_whatever_it_read_beyond_the_minimum(
+    counts: list[int], extra: list[int], votes: list[bool], stopped: set[str], head_done: bool
+) -> None:
+    """Ranks read different numbers of assignments; the batch they derive never depends on it."""
+    log = list("abcdefghijklmnop")
+    current = Composition(rows=("x",), prefilling=("y",), admitted=0)
+    step = AgreedStep(min(counts), tuple(votes), (0, 0, 0, 0))
+    frozen = frozenset(stopped)
+    results = {
+        next_composition(
+            current, step, stopped_rows=frozen, head_prefilled=head_done, pending=log[: n + e], max_batch=4
+        )
+        for n, e in zip(counts, extra, strict=False)
+    }
+    assert len(results) == 1
+    (transition,) = results
+    assert len(transition.composition.members) <= 4
+    assert transition.composition.admitted <= min(counts)

@@ -1,0 +1,84 @@
+"""The task loop under continuous batching, on the real engine (tiny model, one rank) with a scripted
+inbox: several tasks share the batch, a bad request and a task missing from the log fail alone, and
+the others complete with the tokens they get alone."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from events.catalogue import LogEvent, RunnerStatusChanged, TaskAssigned, TaskCompleted, TaskFailed, TelemetryEvent
+from events.ids import InstanceId, TaskId
+from events.runner_settings import RunnerSettings
+from runner.engine.batch import ContinuousBatch
+from runner.engine.engine import Engine, GenerationRequest
+from runner.engine.protocols import NeverCancelled, NullSink, PhaseTracker
+from runner.local.local_run import synthetic_prompt
+from runner.models.shard import ShardPlacement, load_shard
+from runner.models.tiny import cached_tiny
+from runner.service.bridge import Assignment
+from runner.service.tasks import TaskServer
+from tests.events.builders import Events, fake_stamper
+
+pytestmark = pytest.mark.timeout(120)
+LENGTHS = {"t1": 9, "bad": 4, "t2": 17, "t3": 1}
+
+
+@dataclass
+class ScriptedInbox:
+    """Hands out its assignments, then sets `stop` (the loop ends once the batch is empty)."""
+
+    stop: threading.Event
+    assignments: list[Assignment] = field(default_factory=list)
+    published: list[LogEvent | TelemetryEvent] = field(default_factory=list)
+
+    def publish(self, event: LogEvent | TelemetryEvent) -> None:
+        self.published.append(event)
+
+    def next_assignment(self, timeout: float) -> Assignment | None:
+        if not self.assignments:
+            self.stop.set()
+            return None
+        return self.assignments.pop(0)
+
+    def fetch(self, subject: str, timeout: float = 10.0) -> Any:
+        return None  # the ghost task's TaskCreated is not in the log
+
+
+def make_request(task_id: str, prompt: list[int], created: Any) -> GenerationRequest:
+    max_tokens = 0 if task_id == "bad" else 6  # max_tokens 0: refused by validation, on every rank alike
+    return GenerationRequest(
+        task_id=task_id, prompt_token_ids=synthetic_prompt(LENGTHS[task_id]), max_tokens=max_tokens
+    )
+
+
+def test_tasks_share_the_batch_and_bad_ones_fail_alone() -> None:
+    shard = load_shard(cached_tiny(), ShardPlacement(0, 1, ((0, 8),)), None)
+    engine = Engine(None, shard, RunnerSettings(prefill_step_size=6))
+    ev, stop = Events(), threading.Event()
+    inbox = ScriptedInbox(stop)
+    for task_id in ("t1", "bad", "ghost", "t2", "t3"):
+        assigned = TaskAssigned(env=ev.master.stamp(), task_id=TaskId(task_id), instance_id=InstanceId("i1"))
+        inbox.assignments.append(Assignment(assigned, None if task_id == "ghost" else ev.created(task_id)))
+    phases = PhaseTracker()
+    server = TaskServer(
+        engine=engine, inbox=inbox, cancel=NeverCancelled(), sink=NullSink(), stamper=fake_stamper("runner"),
+        phases=phases, instance_id=InstanceId("i1"), rank=0, is_sampling_rank=True, make_request=make_request,
+        batch=ContinuousBatch(engine, phases, max_batch=3),
+    )  # fmt: skip
+    server.serve(stop, poll_seconds=0.01)
+    failed = {str(e.task_id): e.error for e in inbox.published if isinstance(e, TaskFailed)}
+    assert set(failed) == {"bad", "ghost"}
+    assert "max_tokens must be > 0" in failed["bad"] and "not found" in failed["ghost"]
+    completed = {str(e.task_id): e for e in inbox.published if isinstance(e, TaskCompleted)}
+    assert set(completed) == {"t1", "t2", "t3"}
+    for task_id, event in completed.items():
+        alone = engine.generate(make_request(task_id, [], None), NeverCancelled(), NullSink(), PhaseTracker())
+        assert event.usage.completion_tokens == alone.completion_tokens
+        assert event.finish_reason == alone.finish_reason
+    statuses = [(e.status, e.detail) for e in inbox.published if isinstance(e, RunnerStatusChanged)]
+    assert statuses[:-1] == [("running", "t1"), ("running", "t2"), ("running", "t3")]
+    assert statuses[-1] == ("ready", "") and server.running == ()

@@ -1,0 +1,143 @@
+"""Continuous batching on real ring groups of 1-3 ranks (tiny model): every stream of a batch equals
+the same request served alone on one rank, whatever joins, leaves or is cancelled around it, and
+whatever order the ranks read their assignments in. A fixed schedule (mixed lengths, joins
+mid-decode, a queue beyond `max_batch`, a cancel, a seeded sampled stream) and seeded random ones."""
+
+from __future__ import annotations
+
+import functools
+import random
+from typing import Any
+
+import pytest
+
+from runner.engine.plan import even_split
+from runner.local.launch import run_group
+from runner.local.local_run import synthetic_prompt
+from runner.models.tiny import cached_tiny
+from tests.runner.harness import step_for
+
+pytestmark = pytest.mark.timeout(300)
+RANDOM_SCHEDULES = 4
+
+
+def req(task_id: str, length: int, max_tokens: int = 8, **sampling: Any) -> dict[str, Any]:
+    return {"task_id": task_id, "prompt_token_ids": synthetic_prompt(length), "max_tokens": max_tokens, **sampling}
+
+
+def fixed_schedule(world: int) -> dict[str, Any]:
+    last = world - 1
+    tasks = [
+        {"request": req("long", 23), "at": 0},
+        {"request": req("short", 5), "at": 0},
+        {"request": req("one", 1), "at": 2},
+        {"request": req("sampled", 19, temperature=0.8, top_p=0.9, seed=7), "at": 3},
+        {"request": req("late", 13), "at": 4, "lag": {str(last): 3}},  # the last rank reads it 3 steps late
+        {"request": req("cancelled", 7), "at": 6, "cancel_rank": last, "cancel_at_poll": 5},
+        {"request": req("queued", 9), "at": 6},  # waits for a free slot: max_batch is 4
+    ]
+    return {"kind": "batch", "name": "fixed", "max_batch": 4, "tasks": tasks}
+
+
+def random_schedule(seed: int, world: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    tasks, at = [], 0
+    for n in range(rng.randint(3, 6)):
+        at += rng.randint(0, 4)
+        entry: dict[str, Any] = {
+            "request": req(f"r{seed}-{n}", rng.randint(1, 25), rng.randint(2, 8)),
+            "at": at,
+            "lag": {str(r): rng.randint(0, 3) for r in range(3)},  # the same draws on every world size
+        }
+        if rng.random() < 0.3:
+            entry |= {"cancel_rank": rng.randrange(3) % world, "cancel_at_poll": rng.randint(0, 10)}
+        tasks.append(entry)
+    return {"kind": "batch", "name": f"random{seed}", "max_batch": rng.randint(2, 4), "tasks": tasks}
+
+
+def schedules(world: int) -> list[dict[str, Any]]:
+    return [fixed_schedule(world), *(random_schedule(seed, world) for seed in range(RANDOM_SCHEDULES))]
+
+
+@functools.cache
+def group_results(world: int) -> list[list[dict[str, Any]]]:
+    tasks: list[dict[str, Any]] = list(schedules(world))
+    if world == 1:  # every request of every schedule, alone, through the one-task path
+        tasks += [{"request": entry["request"]} for schedule in schedules(3) for entry in schedule["tasks"]]
+    job = {
+        "model_dir": str(cached_tiny()),
+        "layer_ranges": even_split(8, world),
+        "settings": {"prefill_step_size": step_for(world), "decode_cancel_poll_tokens": 1},
+        "warmup": True,
+        "tasks": tasks,
+    }
+    ranks = run_group(job, world, deadline_s=200)
+    for rank in ranks:
+        assert "results" in rank, rank
+    return [rank["results"] for rank in ranks]
+
+
+@functools.cache
+def alone() -> dict[str, dict[str, Any]]:
+    return {r["task_id"]: r for r in group_results(1)[0] if r.get("kind") != "batch"}
+
+
+def batch_runs(world: int) -> list[list[dict[str, Any]]]:
+    """Per rank, the schedules' results in order."""
+    return [[r for r in results if r.get("kind") == "batch"] for results in group_results(world)]
+
+
+@pytest.mark.parametrize("world", (1, 2, 3))
+def test_every_stream_equals_the_request_served_alone(world: int) -> None:
+    for rank, runs in enumerate(batch_runs(world)):
+        for schedule, run in zip(schedules(world), runs, strict=True):
+            assert set(run["ended"]) == {e["request"]["task_id"] for e in schedule["tasks"]}
+            for entry in schedule["tasks"]:
+                task_id = entry["request"]["task_id"]
+                got, expected = run["ended"][task_id], alone()[task_id]
+                where = f"world={world} rank={rank} schedule={schedule['name']} task={task_id}"
+                if got["finish_reason"] == "cancelled":
+                    assert "cancel_rank" in entry, where
+                    assert got["token_ids"] == expected["token_ids"][: len(got["token_ids"])], where
+                    continue
+                assert got["token_ids"] == expected["token_ids"], where
+                assert got["finish_reason"] == expected["finish_reason"], where
+                assert got["progress"] == expected["progress"], where
+
+
+@pytest.mark.parametrize("world", (2, 3))
+def test_every_rank_ends_every_task_at_the_same_point(world: int) -> None:
+    runs = batch_runs(world)
+    for index, schedule in enumerate(schedules(world)):
+        views = [
+            {t: (e["finish_reason"], e["cancelled_at"], e["token_ids"]) for t, e in rank_runs[index]["ended"].items()}
+            for rank_runs in runs
+        ]
+        assert all(view == views[0] for view in views), schedule["name"]
+
+
+@pytest.mark.parametrize("world", (1, 2, 3))
+def test_the_fixed_schedule_batches_joins_queues_and_cancels(world: int) -> None:
+    ended = batch_runs(world)[0][0]["ended"]
+    assert ended["cancelled"]["finish_reason"] == "cancelled"
+    assert ended["cancelled"]["cancelled_at"] is not None
+    assert ended["sampled"]["token_ids"] == alone()["sampled"]["token_ids"]  # its own key, whatever the batch
+
+
+@pytest.mark.parametrize("world", (1, 3))
+def test_tokens_reach_the_sampling_ranks_sink_in_order(world: int) -> None:
+    runs = batch_runs(world)
+    for task_id, outcome in runs[-1][0]["ended"].items():
+        chunks = outcome["sink"]["chunks"]
+        assert [i for _, _, ids in chunks for i in ids] == outcome["token_ids"], task_id
+        assert "".join(text for _, text, _ in chunks) == outcome["text"], task_id
+    if world > 1:
+        assert all(not o["sink"]["chunks"] for o in runs[0][0]["ended"].values())
+
+
+def test_the_fixed_schedule_really_overlaps_its_streams() -> None:
+    """Served one after another, the fixed schedule's tasks would take one step per prefill chunk and
+    per token each; batched they take far fewer steps (more than one stream per step)."""
+    run = batch_runs(1)[0][0]
+    one_by_one = sum(len(o["progress"]) + len(o["token_ids"]) for o in run["ended"].values())
+    assert run["steps"] < 0.6 * one_by_one, (run["steps"], one_by_one)
