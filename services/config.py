@@ -134,6 +134,17 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
             description="silence before a stream's first token that sends an SSE comment; 0 = never",
         ),
     ] = 10.0
+    max_queued_tasks: Annotated[
+        int, Meta(ge=1, description="tasks of one model waiting or running at once; beyond it the API answers 429")
+    ] = 64
+    request_timeout_seconds: Annotated[
+        float,
+        Meta(
+            ge=0,
+            extra={"allowed": "a number of seconds, 0 or more"},
+            description="a task not ended this long after its request fails (504 if not streamed); 0 = never",
+        ),
+    ] = 600.0
     task_stall_seconds: Annotated[float, POSITIVE_SECONDS, Meta(description="no progress this long fails a task")] = (
         30.0
     )
