@@ -26,6 +26,8 @@ from bench.serve_load import run_level, summarize_level
 from bench.serve_sides import MODELS, AnchorServer, ShoalSide, Side, events_between, model_dir
 from bench.stats import compare, summarize, target
 
+SIDES = ("mlx_lm_server", "shoal_1w", "shoal_2w")
+
 ABOUT = (
     "streamed chat requests from C concurrent clients (C = 1, 4, 16, 64): mlx_lm.server (batching on) vs "
     "`shoal up --workers 1` and `--workers 2`, on the tiny model and a ~100M-parameter random qwen3"
@@ -35,8 +37,8 @@ SIZED = (
     Sized("--max-tokens", 64, 16, "tokens each request generates"),
     Sized("--models", ",".join(MODELS), "tiny", f"comma-separated models, of: {', '.join(MODELS)}", str),
     Sized("--requests-per-client", 2, 1, "requests each client sends, one after another"),
+    Sized("--sides", ",".join(SIDES), ",".join(SIDES), "comma-separated sides to run", str),
 )
-SIDES = ("mlx_lm_server", "shoal_1w", "shoal_2w")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,35 +51,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = resolve(args, SIZED) | {"max_queued_tasks": args.max_queued_tasks}
     levels = [int(c) for c in str(settings["concurrency"]).split(",") if c.strip()]
     models = [m.strip() for m in str(settings["models"]).split(",") if m.strip()]
+    chosen = [s.strip() for s in str(settings["sides"]).split(",") if s.strip()]
+    if unknown := set(chosen) - set(SIDES):
+        raise SystemExit(f"shoal bench serve: unknown side(s) {sorted(unknown)}; known: {', '.join(SIDES)}")
     figures: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory(prefix="shoal-bench-serve-") as root:
         for model in models:
-            figures[model] = _one_model(Path(root), model, levels, settings, args.ready_timeout)
+            figures[model] = _one_model(Path(root), model, levels, chosen, settings, args.ready_timeout)
     return _report(settings, figures, quick=bool(args.quick))
 
 
 def _one_model(
-    root: Path, model: str, levels: list[int], settings: dict[str, Any], ready_timeout: float
+    root: Path, model: str, levels: list[int], chosen: list[str], settings: dict[str, Any], ready_timeout: float
 ) -> dict[str, dict[int, dict[str, Any]]]:
     directory = model_dir(model, root / "data")
     home = root / model
     home.mkdir()
     max_tokens = int(settings["max_tokens"])
     with contextlib.ExitStack() as stack:
-        anchor = AnchorServer(directory, home, max_tokens)
-        stack.callback(anchor.stop)
-        shoals = [ShoalSide(directory, home, workers, int(settings["max_queued_tasks"])) for workers in (1, 2)]
-        for shoal in shoals:
-            stack.callback(shoal.stop)
-        anchor.wait_ready(ready_timeout)
+        anchors = [AnchorServer(directory, home, max_tokens)] if "mlx_lm_server" in chosen else []
+        workers = [w for w in (1, 2) if f"shoal_{w}w" in chosen]
+        shoals = [ShoalSide(directory, home, w, int(settings["max_queued_tasks"])) for w in workers]
+        for side in (*anchors, *shoals):
+            stack.callback(side.stop)
+        for anchor in anchors:
+            anchor.wait_ready(ready_timeout)
         for shoal in shoals:
             shoal.cluster.wait_ready(ready_timeout)
-        sides: dict[str, Side] = {"mlx_lm_server": anchor, **{shoal.name: shoal for shoal in shoals}}
-        figures: dict[str, dict[int, dict[str, Any]]] = {name: {} for name in SIDES}
+        sides: dict[str, Side] = {side.name: side for side in (*anchors, *shoals)}
+        figures: dict[str, dict[int, dict[str, Any]]] = {name: {} for name in sides}
         for side in sides.values():  # warm-up: compile, allocate
             asyncio.run(run_level(side.base_url, str(directory), 1, 1, max_tokens))
         for index, concurrency in enumerate(levels):
-            for name in rotated(list(SIDES), index):
+            for name in rotated(list(sides), index):
                 figures[name][concurrency] = _measure(sides[name], str(directory), concurrency, settings)
     return figures
 
@@ -103,9 +109,10 @@ def _report(
             for concurrency, level in levels.items():
                 measures[f"{model}_{side}_c{concurrency}_tps"] = summarize([level["aggregate_tps"]], "tok/s")
         comparisons |= _ratios(model, sides)
-        top = max(sides["shoal_1w"], default=None)
+        shoal_levels = [levels for side, levels in sides.items() if side.startswith("shoal_")]
+        top = max((c for levels in shoal_levels for c in levels), default=None)
         if top is not None:
-            errors = sum(sides[s][top]["errors"] for s in ("shoal_1w", "shoal_2w"))
+            errors = sum(levels[top]["errors"] for levels in shoal_levels)
             targets[f"{model}_shoal_errors_c{top}"] = target(errors, "<=", 0)
     for name, comparison in comparisons.items():
         bound = 0.9 if "2w_over_1w" in name else (6.0 if "over_1_stream" in name else 1.0)
@@ -129,8 +136,9 @@ def _report(
 
 
 def _ratios(model: str, sides: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
-    """The issue's ratios at 16 concurrent clients (or the highest level run, if below)."""
-    one, two, anchor = sides["shoal_1w"], sides["shoal_2w"], sides["mlx_lm_server"]
+    """The issue's ratios at 16 concurrent clients (or the highest level run, if below), of the
+    sides that ran."""
+    one, two, anchor = (sides.get(name, {}) for name in ("shoal_1w", "shoal_2w", "mlx_lm_server"))
     if not one:
         return {}
     level = 16 if 16 in one else max(one)
@@ -138,12 +146,13 @@ def _ratios(model: str, sides: dict[str, dict[int, dict[str, Any]]]) -> dict[str
     def tps(side: dict[int, dict[str, Any]], c: int) -> list[float]:
         return [side[c]["aggregate_tps"]]
 
-    out = {
-        f"{model}_1w_over_mlx_lm_c{level}": compare(
+    out: dict[str, Any] = {}
+    if anchor:
+        out[f"{model}_1w_over_mlx_lm_c{level}"] = compare(
             tps(one, level), tps(anchor, level), "ratio", f"shoal_1w / mlx_lm_server at {level}"
-        ),
-        f"{model}_2w_over_1w_c{level}": compare(tps(two, level), tps(one, level), "ratio", f"2w / 1w at {level}"),
-    }
+        )
+    if two:
+        out[f"{model}_2w_over_1w_c{level}"] = compare(tps(two, level), tps(one, level), "ratio", f"2w / 1w at {level}")
     if 1 in one and level != 1:
         out[f"{model}_1w_c{level}_over_1_stream"] = compare(
             tps(one, level), tps(one, 1), "ratio", f"shoal_1w at {level} / at 1"
