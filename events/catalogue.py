@@ -252,6 +252,7 @@ class TaskFailed(Event, tag="task_failed", frozen=True, kw_only=True):
     task_id: TaskIdField
     error: str
     rank: int | None = None
+    deadline: bool = False  # the master ended it at its request deadline (request_timeout_seconds)
 
 
 class TaskStalled(Event, tag="task_stalled", frozen=True, kw_only=True):

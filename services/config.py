@@ -63,6 +63,7 @@ _API_KEY = Annotated[str, Meta(pattern=r"^[A-Za-z0-9._~+/=-]{16,512}(:admin)?$")
 _API_KEYS = "keys of 16-512 characters from A-Z a-z 0-9 . _ ~ + / = -, comma-separated, each may end in :admin"
 _ORIGIN = Annotated[str, Meta(pattern=r"^https?://[^\s/,*]+$")]
 _ORIGINS = "origins such as https://app.example:8443 (scheme://host[:port], no wildcard), comma-separated"
+_SECONDS_OR_ZERO = Meta(ge=0, extra={"allowed": "a number of seconds, 0 or more"})
 SECRET = Meta(extra={"secret": True})  # never shown: `shoal config show` and /v1/config say only where it came from
 
 
@@ -135,12 +136,17 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_body_bytes: Annotated[int, Meta(ge=1024, description="the largest request body the API reads")] = 1_000_000
     sse_keepalive_seconds: Annotated[
         float,
-        Meta(
-            ge=0,
-            extra={"allowed": "a number of seconds, 0 or more"},
-            description="silence before a stream's first token that sends an SSE comment; 0 = never",
-        ),
+        _SECONDS_OR_ZERO,
+        Meta(description="silence before a stream's first token that sends an SSE comment; 0 = never"),
     ] = 10.0
+    max_queued_tasks: Annotated[
+        int, Meta(ge=1, description="tasks of one model waiting or running at once; beyond it the API answers 429")
+    ] = 64
+    request_timeout_seconds: Annotated[
+        float,
+        _SECONDS_OR_ZERO,
+        Meta(description="a task not ended this long after its request fails (504 if not streamed); 0 = never"),
+    ] = 600.0
     task_stall_seconds: Annotated[float, POSITIVE_SECONDS, Meta(description="no progress this long fails a task")] = (
         30.0
     )

@@ -26,6 +26,7 @@ def master_policy(config: ShoalConfig, *, min_nodes_for_default: int = 1) -> Mas
         min_nodes_for_default=min_nodes_for_default,
         task_stall_seconds=config.task_stall_seconds,
         node_timeout_seconds=config.node_timeout_seconds,
+        request_timeout_seconds=config.request_timeout_seconds,
     )
 
 

@@ -92,7 +92,8 @@ def _tool_call_splitter(task: TaskCreated) -> ToolCallSplitter | None:
 
 def failed_chunk(event: TaskFailed) -> bytes:
     """A failed task's error as the stream's last event, then [DONE]."""
-    return sse(msgspec.to_builtins(error_body(event.error, kind="task_failed", code="task_failed"))) + DONE
+    code = "request_timeout" if event.deadline else "task_failed"
+    return sse(msgspec.to_builtins(error_body(event.error, kind="task_failed", code=code))) + DONE
 
 
 def _is_last_rank(ctx: ApiContext, task_id: TaskId, rank: int) -> bool:

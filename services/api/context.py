@@ -30,6 +30,7 @@ class ApiContext:
     registry: CollectorRegistry  # what /metrics exposes: `metrics`, the State's gauges, the process
     served: list[str]
     _prompt_models: dict[str, PromptModel | None] = field(default_factory=dict)  # by model, once loaded
+    _prompt_loading: anyio.Lock = field(default_factory=anyio.Lock)  # one load at a time: see prompt_model
 
     @classmethod
     def on(cls, log: EventLog, resolved: ResolvedConfig, served: list[str], *, access: ApiAccess) -> ApiContext:
@@ -58,12 +59,17 @@ class ApiContext:
 
     async def prompt_model(self, model: str) -> PromptModel | None:
         """What prompts for `model` are checked against, loaded on first use: a model's directory
-        may appear after the API starts (`tiny` is built by the first runner that needs it)."""
-        if model not in self._prompt_models:
-            directory = existing_model_dir(model)
-            if directory is None:
-                return None
-            self._prompt_models[model] = await anyio.to_thread.run_sync(load_prompt_model, directory)
+        may appear after the API starts (`tiny` is built by the first runner that needs it). The
+        first requests of a burst all arrive before it is loaded: they wait for one load, rather
+        than import transformers in several threads at once (its lazy imports then fail)."""
+        if model in self._prompt_models:
+            return self._prompt_models[model]
+        async with self._prompt_loading:
+            if model not in self._prompt_models:
+                directory = existing_model_dir(model)
+                if directory is None:
+                    return None
+                self._prompt_models[model] = await anyio.to_thread.run_sync(load_prompt_model, directory)
         return self._prompt_models[model]
 
     def known_models(self) -> list[str]:

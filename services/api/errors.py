@@ -50,7 +50,7 @@ def log_refused(exc: LogError) -> RequestProblem:
 def error_for(exc: Exception) -> Response:
     match exc:
         case RequestProblem():
-            return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
+            return error_response(exc.status, exc.message, param=exc.param, code=exc.code, headers=exc.headers)
         case LogError():
             return error_for(log_refused(exc))
         case HTTPException():

@@ -18,6 +18,7 @@ from events.catalogue import LogEvent
 from events.fold import apply_live
 from events.ids import TaskId
 from events.state import FINISHED_TASKS_KEPT, State
+from services.api.admission import QueueBook
 from services.api.dashboard_feed import DashboardFeed
 from services.api.metrics import Metrics
 
@@ -42,12 +43,14 @@ class LogHub:
         self.feed = DashboardFeed()  # the open dashboard pages
         self.state = State.keeping(finished_tasks_kept)
         self.finished_tasks_kept = finished_tasks_kept
+        self.queues = QueueBook()  # each model's queued tasks, for admission
         self.caught_up = asyncio.Event()
         self._listeners: dict[TaskId, list[TaskEvents]] = {}
 
     async def run(self) -> None:
         """Fold the log to its end, then follow it live (until cancelled)."""
         self.state = await self.log.fold(from_snapshot=True, finished_tasks_kept=self.finished_tasks_kept)
+        self.queues = QueueBook.of(self.state)
         self.caught_up.set()
         async for seq, event in self.log.follow(from_seq=self.state.last_seq + 1):
             if not self._apply(seq, event):
@@ -59,6 +62,7 @@ class LogHub:
         """Fold one event; False when the fold refused (quarantined) it."""
         before = self.state
         self.state, error = apply_live(before, seq, event)
+        self.queues.folded(before, self.state, event)
         if error is not None:
             logger.warning("api: skipping seq {}: {}", seq, error)
             return False

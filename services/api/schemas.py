@@ -160,12 +160,21 @@ class CompletionRequest(SamplingRequest, frozen=True, kw_only=True):
 class RequestProblem(Exception):
     """A request the API refuses: HTTP status plus a message saying what to fix."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str = "invalid_request") -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str = "invalid_request",
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers  # e.g. a 429's Retry-After
 
 
 R = TypeVar("R")

@@ -66,6 +66,9 @@ async def admit(
     """The task of a request that passed every check a runner would otherwise fail it on (the
     model's name is checked first, by `check_model`, before the request's values)."""
     config = ctx.resolved.config
+    full = ctx.hub.queues.refusal(model_name, config.max_queued_tasks)
+    if full is not None:  # before the prompt is tokenized: a refusal in a burst must cost little
+        raise full
     param = "messages" if raw_prompt is None else "prompt"
     model = await ctx.prompt_model(model_name)
     size = await anyio.to_thread.run_sync(
@@ -117,9 +120,11 @@ async def run_task(
     away first. A task not followed to its end is cancelled: nobody is waiting for it any more."""
     outcome: T | None = None
     with ctx.hub.listen(task.task_id) as events:  # before publishing: no event of the task can be missed
+        ctx.hub.queues.admit(task, ctx.resolved.config.max_queued_tasks)  # counted from here on, or a 429
         try:
             await ctx.publish(task)
         except LogError as exc:
+            ctx.hub.queues.withdraw(task.task_id)
             raise log_refused(exc) from exc
         try:
             async with anyio.create_task_group() as group:
@@ -163,14 +168,15 @@ async def run_to_end(
     headers: dict[str, str],
     answer: Callable[[Collected, TaskCompleted], msgspec.Struct],
 ) -> Response:
-    """The JSON response of a task not streamed: `answer`'s body once it completed, a 500 if it
-    failed, 499 (nobody reads it) if the client went away."""
+    """The JSON response of a task not streamed: `answer`'s body once it completed, a 504 if it
+    ran past its deadline, a 500 if it failed otherwise, 499 (nobody reads it) if the client went away."""
     outcome = await run_task(ctx, task, request.receive, collect)
     if outcome is None:
         return Response(status_code=499)
     terminal = outcome.terminal
     if isinstance(terminal, TaskFailed):
-        return error_response(500, terminal.error, kind="task_failed", code="task_failed", headers=headers)
+        status, code = (504, "request_timeout") if terminal.deadline else (500, "task_failed")
+        return error_response(status, terminal.error, kind="task_failed", code=code, headers=headers)
     return json_response(answer(outcome, terminal), headers=headers)
 
 

@@ -27,6 +27,7 @@ BENCHES: dict[str, str] = {
     "cancel": "time from TaskCancelled to every rank idle, in prefill and in decode",
     "replay": "offline fold and diagnose over a generated million-event log",
     "soak": "start-up time and resident memory against 1k..100k finished tasks (snapshot + bounded State)",
+    "serve": "many concurrent streams: mlx_lm.server vs shoal up (1 and 2 workers), throughput and latency",
 }
 # What `shoal bench all` runs: every figure the README's table quotes, in its order.
 ALL_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -38,6 +39,8 @@ ALL_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("replay", ()),
     ("soak", ()),
 )
+# Benches `shoal bench all` leaves out, and why.
+NOT_IN_ALL: dict[str, str] = {"serve": "minutes per model at 64 clients on a small machine: run it on its own"}
 SKIPPED_IN_COMMAND = {"json", "record", "handler", "bench", "command"}
 
 

@@ -61,6 +61,7 @@ class MasterPolicy(msgspec.Struct, frozen=True, kw_only=True):
     task_stall_seconds: float = 30.0
     node_timeout_seconds: float = 10.0
     assign_timeout_seconds: float = 600.0
+    request_timeout_seconds: float = 600.0  # a task not ended this long after its creation fails; 0 = never
     peer_loss_grace_seconds: float = 2.0  # wait this long for the culprit when ranks only lost a peer
 
 

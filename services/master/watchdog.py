@@ -2,7 +2,8 @@
 
 A hang never lasts forever: the task at the head of an instance's queue whose ranks report
 nothing for `task_stall_seconds` gets a `TaskStalled` naming each rank's last position, then a
-`TaskFailed`. A waiting task that no instance serves within `assign_timeout_seconds` fails too.
+`TaskFailed`. A waiting task that no instance serves within `assign_timeout_seconds` fails too,
+and so does any task still going `request_timeout_seconds` after it was created (its deadline).
 The rank blamed is `events.culprit.name_culprit`'s, from the newest heartbeat of each rank: the
 same judgment `shoal diagnose` makes from the log.
 """
@@ -48,7 +49,7 @@ def tick(state: State, now_ns: int, liveness: Liveness, policy: MasterPolicy, st
     return [
         *_node_timeouts(state, now_ns, liveness, policy, stamper),
         *_stalled_tasks(state, now_ns, liveness, policy, stamper),
-        *_unserved_tasks(state, now_ns, policy, stamper),
+        *_overdue_tasks(state, now_ns, policy, stamper),
         *_orphaned_instances(state, now_ns, liveness, policy, stamper),
     ]
 
@@ -134,12 +135,23 @@ def blame(state: State, instance: InstanceInfo, task: TaskInfo, liveness: Livene
     return name_culprit(TaskEvidence.about_task(state, instance, task, beats, now_ns, STALLED_TASK_BOUNDS))
 
 
-def _unserved_tasks(state: State, now_ns: int, policy: MasterPolicy, stamper: Stamper) -> list[LogEvent]:
+def _overdue_tasks(state: State, now_ns: int, policy: MasterPolicy, stamper: Stamper) -> list[LogEvent]:
+    """Tasks past their request deadline, or waiting for an instance too long, fail. The ranks of
+    an assigned one stop it as they stop a cancelled one (a master's `TaskFailed` is a stop for
+    them); their own late `TaskCompleted(cancelled)` then finds it ended. Decided here rather than
+    by the API that took the request, so the deadline holds when that API restarts or its client
+    is gone, and every replica's client sees the same end."""
     failed: list[LogEvent] = []
+    deadline_ns = policy.request_timeout_seconds * NS
     for task in live_tasks_of(state):
-        if task.instance_id is not None:
+        if task.ended:
             continue
-        if now_ns - task.created_at > policy.assign_timeout_seconds * NS:
+        age = now_ns - task.created_at
+        if deadline_ns and age > deadline_ns:
+            error = f"request timed out after {policy.request_timeout_seconds:g} s (request_timeout_seconds)"
+            env = stamper.stamp(f"master-fail-{task.task_id}")
+            failed.append(TaskFailed(env=env, task_id=task.task_id, error=error, deadline=True))
+        elif task.instance_id is None and age > policy.assign_timeout_seconds * NS:
             error = f"no ready instance of model {task.model!r} within {policy.assign_timeout_seconds:g}s"
             failed.append(
                 TaskFailed(env=stamper.stamp(f"master-fail-{task.task_id}"), task_id=task.task_id, error=error)

@@ -1,0 +1,118 @@
+"""The load of `shoal bench serve`: `concurrency` clients, each streaming chat requests one after
+another, against any OpenAI-compatible server; what each request saw, and the level's summary.
+
+Each request is read as server-sent events with httpx, so the times are when bytes arrived, not
+when a client library chose to yield them. A token's arrival is a content chunk's; a chunk that
+carries several tokens (coalesced) counts as one gap, as a client sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from bench.stats import percentile, rounded
+
+PROMPT = "Write a long story about a river, a stone and a lantern."
+
+
+@dataclass(slots=True)
+class Served:
+    """One request: its status, when its first token came (ms after sending), the gaps between
+    its content chunks (ms), the tokens it got, and an error if it failed."""
+
+    status: int = 0
+    ttft_ms: float | None = None
+    gaps_ms: list[float] = field(default_factory=list[float])
+    tokens: int = 0
+    error: str = ""
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    return rounded(percentile(values, q)) if values else None
+
+
+async def _one(client: httpx.AsyncClient, model: str, max_tokens: int) -> Served:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    served = Served()
+    sent = time.perf_counter()
+    last: float | None = None
+    chunks = 0
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            served.status = response.status_code
+            if response.status_code != 200:
+                served.error = (await response.aread()).decode(errors="replace")[:200]
+                return served
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                data = json.loads(line.removeprefix("data: "))
+                if "error" in data:
+                    served.error = str(data["error"].get("message", data["error"]))[:200]
+                    continue
+                if data.get("usage"):
+                    served.tokens = int(data["usage"].get("completion_tokens") or 0)
+                content = [c for c in data.get("choices", ()) if (c.get("delta") or {}).get("content")]
+                if not content:
+                    continue
+                now = time.perf_counter()
+                chunks += 1
+                if last is None:
+                    served.ttft_ms = (now - sent) * 1000
+                else:
+                    served.gaps_ms.append((now - last) * 1000)
+                last = now
+    except httpx.HTTPError as exc:
+        served.error = f"{type(exc).__name__}: {exc}"
+    served.tokens = served.tokens or chunks
+    return served
+
+
+async def run_level(base_url: str, model: str, concurrency: int, requests_each: int, max_tokens: int) -> list[Served]:
+    """`concurrency` clients at once, each sending `requests_each` requests in turn."""
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(600.0), limits=limits) as client:
+
+        async def one_client() -> list[Served]:
+            return [await _one(client, model, max_tokens) for _ in range(requests_each)]
+
+        per_client = await asyncio.gather(*(one_client() for _ in range(concurrency)))
+    return [served for done in per_client for served in done]
+
+
+def summarize_level(served: list[Served], wall_s: float, events: int | None) -> dict[str, Any]:
+    """The level's figures: aggregate tokens/s over its wall time, TTFT and inter-token latency
+    percentiles, errors (429s counted apart), and log events per generated token."""
+    ok = [s for s in served if s.status == 200 and not s.error]
+    tokens = sum(s.tokens for s in ok)
+    ttfts = [s.ttft_ms for s in ok if s.ttft_ms is not None]
+    gaps = [gap for s in ok for gap in s.gaps_ms]
+
+    return {
+        "requests": len(served),
+        "served": len(ok),
+        "tokens": tokens,
+        "aggregate_tps": rounded(tokens / wall_s, 4) if wall_s > 0 else 0.0,
+        "ttft_ms_p50": _percentile(ttfts, 0.5),
+        "ttft_ms_p99": _percentile(ttfts, 0.99),
+        "itl_ms_p50": _percentile(gaps, 0.5),
+        "itl_ms_p99": _percentile(gaps, 0.99),
+        "errors": sum(1 for s in served if s.status not in (200, 429) or (s.status == 200 and s.error)),
+        "refused_429": sum(1 for s in served if s.status == 429),
+        "events_per_token": rounded(events / tokens, 3) if events is not None and tokens else None,
+        "first_errors": sorted({s.error for s in served if s.error})[:3],
+        "wall_s": rounded(wall_s, 4),
+    }

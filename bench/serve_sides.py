@@ -1,0 +1,159 @@
+"""What `shoal bench serve` serves and with what: its models and its sides.
+
+Models are random weights in standard mlx-lm directories, sharing the tiny model's tokenizer:
+`tiny` (the 8-layer llama of the tests), and `qwen3-100m`, a qwen3 shape of about 100M
+parameters, so that compute, not only overhead, is measured. Sides are servers that speak the
+OpenAI API on a port: `mlx_lm.server` (the anchor, its batching on) and `shoal up` clusters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from bench.cluster import Cluster, free_port
+
+# A qwen3 of ~100M parameters: 16 layers of 6.3M (attention 1.6M, MLP 4.7M) and a 0.8M embedding.
+QWEN3_100M: dict[str, Any] = {
+    "model_type": "qwen3",
+    "hidden_size": 768,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": 1024,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+}
+MODELS = ("tiny", "qwen3-100m")
+# mlx_lm.server batches up to this many decodes and prefills at once (its defaults are lower).
+ANCHOR_DECODE_CONCURRENCY = 64
+ANCHOR_PROMPT_CONCURRENCY = 8
+
+
+def model_dir(name: str, data_dir: Path) -> Path:
+    """The directory of model `name` under `data_dir`, written on first use, in a subprocess
+    (`main`): writing weights imports mlx, which the bench's own process never does."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+    out = data_dir / "models" / name
+    if name != "tiny" and (out / "model.safetensors").exists():
+        return out
+    env = {**os.environ, "SHOAL_DATA_DIR": str(data_dir)}
+    argv = [sys.executable, "-m", "bench.serve_sides", name, str(out)]
+    return Path(subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout.strip())
+
+
+def main(argv: list[str]) -> int:
+    """Write model `argv[0]` (into `argv[1]` unless it is `tiny`, which is cached) and print its directory."""
+    from runner.models.tiny import cached_tiny, write_random_model
+
+    tiny = cached_tiny()
+    name, out = argv[0], Path(argv[1])
+    if name == "tiny":
+        print(tiny)
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    for file in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny / file, out / file)
+    eos = json.loads((tiny / "config.json").read_text())["eos_token_id"]
+    print(write_random_model(out, {**QWEN3_100M, "eos_token_id": eos}, seed=1))
+    return 0
+
+
+class Side(Protocol):
+    name: str
+    base_url: str
+
+    async def events_stored(self) -> int | None: ...
+    def stop(self) -> None: ...
+
+
+class AnchorServer:
+    """`mlx_lm.server` on the model, batching on, with a 1-rank runner's BLAS environment."""
+
+    def __init__(self, model: Path, log_dir: Path, max_tokens: int) -> None:
+        from runner.blas import blas_env  # no mlx import: only the environment it needs
+
+        self.name = "mlx_lm_server"
+        port = free_port()
+        self.base_url = f"http://127.0.0.1:{port}"
+        env = {**os.environ, **blas_env(os.environ.get("SHOAL_BLAS"), 1, os.cpu_count() or 1, os.environ)}
+        server = shutil.which("mlx_lm.server", path=str(Path(sys.executable).parent)) or "mlx_lm.server"
+        argv = [server, "--model", str(model), "--port", str(port), "--log-level", "WARNING",
+                "--max-tokens", str(max_tokens), "--decode-concurrency", str(ANCHOR_DECODE_CONCURRENCY),
+                "--prompt-concurrency", str(ANCHOR_PROMPT_CONCURRENCY)]  # fmt: skip
+        self._log = (log_dir / "mlx_lm_server.err").open("wb")
+        self._process = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self._log_path = log_dir / "mlx_lm_server.err"
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"mlx_lm.server exited: {self._log_path.read_text(errors='replace')[-2000:]}")
+            try:
+                if httpx.get(f"{self.base_url}/v1/models", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"mlx_lm.server not up within {timeout}s")
+
+    async def events_stored(self) -> int | None:
+        return None  # no event log
+
+    def stop(self) -> None:
+        self._process.terminate()
+        try:
+            self._process.wait(10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._log.close()
+
+
+class ShoalSide:
+    """`shoal up --workers N` on the model; its log's length counts the events a level stored."""
+
+    def __init__(self, model: Path, root: Path, workers: int, max_queued_tasks: int) -> None:
+        self.name = f"shoal_{workers}w"
+        home = root / self.name
+        home.mkdir(parents=True)
+        self.cluster = Cluster(
+            home, workers=workers, model=str(model), max_queued_tasks=str(max_queued_tasks), log_level="WARNING"
+        )
+        self.base_url = self.cluster.base_url
+
+    async def events_stored(self) -> int | None:
+        from eventlog.log import EventLog
+
+        log = await EventLog.connect(self.cluster.admin_endpoint(), name="shoal-bench-serve", ensure=False)
+        try:
+            return await log.last_seq("events")
+        finally:
+            await log.close()
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+
+def events_between(side: Side, before: int | None) -> int | None:
+    after = asyncio.run(side.events_stored())
+    return None if before is None or after is None else after - before
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

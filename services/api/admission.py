@@ -1,0 +1,103 @@
+"""Admission: how many tasks of each model are queued, and the 429 that refuses one too many.
+
+A model's queue is its tasks created but not ended (waiting for an instance, or on one), counted
+from the folded State, so every API replica folding the same log counts alike. The count is kept
+as the hub folds (one task's change per event, not a scan of every task per request), and it adds
+the tasks this API has admitted whose `TaskCreated` it has not folded yet: in a burst, hundreds of
+requests pass the check before the first of their events comes back from the log, and without
+those the bound would hold only after the burst.
+
+`Retry-After` is when the model's queue is expected to free a slot: the mean interval between its
+tasks' ends while it had tasks queued, taken from the events' own times (so replicas agree too).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from events.catalogue import LogEvent, TaskCreated
+from events.ids import TaskId
+from events.state import State
+from services.api.schemas import RequestProblem
+
+RETRY_AFTER_BOUNDS = (1, 60)  # seconds: a client never told "now", nor to wait longer than a minute
+_SMOOTHING = 0.2  # weight of the newest interval in the running mean
+NS = 1_000_000_000
+
+
+def _is_live(state: State, task_id: TaskId) -> bool:
+    task = state.tasks.get(task_id)
+    return task is not None and not task.ended
+
+
+class QueueBook:
+    """Each model's queued tasks, as the hub folds the log, plus this API's admitted-not-yet-folded."""
+
+    def __init__(self) -> None:
+        self._live: Counter[str] = Counter()  # by model: created, not ended, in the folded State
+        self._admitted: dict[TaskId, str] = {}  # published (or about to be) by this API, not yet folded
+        self._last_end: dict[str, int] = {}  # by model: wall ns of the newest end while tasks stayed queued
+        self._end_interval: dict[str, float] = {}  # by model: running mean of the seconds between ends
+
+    @classmethod
+    def of(cls, state: State) -> QueueBook:
+        """The book of a State folded in one go (the hub's start)."""
+        book = cls()
+        book._live.update(task.model for task in state.tasks.values() if not task.ended)
+        return book
+
+    def queued(self, model: str) -> int:
+        return self._live[model] + sum(1 for m in self._admitted.values() if m == model)
+
+    def folded(self, before: State, after: State, event: LogEvent) -> None:
+        """The State moved from `before` to `after` by `event` (`after is before` if refused)."""
+        if isinstance(event, TaskCreated):
+            self._admitted.pop(event.task_id, None)  # folded (or refused): the State counts it now, or never
+        task_id: TaskId | None = getattr(event, "task_id", None)
+        if task_id is None:
+            return
+        change = _is_live(after, task_id) - _is_live(before, task_id)
+        if change == 0:
+            return
+        model = (after.tasks.get(task_id) or before.tasks[task_id]).model
+        self._live[model] += change
+        if change < 0:
+            self._ended(model, event.env.wall_time)
+
+    def _ended(self, model: str, at: int) -> None:
+        last = self._last_end.pop(model, None)
+        if last is not None and at > last:
+            interval = (at - last) / NS
+            mean = self._end_interval.get(model)
+            self._end_interval[model] = interval if mean is None else mean + _SMOOTHING * (interval - mean)
+        if self._live[model] > 0:  # still busy: the next end measures how fast the queue drains
+            self._last_end[model] = at
+
+    def retry_after_seconds(self, model: str) -> int:
+        low, high = RETRY_AFTER_BOUNDS
+        return min(high, max(low, math.ceil(self._end_interval.get(model, low))))
+
+    def refusal(self, model: str, limit: int) -> RequestProblem | None:
+        """The 429 for one more task of `model`, or None while its queue has room."""
+        queued = self.queued(model)
+        if queued < limit:
+            return None
+        retry = self.retry_after_seconds(model)
+        return RequestProblem(
+            429,
+            f"model {model!r} has {queued} of {limit} queued tasks (max_queued_tasks); retry after {retry} s",
+            code="queue_full",
+            headers={"Retry-After": str(retry)},
+        )
+
+    def admit(self, task: TaskCreated, limit: int) -> None:
+        """Count `task` in its model's queue before it is published; raises the 429 if full."""
+        problem = self.refusal(task.model, limit)
+        if problem is not None:
+            raise problem
+        self._admitted[task.task_id] = task.model
+
+    def withdraw(self, task_id: TaskId) -> None:
+        """A task admitted but never published (the log refused the write)."""
+        self._admitted.pop(task_id, None)

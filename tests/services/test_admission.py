@@ -1,0 +1,125 @@
+"""Admission's pure core (`services/api/admission.py`): each model's queue as the hub folds the
+log, the tasks this API admitted but has not folded yet, and the 429 beyond `max_queued_tasks`."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from events.catalogue import LogEvent, TaskCancelled, TaskCompleted, TaskCreated, TaskFailed
+from events.fold import apply_live
+from events.ids import TaskId
+from events.state import State
+from services.api.admission import RETRY_AFTER_BOUNDS, QueueBook
+from tests.events.builders import Events, FakeClock
+
+MODELS = ("tiny", "big")
+
+
+class Folding:
+    """A State and its QueueBook, moved together as the hub moves them."""
+
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.ev = Events(self.clock)
+        self.state = State()
+        self.book = QueueBook()
+        self.seq = 0
+        self.feed(self.ev.node("n1"), self.ev.placed("i1", nodes=("n1",)))
+
+    def feed(self, *events: LogEvent) -> None:
+        for event in events:
+            self.seq += 1
+            before = self.state
+            self.state, _error = apply_live(before, self.seq, event)
+            self.book.folded(before, self.state, event)
+
+    def counted(self, model: str) -> int:
+        return sum(1 for t in self.state.tasks.values() if t.model == model and not t.ended)
+
+    def end(self, task_id: str) -> None:
+        self.feed(TaskCompleted(env=self.ev.master.stamp(), task_id=TaskId(task_id), finish_reason="stop"))
+
+
+# One step: (what happens, to which of a few tasks, of which model).
+STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(["create", "assign", "complete", "fail", "cancel"]), st.integers(0, 5), st.sampled_from(MODELS)
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(STEPS)
+def test_the_books_count_equals_a_recount_of_the_state_after_every_event(steps: list[tuple[str, int, str]]) -> None:
+    f = Folding()
+    for action, n, model in steps:
+        task_id = TaskId(f"t{n}")
+        known = task_id in f.state.tasks
+        match action:
+            case "create" if not known:
+                f.feed(f.ev.created(task_id, model=model))
+            case "assign" if known:
+                f.feed(f.ev.assigned(task_id, "i1"))
+            case "complete" if known:
+                f.feed(TaskCompleted(env=f.ev.task_rank(task_id).stamp(), task_id=task_id, finish_reason="stop"))
+            case "fail" if known:
+                f.feed(TaskFailed(env=f.ev.master.stamp(), task_id=task_id, error="x"))
+            case "cancel" if known:
+                f.feed(TaskCancelled(env=f.ev.api.stamp(), task_id=task_id, reason="api"))
+            case _:
+                continue
+        assert [f.book.queued(m) for m in MODELS] == [f.counted(m) for m in MODELS]
+    assert [QueueBook.of(f.state).queued(m) for m in MODELS] == [f.counted(m) for m in MODELS]
+
+
+def test_tasks_admitted_but_not_yet_folded_count_so_a_burst_meets_the_bound() -> None:
+    f = Folding()
+    burst = [f.ev.created(f"t{i}") for i in range(5)]
+    for task in burst[:3]:
+        f.book.admit(task, limit=3)  # none of them folded yet
+    problem = f.book.refusal("tiny", limit=3)
+    assert problem is not None and problem.status == 429
+    assert problem.message == "model 'tiny' has 3 of 3 queued tasks (max_queued_tasks); retry after 1 s"
+    assert problem.headers == {"Retry-After": "1"} and problem.code == "queue_full"
+    f.feed(*burst[:3])  # folded: now counted by the State, not twice
+    assert f.book.queued("tiny") == 3 and f.book.refusal("big", limit=3) is None
+    f.book.withdraw(burst[3].task_id)  # never admitted: nothing to undo
+    f.end("t0")
+    assert f.book.refusal("tiny", limit=3) is None
+
+
+def test_a_task_the_log_refused_leaves_the_queue() -> None:
+    f = Folding()
+    task = f.ev.created("t1")
+    f.book.admit(task, limit=1)
+    f.book.withdraw(task.task_id)
+    assert f.book.queued("tiny") == 0
+
+
+def test_retry_after_is_the_interval_between_ends_while_the_queue_stayed_busy() -> None:
+    f = Folding()
+    f.feed(*(f.ev.created(f"t{i}") for i in range(4)))
+    for i in range(3):
+        f.clock.advance(7)
+        f.end(f"t{i}")
+    assert f.book.retry_after_seconds("tiny") == 7
+    f.clock.advance(7)
+    f.end("t3")
+    f.clock.advance(3600)  # the queue was empty for an hour: no drain rate in that
+    f.feed(f.ev.created("t9"))
+    f.clock.advance(7)
+    f.end("t9")
+    assert f.book.retry_after_seconds("tiny") == 7
+    assert f.book.retry_after_seconds("big") == RETRY_AFTER_BOUNDS[0]
+
+
+def test_created_events_refused_by_the_fold_release_their_admission() -> None:
+    f = Folding()
+    task = f.ev.created("t1")
+    f.feed(task)
+    again = TaskCreated(env=f.ev.api.stamp(), task_id=task.task_id, model="tiny", messages=task.messages)
+    f.book.admit(again, limit=5)
+    f.feed(again)  # a duplicate id: quarantined, never a second queued task
+    assert f.book.queued("tiny") == 1
