@@ -7,6 +7,7 @@ failed test never leaves runners or nats-servers behind.
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -23,6 +24,25 @@ import openai
 from eventlog.endpoint import NatsEndpoint
 
 READY = re.compile(r"shoal: ready: instance (\S+)")
+
+
+def free_ring_base_port() -> int:
+    """A ring port range of this cluster's own (the master takes the lowest free port at or above
+    it per host), so clusters started side by side on one machine never share a ring port."""
+    for _ in range(100):
+        base = random.randrange(20_000, 60_000, 16)
+        if all(_bindable(port) for port in range(base, base + 16)):
+            return base
+    raise RuntimeError("no free block of 16 ports for a ring")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def free_port() -> int:
@@ -105,6 +125,7 @@ class Cluster:
         self.api_port = free_port()
         self.base_url = f"http://127.0.0.1:{self.api_port}"
         self.env = {**os.environ, "SHOAL_DATA_DIR": str(root / "data"), **(env or {})}
+        self.env.setdefault("SHOAL_RING_BASE_PORT", str(free_ring_base_port()))
         for key, value in settings.items():
             self.env[f"SHOAL_{key.upper()}"] = value
         scheme = "tls" if self.env.get("SHOAL_NATS_TLS_CERT") else "nats"  # the embedded server serves TLS then

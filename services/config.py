@@ -22,10 +22,9 @@ import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Literal, cast
 
 import msgspec
-import yaml
 from msgspec import Meta
 
 from eventlog.endpoint import IDENTITY_ENV, NatsEndpoint
@@ -45,6 +44,7 @@ from events.runner_settings import (
     StallStackSeconds,
 )
 from events.state import FINISHED_TASKS_KEPT
+from services.config_files import find_yaml, read_yaml
 from services.config_values import REDACTED, ConfigError, DeclaredFields
 from services.master.lease import DEFAULT_LEASE_SECONDS
 
@@ -105,6 +105,15 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
             "empty = <data_dir>/nats-credentials when a server embedded there made them, else none",
         ),
     ] = ""
+    ring_base_port: Annotated[
+        int,
+        Meta(
+            ge=1024,
+            le=65000,
+            description="lowest TCP port the master gives an instance's ring on a host (the next free one is "
+            "taken per instance); two clusters sharing hosts need ranges of their own",
+        ),
+    ] = 52100
     api_host: Annotated[str, _NON_EMPTY, Meta(description="address the OpenAI-compatible API binds")] = "127.0.0.1"
     api_port: Annotated[int, Meta(ge=1, le=65535, description="port of the OpenAI-compatible API")] = 8000
     api_keys: Annotated[
@@ -292,34 +301,6 @@ def _unknown_key_error(key: str, value: object, source: str) -> ConfigError:
 
 
 # --- resolution ------------------------------------------------------------------------------
-
-
-def find_yaml(explicit: str | None, env: Mapping[str, str]) -> Path | None:
-    if explicit:
-        return Path(explicit).expanduser()
-    from_env = env.get("SHOAL_CONFIG")
-    if from_env:
-        return Path(from_env).expanduser()
-    local = Path("shoal.yaml")
-    return local if local.is_file() else None
-
-
-def read_yaml(path: Path) -> dict[str, object]:
-    source = f"{path}"
-    try:
-        loaded: object = yaml.safe_load(path.read_text())
-    except FileNotFoundError as exc:
-        raise ConfigError("config", str(path), "--config / SHOAL_CONFIG", "an existing YAML file") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError("config", str(path), source, f"a UTF-8 text file ({exc})") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError("config", str(path), source, f"valid YAML ({exc})") from exc
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise ConfigError("config", str(path), source, "a YAML mapping of setting: value")
-    mapping: dict[Any, Any] = loaded  # pyright: ignore[reportUnknownVariableType]
-    return {str(key): value for key, value in mapping.items()}
 
 
 def resolve_config(

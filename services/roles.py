@@ -27,6 +27,7 @@ def master_policy(config: ShoalConfig, *, min_nodes_for_default: int = 1) -> Mas
         task_stall_seconds=config.task_stall_seconds,
         node_timeout_seconds=config.node_timeout_seconds,
         request_timeout_seconds=config.request_timeout_seconds,
+        ring_base_port=config.ring_base_port,
     )
 
 

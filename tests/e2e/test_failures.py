@@ -19,7 +19,7 @@ import pytest
 from eventlog.export import read_export
 from services.ops.delivery import delivery_problems
 from services.ops.scan import scan
-from tests.e2e.cluster import Cluster, Proc, free_port, shoal_argv
+from tests.e2e.cluster import Cluster, Proc, free_port, free_ring_base_port, shoal_argv
 from tests.e2e.conftest import E2E_SETTINGS
 from tests.e2e.helpers import long_prompt, one_rank_text, wait_task_ended
 
@@ -88,6 +88,7 @@ class Services:
             "SHOAL_DATA_DIR": str(root / "data"),
             "SHOAL_NATS_URL": self.nats_url,
             "SHOAL_NATS_PORT": str(nats_port),
+            "SHOAL_RING_BASE_PORT": str(free_ring_base_port()),
             "SHOAL_API_PORT": str(self.api_port),
             **{f"SHOAL_{k.upper()}": v for k, v in E2E_SETTINGS.items()},
         }
