@@ -18,7 +18,15 @@ from events.constraints import Constraint, ToolFunction
 from events.ids import EventIdField, InstanceIdField, KeyId, NodeIdField, TaskIdField
 from events.logprobs import TokenLogprob
 from events.runner_settings import RunnerSettings
-from events.vocabulary import CancelReason, FinishReason, Phase, PrefillPath, RunnerStatus, RunnerStatusCause
+from events.vocabulary import (
+    CancelReason,
+    FinishReason,
+    Phase,
+    PrefillPath,
+    RetireCause,
+    RunnerStatus,
+    RunnerStatusCause,
+)
 
 
 class Origin(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -145,6 +153,7 @@ class RunnerStatusChanged(Event, tag="runner_status_changed", frozen=True, kw_on
 class InstanceRetired(Event, tag="instance_retired", frozen=True, kw_only=True):
     instance_id: InstanceIdField
     reason: str
+    cause: RetireCause | None = None  # None in logs from before it existed
 
 
 # --- models ---------------------------------------------------------------------------------

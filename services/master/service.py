@@ -93,8 +93,9 @@ class Master:
             if self._awaiting_seq > self.state.last_seq:
                 continue
             liveness = Liveness(nodes=self.node_last_seen, runners=self.runner_beats)
-            decisions = tick(self.state, self.wall_ns(), liveness, self.settings.policy, self.stamper)
-            await self._publish(decisions)
+            now = self.wall_ns()
+            decisions = tick(self.state, now, liveness, self.settings.policy, self.stamper)
+            await self._publish([*decisions, *self.core.retry_placements(self.state, now)])
 
     async def _follow_heartbeats(self, log: EventLog) -> None:
         start = await log.last_seq("telemetry") + 1
