@@ -25,7 +25,7 @@ def test_a_healthy_run_resets_the_count(failures: int, ran: float, after: int) -
 class Script:
     """A service that fails as told on each start (None: run until cancelled), on a fake clock."""
 
-    def __init__(self, runs: list[tuple[float, BaseException | None | str]]) -> None:
+    def __init__(self, runs: list[tuple[float, BaseException | str | None]]) -> None:
         self.runs = runs
         self.now = 0.0
         self.waits: list[float] = []
