@@ -83,7 +83,7 @@ async def supervise(
             if _carries(exc, fatal):
                 raise
             logger.opt(exception=exc).debug("{} failed", name)
-            error = f"{type(exc).__name__}: {exc}"
+            error = describe(exc)
         failures = policy.failures_after(failures, clock() - started)
         wait = policy.delay(failures)
         health.failed(error)
@@ -98,3 +98,11 @@ def _carries(exc: BaseException, kinds: tuple[type[Exception], ...]) -> bool:
         inners = cast("tuple[BaseException, ...]", exc.exceptions)
         return any(_carries(inner, kinds) for inner in inners)
     return False
+
+
+def describe(exc: BaseException) -> str:
+    """`Type: message` of the error, or of each error a task group carried."""
+    if isinstance(exc, BaseExceptionGroup):
+        inners = cast("tuple[BaseException, ...]", exc.exceptions)
+        return "; ".join(describe(inner) for inner in inners)
+    return f"{type(exc).__name__}: {exc}"
