@@ -92,7 +92,8 @@ def still_loading(instance: InstanceInfo, liveness: Liveness, now_ns: int) -> st
             continue
         beat = beats.get(runner.rank)
         heard = f"last heartbeat {(now_ns - beat.env.wall_time) / NS:.0f}s ago" if beat else "no heartbeat"
-        parts.append(f"rank {runner.rank} on {runner.node_id} still {runner.status} ({heard})")
+        doing = "never reported a status" if runner.status == "placed" else f"still {runner.status}"
+        parts.append(f"rank {runner.rank} on {runner.node_id} {doing} ({heard})")
     return "; ".join(parts)
 
 
