@@ -15,6 +15,7 @@ import msgspec
 from events.catalogue import Shard
 from events.ids import InstanceId, NodeId
 from events.state import InstanceInfo, NodeInfo, State
+from services.supervise import Backoff
 
 
 class PlacementError(Exception):
@@ -115,18 +116,15 @@ class PlacementFailures(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
-    """How failed placements of a model are retried: after `initial_seconds`, doubling per failure
-    in a row up to `max_seconds`; from `refuse_after` failures in a row on, tasks for the model are
-    refused (failed at once, saying so) instead of waiting for the next attempt."""
+    """How failed placements of a model are retried: after a backoff of 2 s doubling per failure
+    in a row up to 5 min; from `refuse_after` failures in a row on, tasks for the model are refused
+    (failed at once, saying so) instead of waiting for the next attempt."""
 
-    initial_seconds: float = 2.0
-    max_seconds: float = 300.0
+    backoff: Backoff = Backoff(initial_seconds=2.0, max_seconds=300.0)
     refuse_after: int = 3
 
     def delay_ns(self, failures: int) -> int:
-        if failures <= 0:
-            return 0
-        return int(min(self.initial_seconds * 2.0 ** min(failures - 1, 62), self.max_seconds) * 1e9)
+        return int(self.backoff.delay(failures) * 1e9)
 
     def due(self, failures: PlacementFailures, now_ns: int) -> bool:
         """Whether the next attempt may be placed at `now_ns`."""

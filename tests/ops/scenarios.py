@@ -16,6 +16,7 @@ from events.codec import ExportRecord
 from events.fold import fold
 from events.stamp import Stamper
 from events.state import State
+from events.vocabulary import RunnerStatus
 from services.master.core import MasterCore, MasterPolicy
 from services.master.watchdog import Liveness, RunnerKey, tick
 from services.models import LocalModelCatalog
@@ -127,14 +128,20 @@ def no_instance() -> LogBuilder:
     return log
 
 
-def instance_loading() -> LogBuilder:
+def _waiting_on_loading(rank0: RunnerStatus) -> LogBuilder:
+    """Instance i1 placed on n1, n2: rank 0 `rank0`, rank 1 loading; task t1 waits for it."""
     log = LogBuilder()
-    log.node_joined("n1")
-    log.node_joined("n2")
+    for node in NODES:
+        log.node_joined(node)
     log.instance_placed("i1", NODES)
-    log.runner_status("i1", 0, "ready")
+    log.runner_status("i1", 0, rank0)
     log.runner_status("i1", 1, "loading")
     log.task_created("t1")
+    return log
+
+
+def instance_loading() -> LogBuilder:
+    log = _waiting_on_loading("ready")
     log.advance(60)
     log.node_joined("n3")
     return log
@@ -143,13 +150,7 @@ def instance_loading() -> LogBuilder:
 def frozen_while_loading() -> LogBuilder:
     """Rank 1 froze while loading (its heartbeats stop); rank 0 waits for it in the ring's
     set-up; a task waits for the model. The loading deadline (60 s here) gives up."""
-    log = LogBuilder()
-    log.node_joined("n1")
-    log.node_joined("n2")
-    log.instance_placed("i1", NODES)
-    log.runner_status("i1", 0, "loading")
-    log.runner_status("i1", 1, "loading")
-    log.task_created("t1")
+    log = _waiting_on_loading("loading")
     for second in range(61):
         log.advance(1)
         log.heartbeat("i1", 0, "loading", None, 0, second + 1, None)

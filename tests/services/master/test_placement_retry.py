@@ -21,11 +21,12 @@ from services.master.core import MasterCore, MasterPolicy
 from services.master.placement import PlacementFailures, RetryPolicy, placement_failures
 from services.master.watchdog import Liveness, tick
 from services.models import model_error
+from services.supervise import Backoff
 from tests.events.builders import fake_stamper
 from tests.services.master.test_core import Catalog, Cluster
 
 T1 = TaskId("t1")
-RETRY = RetryPolicy(initial_seconds=2.0, max_seconds=10.0, refuse_after=3)
+RETRY = RetryPolicy(backoff=Backoff(initial_seconds=2.0, max_seconds=10.0), refuse_after=3)
 
 
 @pytest.mark.parametrize(
@@ -72,15 +73,22 @@ def test_a_failed_placement_is_retried_after_its_backoff_not_at_once() -> None:
     assert _kinds(_retry(c)) == ["InstancePlaced"]
 
 
-def test_after_three_failures_the_model_is_refused_and_says_so_then_retried() -> None:
+def _failing(times: int) -> Cluster:
+    """Two nodes, task t1 waiting, and `times` placements in a row that failed while loading
+    (each retried once its backoff was over)."""
     c = Cluster(MasterPolicy(placement_retry=RETRY))
     c.feed(c.ev.node("n1"), c.ev.node("n2"))
     c.feed(c.ev.created("t1"))
-    for _ in range(2):
+    for attempt in range(times):
         _fail_newest(c)
-        c.clock.advance(10)
-        _retry(c)
-    _fail_newest(c)
+        if attempt < times - 1:
+            c.clock.advance(10)
+            _retry(c)
+    return c
+
+
+def test_after_three_failures_the_model_is_refused_and_says_so_then_retried() -> None:
+    c = _failing(3)
     assert c.state.tasks[T1].status == "failed" and "refused" in c.state.tasks[T1].error
     assert "failed to load 3 times in a row" in model_error(c.state, "tiny")
     refused = c.feed(c.ev.created("t2"))
@@ -117,13 +125,7 @@ def test_a_worker_that_shuts_down_while_loading_is_a_stop() -> None:
 
 
 def test_a_joining_node_and_a_fresh_master_forgive_failures() -> None:
-    c = Cluster(MasterPolicy(placement_retry=RETRY))
-    c.feed(c.ev.node("n1"), c.ev.node("n2"))
-    c.feed(c.ev.created("t1"))
-    for _ in range(3):
-        _fail_newest(c)
-        c.clock.advance(10)
-        _retry(c)
+    c = _failing(3)
     assert placement_failures(c.state, "tiny").count == 3
     fresh = MasterCore(c.policy, Catalog(), fake_stamper("master", c.clock))
     fresh.reconcile(c.state)
