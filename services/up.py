@@ -1,7 +1,7 @@
 """`shoal up`: embedded NATS (unless a URL is given), the master, N workers and the API in one
 process tree, each service supervised (restarted with backoff when it fails, while the others
-keep serving: `services/supervise.py`); a ready line once a warm instance of the model exists, saying whether the API is
-open or needs keys; Ctrl-C stops it all. The API's keys are read (and an open API on a network
+keep serving: `services/supervise.py`); a ready line once a warm instance of the model exists,
+saying whether the API is open or needs keys; Ctrl-C stops it all. The API's keys are read (and an open API on a network
 refused) before anything starts.
 
 The embedded server admits only the identities `shoal up` keeps under `<data_dir>/nats-credentials`
@@ -65,7 +65,8 @@ def _nodes_up(state: State, instance: InstanceInfo) -> bool:
 
 
 def cluster_services(resolved: ResolvedConfig, access: ApiAccess, workers: int) -> list[Service]:
-    """Every service `shoal up` runs, in start order, each waiting for the previous one's readiness."""
+    """Every service `shoal up` runs, in start order; one with `wait` is ready before the next starts
+    (the master has reconciled before workers join; the API listens before the ready line)."""
     services = [Service("master", functools.partial(run_master, resolved, min_nodes_for_default=workers))]
     for node_id in node_ids(workers):
         services.append(Service(f"worker {node_id}", functools.partial(run_worker, resolved, node_id), wait=False))
