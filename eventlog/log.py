@@ -377,6 +377,12 @@ class EventLog:
         name = subject.decode(errors="replace") if isinstance(subject, bytes) else subject
         logger.warning("skipping malformed message on {} seq {}: {}", name, seq, exc)
 
+    @property
+    def connected(self) -> bool:
+        """Whether the connection is up now (False while it reconnects through an outage): what a
+        health check reports, since follows retry an outage quietly rather than end."""
+        return self._nc.is_connected
+
     async def close(self) -> None:
         """Stop follows at their next batch, and close the connections."""
         self._closed = True

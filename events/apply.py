@@ -374,5 +374,7 @@ def _runner_status_changed(state: State, seq: int, event: RunnerStatusChanged) -
 
 def _instance_retired(state: State, seq: int, event: InstanceRetired) -> State:
     instance = _instance(state, event.instance_id, "instance_retired")
-    retired = replace(instance, retired=True, retire_reason=event.reason)
+    retired = replace(
+        instance, retired=True, retire_reason=event.reason, retire_cause=event.cause, retired_at=event.env.wall_time
+    )
     return replace(state, last_seq=seq, instances=state.instances.set(instance.instance_id, retired))

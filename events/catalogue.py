@@ -24,6 +24,7 @@ from events.vocabulary import (
     JoinCause,
     Phase,
     PrefillPath,
+    RetireCause,
     RunnerStatus,
     RunnerStatusCause,
 )
@@ -162,6 +163,7 @@ class RunnerStatusChanged(Event, tag="runner_status_changed", frozen=True, kw_on
 class InstanceRetired(Event, tag="instance_retired", frozen=True, kw_only=True):
     instance_id: InstanceIdField
     reason: str
+    cause: RetireCause | None = None  # None in logs from before it existed
 
 
 class ClusterStarted(Event, tag="cluster_started", frozen=True, kw_only=True):

@@ -22,6 +22,7 @@ from events.vocabulary import (
     CancelReason,
     FinishReason,
     PrefillPath,
+    RetireCause,
     RunnerStatus,
     RunnerStatusCause,
 )
@@ -81,6 +82,8 @@ class InstanceInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     head_since: int = 0  # wall ns when queue[0] became the task the ranks are running
     retired: bool = False
     retire_reason: str = ""
+    retire_cause: RetireCause | None = None
+    retired_at: int = 0  # wall ns of the InstanceRetired
     became_ready_at: int = 0  # wall ns when every rank first reported ready; 0 = never
 
     @property

@@ -56,6 +56,16 @@ JoinCause = Literal[
     "left",  # it folded a `NodeLeft` of its node while alive (a stale incarnation's goodbye)
 ]
 
+# Why the master retired an instance (`InstanceRetired.cause`): whether its model is to blame
+# decides if the retirement counts as a failed placement (`services/master/placement.py`).
+RetireCause = Literal[
+    "runner_down",  # a rank failed or stopped (a load error, a crash, a kill)
+    "node_gone",  # a node hosting a rank left or timed out: a stop, not the model's fault
+    "stalled",  # a task on it made no progress (the watchdog)
+    "peer_lost",  # ranks lost a peer that never reported (the watchdog's grace ran out)
+    "load_deadline",  # it did not become ready within `instance_ready_timeout_seconds`
+]
+
 # --- tasks ---------------------------------------------------------------------------------------
 
 PrefillPath = Literal["pipeline", "sequential"]

@@ -163,6 +163,16 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     master_lease_seconds: Annotated[
         float, POSITIVE_SECONDS, Meta(description="a leading master unheard this long is replaced by a stand-by")
     ] = DEFAULT_LEASE_SECONDS
+    instance_ready_timeout_seconds: Annotated[
+        float,
+        POSITIVE_SECONDS,
+        Meta(
+            description=(
+                "an instance with no loading progress (placement, a rank's status, a download's progress) "
+                "this long is retired and the tasks waiting for its model fail"
+            )
+        ),
+    ] = 900.0
     heartbeat_interval_seconds: HeartbeatIntervalSeconds = RUNNER_DEFAULTS.heartbeat_interval_seconds
     stall_stack_seconds: StallStackSeconds = RUNNER_DEFAULTS.stall_stack_seconds
     decode_cancel_poll_tokens: DecodeCancelPollTokens = RUNNER_DEFAULTS.decode_cancel_poll_tokens

@@ -17,6 +17,7 @@ from runner.errors import ModelDirError
 from runner.models.hub import ModelUnavailableError, cached_snapshot, hub_config, is_hub_id
 from runner.models.model_info import layer_count, read_config, read_model_info
 from services.master.core import UnknownModel
+from services.master.placement import RetryPolicy, placement_failures, refusal
 
 
 def prepare_tiny(model: str) -> None:
@@ -85,7 +86,8 @@ def served_models(configured: Sequence[str], state: State) -> list[str]:
 
 def model_error(state: State, model: str) -> str:
     """Why `model` is not being served, from the log; "" while an instance of it is live (loading
-    or ready). The master's reason it cannot place it, else the reason its newest instance was
+    or ready). The master's reason it cannot place it, else that it is refused after failed
+    placements in a row (retried after a backoff), else the reason its newest instance was
     retired before it ever got ready (a rank could not resolve or load it)."""
     instances = sorted((i for i in state.instances.values() if i.model == model), key=lambda i: i.placed_seq)
     if any(not i.retired for i in instances):
@@ -93,6 +95,9 @@ def model_error(state: State, model: str) -> str:
     status = state.models.get(model)
     if status is not None and status.unavailable:
         return status.unavailable
+    failures, retry = placement_failures(state, model), RetryPolicy()
+    if retry.refused(failures):
+        return refusal(model, failures, retry)
     newest = instances[-1] if instances else None
     if newest is not None and not newest.became_ready_at:
         return f"the last attempt to load it failed: {newest.retire_reason}"

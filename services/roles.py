@@ -5,6 +5,8 @@ under its own identity on the bus (`services/credentials.py`)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import Protocol
 
 import msgspec
 
@@ -19,6 +21,20 @@ from services.nats_permissions import Identity
 from services.worker.service import Worker, WorkerSettings
 
 
+class RunService(Protocol):
+    def __call__(self, *, ready: asyncio.Event) -> Awaitable[None]:
+        """Run the service until cancelled, setting `ready` once it serves."""
+        ...
+
+
+class Service(msgspec.Struct, frozen=True):
+    """One service of a cluster, as `shoal up` starts and supervises it."""
+
+    name: str  # for the log lines that say it failed and restarts
+    run: RunService
+    wait: bool = True  # start the next service only once this one is ready
+
+
 def master_policy(config: ShoalConfig, *, min_nodes_for_default: int = 1) -> MasterPolicy:
     return MasterPolicy(
         runner_settings=runner_settings(config),
@@ -28,6 +44,7 @@ def master_policy(config: ShoalConfig, *, min_nodes_for_default: int = 1) -> Mas
         node_timeout_seconds=config.node_timeout_seconds,
         request_timeout_seconds=config.request_timeout_seconds,
         ring_base_port=config.ring_base_port,
+        instance_ready_timeout_seconds=config.instance_ready_timeout_seconds,
     )
 
 

@@ -1,6 +1,7 @@
 """`shoal up`: embedded NATS (unless a URL is given), the master, N workers and the API in one
-process tree; a ready line once a warm instance of the model exists, saying whether the API is
-open or needs keys; Ctrl-C stops it all. The API's keys are read (and an open API on a network
+process tree, each service supervised (restarted with backoff when it fails, while the others
+keep serving: `services/supervise.py`); a ready line once a warm instance of the model exists,
+saying whether the API is open or needs keys; Ctrl-C stops it all. The API's keys are read (and an open API on a network
 refused) before anything starts.
 
 The embedded server admits only the identities `shoal up` keeps under `<data_dir>/nats-credentials`
@@ -10,6 +11,7 @@ creates the streams before any service starts (README "Security")."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import sys
 
@@ -20,13 +22,14 @@ from events.catalogue import ClusterStarted, Origin
 from events.fold import apply_live
 from events.origins import UP
 from events.stamp import Stamper
-from events.state import State
+from events.state import InstanceInfo, State
 from services.api.auth import ApiAccess, load_api_access
 from services.config import ResolvedConfig, log_settings
 from services.credentials import embedded_server, endpoint_for
 from services.nats import EmbeddedNats
 from services.nats_permissions import Identity
-from services.roles import run_api, run_master, run_worker
+from services.roles import Service, run_api, run_master, run_worker
+from services.supervise import supervise
 from services.up_progress import UpProgress
 
 NODE_PREFIX = "node"
@@ -38,17 +41,44 @@ def node_ids(workers: int) -> list[str]:
 
 async def wait_until_ready(log: EventLog, model: str) -> str:
     """Follow the log until an instance of `model` has every rank ready; its id. Prints download
-    progress and why the model cannot be served, as the log tells them."""
-    state = State()
+    progress and why the model cannot be served (refused after failed loads included), as the log
+    tells them. Readiness is judged from the log's current end on: an instance that was ready in
+    an earlier run and is not retired yet is history the master is about to retire, not this run's
+    ready line."""
+    state = await log.fold()
     progress = UpProgress(model)
-    async for seq, event in log.follow(from_seq=1):
+    if instance := _ready_instance(state, progress):
+        return instance
+    async for seq, event in log.follow(from_seq=state.last_seq + 1):
         state, _error = apply_live(state, seq, event)
-        for line in progress.lines(state):
-            print(line, flush=True)
-        for instance in state.instances.values():
-            if instance.model == model and instance.ready:
-                return instance.instance_id
+        if instance := _ready_instance(state, progress):
+            return instance
     raise RuntimeError("the event log ended before an instance was ready")
+
+
+def _ready_instance(state: State, progress: UpProgress) -> str:
+    for line in progress.lines(state):
+        print(line, flush=True)
+    ready = [i for i in state.instances.values() if i.model == progress.model and i.ready and _nodes_up(state, i)]
+    return ready[0].instance_id if ready else ""
+
+
+def _nodes_up(state: State, instance: InstanceInfo) -> bool:
+    return all((node := state.nodes.get(s.node_id)) is not None and node.status == "up" for s in instance.shards)
+
+
+def cluster_services(resolved: ResolvedConfig, access: ApiAccess, workers: int) -> list[Service]:
+    """Every service `shoal up` runs, in start order; one with `wait` is ready before the next starts
+    (the master has reconciled before workers join; the API listens before the ready line)."""
+    masters = resolved.config.masters  # one leads by the lease; the others stand by
+    services = [
+        Service(name, functools.partial(run_master, resolved, min_nodes_for_default=workers, name=name))
+        for name in (f"master-{index}" for index in range(masters))
+    ]
+    for node_id in node_ids(workers):
+        services.append(Service(f"worker {node_id}", functools.partial(run_worker, resolved, node_id), wait=False))
+    services.append(Service("API", functools.partial(run_api, resolved, access)))
+    return services
 
 
 async def run_cluster(resolved: ResolvedConfig, access: ApiAccess, workers: int) -> None:
@@ -60,16 +90,11 @@ async def run_cluster(resolved: ResolvedConfig, access: ApiAccess, workers: int)
         started = ClusterStarted(env=Stamper(Origin(service=UP)).stamp(), workers=workers, model=config.model)
         await log.append(started)
         async with asyncio.TaskGroup() as group:
-            for index in range(config.masters):  # one leads by the lease; the others stand by
-                master_ready = asyncio.Event()
-                name = f"master-{index}"
-                group.create_task(run_master(resolved, min_nodes_for_default=workers, ready=master_ready, name=name))
-                await master_ready.wait()
-            for node_id in node_ids(workers):
-                group.create_task(run_worker(resolved, node_id))
-            api_ready = asyncio.Event()
-            group.create_task(run_api(resolved, access, api_ready))
-            await api_ready.wait()
+            for service in cluster_services(resolved, access, workers):
+                ready = asyncio.Event()
+                group.create_task(supervise(service.name, functools.partial(service.run, ready=ready)))
+                if service.wait:
+                    await ready.wait()
             url = f"http://{config.api_host}:{config.api_port}"
             print(f"shoal: API at {url}/v1 (model {config.model!r}, {workers} worker(s)); warming up...", flush=True)
             instance = await wait_until_ready(log, config.model)

@@ -1,7 +1,8 @@
 """Fault injection for tests, the same in both shells. Off unless SHOAL_TEST_FAULT names this rank.
 
 SHOAL_TEST_FAULT="<action>:<rank>:<poll>[:<seconds>]" makes rank <rank> act once, inside its
-<poll>-th cancel poll of the first real task it runs:
+<poll>-th cancel poll of the first real task it runs, or, with `load` for <poll>, while it loads
+(before it joins the ring group: a rank that freezes there leaves its instance never ready):
 - `sleep:<rank>:<poll>:<seconds>`: sleep there, as a wedged collective or a slow rank would;
 - `freeze:<rank>:<poll>`: SIGSTOP the process, so every thread stops and its heartbeats go silent;
 - `die:<rank>:<poll>`: SIGKILL it.
@@ -43,10 +44,13 @@ class Die:
 FaultAction = Sleep | Freeze | Die
 
 
+LOAD = "load"  # the <poll> that means "while loading"
+
+
 @dataclass(frozen=True, slots=True)
 class Fault:
     rank: int
-    poll: int
+    poll: int | None  # None: while loading
     action: FaultAction
 
 
@@ -60,7 +64,8 @@ def parse_fault(value: str | None) -> Fault | None:
             f"{FAULT_ENV}={value!r}: expected sleep:<rank>:<poll>:<seconds>, freeze:<rank>:<poll> or die:<rank>:<poll>"
         )
     action: FaultAction = Sleep(float(fields[2])) if kind == "sleep" else Freeze() if kind == "freeze" else Die()
-    return Fault(rank=int(fields[0]), poll=int(fields[1]), action=action)
+    poll = None if fields[1] == LOAD else int(fields[1])
+    return Fault(rank=int(fields[0]), poll=poll, action=action)
 
 
 def perform(action: FaultAction) -> None:
@@ -96,6 +101,12 @@ class FaultInjector:
     def around(self, inner: CancelSource) -> CancelSource:
         """`inner`, or `inner` behind the fault when one is set for this rank."""
         return inner if self._fault is None else _InjectedCancel(self, inner)
+
+    def loading(self) -> None:
+        """Called by the shells once the rank started loading: acts here for a `load` fault."""
+        if self._fault is not None and self._fault.poll is None and not self._fired:
+            self._fired = True
+            self._act(self._fault.action)
 
     def poll(self, task_id: str) -> None:
         if self._fault is None or self._fired:

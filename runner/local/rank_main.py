@@ -78,10 +78,11 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
     ranges = tuple((int(s), int(e)) for s, e in job["layer_ranges"])
     world = len(ranges)
     phases.enter("loading")
+    faults = FaultInjector.from_env(rank)
+    faults.loading()
     group = mx.distributed.init(backend="ring", strict=True) if world > 1 else None
     shard = load_shard(Path(job["model_dir"]), ShardPlacement(rank, world, ranges), group)
     engines: dict[str, Engine] = {}
-    faults = FaultInjector.from_env(rank)
 
     def engine_for(overrides: dict[str, Any]) -> Engine:
         # Settings are per engine; a job may vary them per task (tests), on the same shard.

@@ -115,6 +115,8 @@ def run(
     server_status = _status_publisher(bridge, stamper, args)
     server_status("loading")
     phases.enter("loading")
+    faults = FaultInjector.from_env(args.rank)
+    faults.loading()
     ranges = tuple((s.start_layer, s.end_layer) for s in sorted(placed.shards, key=lambda s: s.rank))
     model_dir = resolve_model(
         placed.model,
@@ -130,7 +132,7 @@ def run(
     server = TaskServer(
         engine=engine,
         inbox=bridge,
-        cancel=FaultInjector.from_env(args.rank).around(bridge),
+        cancel=faults.around(bridge),
         sink=LogSink(bridge, stamper, args.rank),
         stamper=stamper,
         phases=phases,

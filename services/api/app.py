@@ -28,6 +28,7 @@ from services.api.openapi import openapi_document
 from services.api.schemas import RequestProblem
 from services.api.timeline import timeline_page
 from services.config import ResolvedConfig, ShoalConfig, log_settings
+from services.supervise import supervise
 
 Handler = Callable[[Request, ApiContext], Awaitable[Response]]
 
@@ -136,7 +137,10 @@ async def serve_api(
     server = _Server(uvicorn_config, on_listening=listening)
     try:
         async with asyncio.TaskGroup() as group:
-            follower = group.create_task(ctx.hub.run())
+            # The follow is supervised on its own: while it restarts, uvicorn keeps answering
+            # (/healthz says "degraded") instead of the whole API going down with it.
+            follow = supervise("API log follow", ctx.hub.run, health=ctx.hub.follow_health)
+            follower = group.create_task(follow)
             await ctx.hub.caught_up.wait()
             await server.serve()
             follower.cancel()

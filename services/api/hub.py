@@ -21,6 +21,7 @@ from events.state import FINISHED_TASKS_KEPT, State
 from services.api.admission import QueueBook
 from services.api.dashboard_feed import DashboardFeed
 from services.api.metrics import Metrics
+from services.supervise import ServiceHealth
 
 
 class TaskEvents:
@@ -45,11 +46,15 @@ class LogHub:
         self.finished_tasks_kept = finished_tasks_kept
         self.queues = QueueBook()  # each model's queued tasks, for admission
         self.caught_up = asyncio.Event()
+        self.follow_health = ServiceHealth()  # the follow's supervisor says when it is down
         self._listeners: dict[TaskId, list[TaskEvents]] = {}
 
     async def run(self) -> None:
-        """Fold the log to its end, then follow it live (until cancelled)."""
-        self.state = await self.log.fold(from_snapshot=True, finished_tasks_kept=self.finished_tasks_kept)
+        """Fold the log to its end, then follow it live (until cancelled). Run again after a
+        failure (`serve_api` supervises it), it resumes after the last event it folded; the first
+        run starts from the stored snapshot."""
+        resumed = self.state if self.state.last_seq else None
+        self.state = await self.log.fold(resumed, from_snapshot=True, finished_tasks_kept=self.finished_tasks_kept)
         self.queues = QueueBook.of(self.state)
         self.caught_up.set()
         async for seq, event in self.log.follow(from_seq=self.state.last_seq + 1):
@@ -57,6 +62,14 @@ class LogHub:
                 continue  # a refused event (a forged chunk...) never reaches a client's stream
             for listener in self._listeners.get(getattr(event, "task_id", TaskId("")), ()):
                 listener.put(event)
+
+    @property
+    def degraded(self) -> str:
+        """Why the API cannot serve from the log now ("" when it can): its follow is down and
+        restarting, or its NATS connection is reconnecting."""
+        if self.follow_health.degraded:
+            return f"log follow down: {self.follow_health.last_error}"
+        return "" if self.log.connected else "NATS connection lost; reconnecting"
 
     def _apply(self, seq: int, event: LogEvent) -> bool:
         """Fold one event; False when the fold refused (quarantined) it."""

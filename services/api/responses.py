@@ -162,12 +162,16 @@ class CancelAccepted(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Health(msgspec.Struct, frozen=True, kw_only=True):
-    status: Literal["ok", "starting", "no_workers", "model_unavailable"]
+    """`/healthz`: 200 unless `degraded` (then 503, so a load balancer takes this API out of
+    rotation while it cannot reach the log: every request would be refused anyway)."""
+
+    status: Literal["ok", "starting", "no_workers", "model_unavailable", "degraded"]
     last_seq: int
     nodes_up: int
     ready_instances: int
     log_caught_up: bool
     errors: dict[str, str] = msgspec.field(default_factory=dict)  # by model: why it is not served
+    degraded: str = ""  # why the API cannot serve from the log now (its follow or connection is down)
 
 
 def json_response(body: msgspec.Struct, *, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:

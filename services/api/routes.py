@@ -68,15 +68,18 @@ async def healthz(request: Request, ctx: ApiContext) -> Response:
     nodes_up = sum(1 for n in state.nodes.values() if n.status == "up")
     ready = sum(1 for i in state.instances.values() if i.ready)
     errors = {model: error for model in ctx.known_models() if (error := model_error(state, model))}
+    degraded = ctx.hub.degraded
+    serving = "ok" if ready else "model_unavailable" if errors else "starting" if nodes_up else "no_workers"
     body = Health(
-        status="ok" if ready else "model_unavailable" if errors else "starting" if nodes_up else "no_workers",
+        status="degraded" if degraded else serving,
         last_seq=state.last_seq,
         nodes_up=nodes_up,
         ready_instances=ready,
         log_caught_up=ctx.hub.caught_up.is_set(),
         errors=errors,
+        degraded=degraded,
     )
-    return json_response(body)
+    return json_response(body, status=503 if degraded else 200)
 
 
 async def metrics(request: Request, ctx: ApiContext) -> Response:

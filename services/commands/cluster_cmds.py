@@ -22,6 +22,7 @@ from services.config import (
 )
 from services.credentials import CredentialsError
 from services.nats import NatsError
+from services.supervise import supervise
 
 
 def register(subparsers: Any) -> None:
@@ -103,11 +104,13 @@ def _serve(args: argparse.Namespace, role: str) -> int:
         "worker": lambda: roles.run_worker(resolved, node_id, host=args.host),
         "api": lambda: roles.run_api(resolved, load_api_access(resolved)),
     }
+    # A NATS outage, a refused write or a follow that ends costs a restart with backoff (logged as
+    # degraded), never the process; only a configuration mistake, which no retry cures, ends it.
     try:
-        asyncio.run(runs[role]())
+        asyncio.run(supervise(f"shoal {role}", runs[role], fatal=(ConfigError, CredentialsError)))
     except KeyboardInterrupt:
         return 0
-    except (LogError, ConfigError, CredentialsError) as exc:
+    except (ConfigError, CredentialsError) as exc:
         print(f"shoal {role}: {exc}", file=sys.stderr)
         return 1
     return 0

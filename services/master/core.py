@@ -38,7 +38,16 @@ from events.runner_settings import RunnerSettings
 from events.stamp import Stamper
 from events.state import InstanceInfo, State, TaskInfo
 from events.subjects import model_token
-from services.master.placement import PlacementError, nodes_up, plan_instance
+from events.vocabulary import RetireCause
+from services.master.placement import (
+    PlacementError,
+    PlacementFailures,
+    RetryPolicy,
+    nodes_up,
+    placement_failures,
+    plan_instance,
+    refusal,
+)
 
 
 class UnknownModel(Exception):
@@ -57,7 +66,8 @@ class MasterPolicy(msgspec.Struct, frozen=True, kw_only=True):
     max_nodes_per_instance: int = 8
     default_model: str | None = None  # kept placed once enough nodes joined (shoal up)
     min_nodes_for_default: int = 1
-    max_failed_placements: int = 3  # consecutive placements that never got ready
+    placement_retry: RetryPolicy = msgspec.field(default_factory=RetryPolicy)  # after placements that never got ready
+    instance_ready_timeout_seconds: float = 900.0  # placed but not ready this long: retired (watchdog)
     task_stall_seconds: float = 30.0
     node_timeout_seconds: float = 10.0
     assign_timeout_seconds: float = 600.0
@@ -70,13 +80,17 @@ class MasterCore:
         self.policy = policy
         self.catalog = catalog
         self.stamper = stamper
+        # Placements up to this seq are forgiven: a fresh master retries a model at once, whatever
+        # failed before it started (set by `reconcile`).
+        self.forgiven_seq = 0
 
     # --- entry points ------------------------------------------------------------------------
 
     def decide(self, state: State, event: LogEvent) -> list[LogEvent]:
+        now = event.env.wall_time  # "now" as of the event, so a decision is a function of the log
         match event:
             case TaskCreated():
-                return self._serve_waiting(state, event.model)
+                return self._serve_waiting(state, event.model, now)
             case TaskCancelled():
                 task = state.tasks.get(event.task_id)  # None: a late cancel of an evicted task
                 return [] if task is None else self._finish_if_waiting(task)
@@ -88,38 +102,57 @@ class MasterCore:
                     culprit = judge_instance(state, instance)
                     if culprit is None or culprit.cause == "unreported":
                         return []  # only casualties so far: wait for the rank that died (watchdog grace)
-                    return self._retire(state, instance, _runner_failure(instance, culprit))
-                return self._serve_waiting(state, instance.model) if instance.ready else []
+                    return self._retire(state, instance, _runner_failure(instance, culprit), "runner_down")
+                return self._serve_waiting(state, instance.model, now) if instance.ready else []
             case InstanceRetired():
                 model = state.instances[event.instance_id].model
-                return [*self._serve_waiting(state, model), *self._ensure_default(state)]
+                return [*self._serve_waiting(state, model, now), *self._ensure_default(state, now)]
             case NodeJoined():
-                return self._ensure_default(state)
+                return self._ensure_default(state, now)
             case NodeLeft() | NodeTimedOut():
                 return self._retire_on_node(state, event.node_id)
             case _:
                 return []
 
     def reconcile(self, state: State) -> list[LogEvent]:
-        """Everything owed by the current State, for a master that just (re)started."""
+        """Everything owed by the current State, for a master that just (re)started. Earlier failed
+        placements are forgiven: a restart is how an operator says "try again"."""
+        self.forgiven_seq = state.last_seq
         decisions: list[LogEvent] = []
         for task in _waiting_tasks(state, model=None):
             decisions += self._finish_if_waiting(task)
         for instance in state.instances.values():
             if instance.retired:
                 continue
-            broken = _broken_reason(state, instance)
-            if broken:
-                decisions += self._retire(state, instance, broken)
+            broken = _broken(state, instance)
+            if broken is not None:
+                decisions += self._retire(state, instance, *broken)
         if decisions:
             return decisions  # placement and assignment follow once these are in the log
         for model in sorted({t.model for t in _waiting_tasks(state, model=None)}):
-            decisions += self._serve_waiting(state, model)
-        return decisions or self._ensure_default(state)
+            decisions += self._serve_waiting(state, model, now_ns=0)
+        return decisions or self._ensure_default(state, now_ns=0)
+
+    def retry_placements(self, state: State, now_ns: int) -> list[LogEvent]:
+        """Place again each model whose last placements failed once its backoff is over (or was
+        forgiven), if tasks wait for it or it is the default model. The master's tick calls this:
+        no event marks the end of a backoff."""
+        decisions: list[LogEvent] = []
+        for model in sorted({t.model for t in _waiting_tasks(state, model=None) if t.cancel_reason is None}):
+            if not _live_instances(state, model):  # else they are assigned when it gets ready
+                decisions += self._serve_waiting(state, model, now_ns)
+        default = self.policy.default_model
+        placed = {d.model for d in decisions if isinstance(d, InstancePlaced)}
+        if default is not None and default not in placed and self.failures(state, default).count:
+            decisions += self._ensure_default(state, now_ns)
+        return decisions
+
+    def failures(self, state: State, model: str) -> PlacementFailures:
+        return placement_failures(state, model, after_seq=self.forgiven_seq)
 
     # --- rules -------------------------------------------------------------------------------
 
-    def _serve_waiting(self, state: State, model: str) -> list[LogEvent]:
+    def _serve_waiting(self, state: State, model: str, now_ns: int) -> list[LogEvent]:
         waiting = [t for t in _waiting_tasks(state, model) if t.cancel_reason is None]
         if not waiting:
             return []
@@ -128,7 +161,7 @@ class MasterCore:
             return self._assign(waiting, ready)
         if any(not i.failed for i in _live_instances(state, model)):
             return []  # an instance is loading; the tasks are assigned once it is ready
-        return self._place(state, model, waiting)
+        return self._place(state, model, waiting, now_ns)
 
     def _assign(self, waiting: Sequence[TaskInfo], ready: Sequence[InstanceInfo]) -> list[LogEvent]:
         queued = {i.instance_id: len(i.queue) for i in ready}
@@ -140,11 +173,13 @@ class MasterCore:
             decisions.append(TaskAssigned(env=env, task_id=task.task_id, instance_id=target))
         return decisions
 
-    def _place(self, state: State, model: str, waiting: Sequence[TaskInfo]) -> list[LogEvent]:
-        failures = _failed_placements(state, model)
-        if failures >= self.policy.max_failed_placements:
-            last = _last_retire_reason(state, model)
-            return self._fail_all(waiting, f"model {model!r} failed to load {failures} times in a row: {last}")
+    def _place(self, state: State, model: str, waiting: Sequence[TaskInfo], now_ns: int) -> list[LogEvent]:
+        """Place an instance for the waiting tasks; after failed placements, only once the backoff is
+        over (else the tick places it then), and refuse the tasks while the model is refused."""
+        failures = self.failures(state, model)
+        retry = self.policy.placement_retry
+        if failures.count and not retry.due(failures, now_ns):
+            return self._fail_all(waiting, refusal(model, failures, retry)) if retry.refused(failures) else []
         try:
             placed = self._plan(state, model)
         except (PlacementError, UnknownModel) as exc:
@@ -169,14 +204,19 @@ class MasterCore:
             settings=self.policy.runner_settings,
         )
 
-    def _ensure_default(self, state: State) -> list[LogEvent]:
+    def _ensure_default(self, state: State, now_ns: int) -> list[LogEvent]:
         model = self.policy.default_model
         if model is None or len(nodes_up(state)) < self.policy.min_nodes_for_default:
             return []
         if _live_instances(state, model):
             return []
-        if _failed_placements(state, model) >= self.policy.max_failed_placements:
-            return []
+        failures = self.failures(state, model)
+        if failures.count and not self.policy.placement_retry.due(failures, now_ns):
+            return []  # the tick places it once the backoff is over
+        return self._try_plan(state, model)
+
+    def _try_plan(self, state: State, model: str) -> list[LogEvent]:
+        """A placement nothing waits on yet: one that cannot be planned says why, once."""
         try:
             return [self._plan(state, model)]
         except PlacementError:
@@ -199,15 +239,16 @@ class MasterCore:
         env = self.stamper.stamp(f"cancel-waiting-{task.task_id}")
         return [TaskCompleted(env=env, task_id=task.task_id, finish_reason="cancelled")]
 
-    def _retire(self, state: State, instance: InstanceInfo, reason: str) -> list[LogEvent]:
+    def _retire(self, state: State, instance: InstanceInfo, reason: str, cause: RetireCause) -> list[LogEvent]:
         culprit = judge_instance(state, instance)
-        return retire_instance(self.stamper, instance, reason, rank=culprit.sole_rank if culprit else None)
+        return retire_instance(self.stamper, instance, reason, cause, rank=culprit.sole_rank if culprit else None)
 
     def _retire_on_node(self, state: State, node_id: str) -> list[LogEvent]:
         decisions: list[LogEvent] = []
         for instance in state.instances.values():
             if not instance.retired and any(s.node_id == node_id for s in instance.shards):
-                decisions += self._retire(state, instance, _broken_reason(state, instance) or f"node {node_id} is gone")
+                broken = _broken(state, instance) or (f"node {node_id} is gone", "node_gone")
+                decisions += self._retire(state, instance, *broken)
         return decisions
 
     def _fail_all(self, tasks: Sequence[TaskInfo], error: str) -> list[LogEvent]:
@@ -218,15 +259,18 @@ class MasterCore:
 
 
 def retire_instance(
-    stamper: Stamper, instance: InstanceInfo, reason: str, *, rank: int | None, head_error: str | None = None
+    stamper: Stamper,
+    instance: InstanceInfo,
+    reason: str,
+    cause: RetireCause,
+    *,
+    rank: int | None,
+    head_error: str | None = None,
 ) -> list[LogEvent]:
     """Retire an instance whose group is broken, failing every task queued on it (its ranks will
     never run them). `head_error` replaces the message of the task the ranks were running."""
-    decisions: list[LogEvent] = [
-        InstanceRetired(
-            env=stamper.stamp(f"retire-{instance.instance_id}"), instance_id=instance.instance_id, reason=reason
-        )
-    ]
+    env = stamper.stamp(f"retire-{instance.instance_id}")
+    decisions: list[LogEvent] = [InstanceRetired(env=env, instance_id=instance.instance_id, reason=reason, cause=cause)]
     for position, task_id in enumerate(instance.queue):
         error = head_error if position == 0 and head_error else f"instance {instance.instance_id} was retired: {reason}"
         decisions.append(
@@ -249,23 +293,6 @@ def _live_instances(state: State, model: str) -> list[InstanceInfo]:
     )
 
 
-def _failed_placements(state: State, model: str) -> int:
-    """Consecutive retired instances of `model` that never got ready, newest first."""
-    count = 0
-    for instance in sorted(state.instances.values(), key=lambda i: -i.placed_seq):
-        if instance.model != model:
-            continue
-        if instance.became_ready_at or not instance.retired:
-            break
-        count += 1
-    return count
-
-
-def _last_retire_reason(state: State, model: str) -> str:
-    retired = [i for i in state.instances.values() if i.model == model and i.retired]
-    return max(retired, key=lambda i: i.placed_seq).retire_reason if retired else ""
-
-
 def judge_instance(state: State, instance: InstanceInfo) -> Culprit | None:
     """Who broke `instance`, from the log alone: a node gone, a rank down (the watchdog adds what
     the heartbeats say). Judged as of the last status a rank reported."""
@@ -282,12 +309,15 @@ def _runner_failure(instance: InstanceInfo, culprit: Culprit | None) -> str:
     return "a runner failed"
 
 
-def _broken_reason(state: State, instance: InstanceInfo) -> str:
-    if instance.failed:
-        return _runner_failure(instance, judge_instance(state, instance))
+def _broken(state: State, instance: InstanceInfo) -> tuple[str, RetireCause] | None:
+    """Why `instance` cannot serve, if it cannot. A node gone comes first: a worker that shut down
+    also takes its runners down (a rank loading may even report the interrupted ring accept as an
+    error), and that is a stop, not a failure of the model (`placement_failures`)."""
     for shard in instance.shards:
         node = state.nodes.get(shard.node_id)
         if node is None or node.status != "up":
             status = node.status if node is not None else "unknown"
-            return f"node {shard.node_id} (rank {shard.rank}) is {status.replace('_', ' ')}"
-    return ""
+            return f"node {shard.node_id} (rank {shard.rank}) is {status.replace('_', ' ')}", "node_gone"
+    if instance.failed:
+        return _runner_failure(instance, judge_instance(state, instance)), "runner_down"
+    return None

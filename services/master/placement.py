@@ -14,7 +14,8 @@ import msgspec
 
 from events.catalogue import Shard
 from events.ids import InstanceId, NodeId
-from events.state import NodeInfo, State
+from events.state import InstanceInfo, NodeInfo, State
+from services.supervise import Backoff
 
 
 class PlacementError(Exception):
@@ -100,3 +101,67 @@ def plan_instance(state: State, model: str, layers: int, *, base_port: int, max_
     ]
     instance_id = InstanceId(f"inst-{model_slug(model)}-{generation(state, model)}")
     return PlannedInstance(instance_id=instance_id, shards=shards, ring_hosts=ring_hosts)
+
+
+# --- failed placements: counted, backed off, retried ---------------------------------------------
+
+
+class PlacementFailures(msgspec.Struct, frozen=True, kw_only=True):
+    """The model's placements in a row that never got ready for a reason of its own (see
+    `placement_failures`), newest first: how many, when the newest was retired, and why."""
+
+    count: int = 0
+    last_at: int = 0  # wall ns of the newest one's retirement
+    last_reason: str = ""
+
+
+class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """How failed placements of a model are retried: after a backoff of 2 s doubling per failure
+    in a row up to 5 min; from `refuse_after` failures in a row on, tasks for the model are refused
+    (failed at once, saying so) instead of waiting for the next attempt."""
+
+    backoff: Backoff = Backoff(initial_seconds=2.0, max_seconds=300.0)
+    refuse_after: int = 3
+
+    def delay_ns(self, failures: int) -> int:
+        return int(self.backoff.delay(failures) * 1e9)
+
+    def due(self, failures: PlacementFailures, now_ns: int) -> bool:
+        """Whether the next attempt may be placed at `now_ns`."""
+        return now_ns >= failures.last_at + self.delay_ns(failures.count)
+
+    def refused(self, failures: PlacementFailures) -> bool:
+        return failures.count >= self.refuse_after
+
+
+def placement_failures(state: State, model: str, *, after_seq: int = 0) -> PlacementFailures:
+    """Retired instances of `model` in a row (newest first) that never got ready and were not
+    stopped: a node leaving (a worker shut down, a machine gone) or a rank told to stop is not the
+    model's fault, and neither is anything before `after_seq` (a fresh master forgives the past)
+    or before the newest node (re)joined (new capacity is worth a new attempt)."""
+    joined_at = max((n.changed_at for n in nodes_up(state)), default=0)
+    count, newest = 0, None
+    for instance in sorted(state.instances.values(), key=lambda i: -i.placed_seq):
+        if instance.model != model or _stopped(instance):
+            continue
+        if instance.became_ready_at or not instance.retired:
+            break
+        if instance.placed_seq <= after_seq or instance.placed_at < joined_at:
+            break
+        count, newest = count + 1, newest or instance
+    if newest is None:
+        return PlacementFailures()
+    return PlacementFailures(count=count, last_at=newest.retired_at, last_reason=newest.retire_reason)
+
+
+def _stopped(instance: InstanceInfo) -> bool:
+    return instance.retire_cause == "node_gone" or any(r.cause == "terminated" for r in instance.runners)
+
+
+def refusal(model: str, failures: PlacementFailures, policy: RetryPolicy) -> str:
+    """What a refused model's tasks, `shoal up`, `/healthz` and `/v1/models` say."""
+    retry = policy.delay_ns(failures.count) / 1e9
+    return (
+        f"refused: model {model!r} failed to load {failures.count} times in a row "
+        f"(last: {failures.last_reason}); the master retries it {retry:g}s after the last failure"
+    )

@@ -142,7 +142,7 @@ class Master:
             now = self.wall_ns()
             self.hearing.notice(self.state, now)  # a node newly up (or up before this start) counts from now
             decisions = tick(self.state, now, self.hearing.liveness(), self.settings.policy, self.stamper)
-            await self._publish(decisions)
+            await self._publish([*decisions, *self.core.retry_placements(self.state, now)])
             if self._snapshots is not None:
                 await self._snapshots.write_if_due(self.state)
 

@@ -20,6 +20,7 @@ from events.ids import InstanceId, NodeId
 from events.retention import live_tasks_of
 from events.stamp import Stamper
 from events.state import InstanceInfo, State, TaskInfo
+from events.vocabulary import SERVING_STATUSES
 from services.master.core import MasterPolicy, judge_instance, retire_instance
 
 NS = 1_000_000_000
@@ -51,7 +52,57 @@ def tick(state: State, now_ns: int, liveness: Liveness, policy: MasterPolicy, st
         *_stalled_tasks(state, now_ns, liveness, policy, stamper),
         *_overdue_tasks(state, now_ns, policy, stamper),
         *_orphaned_instances(state, now_ns, liveness, policy, stamper),
+        *_loading_deadlines(state, now_ns, liveness, policy, stamper),
     ]
+
+
+def _loading_deadlines(
+    state: State, now_ns: int, liveness: Liveness, policy: MasterPolicy, stamper: Stamper
+) -> list[LogEvent]:
+    """Instances not ready `instance_ready_timeout_seconds` after their last sign of loading (the
+    placement, a rank's status, a download's progress): a rank frozen or wedged while loading.
+    Retired, so the model is placed again after its backoff, and the tasks waiting for the model
+    fail now with the ranks named rather than wait out the assignment timeout."""
+    decisions: list[LogEvent] = []
+    limit = policy.instance_ready_timeout_seconds
+    for instance in state.instances.values():
+        if instance.retired or instance.ready or instance.failed:
+            continue
+        if now_ns - loading_since(state, instance) <= limit * NS:
+            continue
+        loading = still_loading(instance, liveness, now_ns)
+        reason = f"not ready within {limit:g}s: {loading}"
+        sole = [r.rank for r in instance.runners if r.status not in SERVING_STATUSES]
+        rank = sole[0] if len(sole) == 1 else None
+        decisions += retire_instance(stamper, instance, reason, "load_deadline", rank=rank)
+        error = f"instance {instance.instance_id} of model {instance.model!r} was retired: {reason}"
+        for task in live_tasks_of(state):
+            if task.model == instance.model and task.instance_id is None:
+                env = stamper.stamp(f"master-fail-{task.task_id}")
+                decisions.append(TaskFailed(env=env, task_id=task.task_id, error=error))
+    return decisions
+
+
+def loading_since(state: State, instance: InstanceInfo) -> int:
+    """Wall ns of the instance's newest sign of loading progress."""
+    status = state.models.get(instance.model)
+    nodes = {s.node_id for s in instance.shards}
+    downloads = [d.at for node, d in status.downloads.items() if node in nodes] if status is not None else []
+    return max(instance.placed_at, *(r.changed_at for r in instance.runners), *downloads)
+
+
+def still_loading(instance: InstanceInfo, liveness: Liveness, now_ns: int) -> str:
+    """The ranks not ready yet, each with its status and how long its heartbeats have been silent."""
+    beats = liveness.beats_of(instance)
+    parts: list[str] = []
+    for runner in instance.runners:
+        if runner.status in SERVING_STATUSES:
+            continue
+        beat = beats.get(runner.rank)
+        heard = f"last heartbeat {(now_ns - beat.env.wall_time) / NS:.0f}s ago" if beat else "no heartbeat"
+        doing = "never reported a status" if runner.status == "placed" else f"still {runner.status}"
+        parts.append(f"rank {runner.rank} on {runner.node_id} {doing} ({heard})")
+    return "; ".join(parts)
 
 
 def _orphaned_instances(
@@ -71,7 +122,8 @@ def _orphaned_instances(
         if now_ns - lost_at > policy.peer_loss_grace_seconds * NS:
             silent = [rank for rank in culprit.ranks if rank not in culprit.followers]
             reason = f"rank {lost[0].rank} lost its peers; rank(s) {silent} never reported (node or worker gone?)"
-            decisions += retire_instance(stamper, instance, reason, rank=culprit.sole_rank if silent else None)
+            rank = culprit.sole_rank if silent else None
+            decisions += retire_instance(stamper, instance, reason, "peer_lost", rank=rank)
     return decisions
 
 
@@ -113,7 +165,7 @@ def _stalled_tasks(
         # The group is wedged (a rank frozen or gone, a collective nobody completes): the only cure
         # is new processes, so the instance is retired and its runners stopped.
         reason = f"task {task.task_id} stalled; likely culprit: {culprit.describe()}"
-        decisions += retire_instance(stamper, instance, reason, rank=culprit.sole_rank, head_error=error)
+        decisions += retire_instance(stamper, instance, reason, "stalled", rank=culprit.sole_rank, head_error=error)
     return decisions
 
 

@@ -5,8 +5,9 @@ Kept apart from the rules so the wording can be reviewed (and changed) in one pl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from events.catalogue import RunnerHeartbeat
 from events.evidence import RankView, ago, rank_views
 from events.state import InstanceInfo, NodeInfo, State
 from services.ops.findings import Cause, Finding
@@ -68,6 +69,13 @@ def next_step(cause: Cause, instance: InstanceInfo, stuck: list[RankView], *, ex
             f"{where} never reported ready: read the runner output there (model load errors, memory) and retire "
             f"instance {instance.instance_id} if it cannot load."
         ),
+        "load_timed_out": (
+            f"{where} did not finish loading within instance_ready_timeout_seconds{at}, so the master retired "
+            f"instance {instance.instance_id} and failed the tasks waiting for it. On that node read the runner "
+            "output and check the process (`ps -o pid,stat,wchan`: T = stopped, D = stuck in I/O), the disk and "
+            "the network to the Hub; raise instance_ready_timeout_seconds if the model just loads slowly. The "
+            "master places the model again after a backoff."
+        ),
         "never_assigned": "See the reasons above.",
     }
     return steps[cause]
@@ -103,14 +111,23 @@ def unassigned_next_step(state: State, model: str) -> str:
     return "A ready instance existed: read the master's log for why it did not assign; restart the master."
 
 
-def instance_finding(instance: InstanceInfo, cause: Cause, ranks: list[int], now_ns: int) -> Finding:
+def instance_finding(
+    instance: InstanceInfo,
+    cause: Cause,
+    ranks: list[int],
+    now_ns: int,
+    beats: Mapping[int, RunnerHeartbeat] | None = None,
+) -> Finding:
     runners = [instance.runners[r] for r in ranks]
-    views = rank_views(None, instance, {}, now_ns)
+    views = rank_views(None, instance, beats or {}, now_ns)
     stuck = [views[r] for r in ranks]
     evidence = tuple(f"rank {r.rank} on {r.node_id}: {r.status} {r.detail}".strip() for r in runners)
     summary = {
         "rank_died": f"instance {instance.instance_id}: rank(s) {ranks} failed or stopped",
         "instance_not_ready": f"instance {instance.instance_id}: rank(s) {ranks} never became ready",
+        "load_timed_out": (
+            f"instance {instance.instance_id} was retired by the loading deadline: rank(s) {ranks} still loading"
+        ),
     }.get(cause, cause)
     return Finding(
         kind="instance",

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import assert_never
 
+import msgspec
+
 from events.culprit import (
     DOWN_CAUSES,
     Culprit,
@@ -257,7 +259,11 @@ def _never_assigned(state: State, task: TaskInfo, now_ns: int) -> Finding:
 def _instance_findings(state: State, beats: Heartbeats, now_ns: int, limits: Limits, named: set[str]) -> list[Finding]:
     findings: list[Finding] = []
     for instance in state.instances.values():
-        if instance.retired or instance.instance_id in named:
+        if instance.instance_id in named:
+            continue
+        if instance.retire_cause == "load_deadline":
+            findings.append(_load_timed_out(instance, beats, now_ns))
+        if instance.retired:
             continue
         bounds = limits.bounds(stalled=False)
         culprit = name_culprit(Evidence.about_instance(state, instance, beats.latest_of(instance), now_ns, bounds))
@@ -269,6 +275,15 @@ def _instance_findings(state: State, beats: Heartbeats, now_ns: int, limits: Lim
         if findings and findings[-1].instance_id == instance.instance_id:
             named.add(instance.instance_id)
     return findings
+
+
+def _load_timed_out(instance: InstanceInfo, beats: Heartbeats, now_ns: int) -> Finding:
+    """The master's loading deadline retired `instance`: name the ranks it was still waiting for,
+    with their heartbeats (a frozen rank's stopped; a rank in a long load keeps beating)."""
+    loading = [r.rank for r in instance.runners if r.status not in SERVING_STATUSES]
+    reference = instance.retired_at or now_ns
+    finding = advice.instance_finding(instance, "load_timed_out", loading, reference, beats.latest_of(instance))
+    return msgspec.structs.replace(finding, evidence=(instance.retire_reason, *finding.evidence))
 
 
 def _node_findings(state: State, named: set[str]) -> list[Finding]:

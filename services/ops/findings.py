@@ -18,6 +18,7 @@ Cause = Literal[
     "node_timed_out",  # the master stopped hearing from a node hosting a rank
     "never_assigned",  # a task no instance took
     "instance_not_ready",  # an instance that never became ready
+    "load_timed_out",  # an instance retired by the loading deadline: the ranks still loading are named
     "rank_error",  # a task failed with an error a rank reported
     "no_evidence",  # stuck, but the log holds nothing to tell why (no telemetry)
     "quarantined_event",  # an event the fold refused (forged origin, unknown id, contradiction): skipped
@@ -33,6 +34,7 @@ CAUSES: tuple[Cause, ...] = (
     "node_timed_out",
     "never_assigned",
     "instance_not_ready",
+    "load_timed_out",
     "rank_error",
     "no_evidence",
     "quarantined_event",

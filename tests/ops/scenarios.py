@@ -16,6 +16,7 @@ from events.codec import ExportRecord
 from events.fold import fold
 from events.stamp import Stamper
 from events.state import State
+from events.vocabulary import RunnerStatus
 from services.master.core import MasterCore, MasterPolicy
 from services.master.watchdog import Liveness, RunnerKey, tick
 from services.models import LocalModelCatalog
@@ -136,16 +137,35 @@ def no_instance() -> LogBuilder:
     return log
 
 
-def instance_loading() -> LogBuilder:
+def _waiting_on_loading(rank0: RunnerStatus) -> LogBuilder:
+    """Instance i1 placed on n1, n2: rank 0 `rank0`, rank 1 loading; task t1 waits for it."""
     log = LogBuilder()
-    log.node_joined("n1")
-    log.node_joined("n2")
+    for node in NODES:
+        log.node_joined(node)
     log.instance_placed("i1", NODES)
-    log.runner_status("i1", 0, "ready")
+    log.runner_status("i1", 0, rank0)
     log.runner_status("i1", 1, "loading")
     log.task_created("t1")
+    return log
+
+
+def instance_loading() -> LogBuilder:
+    log = _waiting_on_loading("ready")
     log.advance(60)
     log.node_joined("n3")
+    return log
+
+
+def frozen_while_loading() -> LogBuilder:
+    """Rank 1 froze while loading (its heartbeats stop); rank 0 waits for it in the ring's
+    set-up; a task waits for the model. The loading deadline (60 s here) gives up."""
+    log = _waiting_on_loading("loading")
+    for second in range(61):
+        log.advance(1)
+        log.heartbeat("i1", 0, "loading", None, 0, second + 1, None)
+        if second < 3:
+            log.heartbeat("i1", 1, "loading", None, 0, second + 1, None)
+    watchdog_ticks(log, stall_s=30, ready_s=60)
     return log
 
 
@@ -355,9 +375,10 @@ def master_decides(log: LogBuilder) -> None:
         log.record(event)
 
 
-def watchdog_ticks(log: LogBuilder, stall_s: float) -> None:
-    """One watchdog tick after the log's end, with `stall_s` as the stall deadline."""
+def watchdog_ticks(log: LogBuilder, stall_s: float, ready_s: float = 900.0) -> None:
+    """One watchdog tick after the log's end, with `stall_s` as the stall deadline and `ready_s`
+    as the loading deadline."""
     log.advance(TICK_S)
-    policy = MasterPolicy(task_stall_seconds=stall_s)
+    policy = MasterPolicy(task_stall_seconds=stall_s, instance_ready_timeout_seconds=ready_s)
     for event in tick(folded(log), log.now_ns, liveness(log, log.now_ns), policy, _master_stamper(log)):
         log.record(event)

@@ -24,7 +24,7 @@ def test_each_hang_shape_gets_its_cause(case: scenarios.Case) -> None:
 
 def test_every_cause_is_covered_by_a_scenario() -> None:
     covered = {case.cause for case in scenarios.CATALOGUE}
-    assert set(CAUSES) - covered == {"instance_not_ready", "quarantined_event"}  # below; tests/security
+    assert set(CAUSES) - covered == {"instance_not_ready", "load_timed_out", "quarantined_event"}  # below; security
 
 
 def test_instance_that_never_loads() -> None:
@@ -36,6 +36,17 @@ def test_instance_that_never_loads() -> None:
     log.node_joined("n2")
     findings = diagnose_scan(scan(enumerate(log.records, 1))).findings
     assert [(f.kind, f.cause, f.stuck_ranks) for f in findings] == [("instance", "instance_not_ready", (0,))]
+
+
+def test_instance_retired_by_the_loading_deadline_names_the_ranks_still_loading() -> None:
+    findings = diagnosis_of(scenarios.frozen_while_loading).findings
+    assert [(f.kind, f.cause) for f in findings] == [("task", "never_assigned"), ("instance", "load_timed_out")]
+    task, instance = findings
+    assert "not ready within 60s" in task.summary
+    assert instance.stuck_ranks == (0, 1) and "still loading" in instance.summary
+    assert instance.ranks[1].heartbeat_ago_s is not None and instance.ranks[1].heartbeat_ago_s > 50  # frozen
+    assert instance.ranks[0].heartbeat_ago_s is not None and instance.ranks[0].heartbeat_ago_s < 2  # waiting on it
+    assert "instance_ready_timeout_seconds" in instance.next_step
 
 
 def test_healthy_log_has_no_findings() -> None:

@@ -66,3 +66,17 @@ def test_from_env_reads_the_variable() -> None:
     inner = NeverCancelled()
     assert FaultInjector.from_env(1, {FAULT_ENV: "die:1:0"}).around(inner) is not inner
     assert FaultInjector.from_env(1, {}).around(inner) is inner
+
+
+def test_a_load_fault_acts_once_while_loading_and_never_in_a_task() -> None:
+    assert parse_fault("freeze:1:load") == Fault(rank=1, poll=None, action=Freeze())
+    faults, acted = injector("sleep:1:load:5", rank=1)
+    cancel = faults.around(NeverCancelled())
+    faults.loading()
+    faults.loading()
+    for _ in range(5):
+        cancel.is_cancelled("t1")
+    assert acted == [Sleep(5.0)]
+    other_rank, untouched = injector("die:0:load", rank=1)
+    other_rank.loading()
+    assert untouched == []

@@ -155,19 +155,6 @@ def test_runner_failure_retires_fails_queue_and_replaces() -> None:
     assert _kinds(replaced) == ["InstancePlaced"] and replaced[0].instance_id != instance  # pyright: ignore[reportAttributeAccessIssue]
 
 
-def test_repeated_failed_loads_stop_replacing() -> None:
-    c = Cluster(MasterPolicy(max_failed_placements=2))
-    c.feed(c.ev.node("n1"), c.ev.node("n2"))
-    for attempt in range(2):
-        out = c.feed(c.ev.created(f"t{attempt}"))
-        placed = next(e for e in c.decided if isinstance(e, InstancePlaced) and e.instance_id.endswith(f"-{attempt}"))
-        assert placed
-        c.feed(c.ev.runner(0, "failed", placed.instance_id))
-        del out
-    out = c.feed(c.ev.created("t9"))
-    assert _kinds(out) == ["TaskFailed"] and "failed to load 2 times" in out[0].error  # pyright: ignore[reportAttributeAccessIssue]
-
-
 def test_node_timeout_retires_its_instances() -> None:
     c = Cluster()
     instance = c.ready_instance()
