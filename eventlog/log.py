@@ -1,13 +1,11 @@
 """The JetStream event log (docs/ARCHITECTURE.md §3): append, replay, follow.
 
     log = await EventLog.connect("nats://127.0.0.1:4222")   # creates/updates both streams
-    log = await EventLog.connect(NatsEndpoint(url="tls://h:4222", tls=TlsFiles(ca="ca.pem")))  # TLS
     seq = await log.append(event)                   # Nats-Msg-Id = event.env.event_id
     seqs = await log.append_many(events)            # pipelined, for bulk
     async for seq, event in log.replay(from_seq=1): ...       # stops at the current end
     async for seq, event in log.follow(from_seq=state.last_seq + 1): ...  # then live, forever
-    state = await log.fold()                        # rebuild a State from the log (fastest path)
-    state = await log.fold(from_snapshot=True)      # from the stored snapshot plus the tail
+    state = await log.fold(from_snapshot=True)      # rebuild a State: the stored snapshot + the tail
     found = await log.get_last(task_subject(task_id, "created"))   # (seq, event) | None
     await log.close()
 
