@@ -26,7 +26,10 @@ BENCHES: dict[str, str] = {
     "e2e": "time to first token and decode rate through shoal vs bare mlx-lm",
     "cancel": "time from TaskCancelled to every rank idle, in prefill and in decode",
     "replay": "offline fold and diagnose over a generated million-event log",
+    "netem": "TTFT and decode rate across namespaced hosts, clean links vs a shaped wire (needs root)",
 }
+# Benches `shoal bench all` leaves out, and why: none of their figures is in the README's table.
+NOT_IN_ALL = {"netem": "needs root and network namespaces (and netem in the kernel) to build its hosts"}
 # What `shoal bench all` runs: every figure the README's table quotes, in its order.
 ALL_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("log", ()),
