@@ -34,39 +34,47 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return done
 
 
-def unavailable_reason() -> str | None:
-    """Why this kernel/user cannot run the hosts (None when it can): one namespace and one veth made and removed."""
-    probe = f"{NAME_PREFIX}probe{os.getpid():x}"
+def _probe(suffix: str, *commands: list[str]) -> str | None:
+    """Run `commands` (argvs; `{ns}` stands for the namespace) in a throw-away namespace: the first
+    failure's message, or None when all ran."""
+    namespace = f"{NAME_PREFIX}{suffix}{os.getpid():x}"
     try:
-        _ip("netns", "add", probe)
-        try:
-            _ip("-n", probe, "link", "add", "pa", "type", "veth", "peer", "name", "pb")
-            _ip("-n", probe, "link", "add", "pbr", "type", "bridge")
-        finally:
-            _ip("netns", "del", probe, check=False)
+        _ip("netns", "add", namespace)
     except (NetnsError, OSError, subprocess.TimeoutExpired) as exc:
-        return f"network namespaces unavailable here ({exc}); these tests need root and CONFIG_NET_NS/VETH/BRIDGE"
+        return str(exc)
+    try:
+        for argv in commands:
+            argv = [word.replace("{ns}", namespace) for word in argv]
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+            if done.returncode != 0:
+                return f"{' '.join(argv)}: {done.stderr.strip()}"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    finally:
+        _ip("netns", "del", namespace, check=False)
     return None
+
+
+def unavailable_reason() -> str | None:
+    """Why this kernel/user cannot run the hosts (None when it can): one namespace, veth and bridge made and removed."""
+    failure = _probe(
+        "probe",
+        ["ip", "-n", "{ns}", "link", "add", "pa", "type", "veth", "peer", "name", "pb"],
+        ["ip", "-n", "{ns}", "link", "add", "pbr", "type", "bridge"],
+    )
+    if failure is None:
+        return None
+    return f"network namespaces unavailable here ({failure}); these tests need root and CONFIG_NET_NS/VETH/BRIDGE"
 
 
 def netem_unavailable_reason() -> str | None:
     """Why `tc qdisc ... netem` cannot run here (None when it can)."""
-    probe = f"{NAME_PREFIX}nprobe{os.getpid():x}"
-    try:
-        _ip("netns", "add", probe)
-        try:
-            _ip("-n", probe, "link", "set", "lo", "up")
-            done = subprocess.run(
-                ["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
-                capture_output=True, text=True, timeout=20,
-            )  # fmt: skip
-        finally:
-            _ip("netns", "del", probe, check=False)
-    except (NetnsError, OSError, subprocess.TimeoutExpired) as exc:
-        return f"cannot probe tc netem: {exc}"
-    if done.returncode != 0:
-        return f"this kernel has no netem qdisc (CONFIG_NET_SCH_NETEM): tc said {done.stderr.strip()!r}"
-    return None
+    failure = _probe(
+        "nprobe",
+        ["ip", "-n", "{ns}", "link", "set", "lo", "up"],
+        ["ip", "netns", "exec", "{ns}", "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+    )
+    return None if failure is None else f"no netem qdisc in this kernel (CONFIG_NET_SCH_NETEM): {failure}"
 
 
 def _alive(pid: int) -> bool:

@@ -22,6 +22,7 @@ from bench.cluster import Proc, shoal_argv
 from bench.hosts import Host, Network
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog, LogError
+from events.catalogue import NodeJoined
 from services.config import log_settings, resolve_config
 from services.credentials import cluster_config_name, endpoint_for, write_bundle
 from services.nats import find_nats_server, read_info
@@ -72,10 +73,13 @@ class NetCluster:
         }
         self._wait_nats()
         asyncio.run(self._create_streams())
-        for index in range(masters):
-            self.start_master(index)
         for worker in self.workers:
             self.start_service(worker, worker.name, "worker", "--node-id", worker.name, "--host", worker.address)
+        # A standalone master places the model on the nodes up when it decides: every worker joins
+        # first, so the instance spans every worker host.
+        asyncio.run(self._wait_joined(len(self.workers)))
+        for index in range(masters):
+            self.start_master(index)
         self.start_service(self.control, "api", "api")
 
     # --- processes -------------------------------------------------------------------------
@@ -96,9 +100,17 @@ class NetCluster:
         for index in range(3):
             if self.procs[f"nats{index}"].process.poll() is not None:
                 self.start_nats(index)
+        for name in self.commands:
+            self.procs[name].stop(signal.SIGINT, grace=2)
+        joined = asyncio.run(self._joined())
+        workers = {worker.name for worker in self.workers}
         for name, (host, args) in list(self.commands.items()):
-            self.procs[name].stop(signal.SIGINT, grace=5)
-            self.start_service(host, name, *args)
+            if name in workers:
+                self.start_service(host, name, *args)
+        asyncio.run(self._wait_joined(joined + len(workers)))  # then the master places across them all
+        for name, (host, args) in list(self.commands.items()):
+            if name not in workers:
+                self.start_service(host, name, *args)
 
     def start_master(self, index: int) -> Proc:
         return self.start_service(self.control, f"master{index}", "master")
@@ -142,6 +154,35 @@ class NetCluster:
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.5)
+
+    def events_leader(self) -> int:
+        """Which NATS server (index) leads the SHOAL_EVENTS stream now."""
+
+        async def leader() -> str:
+            log = await EventLog.connect(self.admin_endpoint(), ensure=False)
+            try:
+                info = await log._js.stream_info("SHOAL_EVENTS")  # pyright: ignore[reportPrivateUsage]
+                return info.cluster.leader if info.cluster is not None and info.cluster.leader else ""
+            finally:
+                await log.close()
+
+        name = asyncio.run(leader())
+        return int(name.removeprefix("nats-")) if name.startswith("nats-") else 0
+
+    async def _joined(self) -> int:
+        """How many NodeJoined the log holds."""
+        log = await EventLog.connect(self.admin_endpoint(), ensure=False)
+        try:
+            return sum([isinstance(event, NodeJoined) async for _, event in log.replay()])
+        finally:
+            await log.close()
+
+    async def _wait_joined(self, count: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while await self._joined() < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the log has fewer than {count} NodeJoined after {timeout}s:\n{self.tails('w')}")
+            await asyncio.sleep(0.25)
 
     # --- state -----------------------------------------------------------------------------
 
