@@ -27,5 +27,5 @@ def test_every_bench_takes_quick_and_record_and_all_runs_each_bench() -> None:
     for name in BENCHES:
         args = _bench_parser(name).parse_args(["--quick", "--record", "somewhere"])
         assert args.quick and str(args.record) == "somewhere"
-    assert {name for name, _ in ALL_RUNS} | set(NOT_IN_ALL) == set(BENCHES)
+    assert {name for name, _ in ALL_RUNS} == set(BENCHES) - set(NOT_IN_ALL)
     assert _bench_parser("all").parse_args(["--quick"]).quick

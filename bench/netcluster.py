@@ -1,0 +1,237 @@
+"""A shoal cluster across hosts (`bench/hosts.py`): three NATS servers in a JetStream
+cluster (R3 streams), each in a host of its own; the master(s) and the API on a `control` host;
+each worker on its own host, announcing its own address, so the ring between ranks crosses veth
+links. Every service is the standalone command an operator runs on a real host, configured the
+way the README says (env: the NATS URLs of all three servers, this host's credentials directory
+from `shoal nats credentials`)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import msgspec
+import nats.errors
+import nats.js.errors
+
+from bench.cluster import Proc, shoal_argv
+from bench.hosts import Host, Network
+from eventlog.endpoint import NatsEndpoint
+from eventlog.log import EventLog, LogError
+from events.catalogue import NodeJoined
+from services.config import log_settings, resolve_config
+from services.credentials import cluster_config_name, endpoint_for, write_bundle
+from services.nats import find_nats_server, read_info
+from services.nats_permissions import Identity
+
+NATS_CLIENT_PORT, NATS_ROUTE_PORT, API_PORT = 4222, 6222, 8000
+# Short deadlines keep the fault tests fast: a silent node is timed out after 6 s, a task without
+# progress fails after 12 s; small prefill steps make many prefill iterations of a long prompt.
+# The API listens on the control host's address, not loopback: it refuses to without a key.
+API_KEY = "netns-test-key-0123456789"
+FAST_SETTINGS = {"prefill_step_size": "64", "task_stall_seconds": "12", "node_timeout_seconds": "6"}
+
+
+class NetCluster:
+    """The cluster; `stop()` (always, from a finalizer) ends every process and removes every host."""
+
+    def __init__(self, root: Path, *, workers: int = 2, masters: int = 1) -> None:
+        self.root = root
+        self.net = Network()
+        self.procs: dict[str, Proc] = {}
+        self.commands: dict[str, tuple[Host, tuple[str, ...]]] = {}  # how each service was started
+        try:
+            self._start(workers, masters)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, workers: int, masters: int) -> None:
+        nats_hosts = [self.net.add(f"nats{i}") for i in range(3)]
+        self.control = self.net.add("control")
+        self.workers = [self.net.add(f"w{i}") for i in range(workers)]
+        routes = [f"{h.address}:{NATS_ROUTE_PORT}" for h in nats_hosts]
+        self.credentials = write_bundle(self.root / "credentials", [w.name for w in self.workers], routes)
+        self.nats_hosts = nats_hosts
+        for index in range(3):
+            self.start_nats(index)
+        self.nats_url = ",".join(f"nats://{h.address}:{NATS_CLIENT_PORT}" for h in nats_hosts)
+        self.base_url = f"http://{self.control.address}:{API_PORT}"
+        self.env = {
+            **os.environ,
+            "SHOAL_DATA_DIR": str(self.root / "data"),  # the tiny model's cache, shared like a model volume
+            "SHOAL_NATS_URL": self.nats_url,
+            "SHOAL_STREAM_REPLICAS": "3",
+            "SHOAL_API_HOST": self.control.address,
+            "SHOAL_API_PORT": str(API_PORT),
+            "SHOAL_API_KEYS": f"{API_KEY}:admin",
+            **{f"SHOAL_{k.upper()}": v for k, v in FAST_SETTINGS.items()},
+        }
+        self._wait_nats()
+        asyncio.run(self._create_streams())
+        for worker in self.workers:
+            self.start_service(worker, worker.name, "worker", "--node-id", worker.name, "--host", worker.address)
+        # A standalone master places the model on the nodes up when it decides: every worker joins
+        # first, so the instance spans every worker host.
+        asyncio.run(self._wait_joined(len(self.workers)))
+        for index in range(masters):
+            self.start_master(index)
+        self.start_service(self.control, "api", "api")
+
+    # --- processes -------------------------------------------------------------------------
+
+    def env_of(self, host: Host) -> dict[str, str]:
+        directory = self.credentials["control" if host.name == "control" else host.name]
+        return {**self.env, "SHOAL_NATS_CREDENTIALS_DIR": str(directory)}
+
+    def start_service(self, host: Host, name: str, *args: str) -> Proc:
+        self.commands[name] = (host, args)
+        self.procs[name] = Proc(name, host.argv(*shoal_argv(*args)), self.env_of(host), self.root)
+        return self.procs[name]
+
+    def restart_all(self) -> None:
+        """What an operator does when the cluster did not heal itself: start any NATS server that
+        died, and restart every shoal service (a restarted worker joins afresh)."""
+        self.signal_nats(signal.SIGCONT)
+        for index in range(3):
+            if self.procs[f"nats{index}"].process.poll() is not None:
+                self.start_nats(index)
+        for name in self.commands:
+            self.procs[name].stop(signal.SIGINT, grace=2)
+        joined = asyncio.run(self._joined())
+        workers = {worker.name for worker in self.workers}
+        for name, (host, args) in list(self.commands.items()):
+            if name in workers:
+                self.start_service(host, name, *args)
+        asyncio.run(self._wait_joined(joined + len(workers)))  # then the master places across them all
+        for name, (host, args) in list(self.commands.items()):
+            if name not in workers:
+                self.start_service(host, name, *args)
+
+    def start_master(self, index: int) -> Proc:
+        return self.start_service(self.control, f"master{index}", "master")
+
+    def start_nats(self, index: int) -> Proc:
+        host = self.nats_hosts[index]
+        store = self.root / f"nats{index}-store"
+        config = self.credentials["nats-server"] / cluster_config_name(index)
+        argv = [
+            find_nats_server(), "--server_name", f"nats-{index}", "--addr", host.address,
+            "--port", str(NATS_CLIENT_PORT), "--jetstream", "--store_dir", str(store), "--config", str(config),
+        ]  # fmt: skip
+        self.procs[f"nats{index}"] = Proc(f"nats{index}", host.argv(*argv), dict(os.environ), self.root)
+        return self.procs[f"nats{index}"]
+
+    def signal_nats(self, sig: int) -> None:
+        for index in range(3):
+            self.procs[f"nats{index}"].process.send_signal(sig)
+
+    def _wait_nats(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not all(read_info(h.address, NATS_CLIENT_PORT) for h in self.nats_hosts):
+            if time.monotonic() > deadline:
+                raise TimeoutError("NATS servers did not start:\n" + self.tails("nats"))
+            time.sleep(0.1)
+
+    def admin_endpoint(self) -> NatsEndpoint:
+        config = resolve_config(env={**self.env, "SHOAL_NATS_CREDENTIALS_DIR": str(self.credentials["control"])})
+        return msgspec.structs.replace(endpoint_for(config.config, Identity("admin")), url=self.nats_url)
+
+    async def _create_streams(self, timeout: float = 40.0) -> None:
+        """As the admin, once: JetStream accepts streams only once the cluster elected a meta leader."""
+        config = resolve_config(env=self.env).config
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                log = await EventLog.connect(self.admin_endpoint(), log_settings(config), wait_seconds=5)
+                await log.close()
+                return
+            except (LogError, nats.js.errors.Error, nats.errors.Error, TimeoutError):  # no meta leader yet
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+    def events_leader(self) -> int:
+        """Which NATS server (index) leads the SHOAL_EVENTS stream now."""
+
+        async def leader() -> str:
+            log = await EventLog.connect(self.admin_endpoint(), ensure=False)
+            try:
+                info = await log._js.stream_info("SHOAL_EVENTS")  # pyright: ignore[reportPrivateUsage]
+                return info.cluster.leader if info.cluster is not None and info.cluster.leader else ""
+            finally:
+                await log.close()
+
+        name = asyncio.run(leader())
+        return int(name.removeprefix("nats-")) if name.startswith("nats-") else 0
+
+    async def _joined(self) -> int:
+        """How many NodeJoined the log holds."""
+        log = await EventLog.connect(self.admin_endpoint(), ensure=False)
+        try:
+            return sum([isinstance(event, NodeJoined) async for _, event in log.replay()])
+        finally:
+            await log.close()
+
+    async def _wait_joined(self, count: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while await self._joined() < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the log has fewer than {count} NodeJoined after {timeout}s:\n{self.tails('w')}")
+            await asyncio.sleep(0.25)
+
+    # --- state -----------------------------------------------------------------------------
+
+    def http(self, timeout: float = 30.0) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, headers={"authorization": f"Bearer {API_KEY}"}, timeout=timeout)
+
+    def health(self) -> dict[str, object]:
+        try:
+            return httpx.get(f"{self.base_url}/healthz", timeout=3).json()
+        except (httpx.HTTPError, ValueError):
+            return {}
+
+    def runs_a_runner(self, host: Host) -> bool:
+        """Whether a runner process lives on `host` (the processes in its namespace, by command line)."""
+        for pid in self.net.pids(host):
+            try:
+                if b"runner.service.main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return True
+            except OSError:
+                continue
+        return False
+
+    def serving(self) -> bool:
+        """A ready instance, every worker node up, and a rank on every worker host (so the ring
+        crosses the links: an instance squeezed onto one host after a fault would not)."""
+        health = self.health()
+        return (
+            int(health.get("ready_instances", 0)) >= 1  # pyright: ignore[reportArgumentType]
+            and health.get("nodes_up") == len(self.workers)
+            and all(self.runs_a_runner(worker) for worker in self.workers)
+        )
+
+    def wait_ready(self, timeout: float = 120.0) -> NetCluster:
+        deadline = time.monotonic() + timeout
+        while not self.serving():
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"not serving across every worker host within {timeout}s: {self.health()}\n{self.tails()}"
+                )
+            time.sleep(0.25)
+        return self
+
+    def tails(self, prefix: str = "") -> str:
+        return "\n".join(f"--- {n}\n{p.tail(1500)}" for n, p in self.procs.items() if n.startswith(prefix))
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.process.poll() is None:
+                proc.process.send_signal(signal.SIGCONT)  # a paused server must be able to die
+        for name in sorted(self.procs, key=lambda n: n.startswith("nats")):  # services first, NATS last
+            self.procs[name].stop(signal.SIGINT, grace=5)
+        self.net.close()
