@@ -40,6 +40,7 @@ from events.runner_settings import (
     MaxBatch,
     ModelDownload,
     PrefillStepSize,
+    PrefixCacheBytes,
     PublishBacklogEvents,
     RunnerSettings,
     StallStackSeconds,
@@ -159,6 +160,7 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     decode_cancel_poll_tokens: DecodeCancelPollTokens = RUNNER_DEFAULTS.decode_cancel_poll_tokens
     publish_backlog_events: PublishBacklogEvents = RUNNER_DEFAULTS.publish_backlog_events
     max_batch: MaxBatch = RUNNER_DEFAULTS.max_batch
+    prefix_cache_bytes: PrefixCacheBytes = RUNNER_DEFAULTS.prefix_cache_bytes
     events_max_age_seconds: Annotated[float, POSITIVE_SECONDS, Meta(description="how long events are kept")] = (
         7 * 86400.0
     )
