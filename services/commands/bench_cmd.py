@@ -28,6 +28,7 @@ BENCHES: dict[str, str] = {
     "replay": "offline fold and diagnose over a generated million-event log",
     "soak": "start-up time and resident memory against 1k..100k finished tasks (snapshot + bounded State)",
     "serve": "many concurrent streams: mlx_lm.server vs shoal up (1 and 2 workers), throughput and latency",
+    "prefix": "a conversation's second turn after a long history: TTFT with the prefix cache warm vs cold",
 }
 # What `shoal bench all` runs: every figure the README's table quotes, in its order.
 ALL_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -40,7 +41,10 @@ ALL_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("soak", ()),
 )
 # Benches `shoal bench all` leaves out, and why.
-NOT_IN_ALL: dict[str, str] = {"serve": "minutes per model at 64 clients on a small machine: run it on its own"}
+NOT_IN_ALL: dict[str, str] = {
+    "serve": "minutes per model at 64 clients on a small machine: run it on its own",
+    "prefix": "starts a cluster per worker count: run it on its own",
+}
 SKIPPED_IN_COMMAND = {"json", "record", "handler", "bench", "command"}
 
 
