@@ -73,7 +73,7 @@ class PrefixIndex(Generic[V]):
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
-    def keys(self) -> list[tuple[int, ...]]:
+    def lru_order(self) -> list[tuple[int, ...]]:
         """Least recently used first."""
         return list(self._entries)
 

@@ -51,7 +51,7 @@ def eviction(world: int) -> dict[str, Any]:
     tasks = [
         {"request": req("a", synthetic_prompt(HISTORY)), "at": 0},
         {"request": req("b", OTHER_PROMPT), "at": 30},
-        {"request": req("c", synthetic_prompt(HISTORY)[:35] + [40, 41, 42]), "at": 60},
+        {"request": req("c", [*synthetic_prompt(HISTORY)[:35], 40, 41, 42]), "at": 60},
     ]
     bound = entry_bytes(HISTORY + FIRST_TOKENS, world, last) * 3 // 2
     return {"kind": "batch", "name": "evict", "max_batch": 4, "tasks": tasks, "prefix_cache_bytes": {str(last): bound}}

@@ -47,7 +47,7 @@ def test_the_longer_entry_wins_and_a_tie_goes_to_the_most_recent() -> None:
 
 def test_an_entry_extending_another_replaces_it() -> None:
     cache = index(100, ([1, 2, 3], "turn1", 30), ([1, 2, 3, 4, 5], "turn2", 50))
-    assert cache.keys() == [(1, 2, 3, 4, 5)]
+    assert cache.lru_order() == [(1, 2, 3, 4, 5)]
     assert cache.nbytes == 50
 
 
@@ -55,13 +55,13 @@ def test_least_recently_used_goes_first_and_a_hit_is_a_use() -> None:
     cache = index(100, ([1, 1], "a", 40), ([2, 2], "b", 40))
     assert cache.longest([1, 1, 0]) is not None  # "a" is now the most recent
     cache.insert([3, 3], "c", 40)
-    assert cache.keys() == [(1, 1), (3, 3)]
+    assert cache.lru_order() == [(1, 1), (3, 3)]
     assert cache.nbytes == 80
 
 
 def test_an_entry_over_the_bound_is_not_kept_and_zero_disables() -> None:
     cache = index(100, ([1, 1], "a", 40), ([2, 2], "big", 101))
-    assert cache.keys() == [(1, 1)]
+    assert cache.lru_order() == [(1, 1)]
     off = index(0, ([1, 1], "a", 1))
     assert not off.enabled and len(off) == 0 and off.longest([1, 1, 1]) is None
     with pytest.raises(ValueError, match=">= 0 bytes"):
@@ -76,8 +76,8 @@ def test_the_byte_bound_always_holds_and_counts_what_is_kept(inserts: list[tuple
         cache.insert(tokens, nbytes, nbytes)
         sizes[tuple(tokens)] = nbytes
         assert cache.nbytes <= 100
-        assert cache.nbytes == sum(sizes[key] for key in cache.keys())
-        assert tuple(tokens) in cache.keys()  # the newest entry always stays (each fits the bound)
+        assert cache.nbytes == sum(sizes[key] for key in cache.lru_order())
+        assert tuple(tokens) in cache.lru_order()  # the newest entry always stays (each fits the bound)
 
 
 def test_agreement_takes_the_shortest_proposal() -> None:
