@@ -137,15 +137,8 @@ def _report(settings: dict[str, Any], sides: dict[str, dict[str, list[Turn]]], q
                       for t in ts] for kind, ts in turns.items()}
         for name, turns in sides.items()
     }  # fmt: skip
+    figures = {"measures": measures, "comparisons": comparisons, "targets": targets, "checks": checks}
     return bench_result(
-        "prefix",
-        about=ABOUT,
-        quick=quick,
-        settings=settings,
-        measures=measures,
-        comparisons=comparisons,
-        targets=targets,
-        headline=list(comparisons),
-        checks=checks,
-        details={"turns": details},
-    )
+        "prefix", about=ABOUT, quick=quick, settings=settings, headline=list(comparisons), details={"turns": details},
+        **figures,
+    )  # fmt: skip
