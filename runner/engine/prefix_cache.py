@@ -11,7 +11,8 @@ bytes, so ranks may hold different entries. Each rank *proposes* the length of i
 (`PrefixIndex.longest`), the step's all-reduce carries every rank's proposal
 (`batch_plan.StepLayout`), and the newcomer reuses the minimum over ranks: every rank holds at
 least that much (it keeps the matched entry from proposal to admission, `PrefixMatch.value`, so
-an eviction in between cannot take it away) and cuts its copy to exactly that length. A proposal
+an eviction in between cannot take it away; so at most `max_batch` held entries may outlive the
+bound for a few steps) and cuts its copy to exactly that length. A proposal
 never covers the whole prompt: the last prompt token always goes through the model, for logits.
 
 Why not mlx-lm's `LRUPromptCache`: it bounds entries by count as well as bytes, refreshes no entry
