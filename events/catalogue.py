@@ -106,6 +106,7 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     ttft_ms: float = 0.0
     prefill_tps: float = 0.0
     decode_tps: float = 0.0
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache (OpenAI's prompt_tokens_details)
 
 
 # --- cluster --------------------------------------------------------------------------------
@@ -221,6 +222,7 @@ class PrefillStarted(Event, tag="prefill_started", frozen=True, kw_only=True):
     prompt_tokens: int
     chunks: int
     step: int
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache; `chunks` cover the rest
 
 
 class PrefillProgress(Event, tag="prefill_progress", frozen=True, kw_only=True):

@@ -42,6 +42,14 @@ MaxBatch = Annotated[
         description="sequences an instance decodes at once (continuous batching); 1 = one task at a time",
     ),
 ]
+PrefixCacheBytes = Annotated[
+    int,
+    msgspec.Meta(
+        ge=0,
+        description="bytes of KV each rank keeps from finished requests, reused by the next request that "
+        "starts with the same tokens (least recently used goes first); 0 = off",
+    ),
+]
 HeartbeatIntervalSeconds = Annotated[
     float, POSITIVE_SECONDS, msgspec.Meta(description="seconds between two heartbeats of a node, and of a rank")
 ]
@@ -74,6 +82,9 @@ class RunnerSettings(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     kv_group_size: KvGroupSize = 64
     decode_cancel_poll_tokens: DecodeCancelPollTokens = 8
     max_batch: MaxBatch = 8
+    # 1 GiB per rank: ~8 conversations of 2,000 tokens of a 7B model (128 KiB of KV per token, fp16)
+    # if one rank held every layer; more on a split model, thousands on a small one.
+    prefix_cache_bytes: PrefixCacheBytes = 1 << 30
     heartbeat_interval_seconds: HeartbeatIntervalSeconds = 1.0
     stall_stack_seconds: StallStackSeconds = 5.0
     model_download: ModelDownload = True

@@ -9,6 +9,8 @@ assignments every rank holds. The next batch follows from that vector alone
 every step (docs/ARCHITECTURE.md §6). A stream's prefill chunks are the ones it would take alone
 (`plan.chunk_sizes` of the instance's step), and its sampler, stop rules, logprobs and grammar
 are its own; a cancelled, finished or failing stream leaves without touching the others' rows.
+A decoding row that leaves is copied into the rank's prefix cache (`prefix_cache`), and a newcomer
+starts from the prefix every rank agreed it can reuse (the step's all-reduce carries the proposals).
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.sample_utils import greedy_sampler
 
-from runner.engine.batch_cache import BatchShardCache
+from runner.engine.batch_cache import BatchShardCache, prefix_caches
 from runner.engine.batch_plan import AgreedStep, Composition, StepLayout, next_composition
 from runner.engine.decode import DecodeSpec, Emitter, sample_token
 from runner.engine.engine import Engine, GenerationOutcome, GenerationRequest, outcome_of
 from runner.engine.logprobs import LazyLogprobs
 from runner.engine.plan import chunk_sizes, effective_step
 from runner.engine.prefill import compute_chunk
+from runner.engine.prefix_cache import PrefixIndex, PrefixMatch
 from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
 from runner.engine.task_run import TaskRun
 from runner.errors import RequestError
@@ -69,6 +72,8 @@ class _Stream:
     decode_step: int = 0
     next_input: int = 0
     logprobs: LazyLogprobs | None = field(default=None)
+    cached: int = 0  # prompt tokens reused from the prefix cache (agreed); the chunks cover the rest
+    fed: list[int] = field(default_factory=list)  # agreed tokens, in order: the row holds KV up to the last but one
 
     @property
     def prefilled(self) -> bool:
@@ -84,7 +89,10 @@ class ContinuousBatch:
     """One rank's running batch. Every rank calls `step` at the same points: whenever the batch is
     `busy` (agreed), and otherwise once it holds an admission not yet admitted (every rank will)."""
 
-    def __init__(self, engine: Engine, phases: PhaseTracker, max_batch: int) -> None:
+    def __init__(
+        self, engine: Engine, phases: PhaseTracker, max_batch: int, prefix_cache_bytes: int | None = None
+    ) -> None:
+        """`prefix_cache_bytes`: None takes the instance's setting (tests give ranks different bounds)."""
         if engine.settings.kv_bits is not None:
             raise ValueError("continuous batching needs an unquantized KV cache (kv_bits is set)")
         self.engine, self.phases = engine, phases
@@ -94,6 +102,9 @@ class ContinuousBatch:
         self.streams: dict[str, _Stream] = {}
         self.cache: BatchShardCache | None = None
         self.steps = 0
+        bound = engine.settings.prefix_cache_bytes if prefix_cache_bytes is None else prefix_cache_bytes
+        self.prefixes: PrefixIndex[list[Any]] = PrefixIndex(bound)
+        self.held: dict[str, PrefixMatch[list[Any]] | None] = {}  # pending task -> its proposal, until admitted
 
     @property
     def busy(self) -> bool:
@@ -118,7 +129,8 @@ class ContinuousBatch:
         head = self._prefill_head()
         votes = [self._vote(self.streams[t]) for t in members]
         self.phases.enter("agree_cancel", members[0] if members else None, self.steps)
-        vector = self.layout.encode(self.engine.rank, self.composition.admitted + len(pending), votes, tokens)
+        received = self.composition.admitted + len(pending)
+        vector = self.layout.encode(self.engine.rank, received, votes, tokens, self._propose(pending))
         agreed = self.layout.decode(self.engine.collectives.agree(vector))
         self.steps += 1
         ended = self._apply(agreed, logprobs, head, pending)
@@ -151,7 +163,7 @@ class ContinuousBatch:
             return None
         head = self.streams[self.composition.prefilling[0]]
         if not head.prefilled:
-            start = sum(head.chunks[: head.next_chunk])
+            start = head.cached + sum(head.chunks[: head.next_chunk])
             piece = mx.array(
                 head.request.prompt_token_ids[start : start + head.chunks[head.next_chunk]], dtype=mx.int32
             )
@@ -179,24 +191,53 @@ class ContinuousBatch:
             ):
                 stopped.add(task_id)
             stream.next_input = agreed.tokens[slot]
+            stream.fed.append(agreed.tokens[slot])
             stream.decode_step += 1
             if stream.decode_step >= stream.spec.max_tokens:
                 stopped.add(task_id)
         head_cancelled = head is not None and agreed.cancelled[len(current.rows)]
         if head is not None and not head_cancelled and not head.prefilled:
             head.next_chunk += 1
-            done = sum(head.chunks[: head.next_chunk])
+            done = head.cached + sum(head.chunks[: head.next_chunk])
             head.run.report_progress(done, len(head.request.prompt_token_ids), head.next_chunk)
         transition = next_composition(
             current, agreed, stopped_rows=frozenset(stopped), head_prefilled=head is not None and head.prefilled,
             pending=[a.task_id for a in pending], max_batch=self.max_batch,
         )  # fmt: skip
+        self._remember(current.rows, transition.kept_rows)
         self._reshape_cache(transition.kept_rows, transition.joined, len(current.rows))
         ended = [self._cancelled(t) for t in transition.cancelled] + [self._finished(t) for t in transition.finished]
-        failed = [self._admit(a) for a in pending[: len(transition.newcomers)]]
+        failed = [self._admit(a, agreed.cached[i]) for i, a in enumerate(pending[: len(transition.newcomers)])]
         ended += [f for f in failed if f is not None]
         self.composition = transition.composition.without([f.task_id for f in failed if f is not None])
         return StepResult(len(transition.newcomers), ended)
+
+    def _propose(self, pending: Sequence[Admission]) -> list[int]:
+        """This rank's cached-prefix length for each of the first pending assignments. Looked up once
+        and held until admission, so what this rank proposed is still there when the batch agrees."""
+        proposals = []
+        for admission in pending[: self.max_batch]:
+            if admission.task_id not in self.held:
+                request = admission.request
+                found = None if request is None else self.prefixes.longest(request.prompt_token_ids)
+                self.held[admission.task_id] = found
+            match = self.held[admission.task_id]
+            proposals.append(0 if match is None else match.length)
+        return proposals
+
+    def _remember(self, rows: tuple[str, ...], kept_rows: tuple[int, ...]) -> None:
+        """Copy every decoding row that leaves (finished or cancelled) into the prefix cache, keyed by
+        the tokens it holds KV for: the prompt and every agreed token but the last (never fed)."""
+        if self.cache is None or not self.prefixes.enabled:
+            return
+        for row, task_id in enumerate(rows):
+            if row in kept_rows:
+                continue
+            stream = self.streams[task_id]
+            tokens = [*stream.request.prompt_token_ids, *stream.fed[:-1]]
+            snapshot = self.cache.snapshot(row)
+            if snapshot is not None and snapshot[0][0].offset == len(tokens):
+                self.prefixes.insert(tokens, *snapshot)
 
     def _reshape_cache(self, kept_rows: tuple[int, ...], joined: str | None, old_rows: int) -> None:
         if self.cache is not None and len(kept_rows) < old_rows:
@@ -233,12 +274,16 @@ class ContinuousBatch:
             return Ended(run.task_id, None, f"the sink or cancel source failed: {type(first).__name__}: {first}")
         outcome = outcome_of(
             stream.request, run, "sequential", finish_reason, result.token_ids, result.text,
-            len(stream.chunks), stream.started, result.first_token_at,
+            len(stream.chunks), stream.started, result.first_token_at, stream.cached,
         )  # fmt: skip
         return Ended(run.task_id, outcome)
 
-    def _admit(self, admission: Admission) -> Ended | None:
-        """A newcomer's stream, or why it fails alone (the same verdict on every rank)."""
+    def _admit(self, admission: Admission, cached: int) -> Ended | None:
+        """A newcomer's stream, or why it fails alone (the same verdict on every rank); it reuses the
+        agreed `cached` prompt tokens, cut from the entry this rank held for it."""
+        match = self.held.pop(admission.task_id, None)
+        if cached > (0 if match is None else match.length):
+            raise RuntimeError(f"internal error: agreed to reuse {cached} tokens, this rank proposed fewer")
         request = admission.request
         if request is None:
             return Ended(admission.task_id, None, admission.error or "no request")
@@ -249,11 +294,15 @@ class ContinuousBatch:
         engine = self.engine
         prompt_len = len(request.prompt_token_ids)
         step = effective_step(engine.settings.prefill_step_size, engine.collectives.world)
-        chunks = chunk_sizes(prompt_len, step)
+        chunks = chunk_sizes(prompt_len - cached, step)
         run = engine.task_run(request.task_id, admission.cancel, admission.sink, self.phases)
+        if match is not None and cached:
+            run.caches.replace_owned(prefix_caches(match.value, cached))
         spec = engine.decode_spec(request, len(chunks))
-        stream = _Stream(request, run, spec, Emitter(run, spec, engine.tokenizer), chunks, time.perf_counter())
+        emitter = Emitter(run, spec, engine.tokenizer)
+        stream = _Stream(request, run, spec, emitter, chunks, time.perf_counter(), cached=cached)
         self.streams[request.task_id] = stream
-        run.notify(admission.sink.prefill_started, request.task_id, "sequential", prompt_len, len(chunks), step)
-        run.report_progress(0, prompt_len, 0)
+        sink = admission.sink
+        run.notify(sink.prefill_started, request.task_id, "sequential", prompt_len, len(chunks), step, cached)
+        run.report_progress(cached, prompt_len, 0)
         return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from runner.models.shard import ShardCache
 
@@ -51,6 +52,29 @@ class BatchShardCache:
 
     def states(self) -> list[Any]:
         return [self.slots[index].state for index in self._owned]
+
+    def snapshot(self, row: int) -> tuple[list[Any], int] | None:
+        """A copy of `row`'s KV on this rank's layers, independent of the batch's arrays (a prefix
+        cache entry), and its bytes; None unless every layer holds a plain batched KV cache (a
+        sliding window or a recurrent state cannot be cut to a shorter prefix)."""
+        owned = [self.slots[index] for index in self._owned]
+        if not all(isinstance(cache, BatchKVCache) for cache in owned):
+            return None
+        copies: list[Any] = [cache.extract(row) for cache in owned]
+        mx.eval([array for copy in copies for array in (copy.keys, copy.values)])
+        return copies, sum(copy.nbytes for copy in copies)
+
+
+def prefix_caches(entry: list[Any], length: int) -> list[KVCache]:
+    """A stream's own caches holding the first `length` tokens of a prefix cache entry. New array
+    objects (slices): the stream's prefill writes into its caches, never into the entry."""
+    caches = []
+    for source in entry:
+        cache = KVCache()
+        cache.keys, cache.values = source.keys[..., :length, :], source.values[..., :length, :]
+        cache.offset = length
+        caches.append(cache)
+    return caches
 
 
 def _merged(cache: Any) -> Any:

@@ -4,11 +4,15 @@ Invariant (docs/ARCHITECTURE.md §6): every rank issues the same collectives, so
 hold the same batch at every step. Each step ends in one all-reduce of one integer vector laid out
 by `StepLayout`:
 
-    [ assignments read, one entry per rank | cancel vote per slot | sampled token per slot ]
+    [ assignments read, one entry per rank | cancel vote per slot | sampled token per slot
+      | cached-prefix proposal per rank, per pending assignment (the first `max_batch`) ]
 
 A rank writes its own count of assignments read from the log in its own entry (0 in the others),
 so the sum hands every rank every count, and their minimum is how many assignments *all* ranks
-hold. Cancel votes add up (any rank's vote stops that stream); the sampling rank alone writes the
+hold. The proposals work alike: rank r writes, for each of its first pending assignments, how
+many prompt tokens its prefix cache can serve (`prefix_cache.PrefixIndex.longest`); a newcomer
+reuses the minimum over ranks (`AgreedStep.cached`, by its index among the newcomers: every rank's
+pending list starts with the same ids). Cancel votes add up (any rank's vote stops that stream); the sampling rank alone writes the
 tokens. `next_composition` turns that vector, plus what every rank derives alike from it (which
 streams hit a stop rule, whether the head's prefill is done), into the next batch: cancelled and
 finished streams leave, the prefilled head joins the decoding rows, and the first assignments
@@ -23,12 +27,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from runner.engine.prefix_cache import agreed_prefix
+
 
 @dataclass(frozen=True, slots=True)
 class AgreedStep:
     received: int  # assignments every rank has read (the minimum over ranks)
     cancelled: tuple[bool, ...]  # per slot
     tokens: tuple[int, ...]  # per slot; meaningful for decoding rows only
+    cached: tuple[int, ...] = ()  # per pending assignment: prompt tokens it reuses if admitted now
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +45,17 @@ class StepLayout:
 
     @property
     def size(self) -> int:
-        return self.world + 2 * self.max_batch
+        return self.world + 2 * self.max_batch + self.world * self.max_batch
 
-    def encode(self, rank: int, received: int, cancel_votes: Sequence[bool], tokens: Sequence[int]) -> list[int]:
-        if len(cancel_votes) > self.max_batch or len(tokens) > self.max_batch:
+    def encode(
+        self,
+        rank: int,
+        received: int,
+        cancel_votes: Sequence[bool],
+        tokens: Sequence[int],
+        cached: Sequence[int] = (),
+    ) -> list[int]:
+        if max(len(cancel_votes), len(tokens), len(cached)) > self.max_batch:
             raise ValueError(f"more than max_batch={self.max_batch} slots in one step")
         vector = [0] * self.size
         vector[rank] = received
@@ -51,16 +65,23 @@ class StepLayout:
         base += self.max_batch
         for slot, token in enumerate(tokens):
             vector[base + slot] = token
+        base += self.max_batch + rank * self.max_batch
+        for index, length in enumerate(cached):
+            vector[base + index] = length
         return vector
 
     def decode(self, summed: Sequence[int]) -> AgreedStep:
         if len(summed) != self.size:
             raise ValueError(f"agreed vector has {len(summed)} entries, expected {self.size}")
-        votes = summed[self.world : self.world + self.max_batch]
+        world, width = self.world, self.max_batch
+        proposals = world + 2 * width
         return AgreedStep(
-            received=min(summed[: self.world]),
-            cancelled=tuple(v > 0 for v in votes),
-            tokens=tuple(summed[self.world + self.max_batch :]),
+            received=min(summed[:world]),
+            cancelled=tuple(v > 0 for v in summed[world : world + width]),
+            tokens=tuple(summed[world + width : proposals]),
+            cached=tuple(
+                agreed_prefix([summed[proposals + r * width + index] for r in range(world)]) for index in range(width)
+            ),
         )
 
 

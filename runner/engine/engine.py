@@ -61,6 +61,7 @@ class GenerationOutcome(msgspec.Struct, kw_only=True):
     prefill_iterations: int
     cancelled_at: str | None  # "prefill:<iteration>" or "decode:<step>": where the ranks agreed to stop
     progress: list[tuple[int, int]]
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache, not prefilled
 
 
 class Engine:
@@ -237,6 +238,7 @@ def outcome_of(
     prefill_iterations: int,
     started: float,
     first_token_at: float | None,
+    cached_tokens: int = 0,
 ) -> GenerationOutcome:
     now = time.perf_counter()
     ttft = None if first_token_at is None else first_token_at - started
@@ -251,9 +253,10 @@ def outcome_of(
         text=text,
         path=path,
         ttft_ms=None if ttft is None else ttft * 1000,
-        prefill_tps=None if not ttft else prompt_len / ttft,
+        prefill_tps=None if not ttft else (prompt_len - cached_tokens) / ttft,
         decode_tps=(len(token_ids) - 1) / decode_time if decode_time and len(token_ids) > 1 else None,
         prefill_iterations=prefill_iterations,
         cancelled_at=run.cancelled_at,
         progress=list(run.progress),
+        cached_tokens=cached_tokens,
     )

@@ -20,7 +20,11 @@ class CancelSource(Protocol):
 
 
 class RunnerSink(Protocol):
-    def prefill_started(self, task_id: str, path: PrefillPath, prompt_tokens: int, chunks: int, step: int) -> None: ...
+    def prefill_started(
+        self, task_id: str, path: PrefillPath, prompt_tokens: int, chunks: int, step: int, cached_tokens: int = 0
+    ) -> None:
+        """`cached_tokens`: prompt tokens reused from the prefix cache (the chunks cover the rest)."""
+        ...
 
     def prefill_progress(self, task_id: str, processed: int, total: int, iteration: int) -> None: ...
 
@@ -38,7 +42,9 @@ class NeverCancelled:
 
 
 class NullSink:
-    def prefill_started(self, task_id: str, path: PrefillPath, prompt_tokens: int, chunks: int, step: int) -> None:
+    def prefill_started(
+        self, task_id: str, path: PrefillPath, prompt_tokens: int, chunks: int, step: int, cached_tokens: int = 0
+    ) -> None:
         pass
 
     def prefill_progress(self, task_id: str, processed: int, total: int, iteration: int) -> None:

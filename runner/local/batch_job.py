@@ -3,7 +3,9 @@
 A schedule lists requests with the step at which each reaches the rank (`at`, plus a per-rank
 `lag`, so ranks read the same assignments at different times, as they do from the log) and
 optional cancels (`cancel_rank`, `cancel_at_poll`: that rank's cancel source fires from its poll
-N of that task on). The rank drives `ContinuousBatch` the way the service's task loop does: it
+N of that task on), and conversations (`after`: the request continues that task, so its prompt is
+that task's prompt, its generated tokens, then its own tokens; it reaches the rank once that task
+ended). `prefix_cache_bytes` may set a bound per rank. The rank drives `ContinuousBatch` the way the service's task loop does: it
 steps while the batch is busy and, while it is empty, waits (jumps its clock) to its next
 arrival. Each ended task is recorded with its sink. SHOAL_TEST_FAULT counts the polls of the first
 admitted task, as in the service, where one injector wraps the cancel source of every task.
@@ -29,7 +31,8 @@ def run_schedule(
 ) -> dict[str, Any]:
     from runner.engine.batch import ContinuousBatch
 
-    batch = ContinuousBatch(engine, phases, schedule["max_batch"])
+    bound = schedule.get("prefix_cache_bytes", {}).get(str(rank))  # a rank-specific bound (None: the setting)
+    batch = ContinuousBatch(engine, phases, schedule["max_batch"], bound)
     arrivals: list[tuple[int, dict[str, Any]]] = []
     for entry in schedule["tasks"]:  # listed in log order: a rank never reads one before an earlier one
         at = entry["at"] + entry.get("lag", {}).get(str(rank), 0)
@@ -37,19 +40,36 @@ def run_schedule(
     sinks: dict[str, RecordingSink] = {}
     ended: dict[str, Any] = {}
     pending: list[Admission] = []
+    prompts: dict[str, list[int]] = {}
     clock, received, steps = 0, 0, 0
     while received < len(arrivals) or pending or batch.busy:
         if not batch.busy and not pending:
             clock = max(clock, arrivals[received][0])  # idle: wait for the next assignment
         while received < len(arrivals) and arrivals[received][0] <= clock:
-            pending.append(_admission(arrivals[received][1], rank, faults, sinks))
+            entry = arrivals[received][1]
+            if entry.get("after") is not None and entry["after"] not in ended:
+                break  # the batch is busy with the task it continues: it ends at the same step everywhere
+            entry = _continued(entry, ended, prompts)
+            prompts[entry["request"]["task_id"]] = entry["request"]["prompt_token_ids"]
+            pending.append(_admission(entry, rank, faults, sinks))
             received += 1
         result = batch.step(pending)
         del pending[: result.admitted]
         for done in result.ended:
             ended[done.task_id] = _record(done, sinks[done.task_id])
         clock, steps = clock + 1, steps + 1
-    return {"kind": "batch", "ended": ended, "steps": steps}
+    prefixes = {"nbytes": batch.prefixes.nbytes, "bound": batch.prefixes.max_bytes, "entries": len(batch.prefixes)}
+    return {"kind": "batch", "ended": ended, "steps": steps, "prefix_cache": prefixes}
+
+
+def _continued(entry: dict[str, Any], ended: dict[str, Any], prompts: dict[str, list[int]]) -> dict[str, Any]:
+    """The entry with its full prompt when it continues an earlier task (a conversation's next turn)."""
+    earlier = entry.get("after")
+    if earlier is None:
+        return entry
+    history = [*prompts[earlier], *ended[earlier]["token_ids"]]
+    request = entry["request"]
+    return {**entry, "request": {**request, "prompt_token_ids": history + request["prompt_token_ids"]}}
 
 
 def _admission(entry: dict[str, Any], rank: int, faults: FaultInjector, sinks: dict[str, RecordingSink]) -> Admission:

@@ -41,8 +41,12 @@ class RecordingSink:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # of every chunk's tokens, in order
     fail_on_tokens: bool = False  # tests: a sink whose publisher broke mid-task
 
-    def prefill_started(self, task_id: str, path: str, prompt_tokens: int, chunks: int, step: int) -> None:
-        self.started.append({"path": path, "prompt_tokens": prompt_tokens, "chunks": chunks, "step": step})
+    def prefill_started(
+        self, task_id: str, path: str, prompt_tokens: int, chunks: int, step: int, cached_tokens: int = 0
+    ) -> None:
+        self.started.append(
+            {"path": path, "prompt_tokens": prompt_tokens, "chunks": chunks, "step": step, "cached": cached_tokens}
+        )
 
     def prefill_progress(self, task_id: str, processed: int, total: int, iteration: int) -> None:
         self.progress.append((processed, total, iteration))

@@ -154,6 +154,12 @@ class ShardCache:
     def states(self) -> list[Any]:
         return [self.slots[index].state for index in self.owned]
 
+    def replace_owned(self, caches: list[Any]) -> None:
+        """Start from these caches of the owned layers, in order (a prefix the prefix cache reuses)."""
+        for index, cache in zip(self.owned, caches, strict=True):
+            self.slots[index] = cache
+        self._realias()
+
     def maybe_quantize(self, kv_bits: int | None, kv_group_size: int) -> None:
         """Quantize owned KV caches (from the first token, the same on every path and rank)."""
         if kv_bits is None:

@@ -161,7 +161,7 @@ def continuous_batch(engine: Any, phases: PhaseTracker) -> Any:
     settings = engine.settings
     if settings.max_batch <= 1 or settings.kv_bits is not None:
         return None
-    return ContinuousBatch(engine, phases, settings.max_batch)
+    return ContinuousBatch(engine, phases, settings.max_batch, settings.prefix_cache_bytes)
 
 
 # Seconds between two download reports of a rank: often enough for a progress line, rare

@@ -30,7 +30,9 @@ class LogSink:
         self._stamper = stamper
         self._rank = rank
 
-    def prefill_started(self, task_id: str, path: PrefillPath, prompt_tokens: int, chunks: int, step: int) -> None:
+    def prefill_started(
+        self, task_id: str, path: PrefillPath, prompt_tokens: int, chunks: int, step: int, cached_tokens: int = 0
+    ) -> None:
         self._publisher.publish(
             PrefillStarted(
                 env=self._stamper.stamp(),
@@ -40,6 +42,7 @@ class LogSink:
                 prompt_tokens=prompt_tokens,
                 chunks=chunks,
                 step=step,
+                cached_tokens=cached_tokens,
             )
         )
 

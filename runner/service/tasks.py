@@ -53,6 +53,8 @@ class Outcome(Protocol):
     def prefill_tps(self) -> float | None: ...
     @property
     def decode_tps(self) -> float | None: ...
+    @property
+    def cached_tokens(self) -> int: ...
 
 
 class EngineLike(Protocol):
@@ -151,6 +153,7 @@ class TaskServer:
                     ttft_ms=outcome.ttft_ms or 0.0,
                     prefill_tps=outcome.prefill_tps or 0.0,
                     decode_tps=outcome.decode_tps or 0.0,
+                    cached_tokens=outcome.cached_tokens,
                 ),
             )
         )

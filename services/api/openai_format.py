@@ -20,6 +20,7 @@ from services.api.responses import (
     ChoiceLogprobs,
     CompletionUsage,
     OpenAIFinishReason,
+    PromptTokensDetails,
     ResponseToolCall,
     ShoalUsage,
     TopLogprob,
@@ -53,6 +54,7 @@ def completion_usage(usage: Usage) -> CompletionUsage:
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
         total_tokens=usage.prompt_tokens + usage.completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens),
         shoal=ShoalUsage(ttft_ms=usage.ttft_ms, prefill_tps=usage.prefill_tps, decode_tps=usage.decode_tps),
     )
 

@@ -74,10 +74,15 @@ class ShoalUsage(msgspec.Struct, frozen=True, kw_only=True):
     decode_tps: float
 
 
+class PromptTokensDetails(msgspec.Struct, frozen=True, kw_only=True):
+    cached_tokens: int  # prompt tokens served from the prefix cache
+
+
 class CompletionUsage(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
     shoal: ShoalUsage
 
 

@@ -29,6 +29,7 @@ BENCHES: dict[str, str] = {
     "soak": "start-up time and resident memory against 1k..100k finished tasks (snapshot + bounded State)",
     "serve": "many concurrent streams: mlx_lm.server vs shoal up (1 and 2 workers), throughput and latency",
     "netem": "TTFT and decode rate across namespaced hosts, clean links vs a shaped wire (needs root)",
+    "prefix": "a conversation's second turn after a long history: TTFT with the prefix cache warm vs cold",
 }
 # What `shoal bench all` runs: every figure the README's table quotes, in its order.
 ALL_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -44,6 +45,7 @@ ALL_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
 NOT_IN_ALL: dict[str, str] = {
     "serve": "minutes per model at 64 clients on a small machine: run it on its own",
     "netem": "needs root and network namespaces (and netem in the kernel) to build its hosts",
+    "prefix": "starts a cluster per worker count: run it on its own",
 }
 SKIPPED_IN_COMMAND = {"json", "record", "handler", "bench", "command"}
 

@@ -32,6 +32,7 @@ class FakeOutcome:
     ttft_ms: float | None = 12.0
     prefill_tps: float | None = 100.0
     decode_tps: float | None = 50.0
+    cached_tokens: int = 0
 
 
 @dataclass

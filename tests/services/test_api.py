@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from starlette.applications import Starlette
 from starlette.types import Message
@@ -21,6 +22,7 @@ from events.subjects import task_subject
 from services.api.app import build_app
 from services.api.auth import ApiAccess
 from services.api.context import ApiContext
+from services.api.openai_format import completion_usage
 from services.api.timeline import events_since_created
 from services.config import ResolvedConfig, ShoalConfig
 from tests.events.builders import Events
@@ -188,3 +190,8 @@ async def test_the_timeline_page_reads_the_log_from_the_tasks_creation(event_log
         client = Client("GET", "/debug/timeline?task=t1")
         await app(client.scope, client.receive, client.send)
         assert client.status == 200 and "<svg" in "".join(client.texts)
+
+
+def test_usage_says_how_many_prompt_tokens_the_prefix_cache_served() -> None:
+    usage = completion_usage(Usage(prompt_tokens=2096, completion_tokens=16, cached_tokens=2063))
+    assert msgspec.to_builtins(usage)["prompt_tokens_details"] == {"cached_tokens": 2063}

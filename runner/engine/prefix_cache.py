@@ -1,0 +1,117 @@
+"""The prefix cache of one rank, pure: the KV of finished streams by token ids, LRU, bounded in bytes.
+
+A conversation's next turn starts with the tokens of the previous one (its prompt and the
+tokens generated for it), so the KV computed for them can be reused instead of prefilled again.
+When a decoding row leaves the batch, every rank stores a copy of its row — its own layers only,
+so the entries of one conversation weigh different bytes on different ranks — under the token
+ids that row holds KV for. A newcomer's prompt then looks up the entry sharing its longest prefix.
+
+Agreement (docs/ARCHITECTURE.md §6): the bound is per rank and eviction follows each rank's own
+bytes, so ranks may hold different entries. Each rank *proposes* the length of its longest match
+(`PrefixIndex.longest`), the step's all-reduce carries every rank's proposal
+(`batch_plan.StepLayout`), and the newcomer reuses the minimum over ranks: every rank holds at
+least that much (it keeps the matched entry from proposal to admission, `PrefixMatch.value`, so
+an eviction in between cannot take it away; so at most `max_batch` held entries may outlive the
+bound for a few steps) and cuts its copy to exactly that length. A proposal
+never covers the whole prompt: the last prompt token always goes through the model, for logits.
+
+Why not mlx-lm's `LRUPromptCache`: it bounds entries by count as well as bytes, refreshes no entry
+on a hit, hands back a deep copy already cut to its own choice of length, and an exact hit leaves
+no token to run; here the length is agreed first and the copy is cut after. Like it, an entry
+that a new one extends is dropped (the new one covers it).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch(Generic[V]):
+    length: int  # prompt tokens this rank can reuse (its proposal)
+    value: V  # the entry's KV, held by the newcomer until it is admitted
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry(Generic[V]):
+    value: V
+    nbytes: int
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of two sequences of one type; binary search over slice comparisons
+    (C speed on long prompts)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[low:middle] == b[low:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+class PrefixIndex(Generic[V]):
+    """Entries keyed by the token ids their KV covers, least recently used first, at most `max_bytes`
+    in all (0 disables the cache: nothing is stored, nothing matches)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"prefix cache bound must be >= 0 bytes, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._entries: OrderedDict[tuple[int, ...], _Entry[V]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0
+
+    def lru_order(self) -> list[tuple[int, ...]]:
+        """Least recently used first."""
+        return list(self._entries)
+
+    def longest(self, prompt: Sequence[int]) -> PrefixMatch[V] | None:
+        """The entry sharing the longest prefix with `prompt`, at most `len(prompt) - 1` tokens (the
+        last token must go through the model); the most recently used one among equals. A hit counts
+        as a use."""
+        limit, prompt = len(prompt) - 1, tuple(prompt)  # a tuple, as the keys: a list never equals a tuple
+        best: tuple[int, tuple[int, ...]] | None = None
+        for key in reversed(self._entries):  # most recent first: it wins a tie
+            length = min(limit, common_prefix(prompt, key))
+            if length > 0 and (best is None or length > best[0]):
+                best = (length, key)
+        if best is None:
+            return None
+        length, key = best
+        self._entries.move_to_end(key)
+        return PrefixMatch(length, self._entries[key].value)
+
+    def insert(self, tokens: Sequence[int], value: V, nbytes: int) -> None:
+        """Store `value` (KV for exactly `tokens`) as the most recent entry, drop the entries it
+        extends, then evict the least recently used until the bound holds (an entry larger than the
+        bound is not kept at all)."""
+        if not self.enabled or nbytes > self.max_bytes:
+            return
+        key = tuple(tokens)
+        for old in [k for k in self._entries if len(k) <= len(key) and key[: len(k)] == k]:
+            self._drop(old)
+        self._entries[key] = _Entry(value, nbytes)
+        self.nbytes += nbytes
+        while self.nbytes > self.max_bytes:
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: tuple[int, ...]) -> None:
+        self.nbytes -= self._entries.pop(key).nbytes
+
+
+def agreed_prefix(proposals: Sequence[int]) -> int:
+    """What a newcomer reuses: the shortest of the ranks' proposals (each rank holds at least that)."""
+    return min(proposals, default=0)

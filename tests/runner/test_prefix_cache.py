@@ -1,0 +1,101 @@
+"""The prefix cache's pure decisions: longest match, LRU by bytes, and the agreement across ranks."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runner.engine.batch_plan import StepLayout
+from runner.engine.prefix_cache import PrefixIndex, agreed_prefix, common_prefix
+
+
+def index(bound: int, *entries: tuple[list[int], str, int]) -> PrefixIndex[str]:
+    built: PrefixIndex[str] = PrefixIndex(bound)
+    for tokens, value, nbytes in entries:
+        built.insert(tokens, value, nbytes)
+    return built
+
+
+@given(st.lists(st.integers(0, 3), max_size=40), st.lists(st.integers(0, 3), max_size=40))
+def test_common_prefix_equals_the_plain_loop(a: list[int], b: list[int]) -> None:
+    expected = 0
+    while expected < min(len(a), len(b)) and a[expected] == b[expected]:
+        expected += 1
+    assert common_prefix(a, b) == expected
+
+
+def test_the_longest_match_never_covers_the_last_prompt_token() -> None:
+    cache = index(100, ([1, 2, 3, 4, 5, 6], "turn1", 10))
+    assert cache.longest([1, 2, 3, 4, 5, 6, 7, 8]) == cache.longest([1, 2, 3, 4, 5, 6, 9])
+    match = cache.longest([1, 2, 3, 4, 5, 6, 7])
+    assert match is not None and (match.length, match.value) == (6, "turn1")
+    exact = cache.longest([1, 2, 3, 4, 5, 6])  # the whole entry: the last token still runs
+    assert exact is not None and exact.length == 5
+    partial = cache.longest([1, 2, 9, 9])  # a branch reuses the shared part, cut from a longer entry
+    assert partial is not None and partial.length == 2
+    assert cache.longest([7, 1, 2]) is None
+    assert cache.longest([1]) is None  # one token: nothing to reuse
+
+
+def test_the_longer_entry_wins_and_a_tie_goes_to_the_most_recent() -> None:
+    cache = index(100, ([1, 2, 3], "short", 1), ([1, 2, 3, 4, 5], "long", 1), ([1, 2, 8], "other", 1))
+    assert cache.longest([1, 2, 7, 7]).value == "other"  # pyright: ignore[reportOptionalMemberAccess]
+    assert cache.longest([1, 2, 3, 4, 5, 6]).value == "long"  # pyright: ignore[reportOptionalMemberAccess]
+    assert cache.longest([1, 2, 7, 7]).value == "long"  # pyright: ignore[reportOptionalMemberAccess]
+
+
+def test_an_entry_extending_another_replaces_it() -> None:
+    cache = index(100, ([1, 2, 3], "turn1", 30), ([1, 2, 3, 4, 5], "turn2", 50))
+    assert cache.lru_order() == [(1, 2, 3, 4, 5)]
+    assert cache.nbytes == 50
+
+
+def test_least_recently_used_goes_first_and_a_hit_is_a_use() -> None:
+    cache = index(100, ([1, 1], "a", 40), ([2, 2], "b", 40))
+    assert cache.longest([1, 1, 0]) is not None  # "a" is now the most recent
+    cache.insert([3, 3], "c", 40)
+    assert cache.lru_order() == [(1, 1), (3, 3)]
+    assert cache.nbytes == 80
+
+
+def test_an_entry_over_the_bound_is_not_kept_and_zero_disables() -> None:
+    cache = index(100, ([1, 1], "a", 40), ([2, 2], "big", 101))
+    assert cache.lru_order() == [(1, 1)]
+    off = index(0, ([1, 1], "a", 1))
+    assert not off.enabled and len(off) == 0 and off.longest([1, 1, 1]) is None
+    with pytest.raises(ValueError, match=">= 0 bytes"):
+        PrefixIndex(-1)
+
+
+@given(st.lists(st.tuples(st.lists(st.integers(0, 2), min_size=1, max_size=6), st.integers(1, 60)), max_size=30))
+def test_the_byte_bound_always_holds_and_counts_what_is_kept(inserts: list[tuple[list[int], int]]) -> None:
+    cache: PrefixIndex[int] = PrefixIndex(100)
+    sizes: dict[tuple[int, ...], int] = {}
+    for tokens, nbytes in inserts:
+        cache.insert(tokens, nbytes, nbytes)
+        sizes[tuple(tokens)] = nbytes
+        assert cache.nbytes <= 100
+        assert cache.nbytes == sum(sizes[key] for key in cache.lru_order())
+        assert tuple(tokens) in cache.lru_order()  # the newest entry always stays (each fits the bound)
+
+
+def test_agreement_takes_the_shortest_proposal() -> None:
+    assert agreed_prefix([40, 12, 33]) == 12
+    assert agreed_prefix([40, 0]) == 0  # a rank that evicted the entry: nothing is reused
+    assert agreed_prefix([]) == 0
+
+
+def test_the_step_vector_carries_every_ranks_proposals_and_the_batch_uses_their_minimum() -> None:
+    layout = StepLayout(world=3, max_batch=2)
+    vectors = [
+        layout.encode(0, 2, [], [], [40, 7]),
+        layout.encode(1, 2, [], [], [25, 7]),
+        layout.encode(2, 1, [], [3, 4], [40]),  # holds one pending assignment only
+    ]
+    summed = [sum(column) for column in zip(*vectors, strict=True)]
+    agreed = layout.decode(summed)
+    assert agreed.cached == (25, 0)
+    assert agreed.tokens == (3, 4) and agreed.received == 1
+    with pytest.raises(ValueError, match="max_batch=2"):
+        layout.encode(0, 0, [], [], [1, 2, 3])
