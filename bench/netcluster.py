@@ -23,7 +23,7 @@ from bench.hosts import Host, Network
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog, LogError
 from eventlog.streams import LEASE_BUCKET, MASTER_LEASE_KEY
-from events.catalogue import NodeJoined
+from events.catalogue import LogEvent, NodeJoined
 from services.config import log_settings, resolve_config
 from services.credentials import cluster_config_name, endpoint_for, write_bundle
 from services.master.lease import LeaseRecord
@@ -105,7 +105,7 @@ class NetCluster:
                 self.start_nats(index)
         for name in self.commands:
             self.procs[name].stop(signal.SIGINT, grace=2)
-        joined = asyncio.run(self._joined())
+        joined = self.count_on_log(NodeJoined)
         workers = {worker.name for worker in self.workers}
         for name, (host, args) in list(self.commands.items()):
             if name in workers:
@@ -197,17 +197,20 @@ class NetCluster:
         name = asyncio.run(leader())
         return int(name.removeprefix("nats-")) if name.startswith("nats-") else 0
 
-    async def _joined(self) -> int:
-        """How many NodeJoined the log holds."""
+    def count_on_log(self, kind: type[LogEvent]) -> int:
+        """How many events of `kind` the log holds."""
+        return asyncio.run(self._count(kind))
+
+    async def _count(self, kind: type[LogEvent]) -> int:
         log = await EventLog.connect(self.admin_endpoint(), ensure=False)
         try:
-            return sum([isinstance(event, NodeJoined) async for _, event in log.replay()])
+            return sum([isinstance(event, kind) async for _, event in log.replay()])
         finally:
             await log.close()
 
     async def _wait_joined(self, count: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
-        while await self._joined() < count:
+        while await self._count(NodeJoined) < count:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the log has fewer than {count} NodeJoined after {timeout}s:\n{self.tails('w')}")
             await asyncio.sleep(0.25)

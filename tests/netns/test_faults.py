@@ -16,6 +16,7 @@ from bench.cluster import long_prompt
 from bench.hosts import netem_unavailable_reason
 from bench.netclient import ClientCall, stream_chat, stream_in_thread
 from bench.netcluster import FAST_SETTINGS, NetCluster
+from events.catalogue import NodeTimedOut
 from tests.netns.conftest import assert_checked
 
 pytestmark = pytest.mark.timeout(150)
@@ -97,7 +98,10 @@ def _blip(cluster: NetCluster, host: str, seconds: float) -> None:
 
 def kill_one_nats_server(cluster: NetCluster, victim: int, when: str) -> None:
     """SIGKILL NATS server `victim` mid-prefill or mid-decode of one task while another runs
-    beside it; then a request is served, no service died, and the checker holds."""
+    beside it; then a request is served, no service died, no node was timed out (the master's
+    reading of the heartbeats stalls while it moves to a survivor: its own blindness, not the
+    nodes' silence, `services/master/sight.py`), and the checker holds."""
+    timed_out = cluster.count_on_log(NodeTimedOut)
     beside = stream_in_thread(cluster.http, SHORT, 40, BOUND)
     try:
         kill = (mid_prefill if when == "prefill" else mid_decode)(cluster.procs[f"nats{victim}"].process.kill)
@@ -108,6 +112,7 @@ def kill_one_nats_server(cluster: NetCluster, victim: int, when: str) -> None:
     finally:
         cluster.start_nats(victim)  # back for the next test; it catches up from its peers
     assert all(p.process.poll() is None for n, p in cluster.procs.items() if not n.startswith("nats")), cluster.tails()
+    assert cluster.count_on_log(NodeTimedOut) == timed_out, "the master took its own blindness for silence"
     assert_checked(cluster, [call, beside.result, *after])
 
 
@@ -119,13 +124,14 @@ def test_killing_a_nats_server_that_does_not_lead_the_log_loses_nothing(cluster:
 
 def test_killing_the_nats_server_leading_the_log_mid_decode_loses_nothing(cluster: NetCluster) -> None:
     """The leader of SHOAL_EVENTS dies mid-decode: a new leader is elected, nothing acknowledged is lost,
-    and requests are served again (nodes timed out meanwhile come back on their own)."""
+    and requests are served again; the master, blind while its readers move, times out no node."""
     kill_one_nats_server(cluster, cluster.events_leader(), "decode")
 
 
 def test_pausing_the_whole_nats_cluster_past_the_node_timeout_is_survived(cluster: NetCluster) -> None:
     """All three servers SIGSTOPped for longer than the node timeout, mid-decode: every service
-    survives, the nodes come back without a restart, and requests are served afterwards."""
+    survives, no node is timed out (the master could not see either), and requests are served
+    afterwards."""
     pause = NODE_TIMEOUT + 6
 
     def freeze() -> None:
@@ -133,6 +139,7 @@ def test_pausing_the_whole_nats_cluster_past_the_node_timeout_is_survived(cluste
         time.sleep(pause)
         cluster.signal_nats(signal.SIGCONT)
 
+    timed_out = cluster.count_on_log(NodeTimedOut)
     try:
         pause_mid_decode = mid_decode(freeze)
         call = request(cluster, SHORT, 80, pause_mid_decode)
@@ -140,6 +147,7 @@ def test_pausing_the_whole_nats_cluster_past_the_node_timeout_is_survived(cluste
     finally:
         cluster.signal_nats(signal.SIGCONT)
     assert all(p.process.poll() is None for p in cluster.procs.values()), cluster.tails()
+    assert cluster.count_on_log(NodeTimedOut) == timed_out, "the master took its own blindness for the nodes' silence"
     cluster.wait_ready(NODE_TIMEOUT + 10)
     assert_checked(cluster, [call, *served_within(cluster, 30)])
 
