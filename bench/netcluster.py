@@ -22,9 +22,11 @@ from bench.cluster import Proc, shoal_argv
 from bench.hosts import Host, Network
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog, LogError
-from events.catalogue import NodeJoined
+from eventlog.streams import LEASE_BUCKET, MASTER_LEASE_KEY
+from events.catalogue import LogEvent, NodeJoined
 from services.config import log_settings, resolve_config
 from services.credentials import cluster_config_name, endpoint_for, write_bundle
+from services.master.lease import LeaseRecord
 from services.nats import find_nats_server, read_info
 from services.nats_permissions import Identity
 
@@ -43,6 +45,7 @@ class NetCluster:
         self.root = root
         self.net = Network()
         self.procs: dict[str, Proc] = {}
+        self.master_hosts: list[Host] = []  # the hosts of masters but the first (which is on `control`)
         self.commands: dict[str, tuple[Host, tuple[str, ...]]] = {}  # how each service was started
         try:
             self._start(workers, masters)
@@ -85,7 +88,7 @@ class NetCluster:
     # --- processes -------------------------------------------------------------------------
 
     def env_of(self, host: Host) -> dict[str, str]:
-        directory = self.credentials["control" if host.name == "control" else host.name]
+        directory = self.credentials["control" if host.name == "control" or host in self.master_hosts else host.name]
         return {**self.env, "SHOAL_NATS_CREDENTIALS_DIR": str(directory)}
 
     def start_service(self, host: Host, name: str, *args: str) -> Proc:
@@ -102,7 +105,7 @@ class NetCluster:
                 self.start_nats(index)
         for name in self.commands:
             self.procs[name].stop(signal.SIGINT, grace=2)
-        joined = asyncio.run(self._joined())
+        joined = self.count_on_log(NodeJoined)
         workers = {worker.name for worker in self.workers}
         for name, (host, args) in list(self.commands.items()):
             if name in workers:
@@ -113,7 +116,32 @@ class NetCluster:
                 self.start_service(host, name, *args)
 
     def start_master(self, index: int) -> Proc:
-        return self.start_service(self.control, f"master{index}", "master")
+        """Master 0 on the control host; each other one on a host of its own (`m<index>`, the
+        control host's credentials), so partitioning the host of one master is a real test."""
+        host = self.control if index == 0 else self.net.hosts.get(f"m{index}") or self.net.add(f"m{index}")
+        if host is not self.control:
+            self.master_hosts.append(host)
+        return self.start_service(host, f"master{index}", "master")
+
+    def lease_holder(self) -> str:
+        """Which master (`master<i>`) holds the lease now, by the pid in the holder's name ('' if none)."""
+
+        async def holder() -> str:
+            log = await EventLog.connect(self.admin_endpoint(), ensure=False)
+            try:
+                js = log._js  # pyright: ignore[reportPrivateUsage]
+                entry = await js.get_last_msg(
+                    f"KV_{LEASE_BUCKET}", f"$KV.{LEASE_BUCKET}.{MASTER_LEASE_KEY}"
+                )  # the leader's
+                return msgspec.json.decode(entry.data or b"", type=LeaseRecord).holder if entry.data else ""
+            except nats.js.errors.NotFoundError:
+                return ""
+            finally:
+                await log.close()
+
+        pid = asyncio.run(holder()).rpartition("-")[2]
+        names = [n for n, p in self.procs.items() if n.startswith("master") and str(p.process.pid) == pid]
+        return names[0] if names else ""
 
     def start_nats(self, index: int) -> Proc:
         host = self.nats_hosts[index]
@@ -169,17 +197,20 @@ class NetCluster:
         name = asyncio.run(leader())
         return int(name.removeprefix("nats-")) if name.startswith("nats-") else 0
 
-    async def _joined(self) -> int:
-        """How many NodeJoined the log holds."""
+    def count_on_log(self, kind: type[LogEvent]) -> int:
+        """How many events of `kind` the log holds."""
+        return asyncio.run(self._count(kind))
+
+    async def _count(self, kind: type[LogEvent]) -> int:
         log = await EventLog.connect(self.admin_endpoint(), ensure=False)
         try:
-            return sum([isinstance(event, NodeJoined) async for _, event in log.replay()])
+            return sum([isinstance(event, kind) async for _, event in log.replay()])
         finally:
             await log.close()
 
     async def _wait_joined(self, count: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
-        while await self._joined() < count:
+        while await self._count(NodeJoined) < count:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the log has fewer than {count} NodeJoined after {timeout}s:\n{self.tails('w')}")
             await asyncio.sleep(0.25)
@@ -205,22 +236,27 @@ class NetCluster:
                 continue
         return False
 
-    def serving(self) -> bool:
-        """A ready instance, every worker node up, and a rank on every worker host (so the ring
-        crosses the links: an instance squeezed onto one host after a fault would not)."""
+    def serving_hosts(self) -> list[Host]:
+        """The worker hosts a runner process lives on now."""
+        return [worker for worker in self.workers if self.runs_a_runner(worker)]
+
+    def serving(self, *, across_hosts: bool = True) -> bool:
+        """A ready instance and every worker node up; with `across_hosts`, a rank on every worker
+        host (so the ring crosses the links: an instance placed while a host was cut off holds
+        only the others, and the master does not move a serving instance when a node rejoins)."""
         health = self.health()
         return (
             int(health.get("ready_instances", 0)) >= 1  # pyright: ignore[reportArgumentType]
             and health.get("nodes_up") == len(self.workers)
-            and all(self.runs_a_runner(worker) for worker in self.workers)
+            and (not across_hosts or len(self.serving_hosts()) == len(self.workers))
         )
 
-    def wait_ready(self, timeout: float = 120.0) -> NetCluster:
+    def wait_ready(self, timeout: float = 120.0, *, across_hosts: bool = True) -> NetCluster:
         deadline = time.monotonic() + timeout
-        while not self.serving():
+        while not self.serving(across_hosts=across_hosts):
             if time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"not serving across every worker host within {timeout}s: {self.health()}\n{self.tails()}"
+                    f"not serving (across_hosts={across_hosts}) within {timeout}s: {self.health()}\n{self.tails()}"
                 )
             time.sleep(0.25)
         return self

@@ -283,6 +283,15 @@ class NodeHeartbeat(Event, tag="node_heartbeat", frozen=True, kw_only=True):
     runners: int = 0
 
 
+class MasterProbe(Event, tag="master_probe", frozen=True, kw_only=True):
+    """A master's note to itself, sent each tick on the heartbeats' path: read back promptly, it
+    proves the master heard every heartbeat stored before it (`services.master.sight`), so a
+    master whose own reading stalled never takes that for the nodes' silence. `env.wall_time`
+    is when it was sent, on the only clock that reads it back."""
+
+    master: str  # the sender's name (its lease holder name): each master counts its own probes
+
+
 LogEvent = (
     NodeJoined
     | ClusterStarted
@@ -303,7 +312,7 @@ LogEvent = (
     | TaskFailed
     | TaskStalled
 )
-TelemetryEvent = RunnerHeartbeat | NodeHeartbeat
+TelemetryEvent = RunnerHeartbeat | NodeHeartbeat | MasterProbe
 AnyEvent = LogEvent | TelemetryEvent
 
 

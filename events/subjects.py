@@ -12,6 +12,7 @@ from events.catalogue import (
     ClusterStarted,
     InstancePlaced,
     InstanceRetired,
+    MasterProbe,
     ModelDownloadProgress,
     ModelUnavailable,
     NodeHeartbeat,
@@ -38,6 +39,7 @@ SNAPSHOT_BUCKET = "SHOAL_SNAPSHOTS"  # the object store of the State's snapshots
 SNAPSHOT_STREAM = f"OBJ_{SNAPSHOT_BUCKET}"  # the stream behind it
 EVENTS_SUBJECTS = f"{PREFIX}.ev.>"
 TELEMETRY_SUBJECTS = f"{PREFIX}.hb.>"
+MASTER_PROBES = f"{PREFIX}.hb.master"  # every master's probes: few and small, one subject
 
 
 def task_subject(task_id: str, kind: str = "*") -> str:
@@ -114,5 +116,7 @@ def subject_for(event: AnyEvent) -> str:
             return f"{PREFIX}.hb.runner.{event.instance_id}.{event.rank}"
         case NodeHeartbeat():
             return f"{PREFIX}.hb.node.{event.node_id}"
+        case MasterProbe():
+            return MASTER_PROBES
         case _:
             assert_never(event)

@@ -7,7 +7,7 @@ Identities (nkey users in one account; the server checks every PUB and SUB again
 |---|---|---|
 | `admin` | everything, and manages streams | everything |
 | `api` | `TaskCreated`, `TaskCancelled` | SHOAL_EVENTS, SHOAL_TELEMETRY |
-| `master` | placement, assignment, retirement, watchdog, master-ended tasks, `ModelUnavailable`; its lease key | both; its lease key; writes the snapshot object store |
+| `master` | placement, assignment, retirement, watchdog, master-ended tasks, `ModelUnavailable`, `MasterProbe`; its lease key | both; its lease key; writes the snapshot object store |
 | `worker-<node>` | its node's `NodeJoined`/`NodeLeft`/`NodeHeartbeat`; `RunnerStatusChanged` | SHOAL_EVENTS |
 | `runner-<node>` | prefill, chunks, `TaskCompleted`/`TaskFailed`, `RunnerStatusChanged`, `ModelDownloadProgress`, `RunnerHeartbeat` | SHOAL_EVENTS |
 
@@ -37,6 +37,7 @@ from events.catalogue import (
     Event,
     InstancePlaced,
     InstanceRetired,
+    MasterProbe,
     ModelDownloadProgress,
     ModelUnavailable,
     NodeHeartbeat,
@@ -58,6 +59,7 @@ from events.ids import check_token
 from events.subjects import (
     CLUSTER_STARTED,
     EVENTS_STREAM,
+    MASTER_PROBES,
     PREFIX,
     SNAPSHOT_BUCKET,
     SNAPSHOT_STREAM,
@@ -95,6 +97,7 @@ SUBJECTS: Mapping[type[Event], str] = {
     ModelUnavailable: f"{PREFIX}.ev.model.*.unavailable",
     RunnerHeartbeat: f"{PREFIX}.hb.runner.*.*",
     NodeHeartbeat: f"{PREFIX}.hb.node.{NODE}",
+    MasterProbe: MASTER_PROBES,
 }
 
 _DECISIONS = (
@@ -107,7 +110,10 @@ _RANK_REPORTS = (
 )
 PUBLISHES: Mapping[Role, tuple[type[Event], ...]] = {
     "api": (TaskCreated, TaskCancelled),
-    "master": _DECISIONS,  # TaskCompleted: a task cancelled before assignment; TaskFailed: a retired queue
+    "master": (
+        *_DECISIONS,
+        MasterProbe,
+    ),  # TaskCompleted: a task cancelled before assignment; TaskFailed: a retired queue
     "worker": (NodeJoined, NodeLeft, NodeHeartbeat, RunnerStatusChanged),  # status: a runner's exit
     "runner": (*_RANK_REPORTS, RunnerHeartbeat),
 }
@@ -171,10 +177,10 @@ def reader_api(stream: str) -> list[str]:
 
 
 def lease_api() -> list[str]:
-    """What a master asks of the lease bucket (`services/master/lease.py`): read and compare-and-swap
-    its one key. Creating the bucket is the admin's (`EventLog.ensure_streams`)."""
+    """What a master asks of the lease bucket (`services/master/lease.py`): read (from the stream's
+    leader: the bucket has only the lease key) and compare-and-swap its one key. Creating the bucket is the admin's (`EventLog.ensure_streams`)."""
     stream, key = f"KV_{LEASE_BUCKET}", f"$KV.{LEASE_BUCKET}.{MASTER_LEASE_KEY}"
-    return [key, f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.DIRECT.GET.{stream}.{key}"]
+    return [key, f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.MSG.GET.{stream}"]  # from the leader
 
 
 def snapshot_api(role: Role) -> list[str]:

@@ -5,7 +5,9 @@ heartbeat's `env.wall_time` is its sender's: compared with the master's clock it
 skew into silence (a host whose clock runs a minute slow would be timed out while it beats every
 second, one that runs fast would never be). So the shell records when things *arrived*:
 - a node is heard when its heartbeat arrives, and when the master first sees it up in the State
-  (a join, a re-announce, or the master's own start);
+  (a join, a re-announce, or the master's own start); its silence counts only while the master
+  could see (`services.master.sight`: the master's own probes, read back on the same path), so
+  a master whose reading stalled never times out the nodes for it;
 - a runner's newest heartbeat is kept with its `env.wall_time` replaced by the arrival time, so
   `events.culprit` judges a rank silent by what the master heard, whatever the rank's clock says;
 - a busy instance's progress is when the master first saw its head task where it is now, and a
@@ -23,9 +25,10 @@ from collections.abc import Hashable, Mapping
 
 import msgspec
 
-from events.catalogue import NodeHeartbeat, RunnerHeartbeat, TelemetryEvent
+from events.catalogue import MasterProbe, NodeHeartbeat, RunnerHeartbeat, TelemetryEvent
 from events.ids import InstanceId, NodeId
 from events.state import State
+from services.master.sight import Sight
 from services.master.watchdog import Liveness, RunnerKey, batch_activity
 
 
@@ -68,9 +71,12 @@ def loss_tokens(state: State) -> dict[InstanceId, Hashable]:
 
 class Hearing:
     """Arrival times (master's clock, ns) of each node's newest sign of life, each runner's newest
-    heartbeat as heard, and when each instance's progress and losses were first seen."""
+    heartbeat as heard, and when each instance's progress and losses were first seen; `sight`
+    reads back the probes of the master named `master` (its lease holder name)."""
 
-    def __init__(self) -> None:
+    def __init__(self, master: str, probe_interval_seconds: float) -> None:
+        self.master = master
+        self.sight = Sight(probe_interval_seconds)
         self._nodes: dict[NodeId, int] = {}
         self._runners: dict[RunnerKey, RunnerHeartbeat] = {}
         self._announcements: dict[NodeId, int] = {}  # the `changed_at` of each node up, as a token
@@ -83,6 +89,9 @@ class Hearing:
                 self._nodes[beat.node_id] = received_ns
             case RunnerHeartbeat():
                 self._runners[(beat.instance_id, beat.rank)] = as_heard(beat, received_ns)
+            case MasterProbe():
+                if beat.master == self.master:  # another master's probes prove nothing about our reading
+                    self.sight.probe_returned(beat.env.wall_time, received_ns)
 
     def notice(self, state: State, now_ns: int) -> None:
         """Take in what the State shows at `now_ns`. A node seen up after a new announcement counts
@@ -101,6 +110,7 @@ class Hearing:
         """A view for one synchronous tick (nothing is heard while the tick runs)."""
         return Liveness(
             nodes=self._nodes,
+            node_silence={node_id: self.sight.silence(heard) for node_id, heard in self._nodes.items()},
             runners=self._runners,
             activity={key: seen_at for key, (_, seen_at) in self._activity.items()},
             losses={key: seen_at for key, (_, seen_at) in self._losses.items()},

@@ -137,12 +137,18 @@ class KvLease:
         try:
             js = client.nc.jetstream(timeout=max(lease_seconds / POLLS_PER_LEASE, 0.5))  # pyright: ignore[reportUnknownMemberType]
             try:
-                kv = await js.key_value(LEASE_BUCKET)
+                await js.key_value(LEASE_BUCKET)  # only to say so when the bucket is missing
             except nats.js.errors.BucketNotFoundError as exc:
                 raise LogError(
                     f"the master lease bucket {LEASE_BUCKET} does not exist: it is created with the streams "
                     "by the admin identity (`shoal up` does it; or run any service once as admin)"
                 ) from exc
+            # Read from the bucket's stream leader, never directly from any replica: a replica still
+            # catching up (a NATS server just restarted) answers an old revision, and a stand-by
+            # whose reads alternate between two revisions never sees one last a whole lease.
+            kv = KeyValue(
+                name=LEASE_BUCKET, stream=f"KV_{LEASE_BUCKET}", pre=f"$KV.{LEASE_BUCKET}.", js=js, direct=False
+            )
             lease = cls(kv, LeaseState(holder, lease_seconds))
             try:
                 yield lease

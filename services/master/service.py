@@ -24,7 +24,7 @@ from loguru import logger
 
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
-from events.catalogue import LogEvent, Origin
+from events.catalogue import LogEvent, MasterProbe, Origin
 from events.fold import apply_live
 from events.stamp import Stamper
 from events.state import FINISHED_TASKS_KEPT, State
@@ -61,11 +61,12 @@ class Master:
         self.core = MasterCore(settings.policy, catalog, self.stamper)
         self.wall_ns = wall_ns
         self.state = State()
-        self.hearing = Hearing()  # liveness by the master's own clock, never a sender's
+        self.hearing = Hearing(settings.name, settings.tick_seconds)  # by the master's own clock and sight
         self._awaiting_seq = 0
         self._undecided: collections.deque[LogEvent] = collections.deque()
         self._log: EventLog | None = None
         self._snapshots: SnapshotWriter | None = None
+        self._blind = False  # whether the master's own probes stopped coming back (logged once per change)
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         log = await EventLog.connect(self.settings.nats, name="shoal-master")
@@ -137,6 +138,7 @@ class Master:
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.tick_seconds)
+            await self._probe()
             if self._awaiting_seq > self.state.last_seq or not self._leading():
                 continue
             now = self.wall_ns()
@@ -145,6 +147,26 @@ class Master:
             await self._publish([*decisions, *self.core.retry_placements(self.state, now)])
             if self._snapshots is not None:
                 await self._snapshots.write_if_due(self.state)
+
+    async def _probe(self) -> None:
+        """Send this tick's probe (every master does: a stand-by that takes over needs its sight
+        proven already); say so when the master has been blind for longer than a node timeout."""
+        if self._log is None:
+            return
+        probe = MasterProbe(env=self.stamper.stamp(), master=self.settings.name)
+        try:
+            await self._log.publish_telemetry(probe)
+        except Exception as exc:  # a lost probe is what the sight's gap rule is for
+            logger.debug("master probe not sent: {!r}", exc)
+        blind = self.hearing.sight.blind_for(self.wall_ns()) > self.settings.policy.node_timeout_seconds * 1e9
+        if blind != self._blind:
+            self._blind = blind
+            if blind:
+                logger.warning(
+                    "master {} cannot read its own probes back: no node is timed out meanwhile", self.settings.name
+                )
+            else:
+                logger.info("master {} reads its probes back again", self.settings.name)
 
     async def _follow_heartbeats(self, log: EventLog) -> None:
         start = await log.last_seq("telemetry") + 1

@@ -34,9 +34,12 @@ class Liveness(msgspec.Struct, frozen=True, kw_only=True):
     each node (wall ns at arrival), each runner's newest heartbeat stamped with its arrival, when
     it first saw each busy instance's head task where it is now (`activity`) and each failed
     instance's down ranks as they are now (`losses`). An instance missing from `activity` or
-    `losses` is judged by the State's own stamps (a tool replaying a log has no arrivals)."""
+    `losses` is judged by the State's own stamps (a tool replaying a log has no arrivals).
+    `node_silence` is each node's silence counted only while the master could see
+    (`services.master.sight`); a node missing from it is judged by `now - nodes[node]`."""
 
     nodes: Mapping[NodeId, int] = msgspec.field(default_factory=dict[NodeId, int])
+    node_silence: Mapping[NodeId, int] = msgspec.field(default_factory=dict[NodeId, int])
     runners: Mapping[RunnerKey, RunnerHeartbeat] = msgspec.field(default_factory=dict[RunnerKey, RunnerHeartbeat])
     activity: Mapping[InstanceId, int] = msgspec.field(default_factory=dict[InstanceId, int])
     losses: Mapping[InstanceId, int] = msgspec.field(default_factory=dict[InstanceId, int])
@@ -130,7 +133,7 @@ def _orphaned_instances(
 def _node_timeouts(
     state: State, now_ns: int, liveness: Liveness, policy: MasterPolicy, stamper: Stamper
 ) -> list[LogEvent]:
-    """Nodes up that the master has not heard from for `node_timeout_seconds`, by its own clock.
+    """Nodes up that the master has not heard from for `node_timeout_seconds` of its own sight.
     A node it has not noticed yet is not judged (`hearing.Hearing.notice` notices every node up
     on the first tick that sees it). The id names the announcement timed out (its `changed_at`,
     the same in every master's State), so each announcement is timed out at most once."""
@@ -139,7 +142,7 @@ def _node_timeouts(
         last = liveness.nodes.get(node.node_id)
         if node.status != "up" or last is None:
             continue
-        if now_ns - last > policy.node_timeout_seconds * NS:
+        if liveness.node_silence.get(node.node_id, now_ns - last) > policy.node_timeout_seconds * NS:
             env = stamper.stamp(f"timeout-{node.node_id}-{node.changed_at}")
             timed_out.append(NodeTimedOut(env=env, node_id=node.node_id, last_seen=last))
     return timed_out

@@ -17,7 +17,7 @@ from typing import Protocol
 import msgspec
 
 from events.apply import ApplyError
-from events.catalogue import AnyEvent, ClusterStarted, NodeHeartbeat, RunnerHeartbeat
+from events.catalogue import AnyEvent, ClusterStarted, MasterProbe, NodeHeartbeat, RunnerHeartbeat
 from events.codec import ExportRecord
 from events.fold import Folder
 from events.ids import InstanceId, TaskId
@@ -26,7 +26,7 @@ from events.vocabulary import StreamKey
 from services.ops.load import SkippedLines
 from services.ops.runs import RunStart
 
-_TELEMETRY_TYPES = (RunnerHeartbeat, NodeHeartbeat)
+_TELEMETRY_TYPES = (RunnerHeartbeat, NodeHeartbeat, MasterProbe)
 
 
 class Cutoff(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,6 +12,7 @@ from events.catalogue import (
     InstancePlaced,
     InstanceRetired,
     LogEvent,
+    MasterProbe,
     NodeHeartbeat,
     NodeJoined,
     NodeTimedOut,
@@ -31,6 +32,7 @@ from tests.services.master.test_core import Cluster, _failed  # pyright: ignore[
 # Sender clocks that run an hour or half a minute slow, right, or fast of the master's.
 SKEWS_S = [-3600.0, -30.0, 0.0, 30.0, 3600.0]
 TIMEOUT_S = 10.0
+MASTER = "m1"
 
 
 class Node:
@@ -57,8 +59,16 @@ def timeouts(events: list[LogEvent]) -> list[NodeTimedOut]:
     return [e for e in events if isinstance(e, NodeTimedOut)]
 
 
+def probe(c: Cluster, hearing: Hearing, delay_s: float = 0.0) -> None:
+    """The master's probe of this tick, read back after `delay_s` (its sight)."""
+    sent = MasterProbe(env=fake_stamper("master", c.clock).stamp(), master=MASTER)
+    hearing.heard(sent, c.clock.now_ns + int(delay_s * NS))
+
+
 def master_tick(c: Cluster, hearing: Hearing) -> list[LogEvent]:
-    """What the master shell does each tick: notice nodes newly up, then run the watchdog."""
+    """What the master shell does each tick, its sight good: probe, notice nodes newly up, then
+    run the watchdog."""
+    probe(c, hearing)
     hearing.notice(c.state, c.clock.now_ns)
     return tick(c.state, c.clock.now_ns, hearing.liveness(), c.policy, fake_stamper("master", c.clock))
 
@@ -77,7 +87,7 @@ def live_for(c: Cluster, hearing: Hearing, seconds: int, node: Node | None) -> l
 @pytest.mark.parametrize("skew_s", SKEWS_S)
 def test_a_node_that_beats_is_never_timed_out_whatever_its_clock(skew_s: float) -> None:
     c = Cluster(MasterPolicy(node_timeout_seconds=TIMEOUT_S))
-    node, hearing = Node(c, "n1", skew_s), Hearing()
+    node, hearing = Node(c, "n1", skew_s), Hearing(MASTER, 1.0)
     c.feed(node.joined())
     assert timeouts(live_for(c, hearing, 60, node)) == []
     last_heard = c.clock.now_ns
@@ -89,7 +99,7 @@ def test_a_node_that_beats_is_never_timed_out_whatever_its_clock(skew_s: float) 
 @pytest.mark.parametrize("skew_s", SKEWS_S)
 def test_a_node_that_never_beats_gets_a_full_timeout_from_when_the_master_noticed_it(skew_s: float) -> None:
     c = Cluster(MasterPolicy(node_timeout_seconds=TIMEOUT_S))
-    node, hearing = Node(c, "n1", skew_s), Hearing()
+    node, hearing = Node(c, "n1", skew_s), Hearing(MASTER, 1.0)
     c.feed(node.joined())
     assert master_tick(c, hearing) == []  # noticed now, whatever its join's stamp says
     assert timeouts(live_for(c, hearing, int(TIMEOUT_S), None)) == []
@@ -101,10 +111,12 @@ def test_two_masters_time_out_one_announcement_with_one_id() -> None:
     announcement, not the moment (a double leader stores it once)."""
     c = Cluster(MasterPolicy(node_timeout_seconds=TIMEOUT_S))
     c.feed(Node(c, "n1", 0).joined())
-    early, late = Hearing(), Hearing()
+    early, late = Hearing(MASTER, 1.0), Hearing(MASTER, 1.0)
     early.notice(c.state, c.clock.now_ns)
     late.notice(c.state, c.clock.now_ns + 3 * NS)
     c.clock.advance(20)
+    probe(c, early)
+    probe(c, late)
     stamper = fake_stamper("master", c.clock)
     ids = [tick(c.state, c.clock.now_ns, h.liveness(), c.policy, stamper)[0].env.event_id for h in (early, late)]
     assert ids[0] == ids[1]
@@ -113,7 +125,7 @@ def test_two_masters_time_out_one_announcement_with_one_id() -> None:
 @pytest.mark.parametrize("cause", ["timed_out", "reconnect"])
 def test_a_timed_out_node_that_rejoins_is_up_the_default_model_is_placed_again(cause: JoinCause) -> None:
     c = Cluster(MasterPolicy(node_timeout_seconds=TIMEOUT_S, default_model="tiny"))
-    node, hearing = Node(c, "n1", -3600.0), Hearing()
+    node, hearing = Node(c, "n1", -3600.0), Hearing(MASTER, 1.0)
     placed = c.feed(node.joined())
     assert [type(e) for e in placed] == [InstancePlaced] and master_tick(c, hearing) == []
     out = live_for(c, hearing, int(TIMEOUT_S) + 1, None)  # a pause longer than the timeout
@@ -153,7 +165,7 @@ def test_a_rank_whose_clock_runs_slow_is_not_blamed_as_silent(skew_s: float) -> 
         c.ev.heartbeat(instance_id, 0, "prefill", "warm"),
         _skewed(c.ev.heartbeat(instance_id, 1, "prefill", "warm"), skew_s),
     ]
-    hearing = Hearing()
+    hearing = Hearing(MASTER, 1.0)
     for beat in beats:
         hearing.heard(beat, c.clock.now_ns)
     instance, task = c.state.instances[InstanceId(instance_id)], c.state.tasks[TaskId("warm")]
@@ -176,7 +188,7 @@ def test_a_task_whose_ranks_clocks_run_slow_is_not_stalled_while_it_progresses()
     progress stops."""
     c = Cluster(MasterPolicy(task_stall_seconds=30.0, node_timeout_seconds=TIMEOUT_S))
     c.ready_instance()
-    hearing = Hearing()
+    hearing = Hearing(MASTER, 1.0)
     for iteration in range(60):
         c.clock.advance(1)
         c.feed(_skewed(c.ev.progress("warm", rank=1, iteration=iteration), -3600.0))
@@ -193,7 +205,7 @@ def test_a_casualty_whose_clock_runs_fast_is_retired_after_the_grace() -> None:
     """A rank that lost its peers, stamped an hour ahead: the grace runs from its arrival."""
     c = Cluster(MasterPolicy(peer_loss_grace_seconds=2.0, node_timeout_seconds=TIMEOUT_S))
     instance = c.ready_instance()
-    hearing = Hearing()
+    hearing = Hearing(MASTER, 1.0)
     assert c.feed(_skewed(_failed(c, instance, 0, "the ring group broke", "peer_lost"), 3600.0)) == []
     assert master_tick(c, hearing) == []
     c.clock.advance(3)
