@@ -12,6 +12,7 @@ earlier run killed before its finalizers left behind, and never touches another 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -51,7 +52,8 @@ def _probe(suffix: str, *commands: list[str]) -> str | None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
     finally:
-        _ip("netns", "del", namespace, check=False)
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            _ip("netns", "del", namespace, check=False)
     return None
 
 
