@@ -123,7 +123,7 @@ class TimelineBuilder:
         self.seen = False
 
     def observe(self, seq: int, event: AnyEvent) -> None:
-        if getattr(event, "task_id", None) != self.task_id:
+        if not self._about_task(event):
             return
         self.seen = True
         at = event.env.wall_time
@@ -131,6 +131,12 @@ class TimelineBuilder:
             self._origin_ns = at
         self._newest_ns = max(self._newest_ns, at)
         self._dispatch(event, at)
+
+    def _about_task(self, event: AnyEvent) -> bool:
+        """The task's own events, and the heartbeats of a rank running it (alone or in a batch)."""
+        if isinstance(event, RunnerHeartbeat):
+            return self.task_id in event.tasks
+        return getattr(event, "task_id", None) == self.task_id
 
     def _lane(self, rank: int) -> _Lane:
         lane = self._lanes.get(rank)
