@@ -239,7 +239,7 @@ class TimelineBuilder:
         )
 
 
-def _beat_mark(beat: RunnerHeartbeat | None, ms: Callable[[int], float]) -> HeartbeatMark | None:
+def beat_mark(beat: RunnerHeartbeat | None, ms: Callable[[int], float]) -> HeartbeatMark | None:
     if beat is None:
         return None
     return HeartbeatMark(
@@ -266,8 +266,8 @@ def _freeze_lane(lane: _Lane, ms: Callable[[int], float]) -> RankLane:
         started_ms=ms(started.env.wall_time) if started else None,
         done_ms=ms(lane.done_ns) if lane.done_ns is not None else None,
         bars=bars,
-        last_heartbeat=_beat_mark(lane.last_beat, ms),
-        first_stack=_beat_mark(lane.first_stack, ms),
+        last_heartbeat=beat_mark(lane.last_beat, ms),
+        first_stack=beat_mark(lane.first_stack, ms),
     )
 
 

@@ -4,7 +4,7 @@ batch and the master's watchdog run on the log as it stands."""
 
 from __future__ import annotations
 
-from services.ops.synthetic import COMPUTE_STACK, LogBuilder, PrefillPlan, simulate_prefill
+from services.ops.synthetic import COMPUTE_STACK, LogBuilder, PrefillPlan, simulate_decode, simulate_prefill
 from tests.ops.scenarios import AGREE_STACK, NODES, watchdog_ticks
 
 BATCH = ("t1", "t2")
@@ -49,4 +49,18 @@ def batch_completed() -> LogBuilder:
     log = batch_decoding()
     for task in BATCH:
         log.completed(task, tokens=10)
+    return log
+
+
+def one_after_another() -> LogBuilder:
+    """The same instance serving t1 to its end, then t2: no batch."""
+    log = LogBuilder()
+    log.ready_instance("i1", NODES)
+    for task in BATCH:
+        log.advance(1)
+        log.task_created(task)
+        log.task_assigned(task, "i1")
+        simulate_prefill(log, PrefillPlan(task_id=task, instance_id="i1", world=2, chunks=2, heartbeats=False))
+        simulate_decode(log, task, 5)
+        log.completed(task, tokens=5)
     return log
