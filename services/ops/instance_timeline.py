@@ -31,7 +31,7 @@ from events.catalogue import (
     TaskFailed,
 )
 from events.ids import InstanceId, TaskId
-from services.ops.timeline import NS_PER_MS, HeartbeatMark, Marker, MarkerKind, beat_mark
+from services.ops.timeline import EventWindow, HeartbeatMark, Marker, beat_mark
 
 RUNNING = 2**63  # a running task's row is never free again
 
@@ -74,17 +74,15 @@ class _Run:
         self.prefill_done_ns: int | None = None
 
 
-class InstanceTimelineBuilder:
+class InstanceTimelineBuilder(EventWindow):
     """Feed it `(seq, event)` pairs (any: those of other instances are ignored), then `build()`.
 
     `tasks`: tasks known to be on the instance although their `TaskAssigned` may not be among the
     events fed (a window of a long log: the caller knows them from the State)."""
 
     def __init__(self, instance_id: InstanceId, tasks: Iterable[TaskId] = ()) -> None:
+        super().__init__()
         self.instance_id = instance_id
-        self.seen = False
-        self._origin_ns: int | None = None
-        self._newest_ns = 0
         self._model = ""
         self._ranks: set[int] = set()
         self._tasks: set[TaskId] = set(tasks)
@@ -93,19 +91,8 @@ class InstanceTimelineBuilder:
         self._tokens: dict[TaskId, int] = {}
         self._beats: dict[int, RunnerHeartbeat] = {}
         self._first_stacks: dict[int, RunnerHeartbeat] = {}
-        self._markers: list[tuple[int, MarkerKind, str, int | None]] = []
 
-    def observe(self, seq: int, event: AnyEvent) -> None:
-        if not self._about_instance(event):
-            return
-        self.seen = True
-        at = event.env.wall_time
-        if self._origin_ns is None:
-            self._origin_ns = at
-        self._newest_ns = max(self._newest_ns, at)
-        self._dispatch(event, at)
-
-    def _about_instance(self, event: AnyEvent) -> bool:
+    def _takes(self, event: AnyEvent) -> bool:
         if isinstance(event, TaskAssigned) and event.instance_id == self.instance_id:
             self._tasks.add(event.task_id)
             return True
@@ -135,9 +122,9 @@ class InstanceTimelineBuilder:
                 self._origin_ns, self._model = at, event.model
                 self._ranks.update(shard.rank for shard in event.shards)
             case RunnerStatusChanged() if event.status == "failed":
-                self._markers.append((at, "failed", f"rank {event.rank} failed: {event.detail}", event.rank))
+                self._mark(at, "failed", f"rank {event.rank} failed: {event.detail}", event.rank)
             case InstanceRetired():
-                self._markers.append((at, "stalled", f"retired ({event.cause}): {event.reason}", None))
+                self._mark(at, "stalled", f"retired ({event.cause}): {event.reason}")
             case _:
                 pass
 
@@ -155,28 +142,19 @@ class InstanceTimelineBuilder:
         if beat.stack is not None and beat.rank not in self._first_stacks:
             self._first_stacks[beat.rank] = beat
             text = f"flight recorder: stuck in {beat.phase} (batch {', '.join(beat.tasks) or 'empty'})"
-            self._markers.append((beat.env.wall_time, "stack", text, beat.rank))
+            self._mark(beat.env.wall_time, "stack", text, beat.rank)
 
     def build(self) -> InstanceTimeline:
-        origin = self._origin_ns or 0
-
-        def ms(ns: int) -> float:
-            return round((ns - origin) / NS_PER_MS, 3)
-
-        lanes = tuple(self._lane(rank, ms) for rank in sorted(self._ranks))
-        markers = tuple(
-            Marker(at_ms=ms(at), kind=kind, text=text, rank=rank)
-            for at, kind, text, rank in sorted(self._markers, key=lambda m: m[0])
-        )
+        lanes = tuple(self._lane(rank, self._ms) for rank in sorted(self._ranks))
         return InstanceTimeline(
             instance_id=self.instance_id,
             model=self._model,
-            placed_wall_ns=origin,
-            end_ms=ms(self._newest_ns) if self.seen else 0.0,
+            placed_wall_ns=self._origin_ns or 0,
+            end_ms=self._end_ms(),
             tasks=len({task_id for task_id, _rank in self._runs}),
             most_at_once=max((lane.rows for lane in lanes), default=0),
             lanes=lanes,
-            markers=markers,
+            markers=self._frozen_markers(),
         )
 
     def _lane(self, rank: int, ms: Callable[[int], float]) -> InstanceLane:
