@@ -15,7 +15,7 @@ from typing import Literal
 import msgspec
 
 from events.constraints import Constraint, ToolFunction
-from events.ids import EventIdField, InstanceIdField, KeyId, NodeIdField, TaskIdField
+from events.ids import EventIdField, InstanceIdField, KeyId, NodeIdField, TaskId, TaskIdField
 from events.logprobs import TokenLogprob
 from events.runner_settings import RunnerSettings
 from events.vocabulary import (
@@ -271,10 +271,19 @@ class RunnerHeartbeat(Event, tag="runner_heartbeat", frozen=True, kw_only=True):
     instance_id: InstanceIdField
     rank: int
     phase: Phase
-    task_id: TaskIdField | None = None
+    task_id: TaskIdField | None = None  # the task the phase is about (under batching: the batch's first)
     iteration: int = 0
     phase_age_ms: int = 0
     stack: str | None = None
+    batch: list[TaskIdField] = msgspec.field(default_factory=list)  # every task the rank is running
+
+    @property
+    def tasks(self) -> tuple[TaskId, ...]:
+        """Every task this beat is about: the batch, or the one task of a beat without one (a rank
+        serving one task at a time, or a log from before batching)."""
+        if self.batch:
+            return tuple(self.batch)
+        return () if self.task_id is None else (self.task_id,)
 
 
 class NodeHeartbeat(Event, tag="node_heartbeat", frozen=True, kw_only=True):

@@ -78,6 +78,8 @@ class PublishBacklog:
         task_id = task_of(event)
         return task_id is None or task_id not in self.cut or self.lost[task_id] == event.env.event_id
 
-    def stored(self) -> None:
-        """One admitted event left the backlog (stored, or refused and accounted for)."""
-        self.waiting -= 1
+    def stored(self, made: int = 1) -> None:
+        """An admitted event left the backlog (stored, or refused and accounted for); `made`: how
+        many admitted events it stood for (chunks coalesced into one, `runner.service.coalesce`),
+        so the limit counts the events the runner made, however they were merged."""
+        self.waiting -= made

@@ -3,7 +3,8 @@
 The MLX thread calls:
 - `publish(event)`: queued, appended in order by one task, resent with the same id until the log
   takes it however long NATS is away, up to `publish_backlog_events` waiting: past that the
-  task fails loudly (`runner.service.backlog`). Heartbeats go to telemetry, by a task of their
+  task fails loudly (`runner.service.backlog`). A task's chunks queued while the log is behind
+  go out as one (`runner.service.coalesce`). Heartbeats go to telemetry, by a task of their
   own: a newer heartbeat replaces an unsent one, and none waits behind the log;
 - `is_cancelled(task_id)`: a set lookup, filled by a consumer of every task's cancel and
   failure subjects *from the log* (a cancel published before the runner looked is not missed);
@@ -41,6 +42,7 @@ from events.runner_settings import RunnerSettings
 from events.stamp import Stamper
 from events.subjects import task_subject
 from runner.service.backlog import PublishBacklog, task_of
+from runner.service.coalesce import Pending, PendingEvents
 
 T = TypeVar("T")
 OpenLog = Callable[[NatsEndpoint], Awaitable[EventLog]]
@@ -90,7 +92,10 @@ class LogBridge:
         self._opened: Future[None] = Future()
         self._down: Future[None] = Future()  # fails with LogBridgeDown when the bridge stops
         self._down.add_done_callback(self._wake_waiters)
-        self._outbox: asyncio.Queue[LogEvent] = asyncio.Queue()
+        self._outbox = PendingEvents()  # touched on the bridge's loop only
+        self._queued = asyncio.Event()  # set when the outbox may hold something
+        self._flushed = asyncio.Event()  # set while the outbox is empty and nothing is being sent
+        self._flushed.set()
         self._backlog = PublishBacklog(backlog_limit, self._fail_task)
         self._backlog_lock = threading.Lock()
         self._telemetry: asyncio.Queue[TelemetryEvent] = asyncio.Queue(TELEMETRY_QUEUE)
@@ -115,7 +120,7 @@ class LogBridge:
         if not self._thread.is_alive():
             return
         try:
-            self._call(self._outbox.join, timeout)
+            self._call(self._flushed.wait, timeout)
         except (LogBridgeDown, TimeoutError) as exc:  # best-effort: the process is exiting anyway
             logger.warning("log bridge closed without flushing its queue: {}", exc)
         self._loop.call_soon_threadsafe(self._closing.set)
@@ -140,7 +145,7 @@ class LogBridge:
         for queued in admitted:
             if queued is not event and isinstance(queued, TaskFailed):  # the backlog gave the task up
                 self._stop_lost_task(queued)
-            self._loop.call_soon_threadsafe(self._outbox.put_nowait, queued)
+            self._loop.call_soon_threadsafe(self._enqueue, queued)
 
     def is_cancelled(self, task_id: str) -> bool:
         self._raise_if_down()
@@ -240,10 +245,22 @@ class LogBridge:
         stops = partial(self._consume_stops, log, from_seq)
         group.start_soon(self._supervise, "cancel consumer", stops, group.cancel_scope)
 
+    def _enqueue(self, event: LogEvent) -> None:
+        self._outbox.push(event)
+        self._flushed.clear()
+        self._queued.set()
+
+    async def _next_pending(self) -> Pending:
+        while (pending := self._outbox.pop()) is None:
+            self._flushed.set()
+            self._queued.clear()
+            await self._queued.wait()
+        return pending
+
     async def _publisher(self, log: EventLog) -> None:
         """Append the outbox in order; the oldest event is resent (same id) until the log takes it."""
         while True:
-            event = await self._outbox.get()
+            event, made = await self._next_pending()
             try:
                 with self._backlog_lock:
                     wanted = self._backlog.still_wanted(event)
@@ -251,8 +268,7 @@ class LogBridge:
                     await self._append_until_stored(log, event)
             finally:
                 with self._backlog_lock:
-                    self._backlog.stored()
-                self._outbox.task_done()
+                    self._backlog.stored(made)
 
     async def _append_until_stored(self, log: EventLog, event: LogEvent) -> None:
         """After a long outage the duplicate window may be over: if the first send was stored but
@@ -280,7 +296,7 @@ class LogBridge:
             refused = f"the log refused its {type(event).__name__}: {error}"
             failed = self._backlog.give_up(task_id, refused, cut_queued=True)
         self._stop_lost_task(failed)
-        self._outbox.put_nowait(failed)
+        self._enqueue(failed)
 
     def _fail_task(self, task_id: TaskId, error: str) -> TaskFailed:
         return TaskFailed(env=self._stamper.stamp(), task_id=task_id, error=error, rank=self._stamper.origin.rank)

@@ -35,6 +35,7 @@ from runner.engine.protocols import PhaseTracker
 from runner.flight.faults import FaultInjector
 from runner.service.bridge import LogBridge, LogBridgeDown
 from runner.service.exit_codes import PEER_LOST_EXIT, is_peer_loss
+from runner.service.heartbeats import LogHeartbeats, RunningTasks
 from runner.service.sink import LogSink
 from runner.service.tasks import TaskServer
 
@@ -107,6 +108,7 @@ def run(
     stamper: Stamper,
     phases: PhaseTracker,
     stop: threading.Event,
+    running: RunningTasks,
 ) -> None:
     from runner.engine.engine import Engine
     from runner.models.resolve import resolve_model
@@ -141,6 +143,7 @@ def run(
         is_sampling_rank=engine.is_sampling_rank,
         make_request=make_request_factory(),
         batch=continuous_batch(engine, phases),
+        running=running,
     )
     server.status("ready")
     try:
@@ -232,8 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         placed_seq, placed = fetch_placement(bridge, args.instance)
         bridge.limit_backlog(placed.settings.publish_backlog_events)
-        with _flight_recorder(args, placed.settings, bridge, phases):
-            run(args, placed_seq, placed, bridge, stamper, phases, stop)
+        running = RunningTasks()
+        with _flight_recorder(args, placed.settings, bridge, phases, running):
+            run(args, placed_seq, placed, bridge, stamper, phases, stop, running)
     except Exception as exc:
         if is_peer_loss(exc):
             logger.error("rank {} of {} lost a peer: {}", args.rank, args.instance, exc)
@@ -251,16 +255,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _flight_recorder(
-    args: argparse.Namespace, settings: RunnerSettings, bridge: LogBridge, phases: PhaseTracker
+    args: argparse.Namespace, settings: RunnerSettings, bridge: LogBridge, phases: PhaseTracker, running: RunningTasks
 ) -> Any:
     """The flight recorder (docs/ARCHITECTURE.md §7), publishing RunnerHeartbeat to telemetry."""
     from runner.flight.recorder import FlightRecorder
-    from runner.service.heartbeats import LogHeartbeats
 
     stamper = Stamper(Origin(service="runner", node=args.node_id, rank=args.rank))
     return FlightRecorder(
         phases,
-        LogHeartbeats(stamper, bridge.publish, instance_id=args.instance, rank=args.rank),
+        LogHeartbeats(stamper, bridge.publish, instance_id=args.instance, rank=args.rank, running=running),
         rank=args.rank,
         interval_s=settings.heartbeat_interval_seconds,
         stall_stack_seconds=settings.stall_stack_seconds,

@@ -38,6 +38,7 @@ from runner.errors import RequestError
 from runner.models.chat import encode_task_prompt
 from runner.service.batch_serving import CREATED_MISSING, BatchLike, BatchServing
 from runner.service.bridge import Assignment
+from runner.service.heartbeats import RunningTasks
 
 
 class Outcome(Protocol):
@@ -86,7 +87,9 @@ class TaskServer:
         is_sampling_rank: bool,
         make_request: Callable[[str, list[int], TaskCreated], Any],
         batch: BatchLike | None = None,
+        running: RunningTasks | None = None,
     ) -> None:
+        """`running`: where the tasks being run are kept, for error reports and the heartbeats."""
         self.engine = engine
         self.inbox = inbox
         self.cancel = cancel
@@ -98,7 +101,16 @@ class TaskServer:
         self.is_sampling_rank = is_sampling_rank
         self.make_request = make_request
         self.batch = batch  # continuous batching (max_batch > 1); None: one task at a time
-        self.running: tuple[TaskId, ...] = ()  # the tasks the ranks are running, for error reports
+        self._running = running or RunningTasks()
+
+    @property
+    def running(self) -> tuple[TaskId, ...]:
+        """The tasks the ranks are running (the batch), for error reports and the heartbeats."""
+        return self._running.tasks
+
+    @running.setter
+    def running(self, tasks: tuple[TaskId, ...]) -> None:
+        self._running.tasks = tasks
 
     def serve(self, stop: threading.Event, poll_seconds: float = 0.2) -> None:
         """Run assignments until `stop` is set. Engine errors propagate (the group is broken), and so

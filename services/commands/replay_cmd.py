@@ -1,4 +1,5 @@
-"""`shoal replay`: fold the log and show one task's timeline, or the cluster State at a point."""
+"""`shoal replay`: fold the log and show one task's timeline, one instance's (its ranks and the
+tasks each ran, batches included), or the cluster State at a point."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from typing import Any
 
 import msgspec
 
-from events.ids import TaskId
+from events.ids import InstanceId, TaskId
 from events.state import canonical_bytes
+from services.ops.instance_timeline import InstanceTimelineBuilder
 from services.ops.load import SkippedLines
 from services.ops.nearest import unknown_id_message
-from services.ops.offline import diagnose_scan, findings_for_task, heartbeats_of
+from services.ops.offline import diagnose_scan, findings_for_instance, findings_for_task, heartbeats_of
 from services.ops.render_html import render_timeline_html
+from services.ops.render_instance import instance_timeline_text, render_instance_html
 from services.ops.render_text import finding_text, state_text, timeline_text
 from services.ops.scan import Cutoff, EventObserver, ScanResult, scan, wall_time_of_seq
 from services.ops.sources import FileSource, LiveSource, SourceError, add_source_arguments, open_source, parse_at
@@ -25,15 +28,18 @@ from services.ops.timeline import TimelineBuilder
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "replay",
-        help="fold the event log; print a task's timeline or the cluster State at a point",
+        help="fold the event log; print a task's or an instance's timeline, or the cluster State at a point",
         description="Fold the log (an export file, or JetStream live) and print a task's timeline "
-        "(--task), the State as it was at an event sequence or time (--at), or both.",
+        "(--task), an instance's (--instance: one lane per rank, the tasks it ran as bars), the State "
+        "as it was at an event sequence or time (--at), or a timeline and the State.",
     )
     add_source_arguments(parser)
-    parser.add_argument("--task", help="the task whose timeline to print")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--task", help="the task whose timeline to print")
+    which.add_argument("--instance", help="the instance whose timeline to print (its ranks, the tasks of each)")
     parser.add_argument("--at", help="stop at this event sequence number or ISO time (e.g. 2026-01-01T12:00:05Z)")
     parser.add_argument("--json", action="store_true", help="print JSON for tools instead of text")
-    parser.add_argument("--html", type=Path, metavar="OUT", help="also write the task's timeline page to OUT")
+    parser.add_argument("--html", type=Path, metavar="OUT", help="also write the timeline's page to OUT")
     parser.set_defaults(handler=run)
 
 
@@ -53,23 +59,52 @@ def run(args: argparse.Namespace) -> int:
     except SourceError as exc:
         print(f"shoal replay: {exc}", file=sys.stderr)
         return 2
+    if args.instance:
+        return _replay_instance(args, source, cutoff)
     builder = TimelineBuilder(TaskId(args.task)) if args.task else None
     observers: list[EventObserver] = [builder] if builder is not None else []
-    result = scan(source.records(), cutoff=cutoff, observers=observers, abandon=source.abandon, allow_gaps=source.live)
-    skipped = source.skipped or result.fold_error
-    if skipped is not None:
-        print(f"shoal replay: {skipped.describe()}; showing what came before", file=sys.stderr)
+    result = _scan(source, cutoff, observers)
     if builder is not None and not builder.seen:
         print(f"shoal replay: {unknown_id_message('task', args.task, result.state.tasks.keys())}", file=sys.stderr)
         return 2
     reference = int(time.time_ns()) if source.live and cutoff is None else result.newest_wall_ns
     if args.json:
-        print(_json(args, result, builder, skipped, reference).decode())
+        print(_json(args, result, builder, source.skipped or result.fold_error, reference).decode())
     else:
         print(_text(args, result, builder, reference))
     if builder is not None and args.html is not None:
         findings = findings_for_task(diagnose_scan(result, now_ns=reference, history=True), args.task)
         args.html.write_text(render_timeline_html(builder.build(), findings), encoding="utf-8")
+        print(f"wrote {args.html}", file=sys.stderr)
+    return 0
+
+
+def _scan(source: FileSource | LiveSource, cutoff: Cutoff | None, observers: list[EventObserver]) -> ScanResult:
+    result = scan(source.records(), cutoff=cutoff, observers=observers, abandon=source.abandon, allow_gaps=source.live)
+    skipped = source.skipped or result.fold_error
+    if skipped is not None:
+        print(f"shoal replay: {skipped.describe()}; showing what came before", file=sys.stderr)
+    return result
+
+
+def _replay_instance(args: argparse.Namespace, source: FileSource | LiveSource, cutoff: Cutoff | None) -> int:
+    builder = InstanceTimelineBuilder(InstanceId(args.instance))
+    result = _scan(source, cutoff, [builder])
+    if not builder.seen:
+        known = result.state.instances.keys()
+        print(f"shoal replay: {unknown_id_message('instance', args.instance, known)}", file=sys.stderr)
+        return 2
+    reference = int(time.time_ns()) if source.live and cutoff is None else result.newest_wall_ns
+    findings = findings_for_instance(diagnose_scan(result, now_ns=reference, history=True), args.instance)
+    timeline = builder.build()
+    if args.json:
+        print(
+            msgspec.json.encode({"reference_wall_ns": reference, "timeline": timeline, "findings": findings}).decode()
+        )
+    else:
+        print("\n\n".join([instance_timeline_text(timeline), *(finding_text(f) for f in findings)]))
+    if args.html is not None:
+        args.html.write_text(render_instance_html(timeline, findings), encoding="utf-8")
         print(f"wrote {args.html}", file=sys.stderr)
     return 0
 

@@ -167,7 +167,9 @@ def _stalled_tasks(
         error = f"stalled: no progress for {policy.task_stall_seconds:g}s ({diagnosis})"
         # The group is wedged (a rank frozen or gone, a collective nobody completes): the only cure
         # is new processes, so the instance is retired and its runners stopped.
-        reason = f"task {task.task_id} stalled; likely culprit: {culprit.describe()}"
+        batch = sorted({t for beat in liveness.beats_of(instance).values() for t in beat.tasks})
+        with_batch = f" in a batch of {len(batch)} ({', '.join(batch)})" if len(batch) > 1 else ""
+        reason = f"task {task.task_id} stalled{with_batch}; likely culprit: {culprit.describe()}"
         decisions += retire_instance(stamper, instance, reason, "stalled", rank=culprit.sole_rank, head_error=error)
     return decisions
 

@@ -14,10 +14,12 @@ instance whose rank died; a node gone from under an instance).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import assert_never
 
 import msgspec
 
+from events.catalogue import RunnerHeartbeat
 from events.culprit import (
     DOWN_CAUSES,
     Culprit,
@@ -45,15 +47,18 @@ class TaskCase:
     ) -> None:
         self.state, self.task, self.instance = state, task, instance
         self.reference_ns = task.ended_at if task.ended else now_ns
-        bounds = limits.bounds(stalled=bool(task.stalled))
         by_rank = beats.for_task(task, instance)
+        bounds = limits.bounds(stalled=bool(task.stalled) or _in_stalled_batch(task, instance, by_rank))
         self.evidence = TaskEvidence.about_task(state, instance, task, by_rank, self.reference_ns, bounds)
         self.views = self.evidence.views
+        self.batch_mates = sorted({t for beat in by_rank.values() for t in beat.tasks} - {task.task_id})
 
     def finding(
         self, cause: Cause, culprit: Culprit, summary: str, evidence: list[str], *, exited: bool = True
     ) -> Finding:
         stuck_views = [self.views[rank] for rank in culprit.ranks]
+        if self.batch_mates:  # the same ranks hold every task of the batch: each gets this finding
+            evidence = [*evidence, f"in a batch with {', '.join(self.batch_mates)} on {self.instance.instance_id}"]
         return Finding(
             kind="task",
             subject=self.task.task_id,
@@ -71,6 +76,12 @@ class TaskCase:
 
     def node_of(self, rank: int) -> NodeId:
         return self.instance.runners[rank].node_id
+
+
+def _in_stalled_batch(task: TaskInfo, instance: InstanceInfo, by_rank: Mapping[int, RunnerHeartbeat]) -> bool:
+    """The watchdog gave up the head of `task`'s batch (it marks only the head stalled): the same
+    ranks held `task`, so it is judged as the head was."""
+    return instance.retire_cause == "stalled" and any(task.task_id in beat.tasks for beat in by_rank.values())
 
 
 def diagnose(state: State, heartbeats: Heartbeats, now_ns: int, limits: Limits | None = None) -> list[Finding]:

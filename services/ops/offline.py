@@ -9,10 +9,11 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from events.catalogue import AnyEvent, RunnerHeartbeat
-from events.ids import TaskId
+from events.ids import InstanceId, TaskId
 from events.state import State
 from services.ops.diagnose import diagnose
 from services.ops.findings import Diagnosis, Finding, Limits
+from services.ops.instance_timeline import InstanceTimeline, InstanceTimelineBuilder
 from services.ops.load import ExportReader, SkippedLines
 from services.ops.ranks import Heartbeats
 from services.ops.runs import Runs, label_runs
@@ -71,6 +72,10 @@ def findings_for_task(diagnosis: Diagnosis, task_id: str) -> list[Finding]:
     return [f for f in diagnosis.findings if f.task_id == task_id]
 
 
+def findings_for_instance(diagnosis: Diagnosis, instance_id: str) -> list[Finding]:
+    return [f for f in diagnosis.findings if f.instance_id == instance_id]
+
+
 def timeline_and_findings(
     task_id: str, state: State, events: Iterable[tuple[int, AnyEvent]], *, now_ns: int, limits: Limits | None = None
 ) -> tuple[Timeline, list[Finding]]:
@@ -81,10 +86,31 @@ def timeline_and_findings(
     before it, and the diagnosis takes the instance and the nodes from `state`.
     """
     builder = TimelineBuilder(TaskId(task_id))
+    findings = diagnose(state, _observe(builder, events), now_ns, limits)
+    return builder.build(), [f for f in findings if f.task_id == task_id]
+
+
+def instance_timeline_and_findings(
+    instance_id: str,
+    state: State,
+    events: Iterable[tuple[int, AnyEvent]],
+    *,
+    now_ns: int,
+    limits: Limits | None = None,
+) -> tuple[InstanceTimeline, list[Finding]]:
+    """For `/debug/timeline?instance=`: as `timeline_and_findings`, for an instance. `events` may
+    be a window of the log: the tasks on the instance are also taken from `state`."""
+    on_it = [t.task_id for t in state.tasks.values() if t.instance_id == instance_id]
+    builder = InstanceTimelineBuilder(InstanceId(instance_id), on_it)
+    findings = diagnose(state, _observe(builder, events), now_ns, limits)
+    return builder.build(), [f for f in findings if f.instance_id == instance_id]
+
+
+def _observe(builder: EventObserver, events: Iterable[tuple[int, AnyEvent]]) -> Heartbeats:
+    """Feed `events` to `builder`; the newest heartbeats among them, for the diagnosis."""
     beats = HeartbeatIndex()
     for seq, event in events:
         builder.observe(seq, event)
         if isinstance(event, RunnerHeartbeat):
             beats.add(event)
-    findings = diagnose(state, Heartbeats(beats.latest, beats.by_task), now_ns, limits)
-    return builder.build(), [f for f in findings if f.task_id == task_id]
+    return Heartbeats(beats.latest, beats.by_task)

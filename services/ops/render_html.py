@@ -39,9 +39,15 @@ pre{background:#f4f4f5;padding:12px;white-space:pre-wrap;font-size:12px}
 .ok{border-left:4px solid #059669;padding-left:10px}
 table{border-collapse:collapse;font-size:12px} td{padding:2px 10px 2px 0;font-family:monospace}
 """
+HATCH_DEFS = (  # the fill of a stuck rank's stretch
+    '<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
+    '<rect width="6" height="6" fill="#fee2e2"/>'
+    '<line x1="0" y1="0" x2="0" y2="6" stroke="#f87171" stroke-width="2"/>'
+    "</pattern></defs>"
+)
 
 
-class _Scale:
+class Scale:
     """Maps a window of task time [start_ms, end_ms] onto the plot; outside it is clamped."""
 
     def __init__(self, start_ms: float, end_ms: float) -> None:
@@ -58,7 +64,7 @@ class _Scale:
         return round(max(1.0, width - 1 if width > 4 else width), 2)
 
 
-def _lane_svg(lane: RankLane, row: int, scale: _Scale, stuck: bool, end_ms: float) -> list[str]:
+def _lane_svg(lane: RankLane, row: int, scale: Scale, stuck: bool, end_ms: float) -> list[str]:
     y = TOP + row * LANE
     colour = RANK_COLOURS[lane.rank % len(RANK_COLOURS)]
     label_colour = "#dc2626" if stuck else "#111"
@@ -87,7 +93,7 @@ def _lane_svg(lane: RankLane, row: int, scale: _Scale, stuck: bool, end_ms: floa
     return parts
 
 
-def _decode_svg(timeline: Timeline, row: int, scale: _Scale) -> list[str]:
+def _decode_svg(timeline: Timeline, row: int, scale: Scale) -> list[str]:
     y = TOP + row * LANE
     parts = [f'<text class="lane-label" x="8" y="{y + 21}">decode</text>']
     decode = timeline.decode
@@ -101,7 +107,7 @@ def _decode_svg(timeline: Timeline, row: int, scale: _Scale) -> list[str]:
     return parts
 
 
-def _marker_svg(marker: Marker, scale: _Scale, height: int, slot: int) -> list[str]:
+def marker_svg(marker: Marker, scale: Scale, height: int, slot: int) -> list[str]:
     colour = MARKER_COLOURS.get(marker.kind)
     if colour is None:
         return []
@@ -115,7 +121,7 @@ def _marker_svg(marker: Marker, scale: _Scale, height: int, slot: int) -> list[s
     ]
 
 
-def _axis_svg(scale: _Scale, y: int) -> list[str]:
+def axis_svg(scale: Scale, y: int) -> list[str]:
     parts: list[str] = []
     for i in range(11):
         ms = scale.start_ms + (scale.end_ms - scale.start_ms) * i / 10
@@ -139,30 +145,29 @@ def prefill_window(timeline: Timeline) -> tuple[float, float] | None:
 
 def timeline_svg(timeline: Timeline, stuck_ranks: Sequence[int] = (), window: tuple[float, float] | None = None) -> str:
     """The waterfall over `window` (default: the whole task) as one inline SVG element."""
-    scale = _Scale(*(window or (0.0, timeline.end_ms)))
+    scale = Scale(*(window or (0.0, timeline.end_ms)))
     rows = len(timeline.lanes) + 1
     height = TOP + rows * LANE + 30
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{LEFT + PLOT + 20}" height="{height}" role="img">',
-        '<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
-        '<rect width="6" height="6" fill="#fee2e2"/>'
-        '<line x1="0" y1="0" x2="0" y2="6" stroke="#f87171" stroke-width="2"/>'
-        "</pattern></defs>",
+        HATCH_DEFS,
     ]
     for row, lane in enumerate(timeline.lanes):
         parts.extend(_lane_svg(lane, row, scale, lane.rank in stuck_ranks, timeline.end_ms))
     parts.extend(_decode_svg(timeline, len(timeline.lanes), scale))
     shown = [m for m in timeline.markers if scale.start_ms <= m.at_ms <= scale.end_ms]
     for slot, marker in enumerate(shown):
-        parts.extend(_marker_svg(marker, scale, height, slot))
-    parts.extend(_axis_svg(scale, TOP + rows * LANE + 2))
+        parts.extend(marker_svg(marker, scale, height, slot))
+    parts.extend(axis_svg(scale, TOP + rows * LANE + 2))
     parts.append("</svg>")
     return "\n".join(parts)
 
 
-def _findings_html(findings: Sequence[Finding]) -> str:
+def findings_html(
+    findings: Sequence[Finding], nothing: str = "No findings: nothing is stuck and the task did not end badly."
+) -> str:
     if not findings:
-        return '<p class="ok">No findings: nothing is stuck and the task did not end badly.</p>'
+        return f'<p class="ok">{escape(nothing)}</p>'
     blocks = [
         f'<div class="finding"><b>{escape(f.cause)}</b>: {escape(f.summary)}<br>'
         f"<b>Next:</b> {escape(f.next_step)}<pre>{escape(finding_text(f))}</pre></div>"
@@ -198,7 +203,7 @@ def render_timeline_html(timeline: Timeline, findings: Sequence[Finding] = ()) -
 {timeline_svg(timeline, stuck)}
 {_zoom_html(timeline, stuck)}
 <h2>Diagnosis</h2>
-{_findings_html(findings)}
+{findings_html(findings)}
 <h2>Events</h2>
 <table>{rows}</table>
 </body></html>

@@ -56,8 +56,8 @@ class HeartbeatIndex:
         # Exports may interleave streams in any order: keep the newest by wall time, not by position.
         if previous is None or previous.env.wall_time <= beat.env.wall_time:
             self.latest[key] = beat
-        if beat.task_id is not None:
-            task_key = (beat.task_id, beat.rank)
+        for task_id in beat.tasks:  # a batched rank's beat is about every task of its batch
+            task_key = (task_id, beat.rank)
             previous = self.by_task.get(task_key)
             if previous is None or previous.env.wall_time <= beat.env.wall_time:
                 self.by_task[task_key] = beat

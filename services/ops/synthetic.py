@@ -228,6 +228,7 @@ class LogBuilder:
         iteration: int = 0,
         phase_age_s: float = 0.0,
         stack: str | None = None,
+        batch: Sequence[str] = (),
     ) -> None:
         env = self._rank_env(instance_id, rank)
         tid = TaskId(task_id) if task_id is not None else None
@@ -240,6 +241,7 @@ class LogBuilder:
             iteration=iteration,
             phase_age_ms=int(phase_age_s * 1000),
             stack=stack,
+            batch=[TaskId(t) for t in batch],
         )
         self._emit(event)
 

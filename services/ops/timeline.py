@@ -12,6 +12,7 @@ bubble shows as a gap, as it happened.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Literal
 
@@ -107,23 +108,19 @@ class _Lane:
         self.first_stack: RunnerHeartbeat | None = None
 
 
-class TimelineBuilder:
-    """Feed it `(seq, event)` pairs (any events: those of other tasks are ignored), then `build()`."""
+class EventWindow(ABC):
+    """What every timeline builder keeps: whether it saw anything, its origin (the first event it
+    took, or a later one it names the origin) and its newest event, and its markers; times are
+    made milliseconds after the origin. Subclasses say which events are theirs and what each does."""
 
-    def __init__(self, task_id: TaskId) -> None:
-        self.task_id = task_id
+    def __init__(self) -> None:
+        self.seen = False
         self._origin_ns: int | None = None
         self._newest_ns = 0
-        self._model = ""
-        self._instance: InstanceId | None = None
-        self._status = "unknown"
-        self._lanes: dict[int, _Lane] = {}
         self._markers: list[tuple[int, MarkerKind, str, int | None]] = []
-        self._decode: list[int] = [0, 0, 0, 0]  # first ns, last ns, chunks, tokens
-        self.seen = False
 
     def observe(self, seq: int, event: AnyEvent) -> None:
-        if getattr(event, "task_id", None) != self.task_id:
+        if not self._takes(event):
             return
         self.seen = True
         at = event.env.wall_time
@@ -132,14 +129,51 @@ class TimelineBuilder:
         self._newest_ns = max(self._newest_ns, at)
         self._dispatch(event, at)
 
+    @abstractmethod
+    def _takes(self, event: AnyEvent) -> bool:
+        """Whether `event` belongs to this view."""
+
+    @abstractmethod
+    def _dispatch(self, event: AnyEvent, at: int) -> None:
+        """Take one of its events, at wall time `at`."""
+
+    def _mark(self, at: int, kind: MarkerKind, text: str, rank: int | None = None) -> None:
+        self._markers.append((at, kind, text, rank))
+
+    def _ms(self, ns: int) -> float:
+        return round((ns - (self._origin_ns or 0)) / NS_PER_MS, 3)
+
+    def _frozen_markers(self) -> tuple[Marker, ...]:
+        ordered = sorted(self._markers, key=lambda m: m[0])
+        return tuple(Marker(at_ms=self._ms(at), kind=kind, text=text, rank=rank) for at, kind, text, rank in ordered)
+
+    def _end_ms(self) -> float:
+        return self._ms(self._newest_ns) if self.seen else 0.0
+
+
+class TimelineBuilder(EventWindow):
+    """Feed it `(seq, event)` pairs (any events: those of other tasks are ignored), then `build()`."""
+
+    def __init__(self, task_id: TaskId) -> None:
+        super().__init__()
+        self.task_id = task_id
+        self._model = ""
+        self._instance: InstanceId | None = None
+        self._status = "unknown"
+        self._lanes: dict[int, _Lane] = {}
+        self._decode: list[int] = [0, 0, 0, 0]  # first ns, last ns, chunks, tokens
+
+    def _takes(self, event: AnyEvent) -> bool:
+        """The task's own events, and the heartbeats of a rank running it (alone or in a batch)."""
+        if isinstance(event, RunnerHeartbeat):
+            return self.task_id in event.tasks
+        return getattr(event, "task_id", None) == self.task_id
+
     def _lane(self, rank: int) -> _Lane:
         lane = self._lanes.get(rank)
         if lane is None:
             lane = self._lanes[rank] = _Lane(rank)
         return lane
-
-    def _mark(self, at: int, kind: MarkerKind, text: str, rank: int | None = None) -> None:
-        self._markers.append((at, kind, text, rank))
 
     def _dispatch(self, event: AnyEvent, at: int) -> None:
         match event:
@@ -208,32 +242,24 @@ class TimelineBuilder:
             self._mark(beat.env.wall_time, "stack", text, beat.rank)
 
     def build(self) -> Timeline:
-        origin = self._origin_ns or 0
-
-        def ms(ns: int) -> float:
-            return round((ns - origin) / NS_PER_MS, 3)
-
+        ms = self._ms
         lanes = tuple(_freeze_lane(self._lanes[rank], ms) for rank in sorted(self._lanes))
         first, last, chunks, tokens = self._decode
         decode = DecodeSpan(start_ms=ms(first), end_ms=ms(last), chunks=chunks, tokens=tokens) if chunks else None
-        markers = tuple(
-            Marker(at_ms=ms(at), kind=kind, text=text, rank=rank)
-            for at, kind, text, rank in sorted(self._markers, key=lambda m: m[0])
-        )
         return Timeline(
             task_id=self.task_id,
             model=self._model,
             instance_id=self._instance,
             status=self._status,
-            created_wall_ns=origin,
-            end_ms=ms(self._newest_ns) if self.seen else 0.0,
+            created_wall_ns=self._origin_ns or 0,
+            end_ms=self._end_ms(),
             lanes=lanes,
             decode=decode,
-            markers=markers,
+            markers=self._frozen_markers(),
         )
 
 
-def _beat_mark(beat: RunnerHeartbeat | None, ms: Callable[[int], float]) -> HeartbeatMark | None:
+def beat_mark(beat: RunnerHeartbeat | None, ms: Callable[[int], float]) -> HeartbeatMark | None:
     if beat is None:
         return None
     return HeartbeatMark(
@@ -260,8 +286,8 @@ def _freeze_lane(lane: _Lane, ms: Callable[[int], float]) -> RankLane:
         started_ms=ms(started.env.wall_time) if started else None,
         done_ms=ms(lane.done_ns) if lane.done_ns is not None else None,
         bars=bars,
-        last_heartbeat=_beat_mark(lane.last_beat, ms),
-        first_stack=_beat_mark(lane.first_stack, ms),
+        last_heartbeat=beat_mark(lane.last_beat, ms),
+        first_stack=beat_mark(lane.first_stack, ms),
     )
 
 

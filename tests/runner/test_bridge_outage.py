@@ -151,3 +151,31 @@ async def test_an_event_the_log_refuses_fails_its_task_and_nothing_of_it_follows
         assert (await log.fold()).tasks[TaskId("t1")].text == "kept "
     finally:
         await log.close()
+
+
+async def test_chunks_queued_while_the_log_is_paused_go_out_coalesced_with_the_same_text(
+    make_nats: Callable[..., EmbeddedNats],
+) -> None:
+    """NATS paused for less than the retry window: the first chunk waits in its append, the rest
+    pile up behind it and reach the log as one chunk; the task's text and tokens are whole."""
+    server, ev = make_nats("coalesce"), Events()
+    log, bridge = await _running_task(server, ev, limit=1000)
+    assert server.pid is not None
+    chunks = [ev.chunk("t1", index=i, text=word) for i, word in enumerate(WORDS)]
+    try:
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            for chunk in chunks:
+                bridge.publish(chunk)
+            bridge.publish(_completed(ev))
+            await asyncio.sleep(RETRY_S / 2)
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        assert isinstance(await _end_of(log, "t1"), TaskCompleted)
+        records = [entry async for entry in log.replay(subjects=[task_subject("t1", "chunk_generated")])]
+        assert 1 <= len(records) <= 2  # (the one in flight, if it left before the rest came), then one
+        assert delivery_problems(records, await log.fold(), {"t1": "".join(WORDS)}) == []
+        assert (await log.fold()).tasks[TaskId("t1")].text == "".join(WORDS)
+    finally:
+        await asyncio.to_thread(bridge.close)
+        await log.close()

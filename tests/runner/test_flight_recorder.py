@@ -6,12 +6,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from events.catalogue import Origin, RunnerHeartbeat
+import msgspec
+
+from events.catalogue import Envelope, Origin, RunnerHeartbeat
+from events.ids import TaskId
 from events.stamp import Stamper
 from runner.engine.protocols import PhaseTracker
 from runner.flight.recorder import FlightReading, FlightRecorder, main_thread_stack
 from runner.local.rank_main import PhaseFile
-from runner.service.heartbeats import LogHeartbeats
+from runner.service.heartbeats import LogHeartbeats, RunningTasks
 
 SECOND = 1_000_000_000
 
@@ -134,3 +137,36 @@ def test_the_local_destination_writes_the_phase_the_launcher_reads(tmp_path: Pat
 
 def test_main_thread_stack_of_a_vanished_thread_is_none() -> None:
     assert main_thread_stack(-12345) is None
+
+
+def test_a_heartbeat_names_every_task_of_the_ranks_batch() -> None:
+    """The running tasks (written by the task loop at step boundaries) ride on each beat, in
+    telemetry, so the watchdog and diagnose see the whole batch behind a stalled rank."""
+    tracker, clock = FakeTracker(), FakeClock()
+    tracker.current = FakeSnapshot("decode", "t1", 12, since_ns=0)
+    running = RunningTasks()
+    stamper = Stamper(Origin(service="runner", rank=1), wall_ns=lambda: 7, mono_ns=lambda: 7, new_id=lambda: "id")
+    heartbeats = LogHeartbeats(stamper, [].append, instance_id="inst_a", rank=1, running=running)
+    recorder = FlightRecorder(tracker, Readings(), rank=1, mono_ns=clock)
+    assert heartbeats.heartbeat(recorder.read()).tasks == ("t1",)  # no batch known: the phase's task
+    running.tasks = (TaskId("t1"), TaskId("t2"))
+    beat = heartbeats.heartbeat(recorder.read())
+    assert beat.batch == ["t1", "t2"] and beat.tasks == ("t1", "t2") and beat.task_id == "t1"
+
+
+def test_a_heartbeat_from_before_batching_still_decodes() -> None:
+    old = msgspec.msgpack.encode(
+        {
+            "type": "runner_heartbeat",
+            "env": msgspec.to_builtins(_env()),
+            "instance_id": "i1",
+            "rank": 0,
+            "phase": "idle",
+        }
+    )
+    beat = msgspec.msgpack.decode(old, type=RunnerHeartbeat)
+    assert beat.batch == [] and beat.tasks == ()
+
+
+def _env() -> Envelope:
+    return Stamper(Origin(service="runner", rank=0), new_id=lambda: "id").stamp()

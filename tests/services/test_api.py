@@ -195,3 +195,25 @@ async def test_the_timeline_page_reads_the_log_from_the_tasks_creation(event_log
 def test_usage_says_how_many_prompt_tokens_the_prefix_cache_served() -> None:
     usage = completion_usage(Usage(prompt_tokens=2096, completion_tokens=16, cached_tokens=2063))
     assert msgspec.to_builtins(usage)["prompt_tokens_details"] == {"cached_tokens": 2063}
+
+
+async def test_the_timeline_page_of_an_instance_draws_the_tasks_of_its_batch(event_log: EventLog) -> None:
+    ev = Events()
+    await event_log.append_many([ev.node("n1"), ev.node("n2"), ev.placed("i1")])
+    for task_id in ("t1", "t2"):
+        await event_log.append_many([ev.created(task_id), ev.assigned(task_id, "i1")])
+    for task_id in ("t1", "t2"):
+        await event_log.append_many([ev.started(task_id, rank=r) for r in (0, 1)])
+    await event_log.append_many([ev.chunk("t1", text="a"), ev.chunk("t2", text="b")])
+    async with running_api(event_log) as (ctx, app):
+        with anyio.fail_after(10):
+            while not ctx.hub.state.tasks.get(TaskId("t2"), None) or not ctx.hub.state.tasks[TaskId("t2")].chunks:
+                await anyio.sleep(0.01)
+        client = Client("GET", "/debug/timeline?instance=i1")
+        await app(client.scope, client.receive, client.send)
+        page = "".join(client.texts)
+        assert client.status == 200 and page.count('class="task"') == 4  # two tasks on each of two ranks
+        assert "at most 2 at once" in page
+        missing = Client("GET", "/debug/timeline?instance=i2")
+        await app(missing.scope, missing.receive, missing.send)
+        assert missing.status == 404 and "nearest: i1" in "".join(missing.texts)
