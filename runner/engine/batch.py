@@ -19,15 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.sample_utils import greedy_sampler
 
+from events.vocabulary import PrefillPath
 from runner.engine.batch_cache import BatchShardCache
 from runner.engine.batch_plan import AgreedStep, Composition, StepLayout, next_composition
-from runner.engine.decode import DecodeSpec, Emitter, sample_token
+from runner.engine.batch_rows import RowDecoder
+from runner.engine.decode import DecodeSpec, Emitter
 from runner.engine.engine import Engine, GenerationOutcome, GenerationRequest, outcome_of
 from runner.engine.logprobs import LazyLogprobs
-from runner.engine.plan import chunk_sizes, effective_step
-from runner.engine.prefill import compute_chunk
+from runner.engine.plan import choose_path, chunk_sizes, effective_step, rank_schedule
+from runner.engine.prefill import compute_chunk, run_prefill
 from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
 from runner.engine.task_run import TaskRun
 from runner.errors import RequestError
@@ -65,7 +66,9 @@ class _Stream:
     emitter: Emitter
     chunks: list[int]
     started: float
+    path: PrefillPath = "sequential"
     next_chunk: int = 0
+    prefill_cancelled: bool = False  # the pipeline prefill's own agreement stopped it
     decode_step: int = 0
     next_input: int = 0
     logprobs: LazyLogprobs | None = field(default=None)
@@ -73,11 +76,6 @@ class _Stream:
     @property
     def prefilled(self) -> bool:
         return self.next_chunk == len(self.chunks)
-
-
-def _is_plain_greedy(spec: DecodeSpec) -> bool:
-    """Argmax of the logits, no logprobs, no grammar: the same token as the row's own sampler."""
-    return spec.sampler is greedy_sampler and spec.top_logprobs is None and spec.token_mask is None
 
 
 class ContinuousBatch:
@@ -93,6 +91,7 @@ class ContinuousBatch:
         self.composition = Composition()
         self.streams: dict[str, _Stream] = {}
         self.cache: BatchShardCache | None = None
+        self.row_decoder = RowDecoder(engine)
         self.steps = 0
 
     @property
@@ -109,6 +108,7 @@ class ContinuousBatch:
             return self._step(pending)
         except BaseException:
             self.engine.shard.outbox.abandon()  # never wait on a peer that may be gone
+            self.row_decoder.abandon()
             raise
 
     def _step(self, pending: Sequence[Admission]) -> StepResult:
@@ -130,27 +130,19 @@ class ContinuousBatch:
         rows = [self.streams[t] for t in self.composition.rows]
         if not rows or self.cache is None:
             return [], []
-        engine = self.engine
-        inputs = mx.array([[s.next_input] for s in rows], dtype=mx.int32)
-        logits = engine.shard.model(inputs, cache=self.cache.slots)
-        if not engine.is_sampling_rank:
-            mx.eval([*self.cache.states(), *engine.shard.outbox.take_all()])
-            return [0] * len(rows), [None] * len(rows)
-        if all(_is_plain_greedy(s.spec) for s in rows):  # one argmax for the whole batch
-            sampled = mx.argmax(logits[:, -1, :], axis=-1)
-            drawn: list[tuple[Any, LazyLogprobs | None]] = [(None, None)] * len(rows)
-        else:
-            drawn = [sample_token(logits[i : i + 1, -1, :], s.spec) for i, s in enumerate(rows)]
-            sampled = mx.concatenate([token.reshape(1) for token, _ in drawn])
-        mx.eval(sampled, *(a for _, lp in drawn for a in (lp or ())), *self.cache.states())
-        return [int(t) for t in sampled.tolist()], [lp for _, lp in drawn]  # pyright: ignore[reportGeneralTypeIssues]
+        specs = [s.spec for s in rows]
+        look_ahead = self.row_decoder.can_look_ahead(specs, prefilling=bool(self.composition.prefilling))
+        return self.row_decoder.step([s.next_input for s in rows], specs, self.cache, look_ahead)
 
     def _prefill_head(self) -> _Stream | None:
-        """The first prefilling stream's next chunk, sequentially through every rank."""
+        """The first prefilling stream's next chunk, sequentially through every rank; or, for a
+        stream admitted alone on the pipeline path, its whole prefill (the GPipe schedule)."""
         if not self.composition.prefilling:
             return None
         head = self.streams[self.composition.prefilling[0]]
-        if not head.prefilled:
+        if head.path == "pipeline" and not head.prefilled:
+            self._pipeline_prefill(head)
+        elif not head.prefilled:
             start = sum(head.chunks[: head.next_chunk])
             piece = mx.array(
                 head.request.prompt_token_ids[start : start + head.chunks[head.next_chunk]], dtype=mx.int32
@@ -158,7 +150,18 @@ class ContinuousBatch:
             compute_chunk(head.run, piece, "sequential")
         return head
 
+    def _pipeline_prefill(self, head: _Stream) -> None:
+        """Nothing else runs (agreed at admission): every rank overlaps the chunks as a task alone
+        does, agreeing on cancel at every iteration; newcomers wait for the step's agreement."""
+        engine = self.engine
+        schedule = rank_schedule(engine.rank, engine.collectives.world, len(head.chunks), "pipeline")
+        prompt = mx.array(head.request.prompt_token_ids, dtype=mx.int32)
+        head.prefill_cancelled = run_prefill(head.run, prompt, head.chunks, schedule, "pipeline").cancelled
+        head.next_chunk = len(head.chunks)
+
     def _vote(self, stream: _Stream) -> bool:
+        if stream.prefill_cancelled:
+            return True  # agreed on every rank already
         if stream.prefilled and stream.decode_step % stream.spec.cancel_interval != 0:
             return False  # decode polls every `decode_cancel_poll_tokens` steps, as a task alone does
         return stream.run.wants_stop()
@@ -193,13 +196,15 @@ class ContinuousBatch:
         )  # fmt: skip
         self._reshape_cache(transition.kept_rows, transition.joined, len(current.rows))
         ended = [self._cancelled(t) for t in transition.cancelled] + [self._finished(t) for t in transition.finished]
-        failed = [self._admit(a) for a in pending[: len(transition.newcomers)]]
+        alone = not transition.composition.rows and len(transition.composition.prefilling) == 1
+        failed = [self._admit(a, alone) for a in pending[: len(transition.newcomers)]]
         ended += [f for f in failed if f is not None]
         self.composition = transition.composition.without([f.task_id for f in failed if f is not None])
         return StepResult(len(transition.newcomers), ended)
 
     def _reshape_cache(self, kept_rows: tuple[int, ...], joined: str | None, old_rows: int) -> None:
         if self.cache is not None and len(kept_rows) < old_rows:
+            self.row_decoder.keep(kept_rows)
             if kept_rows:
                 self.cache.keep(kept_rows)
             else:
@@ -216,7 +221,7 @@ class ContinuousBatch:
         stream = self.streams[task_id]
         if stream.prefilled and task_id in self.composition.rows:
             stream.emitter.cancelled(stream.decode_step - 1)  # the step whose agreement stopped it
-        else:
+        elif stream.run.cancelled_at is None:  # the pipeline prefill's agreement said where already
             stream.run.cancelled_at = f"prefill:{stream.next_chunk}"
         return self._end(stream, "cancelled")
 
@@ -232,13 +237,16 @@ class ContinuousBatch:
             first = run.callback_errors[0]
             return Ended(run.task_id, None, f"the sink or cancel source failed: {type(first).__name__}: {first}")
         outcome = outcome_of(
-            stream.request, run, "sequential", finish_reason, result.token_ids, result.text,
-            len(stream.chunks), stream.started, result.first_token_at,
+            stream.request, run, stream.path, finish_reason, result.token_ids, result.text,
+            stream.spec.prefill_iterations, stream.started, result.first_token_at,
         )  # fmt: skip
         return Ended(run.task_id, outcome)
 
-    def _admit(self, admission: Admission) -> Ended | None:
-        """A newcomer's stream, or why it fails alone (the same verdict on every rank)."""
+    def _admit(self, admission: Admission, alone: bool) -> Ended | None:
+        """A newcomer's stream, or why it fails alone (the same verdict on every rank). One admitted
+        into an empty batch takes the path a task alone would (`plan.choose_path`): on several ranks
+        a long prompt overlaps its chunks through the pipeline; otherwise chunks are sequential, so
+        they interleave with the rows' decode."""
         request = admission.request
         if request is None:
             return Ended(admission.task_id, None, admission.error or "no request")
@@ -250,10 +258,15 @@ class ContinuousBatch:
         prompt_len = len(request.prompt_token_ids)
         step = effective_step(engine.settings.prefill_step_size, engine.collectives.world)
         chunks = chunk_sizes(prompt_len, step)
+        world = engine.collectives.world
+        path = choose_path(prompt_len, engine.settings.prefill_step_size, world, request.prefill_path)
+        path = path if alone else "sequential"
+        iterations = len(rank_schedule(engine.rank, world, len(chunks), path))
         run = engine.task_run(request.task_id, admission.cancel, admission.sink, self.phases)
-        spec = engine.decode_spec(request, len(chunks))
-        stream = _Stream(request, run, spec, Emitter(run, spec, engine.tokenizer), chunks, time.perf_counter())
-        self.streams[request.task_id] = stream
-        run.notify(admission.sink.prefill_started, request.task_id, "sequential", prompt_len, len(chunks), step)
-        run.report_progress(0, prompt_len, 0)
+        spec = engine.decode_spec(request, iterations)
+        emitter = Emitter(run, spec, engine.tokenizer)
+        self.streams[request.task_id] = _Stream(request, run, spec, emitter, chunks, time.perf_counter(), path)
+        run.notify(admission.sink.prefill_started, request.task_id, path, prompt_len, len(chunks), step)
+        if path == "sequential":  # the pipeline prefill reports its own start
+            run.report_progress(0, prompt_len, 0)
         return None

@@ -1,0 +1,109 @@
+"""Table tests of the pipelined decode schedule (pure, no MLX): who computes what when, where the
+ranks agree, and that every send has its receiver in the next iteration."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner.engine.decode_schedule import DecodeSchedule, micro_batch_count, split_rows
+
+pytestmark = pytest.mark.timeout(10)
+SHAPES = [(world, micro) for world in (1, 2, 3, 4) for micro in (1, 2, 3, 4, 5)]
+HORIZON = 40
+
+
+def grid(schedule: DecodeSchedule, iterations: int) -> list[list[int | None]]:
+    return [[schedule.work(rank, t) for t in range(iterations)] for rank in range(schedule.world)]
+
+
+@pytest.mark.parametrize(
+    ("world", "micro", "expected"),
+    [
+        (1, 1, [[0, 0, 0, 0]]),
+        (2, 1, [[0, None, 0, None], [None, 0, None, 0]]),  # one micro-batch: lockstep, one rank idle
+        (2, 2, [[0, 1, 0, 1], [None, 0, 1, 0]]),  # both ranks busy from iteration 1 on
+        (3, 2, [[0, 1, None, 0], [None, 0, 1, None], [None, None, 0, 1]]),
+        (3, 3, [[0, 1, 2, 0], [None, 0, 1, 2], [None, None, 0, 1]]),
+        (2, 3, [[0, 1, 2, 0], [None, 0, 1, 2]]),  # more micro-batches than ranks: period 3
+    ],
+)
+def test_the_schedule_table(world: int, micro: int, expected: list[list[int | None]]) -> None:
+    assert grid(DecodeSchedule(world, micro), 4) == expected
+
+
+@pytest.mark.parametrize(("world", "micro"), SHAPES)
+def test_each_micro_batch_moves_one_rank_per_iteration(world: int, micro: int) -> None:
+    schedule = DecodeSchedule(world, micro)
+    for rank in range(1, world):
+        assert all(schedule.work(rank, t) is None for t in range(rank))  # filling
+        for t in range(rank, HORIZON):
+            assert schedule.work(rank, t) == schedule.work(rank - 1, t - 1)
+
+
+@pytest.mark.parametrize(("world", "micro"), SHAPES)
+def test_every_send_is_received_next_iteration(world: int, micro: int) -> None:
+    schedule = DecodeSchedule(world, micro)
+    for t in range(HORIZON):
+        for rank in range(world):
+            if schedule.sends(rank, t):
+                assert schedule.receives(rank + 1, t + 1)
+                assert schedule.work(rank + 1, t + 1) == schedule.work(rank, t)
+            if schedule.receives(rank, t):
+                assert schedule.sends(rank - 1, t - 1)
+
+
+@pytest.mark.parametrize(("world", "micro"), SHAPES)
+def test_a_boundary_leaves_no_activation_of_its_micro_batch_anywhere(world: int, micro: int) -> None:
+    """At the agreement of micro-batch m's boundary no rank has computed m since its last entry at
+    rank 0 without it reaching the last rank, and rank 0 takes m again only later: a membership
+    change there is seen by every rank before m's next forward."""
+    schedule = DecodeSchedule(world, micro)
+    for t in range(HORIZON):
+        m = schedule.boundary(t)
+        if m is None:
+            continue
+        entry = schedule.next_entry(m, t)
+        assert entry > t
+        assert schedule.work(0, entry) == m
+        for between in range(t + 1, entry):
+            assert all(schedule.work(rank, between) != m for rank in range(world))
+
+
+@pytest.mark.parametrize(("world", "micro"), SHAPES)
+def test_every_micro_batch_gets_a_token_once_per_period(world: int, micro: int) -> None:
+    schedule = DecodeSchedule(world, micro)
+    boundaries = [schedule.boundary(t) for t in range(HORIZON)]
+    first_full = world - 1
+    for m in range(micro):
+        hits = [t for t, b in enumerate(boundaries) if b == m]
+        assert hits[0] == first_full + m
+        assert all(b - a == schedule.period for a, b in zip(hits, hits[1:], strict=False))
+
+
+@pytest.mark.parametrize(("world", "micro"), [(w, w) for w in (2, 3, 4)])
+def test_with_as_many_micro_batches_as_ranks_no_rank_idles_once_full(world: int, micro: int) -> None:
+    schedule = DecodeSchedule(world, micro)
+    for t in range(world - 1, HORIZON):
+        assert all(schedule.work(rank, t) is not None for rank in range(world))
+
+
+@pytest.mark.parametrize(
+    ("rows", "world", "expected"), [(0, 2, 1), (1, 2, 1), (2, 2, 2), (5, 2, 2), (2, 3, 2), (8, 3, 3), (4, 1, 1)]
+)
+def test_micro_batch_count(rows: int, world: int, expected: int) -> None:
+    assert micro_batch_count(rows, world) == expected
+
+
+@pytest.mark.parametrize(
+    ("rows", "micro", "expected"),
+    [(5, 2, [range(0, 3), range(3, 5)]), (4, 2, [range(0, 2), range(2, 4)]), (1, 1, [range(0, 1)])],
+)
+def test_split_rows(rows: int, micro: int, expected: list[range]) -> None:
+    assert split_rows(rows, micro) == expected
+
+
+def test_bad_shapes_are_refused() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        DecodeSchedule(0, 1)
+    with pytest.raises(ValueError, match="outside world"):
+        DecodeSchedule(2, 2).work(2, 0)
