@@ -3,6 +3,8 @@ ranks agree, and that every send has its receiver in the next iteration."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from runner.engine.decode_schedule import DecodeSchedule, micro_batch_count, split_rows
@@ -77,7 +79,7 @@ def test_every_micro_batch_gets_a_token_once_per_period(world: int, micro: int) 
     for m in range(micro):
         hits = [t for t, b in enumerate(boundaries) if b == m]
         assert hits[0] == first_full + m
-        assert all(b - a == schedule.period for a, b in zip(hits, hits[1:], strict=False))
+        assert all(b - a == schedule.period for a, b in itertools.pairwise(hits))
 
 
 @pytest.mark.parametrize(("world", "micro"), [(w, w) for w in (2, 3, 4)])
