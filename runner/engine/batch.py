@@ -1,14 +1,18 @@
 """Continuous batching on one rank: streams join at step boundaries and leave alone.
 
-One `step` on every rank: the decoding rows take one token together ([B, 1] through the shard,
-every rank in turn), the first stream still prefilling takes one prompt chunk (sequentially
-through every rank: a long prompt never freezes the rows' tokens for more than a chunk), then one
-all-reduce (`batch_plan.StepLayout`) agrees on the tokens, the cancel votes and how many
-assignments every rank holds. The next batch follows from that vector alone
-(`batch_plan.next_composition`), so every rank runs the same forwards and the same collective at
-every step (docs/ARCHITECTURE.md §6). A stream's prefill chunks are the ones it would take alone
-(`plan.chunk_sizes` of the instance's step), and its sampler, stop rules, logprobs and grammar
-are its own; a cancelled, finished or failing stream leaves without touching the others' rows.
+One `step` on every rank: the rank computes its micro-batch of decoding rows ([B, 1], one token;
+`micro_batches.py`: on N ranks the rows ride a ring of N micro-batches, so rank r works on one
+while rank r-1 works on the next, its sends starting after the step's agreement), the first stream
+still prefilling takes one prompt chunk (sequentially through every rank: a long prompt never
+freezes the rows' tokens for more than a chunk; one admitted into an empty batch takes its whole
+prefill on the overlapped pipeline path instead), then one all-reduce (`batch_plan.StepLayout`)
+agrees on the boundary micro-batch's tokens, the cancel votes and how many assignments every
+rank holds. The next batch follows from that vector alone (`batch_plan.next_composition`, applied
+to the boundary micro-batch and the prefilling streams), so every rank runs the same forwards and
+the same collective at every step (docs/ARCHITECTURE.md §6). A stream's prefill chunks are the
+ones it would take alone (`plan.chunk_sizes` of the instance's step), and its sampler, stop
+rules, logprobs and grammar are its own; a cancelled, finished or failing stream leaves without
+touching the others' rows.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from runner.engine.batch_rows import RowDecoder
 from runner.engine.decode import DecodeSpec, Emitter
 from runner.engine.engine import Engine, GenerationOutcome, GenerationRequest, outcome_of
 from runner.engine.logprobs import LazyLogprobs
+from runner.engine.micro_batches import MicroBatch, MicroBatches
 from runner.engine.plan import choose_path, chunk_sizes, effective_step, rank_schedule
 from runner.engine.prefill import compute_chunk, run_prefill
 from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
@@ -88,19 +93,19 @@ class ContinuousBatch:
         self.engine, self.phases = engine, phases
         self.max_batch = max_batch
         self.layout = StepLayout(engine.collectives.world, max_batch)
-        self.composition = Composition()
+        self.composition = Composition()  # the admitted streams not decoding yet (its rows are in `micro`)
         self.streams: dict[str, _Stream] = {}
-        self.cache: BatchShardCache | None = None
+        self.micro = MicroBatches(engine.collectives.world)
         self.row_decoder = RowDecoder(engine)
         self.steps = 0
 
     @property
     def busy(self) -> bool:
-        return bool(self.composition.members)
+        return bool(self.members)
 
     @property
     def members(self) -> tuple[str, ...]:
-        return self.composition.members
+        return self.micro.rows + self.composition.prefilling
 
     def step(self, pending: Sequence[Admission]) -> StepResult:
         """One step; `pending`: this rank's admissions not yet admitted, in log order."""
@@ -112,27 +117,37 @@ class ContinuousBatch:
             raise
 
     def _step(self, pending: Sequence[Admission]) -> StepResult:
-        members = self.composition.members
+        """The slots of this step's agreement are the boundary micro-batch's rows, then the
+        prefilling streams (`batch_plan.StepLayout`); the other rows are mid-ring."""
+        members = self.members
+        current = Composition(self.micro.boundary().rows, self.composition.prefilling, self.composition.admitted)
         self.phases.enter("decode", members[0] if members else None, self.steps)
-        tokens, logprobs = self._decode_rows()
+        tokens, logprobs = self._decode_rows()  # the boundary's, on the sampling rank; none elsewhere
+        logprobs = logprobs or [None] * len(current.rows)
         head = self._prefill_head()
-        votes = [self._vote(self.streams[t]) for t in members]
+        votes = [self._vote(self.streams[t]) for t in current.members]
         self.phases.enter("agree_cancel", members[0] if members else None, self.steps)
-        vector = self.layout.encode(self.engine.rank, self.composition.admitted + len(pending), votes, tokens)
+        vector = self.layout.encode(self.engine.rank, current.admitted + len(pending), votes, tokens)
         agreed = self.layout.decode(self.engine.collectives.agree(vector))
+        outbox = self.engine.shard.outbox
+        outbox.complete()  # received before the peer's vote we just agreed with
+        outbox.flush()  # the next rank computes this micro-batch at the next step
         self.steps += 1
-        ended = self._apply(agreed, logprobs, head, pending)
-        members = self.composition.members
+        ended = self._apply(current, agreed, logprobs, head, pending)
+        self.micro.advance()
+        members = self.members
         self.phases.enter("decode" if members else "idle", members[0] if members else None, self.steps)
         return ended
 
     def _decode_rows(self) -> tuple[list[int], list[LazyLogprobs | None]]:
-        rows = [self.streams[t] for t in self.composition.rows]
-        if not rows or self.cache is None:
+        """This rank's micro-batch of the step: on the sampling rank, the boundary one."""
+        part = self.micro.working(self.engine.rank)
+        if part is None or part.cache is None:
             return [], []
+        rows = [self.streams[t] for t in part.rows]
         specs = [s.spec for s in rows]
         look_ahead = self.row_decoder.can_look_ahead(specs, prefilling=bool(self.composition.prefilling))
-        return self.row_decoder.step([s.next_input for s in rows], specs, self.cache, look_ahead)
+        return self.row_decoder.step([s.next_input for s in rows], specs, part.cache, look_ahead)
 
     def _prefill_head(self) -> _Stream | None:
         """The first prefilling stream's next chunk, sequentially through every rank; or, for a
@@ -168,12 +183,12 @@ class ContinuousBatch:
 
     def _apply(
         self,
+        current: Composition,
         agreed: AgreedStep,
         logprobs: list[LazyLogprobs | None],
         head: _Stream | None,
         pending: Sequence[Admission],
     ) -> StepResult:
-        current = self.composition
         stopped: set[str] = set()
         for slot, task_id in enumerate(current.rows):
             stream = self.streams[task_id]
@@ -190,36 +205,42 @@ class ContinuousBatch:
             head.next_chunk += 1
             done = sum(head.chunks[: head.next_chunk])
             head.run.report_progress(done, len(head.request.prompt_token_ids), head.next_chunk)
+        micro = self.micro
         transition = next_composition(
-            current, agreed, stopped_rows=frozenset(stopped), head_prefilled=head is not None and head.prefilled,
-            pending=[a.task_id for a in pending], max_batch=self.max_batch,
+            current, agreed, stopped_rows=frozenset(stopped),
+            head_prefilled=head is not None and head.prefilled and micro.may_join(),
+            pending=[a.task_id for a in pending], max_batch=self.max_batch - micro.rows_elsewhere(),
         )  # fmt: skip
-        self._reshape_cache(transition.kept_rows, transition.joined, len(current.rows))
-        ended = [self._cancelled(t) for t in transition.cancelled] + [self._finished(t) for t in transition.finished]
-        alone = not transition.composition.rows and len(transition.composition.prefilling) == 1
+        self._reshape_cache(micro.boundary(), transition.kept_rows, transition.joined)
+        micro.boundary().rows = transition.composition.rows
+        ended = [self._cancelled(t, current.rows) for t in transition.cancelled]
+        ended += [self._finished(t) for t in transition.finished]
+        alone = not micro.rows and len(transition.composition.prefilling) == 1
         failed = [self._admit(a, alone) for a in pending[: len(transition.newcomers)]]
         ended += [f for f in failed if f is not None]
-        self.composition = transition.composition.without([f.task_id for f in failed if f is not None])
+        waiting = Composition((), transition.composition.prefilling, transition.composition.admitted)
+        self.composition = waiting.without([f.task_id for f in failed if f is not None])
         return StepResult(len(transition.newcomers), ended)
 
-    def _reshape_cache(self, kept_rows: tuple[int, ...], joined: str | None, old_rows: int) -> None:
-        if self.cache is not None and len(kept_rows) < old_rows:
+    def _reshape_cache(self, part: MicroBatch, kept_rows: tuple[int, ...], joined: str | None) -> None:
+        """The boundary micro-batch's cache: no rank holds an activation of it now."""
+        if part.cache is not None and len(kept_rows) < len(part.rows):
             self.row_decoder.keep(kept_rows)
             if kept_rows:
-                self.cache.keep(kept_rows)
+                part.cache.keep(kept_rows)
             else:
-                self.cache = None
+                part.cache = None
         if joined is not None:
             stream = self.streams[joined]
             stream.next_input = stream.request.prompt_token_ids[-1]
-            if self.cache is None:
-                self.cache = BatchShardCache(stream.run.caches)
+            if part.cache is None:
+                part.cache = BatchShardCache(stream.run.caches)
             else:
-                self.cache.join(stream.run.caches)
+                part.cache.join(stream.run.caches)
 
-    def _cancelled(self, task_id: str) -> Ended:
+    def _cancelled(self, task_id: str, rows: tuple[str, ...]) -> Ended:
         stream = self.streams[task_id]
-        if stream.prefilled and task_id in self.composition.rows:
+        if stream.prefilled and task_id in rows:
             stream.emitter.cancelled(stream.decode_step - 1)  # the step whose agreement stopped it
         elif stream.run.cancelled_at is None:  # the pipeline prefill's agreement said where already
             stream.run.cancelled_at = f"prefill:{stream.next_chunk}"

@@ -1,7 +1,8 @@
-"""The decoding rows' forward of a continuous batch, with mlx-lm's look-ahead where it is safe.
+"""The forward of one micro-batch of decoding rows, with mlx-lm's look-ahead where it is safe.
 
 Several ranks: each step's tokens come out of that step's all-reduce, so a rank computes one step
-at a time (the forward, then the agreement, then the next forward). One rank has no collective to
+at a time (the forward, then the agreement, then the next forward); a non-final rank computes its
+part and leaves the send queued for after the agreement (`micro_batches.py`). One rank has no collective to
 keep in step with, so, like mlx-lm's `generate_step`, the forward of step n+1 is queued
 (`mx.async_eval`) on the lazily sampled tokens of step n before those are read back: a batch of
 one pays no round trip per token that mlx-lm alone does not pay.
@@ -60,12 +61,12 @@ class RowDecoder:
     def step(
         self, inputs: Sequence[int], specs: Sequence[DecodeSpec], cache: BatchShardCache, look_ahead: bool
     ) -> tuple[list[int], list[LazyLogprobs | None]]:
-        """This step's token per row (0 on a non-sampling rank) and its logprobs, if asked."""
+        """This step's token per row and its logprobs, if asked; none on a non-sampling rank."""
         drawn, self.ahead = self.ahead, None
         if drawn is None:
             drawn = self._forward(mx.array([[t] for t in inputs], dtype=mx.int32), specs, cache)
-            if drawn is None:  # not the sampling rank: its part is computed and sent
-                return [0] * len(inputs), [None] * len(inputs)
+            if drawn is None:  # not the sampling rank: its part is computed, its send queued
+                return [], []
         self.ahead = self._forward(drawn.sampled.reshape(-1, 1), specs, cache) if look_ahead else None
         if self.ahead is not None:
             mx.async_eval(*self.ahead.arrays(), *cache.states())
@@ -95,8 +96,8 @@ class RowDecoder:
     def _forward(self, inputs: Any, specs: Sequence[DecodeSpec], cache: BatchShardCache) -> _Drawn | None:
         engine = self.engine
         logits = engine.shard.model(inputs, cache=cache.slots)
-        if not engine.is_sampling_rank:
-            mx.eval([*cache.states(), *engine.shard.outbox.take_all()])
+        if not engine.is_sampling_rank:  # its sends start after the step's agreement (micro_batches.py)
+            mx.eval([*cache.states(), *engine.shard.outbox.activations()])
             return None
         if all(_is_plain_greedy(s) for s in specs):  # one argmax for the whole batch
             return _Drawn(mx.argmax(logits[:, -1, :], axis=-1), [None] * len(specs))

@@ -37,7 +37,7 @@ def run_schedule(
     sinks: dict[str, RecordingSink] = {}
     ended: dict[str, Any] = {}
     pending: list[Admission] = []
-    clock, received, steps = 0, 0, 0
+    clock, received, steps, overlapped = 0, 0, 0, 0
     while received < len(arrivals) or pending or batch.busy:
         if not batch.busy and not pending:
             clock = max(clock, arrivals[received][0])  # idle: wait for the next assignment
@@ -45,11 +45,12 @@ def run_schedule(
             pending.append(_admission(arrivals[received][1], rank, faults, sinks))
             received += 1
         result = batch.step(pending)
+        overlapped += sum(1 for part in batch.micro.parts if part.rows) >= 2  # ranks on different ones
         del pending[: result.admitted]
         for done in result.ended:
             ended[done.task_id] = _record(done, sinks[done.task_id])
         clock, steps = clock + 1, steps + 1
-    return {"kind": "batch", "ended": ended, "steps": steps}
+    return {"kind": "batch", "ended": ended, "steps": steps, "overlapped_steps": overlapped}
 
 
 def _admission(entry: dict[str, Any], rank: int, faults: FaultInjector, sinks: dict[str, RecordingSink]) -> Admission:

@@ -166,3 +166,11 @@ def test_a_long_prompt_alone_overlaps_its_prefill_through_the_pipeline(world: in
         assert ended["joiner"]["path"] == "sequential"  # admitted while the batch was not empty
         assert ended["lone-cut"]["finish_reason"] == "cancelled"
         assert ended["lone-cut"]["cancelled_at"].startswith("prefill:")
+
+
+@pytest.mark.parametrize("world", (2, 3))
+def test_decode_is_pipelined_through_micro_batches(world: int) -> None:
+    """With several streams decoding, the rows ride more than one micro-batch, so the ranks work on
+    different ones at the same step (on one rank the batch is one micro-batch)."""
+    assert batch_runs(world)[0][0]["overlapped_steps"] > 0
+    assert batch_runs(1)[0][0]["overlapped_steps"] == 0
