@@ -120,7 +120,9 @@ class ContinuousBatch:
         """The slots of this step's agreement are the boundary micro-batch's rows, then the
         prefilling streams (`batch_plan.StepLayout`); the other rows are mid-ring."""
         members = self.members
-        current = Composition(self.micro.boundary().rows, self.composition.prefilling, self.composition.admitted)
+        boundary = self.micro.boundary()
+        rows = boundary.rows if boundary is not None else ()
+        current = Composition(rows, self.composition.prefilling, self.composition.admitted)
         self.phases.enter("decode", members[0] if members else None, self.steps)
         tokens, logprobs = self._decode_rows()  # the boundary's, on the sampling rank; none elsewhere
         logprobs = logprobs or [None] * len(current.rows)
@@ -147,7 +149,8 @@ class ContinuousBatch:
         rows = [self.streams[t] for t in part.rows]
         specs = [s.spec for s in rows]
         look_ahead = self.row_decoder.can_look_ahead(specs, prefilling=bool(self.composition.prefilling))
-        return self.row_decoder.step([s.next_input for s in rows], specs, part.cache, look_ahead)
+        inputs = [s.next_input for s in rows]
+        return self.row_decoder.step(inputs, specs, part.cache, look_ahead, send_now=self.micro.lockstep)
 
     def _prefill_head(self) -> _Stream | None:
         """The first prefilling stream's next chunk, sequentially through every rank; or, for a
@@ -206,13 +209,17 @@ class ContinuousBatch:
             done = sum(head.chunks[: head.next_chunk])
             head.run.report_progress(done, len(head.request.prompt_token_ids), head.next_chunk)
         micro = self.micro
+        boundary, target = micro.boundary(), micro.join_target()
         transition = next_composition(
             current, agreed, stopped_rows=frozenset(stopped),
-            head_prefilled=head is not None and head.prefilled and micro.may_join(),
+            head_prefilled=head is not None and head.prefilled and target is not None,
             pending=[a.task_id for a in pending], max_batch=self.max_batch - micro.rows_elsewhere(),
         )  # fmt: skip
-        self._reshape_cache(micro.boundary(), transition.kept_rows, transition.joined)
-        micro.boundary().rows = transition.composition.rows
+        if boundary is not None:
+            self._keep_rows(boundary, transition.kept_rows)
+            boundary.rows = tuple(t for t in transition.composition.rows if t != transition.joined)
+        if transition.joined is not None and target is not None:
+            self._join(target, transition.joined)
         ended = [self._cancelled(t, current.rows) for t in transition.cancelled]
         ended += [self._finished(t) for t in transition.finished]
         alone = not micro.rows and len(transition.composition.prefilling) == 1
@@ -222,7 +229,7 @@ class ContinuousBatch:
         self.composition = waiting.without([f.task_id for f in failed if f is not None])
         return StepResult(len(transition.newcomers), ended)
 
-    def _reshape_cache(self, part: MicroBatch, kept_rows: tuple[int, ...], joined: str | None) -> None:
+    def _keep_rows(self, part: MicroBatch, kept_rows: tuple[int, ...]) -> None:
         """The boundary micro-batch's cache: no rank holds an activation of it now."""
         if part.cache is not None and len(kept_rows) < len(part.rows):
             self.row_decoder.keep(kept_rows)
@@ -230,13 +237,16 @@ class ContinuousBatch:
                 part.cache.keep(kept_rows)
             else:
                 part.cache = None
-        if joined is not None:
-            stream = self.streams[joined]
-            stream.next_input = stream.request.prompt_token_ids[-1]
-            if part.cache is None:
-                part.cache = BatchShardCache(stream.run.caches)
-            else:
-                part.cache.join(stream.run.caches)
+
+    def _join(self, part: MicroBatch, task_id: str) -> None:
+        """The prefilled stream's caches become the last row of `part` (the boundary or an empty one)."""
+        stream = self.streams[task_id]
+        stream.next_input = stream.request.prompt_token_ids[-1]
+        if part.cache is None:
+            part.cache = BatchShardCache(stream.run.caches)
+        else:
+            part.cache.join(stream.run.caches)
+        part.rows = (*part.rows, task_id)
 
     def _cancelled(self, task_id: str, rows: tuple[str, ...]) -> Ended:
         stream = self.streams[task_id]

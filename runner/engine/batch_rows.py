@@ -59,15 +59,20 @@ class RowDecoder:
         return self.engine.collectives.world == 1 and not prefilling and all(s.token_mask is None for s in specs)
 
     def step(
-        self, inputs: Sequence[int], specs: Sequence[DecodeSpec], cache: BatchShardCache, look_ahead: bool
+        self,
+        inputs: Sequence[int],
+        specs: Sequence[DecodeSpec],
+        cache: BatchShardCache,
+        look_ahead: bool,
+        send_now: bool,
     ) -> tuple[list[int], list[LazyLogprobs | None]]:
         """This step's token per row and its logprobs, if asked; none on a non-sampling rank."""
         drawn, self.ahead = self.ahead, None
         if drawn is None:
-            drawn = self._forward(mx.array([[t] for t in inputs], dtype=mx.int32), specs, cache)
+            drawn = self._forward(mx.array([[t] for t in inputs], dtype=mx.int32), specs, cache, send_now)
             if drawn is None:  # not the sampling rank: its part is computed, its send queued
                 return [], []
-        self.ahead = self._forward(drawn.sampled.reshape(-1, 1), specs, cache) if look_ahead else None
+        self.ahead = self._forward(drawn.sampled.reshape(-1, 1), specs, cache, send_now) if look_ahead else None
         if self.ahead is not None:
             mx.async_eval(*self.ahead.arrays(), *cache.states())
         else:
@@ -93,11 +98,15 @@ class RowDecoder:
         """After an error: forget the step in flight without waiting on it."""
         self.ahead = None
 
-    def _forward(self, inputs: Any, specs: Sequence[DecodeSpec], cache: BatchShardCache) -> _Drawn | None:
-        engine = self.engine
+    def _forward(
+        self, inputs: Any, specs: Sequence[DecodeSpec], cache: BatchShardCache, send_now: bool
+    ) -> _Drawn | None:
+        """`send_now`: lockstep, the next rank needs this part before the agreement; on the ring
+        the send starts after it (micro_batches.py)."""
+        engine, outbox = self.engine, self.engine.shard.outbox
         logits = engine.shard.model(inputs, cache=cache.slots)
-        if not engine.is_sampling_rank:  # its sends start after the step's agreement (micro_batches.py)
-            mx.eval([*cache.states(), *engine.shard.outbox.activations()])
+        if not engine.is_sampling_rank:
+            mx.eval([*cache.states(), *(outbox.take_all() if send_now else outbox.activations())])
             return None
         if all(_is_plain_greedy(s) for s in specs):  # one argmax for the whole batch
             return _Drawn(mx.argmax(logits[:, -1, :], axis=-1), [None] * len(specs))

@@ -20,6 +20,7 @@ Invariants (docs/ARCHITECTURE.md §6), checked by tests/runner/test_decode_sched
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -63,20 +64,18 @@ class DecodeSchedule:
         return rank < self.world - 1 and self.work(rank, iteration) is not None
 
 
-def micro_batch_count(rows: int, world: int) -> int:
-    """As many micro-batches as ranks, so every rank has work each iteration, but never an empty
-    one (a one-row batch on two ranks stays one micro-batch: nothing to overlap)."""
-    return max(1, min(rows, world))
+def next_iteration(iteration: int | None, occupied: Sequence[bool], just_agreed: int | None) -> int | None:
+    """The ring's iteration for the next step, from agreed data only; None: lockstep.
 
-
-def split_rows(rows: int, micro_batches: int) -> list[range]:
-    """Contiguous row ranges, the first `rows % micro_batches` one row larger (balanced stages)."""
-    if micro_batches < 1:
-        raise ValueError(f"need at least one micro-batch, got {micro_batches}")
-    base, extra = divmod(rows, micro_batches)
-    ranges, start = [], 0
-    for micro in range(micro_batches):
-        size = base + (1 if micro < extra else 0)
-        ranges.append(range(start, start + size))
-        start += size
-    return ranges
+    Lockstep (one micro-batch, index 0, through every rank in one step, as a task alone decodes)
+    is what a lone micro-batch wants: on a ring it would take `world` steps, each with its own
+    all-reduce, per token. The ring starts (at iteration 0, so each micro-batch enters rank 0 in
+    turn and no rank computes one it has not received) once a second micro-batch holds rows, and
+    stops once at most one does and nothing is in flight: the one left (if any) is the micro-batch
+    whose tokens were `just_agreed` (the caller moves it to index 0)."""
+    busy = [micro for micro, rows in enumerate(occupied) if rows]
+    if iteration is None:
+        return 0 if any(occupied[1:]) else None
+    if not busy or (len(busy) == 1 and busy[0] == just_agreed):
+        return None
+    return iteration + 1

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from runner.engine.decode_schedule import DecodeSchedule, micro_batch_count, split_rows
+from runner.engine.decode_schedule import DecodeSchedule, next_iteration
 
 pytestmark = pytest.mark.timeout(10)
 SHAPES = [(world, micro) for world in (1, 2, 3, 4) for micro in (1, 2, 3, 4, 5)]
@@ -89,23 +89,29 @@ def test_with_as_many_micro_batches_as_ranks_no_rank_idles_once_full(world: int,
         assert all(schedule.work(rank, t) is not None for rank in range(world))
 
 
-@pytest.mark.parametrize(
-    ("rows", "world", "expected"), [(0, 2, 1), (1, 2, 1), (2, 2, 2), (5, 2, 2), (2, 3, 2), (8, 3, 3), (4, 1, 1)]
-)
-def test_micro_batch_count(rows: int, world: int, expected: int) -> None:
-    assert micro_batch_count(rows, world) == expected
-
-
-@pytest.mark.parametrize(
-    ("rows", "micro", "expected"),
-    [(5, 2, [range(0, 3), range(3, 5)]), (4, 2, [range(0, 2), range(2, 4)]), (1, 1, [range(0, 1)])],
-)
-def test_split_rows(rows: int, micro: int, expected: list[range]) -> None:
-    assert split_rows(rows, micro) == expected
-
-
 def test_bad_shapes_are_refused() -> None:
     with pytest.raises(ValueError, match="at least one"):
         DecodeSchedule(0, 1)
     with pytest.raises(ValueError, match="outside world"):
         DecodeSchedule(2, 2).work(2, 0)
+
+
+@pytest.mark.parametrize(
+    ("iteration", "occupied", "just_agreed", "expected"),
+    [
+        (None, [False, False], 0, None),  # empty: lockstep
+        (None, [True, False], 0, None),  # one micro-batch: lockstep, one all-reduce per token
+        (None, [True, True], 0, 0),  # a second one joined: the ring starts filling
+        (None, [False, True, False], 0, 0),
+        (0, [True, True], None, 1),  # filling: no boundary yet
+        (5, [True, True], 1, 6),
+        (5, [True, False], 1, 6),  # micro-batch 0 is mid-ring: keep turning until it is agreed
+        (6, [True, False], 0, None),  # ...then lockstep
+        (6, [False, False], 0, None),  # everything left at its boundary
+        (7, [False, True, False], 1, None),  # the one left moves to index 0 (the caller's part)
+    ],
+)
+def test_next_iteration(
+    iteration: int | None, occupied: list[bool], just_agreed: int | None, expected: int | None
+) -> None:
+    assert next_iteration(iteration, occupied, just_agreed) == expected
