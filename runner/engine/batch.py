@@ -1,14 +1,18 @@
 """Continuous batching on one rank: streams join at step boundaries and leave alone.
 
-One `step` on every rank: the decoding rows take one token together ([B, 1] through the shard,
-every rank in turn), the first stream still prefilling takes one prompt chunk (sequentially
-through every rank: a long prompt never freezes the rows' tokens for more than a chunk), then one
-all-reduce (`batch_plan.StepLayout`) agrees on the tokens, the cancel votes and how many
-assignments every rank holds. The next batch follows from that vector alone
-(`batch_plan.next_composition`), so every rank runs the same forwards and the same collective at
-every step (docs/ARCHITECTURE.md §6). A stream's prefill chunks are the ones it would take alone
-(`plan.chunk_sizes` of the instance's step), and its sampler, stop rules, logprobs and grammar
-are its own; a cancelled, finished or failing stream leaves without touching the others' rows.
+One `step` on every rank: the rank computes its micro-batch of decoding rows ([B, 1], one token;
+`micro_batches.py`: on N ranks the rows ride a ring of N micro-batches, so rank r works on one
+while rank r-1 works on the next, its sends starting after the step's agreement), the first stream
+still prefilling takes one prompt chunk (sequentially through every rank: a long prompt never
+freezes the rows' tokens for more than a chunk; one admitted into an empty batch takes its whole
+prefill on the overlapped pipeline path instead), then one all-reduce (`batch_plan.StepLayout`)
+agrees on the boundary micro-batch's tokens, the cancel votes and how many assignments every
+rank holds. The next batch follows from that vector alone (`batch_plan.next_composition`, applied
+to the boundary micro-batch and the prefilling streams), so every rank runs the same forwards and
+the same collective at every step (docs/ARCHITECTURE.md §6). A stream's prefill chunks are the
+ones it would take alone (`plan.chunk_sizes` of the instance's step), and its sampler, stop
+rules, logprobs and grammar are its own; a cancelled, finished or failing stream leaves without
+touching the others' rows.
 A decoding row that leaves is copied into the rank's prefix cache (`prefix_cache`), and a newcomer
 starts from the prefix every rank agreed it can reuse (the step's all-reduce carries the proposals).
 """
@@ -21,15 +25,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.sample_utils import greedy_sampler
 
+from events.vocabulary import PrefillPath
 from runner.engine.batch_cache import BatchShardCache, prefix_caches
 from runner.engine.batch_plan import AgreedStep, Composition, StepLayout, next_composition
-from runner.engine.decode import DecodeSpec, Emitter, sample_token
+from runner.engine.batch_rows import RowDecoder
+from runner.engine.decode import DecodeSpec, Emitter
 from runner.engine.engine import Engine, GenerationOutcome, GenerationRequest, outcome_of
 from runner.engine.logprobs import LazyLogprobs
-from runner.engine.plan import chunk_sizes, effective_step
-from runner.engine.prefill import compute_chunk
+from runner.engine.micro_batches import MicroBatch, MicroBatches
+from runner.engine.plan import choose_path, chunk_sizes, effective_step, rank_schedule
+from runner.engine.prefill import compute_chunk, run_prefill
 from runner.engine.prefix_cache import PrefixIndex, PrefixMatch
 from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
 from runner.engine.task_run import TaskRun
@@ -68,7 +74,9 @@ class _Stream:
     emitter: Emitter
     chunks: list[int]
     started: float
+    path: PrefillPath = "sequential"
     next_chunk: int = 0
+    prefill_cancelled: bool = False  # the pipeline prefill's own agreement stopped it
     decode_step: int = 0
     next_input: int = 0
     logprobs: LazyLogprobs | None = field(default=None)
@@ -78,11 +86,6 @@ class _Stream:
     @property
     def prefilled(self) -> bool:
         return self.next_chunk == len(self.chunks)
-
-
-def _is_plain_greedy(spec: DecodeSpec) -> bool:
-    """Argmax of the logits, no logprobs, no grammar: the same token as the row's own sampler."""
-    return spec.sampler is greedy_sampler and spec.top_logprobs is None and spec.token_mask is None
 
 
 class ContinuousBatch:
@@ -98,9 +101,10 @@ class ContinuousBatch:
         self.engine, self.phases = engine, phases
         self.max_batch = max_batch
         self.layout = StepLayout(engine.collectives.world, max_batch)
-        self.composition = Composition()
+        self.composition = Composition()  # the admitted streams not decoding yet (its rows are in `micro`)
         self.streams: dict[str, _Stream] = {}
-        self.cache: BatchShardCache | None = None
+        self.micro = MicroBatches(engine.collectives.world)
+        self.row_decoder = RowDecoder(engine)
         self.steps = 0
         bound = engine.settings.prefix_cache_bytes if prefix_cache_bytes is None else prefix_cache_bytes
         self.prefixes: PrefixIndex[list[Any]] = PrefixIndex(bound)
@@ -108,11 +112,11 @@ class ContinuousBatch:
 
     @property
     def busy(self) -> bool:
-        return bool(self.composition.members)
+        return bool(self.members)
 
     @property
     def members(self) -> tuple[str, ...]:
-        return self.composition.members
+        return self.micro.rows + self.composition.prefilling
 
     def step(self, pending: Sequence[Admission]) -> StepResult:
         """One step; `pending`: this rank's admissions not yet admitted, in log order."""
@@ -120,49 +124,55 @@ class ContinuousBatch:
             return self._step(pending)
         except BaseException:
             self.engine.shard.outbox.abandon()  # never wait on a peer that may be gone
+            self.row_decoder.abandon()
             raise
 
     def _step(self, pending: Sequence[Admission]) -> StepResult:
-        members = self.composition.members
+        """The slots of this step's agreement are the boundary micro-batch's rows, then the
+        prefilling streams (`batch_plan.StepLayout`); the other rows are mid-ring."""
+        members = self.members
+        boundary = self.micro.boundary()
+        rows = boundary.rows if boundary is not None else ()
+        current = Composition(rows, self.composition.prefilling, self.composition.admitted)
         self.phases.enter("decode", members[0] if members else None, self.steps)
-        tokens, logprobs = self._decode_rows()
+        tokens, logprobs = self._decode_rows()  # the boundary's, on the sampling rank; none elsewhere
+        logprobs = logprobs or [None] * len(current.rows)
         head = self._prefill_head()
-        votes = [self._vote(self.streams[t]) for t in members]
+        votes = [self._vote(self.streams[t]) for t in current.members]
         self.phases.enter("agree_cancel", members[0] if members else None, self.steps)
-        received = self.composition.admitted + len(pending)
+        received = current.admitted + len(pending)
         vector = self.layout.encode(self.engine.rank, received, votes, tokens, self._propose(pending))
         agreed = self.layout.decode(self.engine.collectives.agree(vector))
+        outbox = self.engine.shard.outbox
+        outbox.complete()  # received before the peer's vote we just agreed with
+        outbox.flush()  # the next rank computes this micro-batch at the next step
         self.steps += 1
-        ended = self._apply(agreed, logprobs, head, pending)
-        members = self.composition.members
+        ended = self._apply(current, agreed, logprobs, head, pending)
+        self.micro.advance()
+        members = self.members
         self.phases.enter("decode" if members else "idle", members[0] if members else None, self.steps)
         return ended
 
     def _decode_rows(self) -> tuple[list[int], list[LazyLogprobs | None]]:
-        rows = [self.streams[t] for t in self.composition.rows]
-        if not rows or self.cache is None:
+        """This rank's micro-batch of the step: on the sampling rank, the boundary one."""
+        part = self.micro.working(self.engine.rank)
+        if part is None or part.cache is None:
             return [], []
-        engine = self.engine
-        inputs = mx.array([[s.next_input] for s in rows], dtype=mx.int32)
-        logits = engine.shard.model(inputs, cache=self.cache.slots)
-        if not engine.is_sampling_rank:
-            mx.eval([*self.cache.states(), *engine.shard.outbox.take_all()])
-            return [0] * len(rows), [None] * len(rows)
-        if all(_is_plain_greedy(s.spec) for s in rows):  # one argmax for the whole batch
-            sampled = mx.argmax(logits[:, -1, :], axis=-1)
-            drawn: list[tuple[Any, LazyLogprobs | None]] = [(None, None)] * len(rows)
-        else:
-            drawn = [sample_token(logits[i : i + 1, -1, :], s.spec) for i, s in enumerate(rows)]
-            sampled = mx.concatenate([token.reshape(1) for token, _ in drawn])
-        mx.eval(sampled, *(a for _, lp in drawn for a in (lp or ())), *self.cache.states())
-        return [int(t) for t in sampled.tolist()], [lp for _, lp in drawn]  # pyright: ignore[reportGeneralTypeIssues]
+        rows = [self.streams[t] for t in part.rows]
+        specs = [s.spec for s in rows]
+        look_ahead = self.row_decoder.can_look_ahead(specs, prefilling=bool(self.composition.prefilling))
+        inputs = [s.next_input for s in rows]
+        return self.row_decoder.step(inputs, specs, part.cache, look_ahead, send_now=self.micro.lockstep)
 
     def _prefill_head(self) -> _Stream | None:
-        """The first prefilling stream's next chunk, sequentially through every rank."""
+        """The first prefilling stream's next chunk, sequentially through every rank; or, for a
+        stream admitted alone on the pipeline path, its whole prefill (the GPipe schedule)."""
         if not self.composition.prefilling:
             return None
         head = self.streams[self.composition.prefilling[0]]
-        if not head.prefilled:
+        if head.path == "pipeline" and not head.prefilled:
+            self._pipeline_prefill(head)
+        elif not head.prefilled:
             start = head.cached + sum(head.chunks[: head.next_chunk])
             piece = mx.array(
                 head.request.prompt_token_ids[start : start + head.chunks[head.next_chunk]], dtype=mx.int32
@@ -170,19 +180,30 @@ class ContinuousBatch:
             compute_chunk(head.run, piece, "sequential")
         return head
 
+    def _pipeline_prefill(self, head: _Stream) -> None:
+        """Nothing else runs (agreed at admission): every rank overlaps the chunks as a task alone
+        does, agreeing on cancel at every iteration; newcomers wait for the step's agreement."""
+        engine = self.engine
+        schedule = rank_schedule(engine.rank, engine.collectives.world, len(head.chunks), "pipeline")
+        prompt = mx.array(head.request.prompt_token_ids, dtype=mx.int32)
+        head.prefill_cancelled = run_prefill(head.run, prompt, head.chunks, schedule, "pipeline").cancelled
+        head.next_chunk = len(head.chunks)
+
     def _vote(self, stream: _Stream) -> bool:
+        if stream.prefill_cancelled:
+            return True  # agreed on every rank already
         if stream.prefilled and stream.decode_step % stream.spec.cancel_interval != 0:
             return False  # decode polls every `decode_cancel_poll_tokens` steps, as a task alone does
         return stream.run.wants_stop()
 
     def _apply(
         self,
+        current: Composition,
         agreed: AgreedStep,
         logprobs: list[LazyLogprobs | None],
         head: _Stream | None,
         pending: Sequence[Admission],
     ) -> StepResult:
-        current = self.composition
         stopped: set[str] = set()
         for slot, task_id in enumerate(current.rows):
             stream = self.streams[task_id]
@@ -200,16 +221,27 @@ class ContinuousBatch:
             head.next_chunk += 1
             done = head.cached + sum(head.chunks[: head.next_chunk])
             head.run.report_progress(done, len(head.request.prompt_token_ids), head.next_chunk)
+        micro = self.micro
+        boundary, target = micro.boundary(), micro.join_target()
         transition = next_composition(
-            current, agreed, stopped_rows=frozenset(stopped), head_prefilled=head is not None and head.prefilled,
-            pending=[a.task_id for a in pending], max_batch=self.max_batch,
+            current, agreed, stopped_rows=frozenset(stopped),
+            head_prefilled=head is not None and head.prefilled and target is not None,
+            pending=[a.task_id for a in pending], max_batch=self.max_batch - micro.rows_elsewhere(),
         )  # fmt: skip
-        self._remember(current.rows, transition.kept_rows)
-        self._reshape_cache(transition.kept_rows, transition.joined, len(current.rows))
-        ended = [self._cancelled(t) for t in transition.cancelled] + [self._finished(t) for t in transition.finished]
-        failed = [self._admit(a, agreed.cached[i]) for i, a in enumerate(pending[: len(transition.newcomers)])]
+        if boundary is not None:
+            self._remember(boundary, transition.kept_rows)
+            self._keep_rows(boundary, transition.kept_rows)
+            boundary.rows = tuple(t for t in transition.composition.rows if t != transition.joined)
+        if transition.joined is not None and target is not None:
+            self._join(target, transition.joined)
+        ended = [self._cancelled(t, current.rows) for t in transition.cancelled]
+        ended += [self._finished(t) for t in transition.finished]
+        alone = not micro.rows and len(transition.composition.prefilling) == 1
+        newcomers = pending[: len(transition.newcomers)]
+        failed = [self._admit(a, agreed.cached[i], alone) for i, a in enumerate(newcomers)]
         ended += [f for f in failed if f is not None]
-        self.composition = transition.composition.without([f.task_id for f in failed if f is not None])
+        waiting = Composition((), transition.composition.prefilling, transition.composition.admitted)
+        self.composition = waiting.without([f.task_id for f in failed if f is not None])
         return StepResult(len(transition.newcomers), ended)
 
     def _propose(self, pending: Sequence[Admission]) -> list[int]:
@@ -225,39 +257,46 @@ class ContinuousBatch:
             proposals.append(0 if match is None else match.length)
         return proposals
 
-    def _remember(self, rows: tuple[str, ...], kept_rows: tuple[int, ...]) -> None:
-        """Copy every decoding row that leaves (finished or cancelled) into the prefix cache, keyed by
-        the tokens it holds KV for: the prompt and every agreed token but the last (never fed)."""
-        if self.cache is None or not self.prefixes.enabled:
+    def _remember(self, part: MicroBatch, kept_rows: tuple[int, ...]) -> None:
+        """Copy every decoding row of the boundary micro-batch that leaves (finished or cancelled)
+        into the prefix cache, keyed by the tokens it holds KV for: the prompt, then the agreed tokens
+        fed back as inputs — all but the last, or all of them when one rank's look-ahead already fed
+        it (`batch_rows.RowDecoder`). No rank holds an activation of that micro-batch now."""
+        if part.cache is None or not self.prefixes.enabled:
             return
-        for row, task_id in enumerate(rows):
+        for row, task_id in enumerate(part.rows):
             if row in kept_rows:
                 continue
             stream = self.streams[task_id]
-            tokens = [*stream.request.prompt_token_ids, *stream.fed[:-1]]
-            snapshot = self.cache.snapshot(row)
-            if snapshot is not None and snapshot[0][0].offset == len(tokens):
-                self.prefixes.insert(tokens, *snapshot)
+            known = [*stream.request.prompt_token_ids, *stream.fed]
+            snapshot = part.cache.snapshot(row)
+            if snapshot is not None and len(known) - 1 <= snapshot[0][0].offset <= len(known):
+                self.prefixes.insert(known[: snapshot[0][0].offset], *snapshot)
 
-    def _reshape_cache(self, kept_rows: tuple[int, ...], joined: str | None, old_rows: int) -> None:
-        if self.cache is not None and len(kept_rows) < old_rows:
+    def _keep_rows(self, part: MicroBatch, kept_rows: tuple[int, ...]) -> None:
+        """The boundary micro-batch's cache: no rank holds an activation of it now."""
+        if part.cache is not None and len(kept_rows) < len(part.rows):
+            self.row_decoder.keep(kept_rows)
             if kept_rows:
-                self.cache.keep(kept_rows)
+                part.cache.keep(kept_rows)
             else:
-                self.cache = None
-        if joined is not None:
-            stream = self.streams[joined]
-            stream.next_input = stream.request.prompt_token_ids[-1]
-            if self.cache is None:
-                self.cache = BatchShardCache(stream.run.caches)
-            else:
-                self.cache.join(stream.run.caches)
+                part.cache = None
 
-    def _cancelled(self, task_id: str) -> Ended:
+    def _join(self, part: MicroBatch, task_id: str) -> None:
+        """The prefilled stream's caches become the last row of `part` (the boundary or an empty one)."""
         stream = self.streams[task_id]
-        if stream.prefilled and task_id in self.composition.rows:
-            stream.emitter.cancelled(stream.decode_step - 1)  # the step whose agreement stopped it
+        stream.next_input = stream.request.prompt_token_ids[-1]
+        if part.cache is None:
+            part.cache = BatchShardCache(stream.run.caches)
         else:
+            part.cache.join(stream.run.caches)
+        part.rows = (*part.rows, task_id)
+
+    def _cancelled(self, task_id: str, rows: tuple[str, ...]) -> Ended:
+        stream = self.streams[task_id]
+        if stream.prefilled and task_id in rows:
+            stream.emitter.cancelled(stream.decode_step - 1)  # the step whose agreement stopped it
+        elif stream.run.cancelled_at is None:  # the pipeline prefill's agreement said where already
             stream.run.cancelled_at = f"prefill:{stream.next_chunk}"
         return self._end(stream, "cancelled")
 
@@ -273,14 +312,17 @@ class ContinuousBatch:
             first = run.callback_errors[0]
             return Ended(run.task_id, None, f"the sink or cancel source failed: {type(first).__name__}: {first}")
         outcome = outcome_of(
-            stream.request, run, "sequential", finish_reason, result.token_ids, result.text,
-            len(stream.chunks), stream.started, result.first_token_at, stream.cached,
+            stream.request, run, stream.path, finish_reason, result.token_ids, result.text,
+            stream.spec.prefill_iterations, stream.started, result.first_token_at, stream.cached,
         )  # fmt: skip
         return Ended(run.task_id, outcome)
 
-    def _admit(self, admission: Admission, cached: int) -> Ended | None:
-        """A newcomer's stream, or why it fails alone (the same verdict on every rank); it reuses the
-        agreed `cached` prompt tokens, cut from the entry this rank held for it."""
+    def _admit(self, admission: Admission, cached: int, alone: bool) -> Ended | None:
+        """A newcomer's stream, or why it fails alone (the same verdict on every rank). It reuses the
+        agreed `cached` prompt tokens, cut from the entry this rank held for it. One admitted into an
+        empty batch with nothing cached takes the path a task alone would (`plan.choose_path`): on
+        several ranks a long prompt overlaps its chunks through the pipeline; otherwise chunks are
+        sequential, so they interleave with the rows' decode."""
         match = self.held.pop(admission.task_id, None)
         if cached > (0 if match is None else match.length):
             raise RuntimeError(f"internal error: agreed to reuse {cached} tokens, this rank proposed fewer")
@@ -295,14 +337,18 @@ class ContinuousBatch:
         prompt_len = len(request.prompt_token_ids)
         step = effective_step(engine.settings.prefill_step_size, engine.collectives.world)
         chunks = chunk_sizes(prompt_len - cached, step)
+        world = engine.collectives.world
+        path = choose_path(prompt_len, engine.settings.prefill_step_size, world, request.prefill_path)
+        path = path if alone and not cached else "sequential"
+        iterations = len(rank_schedule(engine.rank, world, len(chunks), path))
         run = engine.task_run(request.task_id, admission.cancel, admission.sink, self.phases)
         if match is not None and cached:
             run.caches.replace_owned(prefix_caches(match.value, cached))
-        spec = engine.decode_spec(request, len(chunks))
+        spec = engine.decode_spec(request, iterations)
         emitter = Emitter(run, spec, engine.tokenizer)
-        stream = _Stream(request, run, spec, emitter, chunks, time.perf_counter(), cached=cached)
+        stream = _Stream(request, run, spec, emitter, chunks, time.perf_counter(), path, cached=cached)
         self.streams[request.task_id] = stream
-        sink = admission.sink
-        run.notify(sink.prefill_started, request.task_id, "sequential", prompt_len, len(chunks), step, cached)
-        run.report_progress(cached, prompt_len, 0)
+        run.notify(admission.sink.prefill_started, request.task_id, path, prompt_len, len(chunks), step, cached)
+        if path == "sequential":  # the pipeline prefill reports its own start
+            run.report_progress(cached, prompt_len, 0)
         return None

@@ -3,13 +3,17 @@
 A stream prefills into its own `ShardCache` (plain per-layer caches, as a task alone does); when
 its prompt is in, `join` merges those caches into the batch's with mlx-lm's batched caches
 (`KVCache.merge` gives a left-padded `BatchKVCache`, `extend` appends rows, `filter` drops them:
-the pieces mlx-lm's own `BatchGenerator` uses). Only distinct cache objects are merged: the slots
+the pieces mlx-lm's own `BatchGenerator` uses). A batch of one does not pay for batching: one row
+decodes on its own plain caches, exactly as a task alone does (no padding mask per step), merged
+at the second row's join and extracted back (`extract`) when one row is left. Only distinct cache
+objects are merged: the slots
 of layers another rank owns alias an owned cache (see `ShardCache`), and keep aliasing its
 batched successor, so masks built from any slot see the right offsets and padding.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
@@ -25,29 +29,35 @@ class BatchShardCache:
         self._source = [
             next(j for j in range(i + 1) if first.slots[j] is first.slots[i]) for i in range(len(first.slots))
         ]
-        self.slots: list[Any] = []
-        self.rows = 0
-        self._rebuild([_merged(first.slots[i]) if self._source[i] == i else None for i in range(len(first.slots))])
+        self.slots: list[Any] = list(first.slots)  # one row: the stream's own caches
         self.rows = 1
 
-    def _rebuild(self, distinct: list[Any]) -> None:
+    def _rebuild(self, make: Callable[[int], Any]) -> None:
+        """Every distinct slot rebuilt by `make(slot)`; aliases follow their source."""
+        distinct = [make(i) if self._source[i] == i else None for i in range(len(self.slots))]
         self.slots = [distinct[self._source[i]] for i in range(len(distinct))]
 
     def join(self, stream: ShardCache) -> None:
         """Append `stream`'s prefilled caches as the last row."""
-        for i, source in enumerate(self._source):
-            if source == i:
-                self.slots[i].extend(_merged(stream.slots[i]))
+        if self.rows == 1:
+            self._rebuild(lambda i: _merged([self.slots[i], stream.slots[i]]))
+        else:
+            for i, source in enumerate(self._source):
+                if source == i:
+                    self.slots[i].extend(_merged([stream.slots[i]]))
         self.rows += 1
 
     def keep(self, rows: tuple[int, ...]) -> None:
         """Keep these rows, in this order (the rows of streams that left are dropped)."""
         if len(rows) == self.rows:
             return
-        indices = mx.array(rows, dtype=mx.int32)
-        for i, source in enumerate(self._source):
-            if source == i:
-                self.slots[i].filter(indices)
+        if len(rows) == 1:  # back to the one row's own caches
+            self._rebuild(lambda i: self.slots[i].extract(rows[0]))
+        else:
+            indices = mx.array(rows, dtype=mx.int32)
+            for i, source in enumerate(self._source):
+                if source == i:
+                    self.slots[i].filter(indices)
         self.rows = len(rows)
 
     def states(self) -> list[Any]:
@@ -77,7 +87,7 @@ def prefix_caches(entry: list[Any], length: int) -> list[KVCache]:
     return caches
 
 
-def _merged(cache: Any) -> Any:
-    if not hasattr(cache, "merge"):
-        raise ValueError(f"{type(cache).__name__} cannot be batched (no merge in mlx-lm)")
-    return cache.merge([cache])
+def _merged(caches: list[Any]) -> Any:
+    if not hasattr(caches[0], "merge"):
+        raise ValueError(f"{type(caches[0]).__name__} cannot be batched (no merge in mlx-lm)")
+    return caches[0].merge(caches)

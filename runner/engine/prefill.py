@@ -51,10 +51,11 @@ def run_prefill(
 
 
 def compute_chunk(run: TaskRun, piece: mx.array, path: PrefillPath) -> None:
+    mark = run.outbox.mark()  # sends queued before (a pipelined decode's) wait for their agreement
     run.forward(piece[None])
     if path == "sequential":
         # The next rank needs this chunk before anyone can reach the agreement collective.
-        mx.eval([*run.caches.states(), *run.outbox.take_all()])
+        mx.eval([*run.caches.states(), *run.outbox.take_all(since=mark)])
     else:
         mx.eval([*run.caches.states(), *run.outbox.activations()])
     mx.clear_cache()

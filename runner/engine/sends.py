@@ -28,11 +28,15 @@ class PendingSends:
         """What to compute in this iteration, without starting any transfer."""
         return [activation for activation, _ in self._queued]
 
-    def take_all(self) -> list[mx.array]:
-        """Activations and send ops, for a synchronous eval that computes and sends at once."""
-        taken = [array for pair in self._queued for array in pair]
-        self._queued.clear()
+    def take_all(self, since: int = 0) -> list[mx.array]:
+        """Activations and send ops, for a synchronous eval that computes and sends at once; from
+        `since` (a `mark`) on: the sends queued before it wait for their agreement (pipelined decode)."""
+        taken = [array for pair in self._queued[since:] for array in pair]
+        del self._queued[since:]
         return taken
+
+    def mark(self) -> int:
+        return len(self._queued)
 
     def flush(self) -> None:
         """Start the queued sends (pipeline path, after the agreement said "continue")."""

@@ -41,7 +41,7 @@ def run_schedule(
     ended: dict[str, Any] = {}
     pending: list[Admission] = []
     prompts: dict[str, list[int]] = {}
-    clock, received, steps = 0, 0, 0
+    clock, received, steps, overlapped = 0, 0, 0, 0
     while received < len(arrivals) or pending or batch.busy:
         if not batch.busy and not pending:
             clock = max(clock, arrivals[received][0])  # idle: wait for the next assignment
@@ -54,12 +54,13 @@ def run_schedule(
             pending.append(_admission(entry, rank, faults, sinks))
             received += 1
         result = batch.step(pending)
+        overlapped += sum(1 for part in batch.micro.parts if part.rows) >= 2  # ranks on different ones
         del pending[: result.admitted]
         for done in result.ended:
             ended[done.task_id] = _record(done, sinks[done.task_id])
         clock, steps = clock + 1, steps + 1
     prefixes = {"nbytes": batch.prefixes.nbytes, "bound": batch.prefixes.max_bytes, "entries": len(batch.prefixes)}
-    return {"kind": "batch", "ended": ended, "steps": steps, "prefix_cache": prefixes}
+    return {"kind": "batch", "ended": ended, "steps": steps, "prefix_cache": prefixes, "overlapped_steps": overlapped}
 
 
 def _continued(entry: dict[str, Any], ended: dict[str, Any], prompts: dict[str, list[int]]) -> dict[str, Any]:

@@ -41,6 +41,17 @@ def fixed_schedule(world: int) -> dict[str, Any]:
     return {"kind": "batch", "name": "fixed", "max_batch": 4, "tasks": tasks}
 
 
+def lone_schedule(world: int) -> dict[str, Any]:
+    """Long prompts admitted into an empty batch take the overlapped pipeline prefill on 2+ ranks:
+    one cancelled in the middle of it, one joined by a short request while it prefills."""
+    tasks = [
+        {"request": req("lone-cut", 25), "at": 0, "cancel_rank": world - 1, "cancel_at_poll": 2},
+        {"request": req("lone", 25), "at": 10},
+        {"request": req("joiner", 5), "at": 11},
+    ]
+    return {"kind": "batch", "name": "lone", "max_batch": 4, "tasks": tasks}
+
+
 def random_schedule(seed: int, world: int) -> dict[str, Any]:
     rng = random.Random(seed)
     tasks, at = [], 0
@@ -58,7 +69,11 @@ def random_schedule(seed: int, world: int) -> dict[str, Any]:
 
 
 def schedules(world: int) -> list[dict[str, Any]]:
-    return [fixed_schedule(world), *(random_schedule(seed, world) for seed in range(RANDOM_SCHEDULES))]
+    return [
+        fixed_schedule(world),
+        lone_schedule(world),
+        *(random_schedule(seed, world) for seed in range(RANDOM_SCHEDULES)),
+    ]
 
 
 @functools.cache
@@ -148,3 +163,21 @@ def test_the_fixed_schedule_really_overlaps_its_streams() -> None:
     run = batch_runs(1)[0][0]
     one_by_one = sum(len(o["progress"]) + len(o["token_ids"]) for o in run["ended"].values())
     assert run["steps"] < 0.6 * one_by_one, (run["steps"], one_by_one)
+
+
+@pytest.mark.parametrize("world", (1, 2, 3))
+def test_a_long_prompt_alone_overlaps_its_prefill_through_the_pipeline(world: int) -> None:
+    for rank_runs in batch_runs(world):
+        ended = rank_runs[1]["ended"]
+        assert ended["lone"]["path"] == ("pipeline" if world > 1 else "sequential")
+        assert ended["joiner"]["path"] == "sequential"  # admitted while the batch was not empty
+        assert ended["lone-cut"]["finish_reason"] == "cancelled"
+        assert ended["lone-cut"]["cancelled_at"].startswith("prefill:")
+
+
+@pytest.mark.parametrize("world", (2, 3))
+def test_decode_is_pipelined_through_micro_batches(world: int) -> None:
+    """With several streams decoding, the rows ride more than one micro-batch, so the ranks work on
+    different ones at the same step (on one rank the batch is one micro-batch)."""
+    assert batch_runs(world)[0][0]["overlapped_steps"] > 0
+    assert batch_runs(1)[0][0]["overlapped_steps"] == 0

@@ -1,0 +1,114 @@
+"""The forward of one micro-batch of decoding rows, with mlx-lm's look-ahead where it is safe.
+
+Several ranks: each step's tokens come out of that step's all-reduce, so a rank computes one step
+at a time (the forward, then the agreement, then the next forward); a non-final rank computes its
+part and leaves the send queued for after the agreement (`micro_batches.py`). One rank has no collective to
+keep in step with, so, like mlx-lm's `generate_step`, the forward of step n+1 is queued
+(`mx.async_eval`) on the lazily sampled tokens of step n before those are read back: a batch of
+one pays no round trip per token that mlx-lm alone does not pay.
+
+The look-ahead is computed for the rows of step n. When rows leave at step n's boundary, their
+look-ahead rows are dropped with them (`keep`; the cache drops its rows in the same order), so a
+stream's tokens and its seeded key splits are those it takes alone. It is never started while a
+stream prefills (a joining row has no look-ahead, so the step it joins at computes every row
+afresh) nor under a grammar (the mask of step n+1 needs token n accepted first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.sample_utils import greedy_sampler
+
+from runner.engine.batch_cache import BatchShardCache
+from runner.engine.decode import DecodeSpec, sample_token
+from runner.engine.engine import Engine
+from runner.engine.logprobs import LazyLogprobs
+
+
+@dataclass(frozen=True, slots=True)
+class _Drawn:
+    """One step's sampled tokens ([rows]) and per-row logprobs, possibly still being computed."""
+
+    sampled: Any
+    logprobs: list[LazyLogprobs | None]
+
+    def arrays(self) -> list[Any]:
+        return [self.sampled, *(a for lp in self.logprobs for a in (lp or ()))]
+
+    def keep(self, rows: tuple[int, ...]) -> _Drawn:
+        return _Drawn(self.sampled[mx.array(rows, dtype=mx.int32)], [self.logprobs[i] for i in rows])
+
+
+def _is_plain_greedy(spec: DecodeSpec) -> bool:
+    """Argmax of the logits, no logprobs, no grammar: the same token as the row's own sampler."""
+    return spec.sampler is greedy_sampler and spec.top_logprobs is None and spec.token_mask is None
+
+
+class RowDecoder:
+    """One rank's decode forward for the batch's rows; holds the look-ahead step, if any."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.ahead: _Drawn | None = None  # step n+1 of the current rows, queued on one rank
+
+    def can_look_ahead(self, specs: Sequence[DecodeSpec], prefilling: bool) -> bool:
+        return self.engine.collectives.world == 1 and not prefilling and all(s.token_mask is None for s in specs)
+
+    def step(
+        self,
+        inputs: Sequence[int],
+        specs: Sequence[DecodeSpec],
+        cache: BatchShardCache,
+        look_ahead: bool,
+        send_now: bool,
+    ) -> tuple[list[int], list[LazyLogprobs | None]]:
+        """This step's token per row and its logprobs, if asked; none on a non-sampling rank."""
+        drawn, self.ahead = self.ahead, None
+        if drawn is None:
+            drawn = self._forward(mx.array([[t] for t in inputs], dtype=mx.int32), specs, cache, send_now)
+            if drawn is None:  # not the sampling rank: its part is computed, its send queued
+                return [], []
+        self.ahead = self._forward(drawn.sampled.reshape(-1, 1), specs, cache, send_now) if look_ahead else None
+        if self.ahead is not None:
+            mx.async_eval(*self.ahead.arrays(), *cache.states())
+        else:
+            mx.eval(*drawn.arrays(), *cache.states())
+        return [int(t) for t in drawn.sampled.tolist()], drawn.logprobs
+
+    def keep(self, rows: tuple[int, ...]) -> None:
+        """The rows that stay, in order (the cache is filtered alike); none: wait for the step in
+        flight and drop it, so nothing is left running once the batch is empty."""
+        if self.ahead is None:
+            return
+        if rows:
+            self.ahead = self.ahead.keep(rows)
+        else:
+            self.drop()
+
+    def drop(self) -> None:
+        if self.ahead is not None:
+            mx.eval(*self.ahead.arrays())
+            self.ahead = None
+
+    def abandon(self) -> None:
+        """After an error: forget the step in flight without waiting on it."""
+        self.ahead = None
+
+    def _forward(
+        self, inputs: Any, specs: Sequence[DecodeSpec], cache: BatchShardCache, send_now: bool
+    ) -> _Drawn | None:
+        """`send_now`: lockstep, the next rank needs this part before the agreement; on the ring
+        the send starts after it (micro_batches.py)."""
+        engine, outbox = self.engine, self.engine.shard.outbox
+        logits = engine.shard.model(inputs, cache=cache.slots)
+        if not engine.is_sampling_rank:
+            mx.eval([*cache.states(), *(outbox.take_all() if send_now else outbox.activations())])
+            return None
+        if all(_is_plain_greedy(s) for s in specs):  # one argmax for the whole batch
+            return _Drawn(mx.argmax(logits[:, -1, :], axis=-1), [None] * len(specs))
+        drawn = [sample_token(logits[i : i + 1, -1, :], s) for i, s in enumerate(specs)]
+        return _Drawn(mx.concatenate([token.reshape(1) for token, _ in drawn]), [lp for _, lp in drawn])

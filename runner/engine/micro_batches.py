@@ -1,0 +1,83 @@
+"""The decoding rows of a continuous batch, split into micro-batches that ride the decode ring.
+
+On N ranks the rows are held in up to N micro-batches. While one micro-batch holds every row the
+batch decodes in *lockstep*: it goes through every rank in one step (sends at once), as a task
+alone decodes, one all-reduce per token. A stream that finishes its prefill then joins a second
+micro-batch, and the batch switches to the *ring* (`decode_schedule.DecodeSchedule(N, N)`): at
+each step rank r computes the micro-batch the schedule gives it, so rank r works on one
+micro-batch while rank r-1 works on the next, its send starting after the step's agreement; the
+all-reduce carries the tokens of the micro-batch the last rank just sampled (the *boundary* one).
+`decode_schedule.next_iteration` says when to switch, from agreed data only.
+
+Only the boundary micro-batch changes membership (its rows leave, a prefilled stream joins it),
+so no rank holds an activation of a micro-batch whose rows change, and every rank holds the same
+split at every step. One rank: one micro-batch, always lockstep (the plain batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runner.engine.batch_cache import BatchShardCache
+from runner.engine.decode_schedule import DecodeSchedule, next_iteration
+
+
+@dataclass(slots=True, eq=False)  # told apart by identity
+class MicroBatch:
+    rows: tuple[str, ...] = ()  # in the cache's row order
+    cache: BatchShardCache | None = None
+
+
+class MicroBatches:
+    def __init__(self, world: int) -> None:
+        self.schedule = DecodeSchedule(world, world)
+        self.parts = [MicroBatch() for _ in range(world)]
+        self.iteration: int | None = None  # None: lockstep (parts[0] alone holds rows)
+
+    @property
+    def lockstep(self) -> bool:
+        return self.iteration is None
+
+    @property
+    def rows(self) -> tuple[str, ...]:
+        return tuple(t for part in self.parts for t in part.rows)
+
+    def working(self, rank: int) -> MicroBatch | None:
+        """What `rank` computes at this step (None: an idle slot of the ring)."""
+        if self.iteration is None:
+            return self.parts[0]
+        micro = self.schedule.work(rank, self.iteration)
+        return None if micro is None else self.parts[micro]
+
+    def boundary(self) -> MicroBatch | None:
+        """The micro-batch whose tokens this step agrees on (None: the ring is still filling)."""
+        if self.iteration is None:
+            return self.parts[0]
+        micro = self.schedule.boundary(self.iteration)
+        return None if micro is None else self.parts[micro]
+
+    def join_target(self) -> MicroBatch | None:
+        """Where a prefilled stream joins now, if it may: in lockstep the empty second micro-batch
+        (starting the ring) unless the first is empty; on the ring the boundary one while it is one
+        of the smallest, so the micro-batches stay balanced (the ring moves with its largest)."""
+        boundary = self.boundary()
+        if self.iteration is None:
+            return self.parts[1] if self.parts[0].rows and len(self.parts) > 1 else boundary
+        if boundary is None or len(boundary.rows) > min(len(part.rows) for part in self.parts):
+            return None
+        return boundary
+
+    def rows_elsewhere(self) -> int:
+        boundary = self.boundary()
+        return sum(len(part.rows) for part in self.parts if part is not boundary)
+
+    def advance(self) -> None:
+        """After the step's membership changes: the next step's mode and iteration."""
+        boundary = self.boundary()
+        just_agreed = None if boundary is None else self.parts.index(boundary)  # by identity
+        self.iteration = next_iteration(self.iteration, [bool(part.rows) for part in self.parts], just_agreed)
+        if self.iteration is None and not self.parts[0].rows:  # the one left becomes the first
+            occupied = [part for part in self.parts if part.rows]
+            if occupied:
+                index = self.parts.index(occupied[0])
+                self.parts[0], self.parts[index] = self.parts[index], self.parts[0]

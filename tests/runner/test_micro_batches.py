@@ -1,0 +1,52 @@
+"""The micro-batch ring's bookkeeping (rows only, no forward): where a prefilled stream joins, when
+the batch switches between lockstep and the ring, and that the last busy micro-batch becomes the
+first again."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner.engine.micro_batches import MicroBatches
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def test_one_rank_is_always_lockstep_on_one_micro_batch() -> None:
+    micro = MicroBatches(1)
+    micro.parts[0].rows = ("a", "b")
+    assert micro.join_target() is micro.parts[0]
+    micro.advance()
+    assert micro.lockstep and micro.working(0) is micro.parts[0]
+
+
+def test_a_second_stream_starts_the_ring_and_the_last_one_left_ends_it() -> None:
+    micro = MicroBatches(2)
+    assert micro.join_target() is micro.parts[0]  # empty batch: the first micro-batch
+    micro.parts[0].rows = ("a",)
+    micro.advance()
+    assert micro.lockstep and micro.working(1) is micro.parts[0]  # one all-reduce per token
+    assert micro.join_target() is micro.parts[1]
+    micro.parts[1].rows = ("b",)
+    micro.advance()
+    assert micro.iteration == 0  # filling: rank 0 takes "a", rank 1 waits
+    assert micro.working(0) is micro.parts[0] and micro.working(1) is None
+    assert micro.boundary() is None and micro.join_target() is None
+    micro.advance()
+    assert micro.working(0) is micro.parts[1] and micro.working(1) is micro.parts[0]
+    assert micro.boundary() is micro.parts[0]
+    micro.parts[0].rows = ()  # "a" leaves at its boundary; "b" is on rank 1 next step
+    micro.advance()
+    assert not micro.lockstep and micro.boundary() is micro.parts[1]
+    b_part = micro.parts[1]
+    micro.advance()  # "b" agreed and alone: lockstep, and it becomes the first micro-batch
+    assert micro.lockstep and micro.parts[0] is b_part
+
+
+def test_joins_keep_the_ring_balanced() -> None:
+    micro = MicroBatches(2)
+    micro.parts[0].rows, micro.parts[1].rows = ("a", "c"), ("b",)
+    micro.iteration = 1  # the boundary is micro-batch 0, the larger one
+    assert micro.boundary() is micro.parts[0] and micro.join_target() is None
+    micro.advance()
+    assert micro.boundary() is micro.parts[1] and micro.join_target() is micro.parts[1]
+    assert micro.rows_elsewhere() == 2
