@@ -68,9 +68,12 @@ class BatchShardCache:
         cache entry), and its bytes; None unless every layer holds a plain batched KV cache (a
         sliding window or a recurrent state cannot be cut to a shorter prefix)."""
         owned = [self.slots[index] for index in self._owned]
-        if not all(isinstance(cache, BatchKVCache) for cache in owned):
+        if self.rows == 1 and all(type(cache) is KVCache for cache in owned):
+            copies: list[Any] = [_prefix_of(cache, cache.offset) for cache in owned]  # the row's own caches
+        elif all(isinstance(cache, BatchKVCache) for cache in owned):
+            copies = [cache.extract(row) for cache in owned]
+        else:
             return None
-        copies: list[Any] = [cache.extract(row) for cache in owned]
         mx.eval([array for copy in copies for array in (copy.keys, copy.values)])
         return copies, sum(copy.nbytes for copy in copies)
 
@@ -78,13 +81,15 @@ class BatchShardCache:
 def prefix_caches(entry: list[Any], length: int) -> list[KVCache]:
     """A stream's own caches holding the first `length` tokens of a prefix cache entry. New array
     objects (slices): the stream's prefill writes into its caches, never into the entry."""
-    caches = []
-    for source in entry:
-        cache = KVCache()
-        cache.keys, cache.values = source.keys[..., :length, :], source.values[..., :length, :]
-        cache.offset = length
-        caches.append(cache)
-    return caches
+    return [_prefix_of(source, length) for source in entry]
+
+
+def _prefix_of(source: Any, length: int) -> KVCache:
+    """A plain cache of the first `length` tokens of `source`, in arrays of its own (slices)."""
+    cache = KVCache()
+    cache.keys, cache.values = source.keys[..., :length, :], source.values[..., :length, :]
+    cache.offset = length
+    return cache
 
 
 def _merged(caches: list[Any]) -> Any:
