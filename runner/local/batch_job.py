@@ -3,23 +3,29 @@
 A schedule lists requests with the step at which each reaches the rank (`at`, plus a per-rank
 `lag`, so ranks read the same assignments at different times, as they do from the log) and
 optional cancels (`cancel_rank`, `cancel_at_poll`: that rank's cancel source fires from its poll
-N of that task on), and conversations (`after`: the request continues that task, so its prompt is
-that task's prompt, its generated tokens, then its own tokens; it reaches the rank once that task
-ended). `prefix_cache_bytes` may set a bound per rank. The rank drives `ContinuousBatch` the way the service's task loop does: it
-steps while the batch is busy and, while it is empty, waits (jumps its clock) to its next
-arrival. Each ended task is recorded with its sink. SHOAL_TEST_FAULT counts the polls of the first
-admitted task, as in the service, where one injector wraps the cancel source of every task.
+N of that task on; or `cancel_at_step`: every rank's cancel source flips before its step N, as a
+cancel read from the log would, whenever the engine polls it), and conversations (`after`: the
+request continues that task, so its prompt is that task's prompt, its generated tokens, then its
+own tokens; it reaches the rank once that task ended). `prefix_cache_bytes` may set a bound per
+rank. The rank drives `ContinuousBatch` the way the service's task loop does: it steps while the
+batch is busy and, while it is empty, waits (jumps its clock) to its next arrival. Each ended task
+is recorded with its sink (with `token_times`) and `timing`; the run with its `step_times`: the
+benches' timestamps, monotonic seconds (one clock for every local rank), never read by the engine.
+SHOAL_TEST_FAULT counts the polls of the first admitted task, as in the service, where one
+injector wraps the cancel source of every task.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from runner.engine.protocols import CancelSource, NeverCancelled, PhaseTracker
 from runner.flight.faults import FaultInjector
-from runner.local.testing import RecordingSink
+from runner.local.testing import FixedCancel, RecordingSink
 
 if TYPE_CHECKING:
     from runner.engine.batch import Admission
@@ -37,7 +43,9 @@ def run_schedule(
     for entry in schedule["tasks"]:  # listed in log order: a rank never reads one before an earlier one
         at = entry["at"] + entry.get("lag", {}).get(str(rank), 0)
         arrivals.append((max(at, arrivals[-1][0]) if arrivals else at, entry))
-    sinks: dict[str, RecordingSink] = {}
+    sinks: dict[str, TimedSink] = {}
+    flips = _step_cancels(schedule["tasks"])
+    steps_at: list[tuple[float, float]] = []
     ended: dict[str, Any] = {}
     pending: list[Admission] = []
     prompts: dict[str, list[int]] = {}
@@ -51,16 +59,62 @@ def run_schedule(
                 break  # the batch is busy with the task it continues: it ends at the same step everywhere
             entry = _continued(entry, ended, prompts)
             prompts[entry["request"]["task_id"]] = entry["request"]["prompt_token_ids"]
-            pending.append(_admission(entry, rank, faults, sinks))
+            pending.append(_admission(entry, rank, faults, sinks, flips))
             received += 1
+        for flip in flips.get(steps, ()):
+            flip.cancelled, flip.flipped_at = True, time.monotonic()
+        started = time.monotonic()
         result = batch.step(pending)
+        steps_at.append((started, time.monotonic()))
         overlapped += sum(1 for part in batch.micro.parts if part.rows) >= 2  # ranks on different ones
         del pending[: result.admitted]
         for done in result.ended:
-            ended[done.task_id] = _record(done, sinks[done.task_id])
+            left = {"left_step": steps, "left_at": steps_at[-1][1], **_flipped(flips, done.task_id)}
+            ended[done.task_id] = _record(done, sinks[done.task_id]) | {"timing": left}
         clock, steps = clock + 1, steps + 1
     prefixes = {"nbytes": batch.prefixes.nbytes, "bound": batch.prefixes.max_bytes, "entries": len(batch.prefixes)}
-    return {"kind": "batch", "ended": ended, "steps": steps, "prefix_cache": prefixes, "overlapped_steps": overlapped}
+    return {"kind": "batch", "ended": ended, "steps": steps, "prefix_cache": prefixes, "overlapped_steps": overlapped,
+            "step_times": steps_at}  # fmt: skip
+
+
+@dataclass(slots=True)
+class TimedSink(RecordingSink):
+    """A recording sink that also notes when each token reached it (the benches' inter-token times)."""
+
+    token_times: list[float] = field(default_factory=list)
+
+    def tokens(self, task_id: str, index: int, text: str, token_ids: list[int], logprobs: Any = None) -> None:
+        RecordingSink.tokens(self, task_id, index, text, token_ids, logprobs)
+        self.token_times.extend([time.monotonic()] * len(token_ids))
+
+
+@dataclass(slots=True)
+class StepCancel(FixedCancel):
+    """`cancel_at_step`: flipped by the schedule before step N, whenever the engine polls it;
+    `seen_at`: the first poll that found it flipped."""
+
+    task_id: str = ""
+    flipped_at: float | None = None
+    seen_at: float | None = None
+
+    def is_cancelled(self, task_id: str) -> bool:
+        if self.cancelled and self.seen_at is None:
+            self.seen_at = time.monotonic()
+        return self.cancelled
+
+
+def _step_cancels(tasks: list[dict[str, Any]]) -> dict[int, list[StepCancel]]:
+    flips: dict[int, list[StepCancel]] = {}
+    for entry in tasks:
+        if entry.get("cancel_at_step") is not None:
+            flip = StepCancel(False, entry["request"]["task_id"])
+            flips.setdefault(entry["cancel_at_step"], []).append(flip)
+    return flips
+
+
+def _flipped(flips: dict[int, list[StepCancel]], task_id: str) -> dict[str, float | None]:
+    flip = next((f for at in flips.values() for f in at if f.task_id == task_id), None)
+    return {"cancel_flipped_at": flip and flip.flipped_at, "cancel_seen_at": flip and flip.seen_at}
 
 
 def _continued(entry: dict[str, Any], ended: dict[str, Any], prompts: dict[str, list[int]]) -> dict[str, Any]:
@@ -73,7 +127,13 @@ def _continued(entry: dict[str, Any], ended: dict[str, Any], prompts: dict[str, 
     return {**entry, "request": {**request, "prompt_token_ids": history + request["prompt_token_ids"]}}
 
 
-def _admission(entry: dict[str, Any], rank: int, faults: FaultInjector, sinks: dict[str, RecordingSink]) -> Admission:
+def _admission(
+    entry: dict[str, Any],
+    rank: int,
+    faults: FaultInjector,
+    sinks: dict[str, TimedSink],
+    flips: dict[int, list[StepCancel]],
+) -> Admission:
     from runner.engine.batch import Admission
     from runner.engine.engine import GenerationRequest
     from runner.local.rank_main import CancelAtPoll
@@ -82,11 +142,13 @@ def _admission(entry: dict[str, Any], rank: int, faults: FaultInjector, sinks: d
     cancel: CancelSource = NeverCancelled()
     if entry.get("cancel_rank") == rank:
         cancel = CancelAtPoll(entry["cancel_at_poll"])
-    sinks[request.task_id] = RecordingSink()
+    if entry.get("cancel_at_step") is not None:
+        cancel = next(f for f in flips[entry["cancel_at_step"]] if f.task_id == request.task_id)
+    sinks[request.task_id] = TimedSink()
     return Admission(request.task_id, request, faults.around(cancel), sinks[request.task_id])
 
 
-def _record(done: Any, sink: RecordingSink) -> dict[str, Any]:
+def _record(done: Any, sink: TimedSink) -> dict[str, Any]:
     if done.outcome is None:
         return {"task_id": done.task_id, "error": done.error}
     return {**msgspec.to_builtins(done.outcome), "sink": msgspec.to_builtins(sink)}

@@ -30,6 +30,7 @@ BENCHES: dict[str, str] = {
     "serve": "many concurrent streams: mlx_lm.server vs shoal up (1 and 2 workers), throughput and latency",
     "netem": "TTFT and decode rate across namespaced hosts, clean links vs a shaped wire (needs root)",
     "prefix": "a conversation's second turn after a long history: TTFT with the prefix cache warm vs cold",
+    "batch": "a running batch on 1 and 2 local ranks: a newcomer's prefill vs inter-token p99, cancelling 1 of 16",
 }
 # What `shoal bench all` runs: every figure the README's table quotes, in its order.
 ALL_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -46,6 +47,7 @@ NOT_IN_ALL: dict[str, str] = {
     "serve": "minutes per model at 64 clients on a small machine: run it on its own",
     "netem": "needs root and network namespaces (and netem in the kernel) to build its hosts",
     "prefix": "starts a cluster per worker count: run it on its own",
+    "batch": "a couple of minutes of ring groups on a small machine: run it on its own",
 }
 SKIPPED_IN_COMMAND = {"json", "record", "handler", "bench", "command"}
 
