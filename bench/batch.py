@@ -34,8 +34,8 @@ ABOUT = (
     "prefill vs without, against one prefill chunk; cancelling 1 of 16 streams: others unchanged, slot free time"
 )
 SIZED = (
-    Sized("--rounds", 5, 2, "interference rounds; each runs the schedule with and without the newcomer"),
-    Sized("--cancels", 25, 3, "cancel schedules per world size, one of 16 streams cancelled in each"),
+    Sized("--rounds", 5, 1, "interference rounds; each runs the schedule with and without the newcomer"),
+    Sized("--cancels", 25, 2, "cancel schedules per world size, one of 16 streams cancelled in each"),
     Sized("--newcomer-tokens", 2000, 600, "the newcomer's prompt length"),
 )
 WORLDS = (1, 2)
