@@ -32,6 +32,7 @@ from events.subjects import PREFIX
 from services.master.core import MasterCore, MasterPolicy, ModelCatalog
 from services.master.hearing import Hearing
 from services.master.lease import DEFAULT_LEASE_SECONDS, KvLease, Leadership
+from services.master.model_lookup import LookedUpCatalog
 from services.master.snapshots import SnapshotWriter
 from services.master.watchdog import tick
 
@@ -58,7 +59,9 @@ class Master:
         self.settings = settings
         self.leadership = leadership
         self.stamper = Stamper(Origin(service="master"), wall_ns=wall_ns)
-        self.core = MasterCore(settings.policy, catalog, self.stamper)
+        default = settings.policy.default_model
+        self.catalog = LookedUpCatalog(catalog, [default] if default else [])  # looked up off the loop
+        self.core = MasterCore(settings.policy, self.catalog, self.stamper)
         self.wall_ns = wall_ns
         self.state = State()
         self.hearing = Hearing(settings.name, settings.tick_seconds)  # by the master's own clock and sight
@@ -82,6 +85,7 @@ class Master:
 
     async def _serve(self, log: EventLog, leadership: Leadership, ready: asyncio.Event | None) -> None:
         self.state = await log.fold(from_snapshot=True, finished_tasks_kept=self.settings.finished_tasks_kept)
+        await self.catalog.look_up()  # before any decision: the core never waits on a fetch
         self._snapshots = SnapshotWriter(log, self.settings.snapshot_every_events, self.state.last_seq)
         logger.info("master {} resumed at seq {}", self.settings.name, self.state.last_seq)
         transitions: asyncio.Queue[bool] = asyncio.Queue()
@@ -90,6 +94,7 @@ class Master:
             group.create_task(self._follow_leadership(transitions))
             group.create_task(self._follow_heartbeats(log))
             group.create_task(self._tick_loop())
+            group.create_task(self._look_up_models())
             if ready is not None:
                 ready.set()
             async for seq, event in log.follow(from_seq=self.state.last_seq + 1):
@@ -147,6 +152,12 @@ class Master:
             await self._publish([*decisions, *self.core.retry_placements(self.state, now)])
             if self._snapshots is not None:
                 await self._snapshots.write_if_due(self.state)
+
+    async def _look_up_models(self) -> None:
+        """Models that failed to resolve are tried again now and then, in a thread, off the ticks."""
+        while True:
+            await asyncio.sleep(self.settings.tick_seconds)
+            await self.catalog.look_up(only_due=True)
 
     async def _probe(self) -> None:
         """Send this tick's probe (every master does: a stand-by that takes over needs its sight
