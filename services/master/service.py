@@ -57,7 +57,8 @@ class Master:
         leadership: Leadership | None = None,  # default: the KV lease; tests force a leader
     ) -> None:
         self.settings = settings
-        self.leadership = leadership
+        self._forced_leadership = leadership
+        self.leadership: Leadership | None = leadership
         self.stamper = Stamper(Origin(service="master"), wall_ns=wall_ns)
         default = settings.policy.default_model
         self.catalog = LookedUpCatalog(catalog, [default] if default else [])  # looked up off the loop
@@ -76,6 +77,7 @@ class Master:
         self._log = log
         try:
             async with contextlib.AsyncExitStack() as stack:
+                self.leadership = self._forced_leadership  # a run's own lease: a supervised restart opens a new one
                 if self.leadership is None:
                     name, lease = self.settings.name, self.settings.master_lease_seconds
                     self.leadership = await stack.enter_async_context(KvLease.open(self.settings.nats, name, lease))
