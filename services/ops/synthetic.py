@@ -55,7 +55,7 @@ COLLECTIVE_STACK = (
     'File "runner/engine/collectives.py", line 25, in agree\n    mx.eval(summed)\n'
 )
 COMPUTE_STACK = (
-    'File "runner/engine/prefill.py", line 54, in _compute_chunk\n    run.forward(piece[None])\n'
+    'File "runner/engine/prefill.py", line 55, in compute_chunk\n    run.forward(piece[None])\n'
     'File "runner/engine/task_run.py", line 63, in forward\n'
     "    logits = self.model(tokens, cache=self.caches.slots)\n"
     'File "mlx_lm/models/llama.py", line 195, in __call__\n    h = layer(h, mask, cache=cache)\n'
