@@ -78,7 +78,11 @@ def _figure(name: str, summary: Mapping[str, Any]) -> str:
     spread = f"{readable(summary[low])}..{readable(summary[high])}"
     extra = ""
     if "p99" in summary:
-        extra = f", p99 {readable(summary['p99'])}{' (= max)' if summary.get('p99_is_max') else ''}"
+        p99 = summary["p99"]  # a number, or {value, is_max, ...} (`bench.stats`' tail with its caveat)
+        value, is_max = (
+            (p99["value"], p99.get("is_max")) if isinstance(p99, Mapping) else (p99, summary.get("p99_is_max"))
+        )
+        extra = f", p99 {readable(value)}{' (= max)' if is_max else ''}"
     return f"`{name}` {readable(median)}{unit} [{spread}, n={summary['n']}{extra}]"
 
 
