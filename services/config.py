@@ -180,7 +180,9 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     publish_backlog_events: PublishBacklogEvents = RUNNER_DEFAULTS.publish_backlog_events
     max_batch: MaxBatch = RUNNER_DEFAULTS.max_batch
     prefix_cache_bytes: PrefixCacheBytes = RUNNER_DEFAULTS.prefix_cache_bytes
-    events_max_age_seconds: Annotated[float, POSITIVE_SECONDS, Meta(description="how long events are kept")] = 604800.0
+    events_max_age_seconds: Annotated[float, POSITIVE_SECONDS, Meta(description="how long events are kept")] = (
+        7 * 86400.0
+    )
     events_max_bytes: Annotated[  # 0..1023 are refused in `_refuse_nonsense`: no Meta bound says "or -1"
         int, Meta(ge=-1, extra={"allowed": _MAX_BYTES}, description="size limit of the event log; -1 = none")
     ] = 1 << 30

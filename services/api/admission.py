@@ -44,7 +44,7 @@ class QueueBook:
     def of(cls, state: State) -> QueueBook:
         """The book of a State folded in one go (the hub's start)."""
         book = cls()
-        book._live.update(task.model for task in state.tasks.values() if not task.ended)
+        book._live.update(state.tasks[task_id].model for task_id in state.live_tasks)  # not ended
         return book
 
     def queued(self, model: str) -> int:

@@ -200,9 +200,7 @@ def _overdue_tasks(state: State, now_ns: int, policy: MasterPolicy, stamper: Sta
     is gone, and every replica's client sees the same end."""
     failed: list[LogEvent] = []
     deadline_ns = policy.request_timeout_seconds * NS
-    for task in live_tasks_of(state):
-        if task.ended:
-            continue
+    for task in live_tasks_of(state):  # not ended, by construction
         age = now_ns - task.created_at
         if deadline_ns and age > deadline_ns:
             error = f"request timed out after {policy.request_timeout_seconds:g} s (request_timeout_seconds)"
