@@ -32,7 +32,12 @@ KvBits = Annotated[
 ]
 KvGroupSize = Annotated[Literal[32, 64, 128], msgspec.Meta(description="group size of the KV-cache quantization")]
 DecodeCancelPollTokens = Annotated[
-    int, msgspec.Meta(ge=1, description="decode steps between the ranks' agreed checks for a cancelled task")
+    int,
+    msgspec.Meta(
+        ge=1,
+        description="decode steps between the ranks' agreed checks for a cancelled task running alone "
+        "(a batch checks at every step: its vote rides the step's all-reduce)",
+    ),
 ]
 MaxBatch = Annotated[
     int,

@@ -190,10 +190,11 @@ class ContinuousBatch:
         head.next_chunk = len(head.chunks)
 
     def _vote(self, stream: _Stream) -> bool:
+        """Every step: the vote rides the step's all-reduce, which runs anyway, so polling costs a
+        lookup, and a cancelled slot is free one step after the cancel is read. (A task alone polls
+        every `decode_cancel_poll_tokens` steps: there each poll is a collective of its own.)"""
         if stream.prefill_cancelled:
             return True  # agreed on every rank already
-        if stream.prefilled and stream.decode_step % stream.spec.cancel_interval != 0:
-            return False  # decode polls every `decode_cancel_poll_tokens` steps, as a task alone does
         return stream.run.wants_stop()
 
     def _apply(
