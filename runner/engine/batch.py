@@ -9,9 +9,9 @@ prefill on the overlapped pipeline path instead), then one all-reduce (`batch_pl
 agrees on the boundary micro-batch's tokens, the cancel votes and how many assignments every
 rank holds. The next batch follows from that vector alone (`batch_plan.next_composition`, applied
 to the boundary micro-batch and the prefilling streams), so every rank runs the same forwards and
-the same collective at every step (docs/ARCHITECTURE.md §6). A stream's prefill chunks are the
-ones it would take alone (`plan.chunk_sizes` of the instance's step), and its sampler, stop
-rules, logprobs and grammar are its own; a cancelled, finished or failing stream leaves without
+the same collective at every step (docs/ARCHITECTURE.md §6). A stream's prefill chunks each cost
+what the first chunk of the instance's step does (`plan.balanced_chunk_sizes`: a late chunk
+attends to more keys, so it is shorter), and its sampler, stop rules, logprobs and grammar are its own; a cancelled, finished or failing stream leaves without
 touching the others' rows.
 A decoding row that leaves is copied into the rank's prefix cache (`prefix_cache`), and a newcomer
 starts from the prefix every rank agreed it can reuse (the step's all-reduce carries the proposals).
@@ -34,7 +34,7 @@ from runner.engine.decode import DecodeSpec, Emitter
 from runner.engine.engine import Engine, GenerationOutcome, GenerationRequest, outcome_of
 from runner.engine.logprobs import LazyLogprobs
 from runner.engine.micro_batches import MicroBatch, MicroBatches
-from runner.engine.plan import choose_path, chunk_sizes, effective_step, rank_schedule
+from runner.engine.plan import balanced_chunk_sizes, choose_path, chunk_sizes, effective_step, rank_schedule
 from runner.engine.prefill import compute_chunk, run_prefill
 from runner.engine.prefix_cache import PrefixIndex, PrefixMatch
 from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
@@ -337,10 +337,13 @@ class ContinuousBatch:
         engine = self.engine
         prompt_len = len(request.prompt_token_ids)
         step = effective_step(engine.settings.prefill_step_size, engine.collectives.world)
-        chunks = chunk_sizes(prompt_len - cached, step)
         world = engine.collectives.world
         path = choose_path(prompt_len, engine.settings.prefill_step_size, world, request.prefill_path)
         path = path if alone and not cached else "sequential"
+        if path == "pipeline":  # nothing runs beside it: the chunks a task alone takes
+            chunks = chunk_sizes(prompt_len, step)
+        else:  # its chunks ride the rows' steps: each one costs what a first chunk does
+            chunks = balanced_chunk_sizes(prompt_len, step, cached, engine.prefill_keys_per_token)
         iterations = len(rank_schedule(engine.rank, world, len(chunks), path))
         run = engine.task_run(request.task_id, admission.cancel, admission.sink, self.phases)
         if match is not None and cached:

@@ -8,6 +8,7 @@ that could change it is taken on agreed data (the request, the world size, an al
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -20,7 +21,14 @@ from events.vocabulary import FinishReason, PrefillPath
 from runner.engine.collectives import Collectives
 from runner.engine.constraints import GrammarCompiler, TokenMask
 from runner.engine.decode import DecodeSpec, run_decode
-from runner.engine.plan import PathChoice, choose_path, chunk_sizes, effective_step, rank_schedule
+from runner.engine.plan import (
+    PathChoice,
+    choose_path,
+    chunk_sizes,
+    effective_step,
+    model_keys_per_token,
+    rank_schedule,
+)
 from runner.engine.prefill import run_prefill
 from runner.engine.protocols import CancelSource, NeverCancelled, NullSink, PhaseTracker, RunnerSink
 from runner.engine.sampling import request_sampler
@@ -83,6 +91,11 @@ class Engine:
     @property
     def is_sampling_rank(self) -> bool:
         return self.shard.placement.is_last
+
+    @functools.cached_property
+    def prefill_keys_per_token(self) -> float | None:
+        """The model's exchange rate between a token's matmuls and attended keys (`plan.balanced_chunk_sizes`)."""
+        return model_keys_per_token(vars(self.shard.model.args))  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
 
     @property
     def tokenizer(self):  # mlx_lm TokenizerWrapper

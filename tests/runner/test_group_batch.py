@@ -7,13 +7,14 @@ mid-decode, a queue beyond `max_batch`, a cancel, a seeded sampled stream) and s
 from __future__ import annotations
 
 import functools
+import json
 import random
 from itertools import accumulate
 from typing import Any
 
 import pytest
 
-from runner.engine.plan import chunk_sizes, even_split
+from runner.engine.plan import balanced_chunk_sizes, even_split, model_keys_per_token
 from runner.local.launch import run_group
 from runner.local.local_run import synthetic_prompt
 from runner.models.tiny import cached_tiny
@@ -99,6 +100,12 @@ def alone() -> dict[str, dict[str, Any]]:
     return {r["task_id"]: r for r in group_results(1)[0] if r.get("kind") != "batch"}
 
 
+def tiny_keys_per_token() -> float | None:
+    keys = model_keys_per_token(json.loads((cached_tiny() / "config.json").read_text()))
+    assert keys is not None  # a llama shape: its chunks are balanced, not cut evenly
+    return keys
+
+
 def batch_runs(world: int) -> list[list[dict[str, Any]]]:
     """Per rank, the schedules' results in order."""
     return [[r for r in results if r.get("kind") == "batch"] for results in group_results(world)]
@@ -119,12 +126,12 @@ def test_every_stream_equals_the_request_served_alone(world: int) -> None:
                     continue
                 assert got["token_ids"] == expected["token_ids"], where
                 assert got["finish_reason"] == expected["finish_reason"], where
-                if got["cached_tokens"]:  # the prompt extends an earlier one's: the prefix cache served it
-                    cached, total = got["cached_tokens"], got["prompt_tokens"]
-                    chunked = accumulate([cached, *chunk_sizes(total - cached, CHUNK)])
-                    assert got["progress"] == [*([done, total] for done in chunked), [total, total]], where
-                else:
+                if got["path"] == "pipeline":  # admitted into an empty batch: the chunks a task alone takes
                     assert got["progress"] == expected["progress"], where
+                else:  # chunks of equal cost from the prefix the cache served (if the prompt extends an earlier one)
+                    cached, total = got["cached_tokens"], got["prompt_tokens"]
+                    chunked = accumulate([cached, *balanced_chunk_sizes(total, CHUNK, cached, tiny_keys_per_token())])
+                    assert got["progress"] == [*([done, total] for done in chunked), [total, total]], where
 
 
 @pytest.mark.parametrize("world", (2, 3))
