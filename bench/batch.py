@@ -12,7 +12,7 @@ ranks timestamp each token, step, cancel and departure on one monotonic clock):
   increase is at most one prefill chunk's time (the lone first chunk; and the slowest chunk).
 - cancel 1 of 16: 16 streams decode; in each schedule one of them (a random one, at a random
   step) is cancelled: its cancel source flips before that step on every rank, as a cancel read
-  from the log would, and the engine polls it every `--poll-tokens`. The other 15 streams' tokens
+  from the log would, and the batch polls it at every step. The other 15 streams' tokens
   must equal those of the same schedule without the cancel; the time from the flip to the step
   at which the batch lets the slot go, on the slowest rank, p99 against one step + 50 ms.
 """
@@ -37,7 +37,7 @@ ABOUT = (
 )
 SIZED = (
     Sized("--rounds", 4, 1, "interference rounds; each runs the schedule with and without the newcomer"),
-    Sized("--cancels", 25, 2, "cancel schedules per world size, one of 16 streams cancelled in each"),
+    Sized("--cancels", 50, 2, "cancel schedules per world size, one of 16 streams cancelled in each"),
     Sized("--newcomer-tokens", 2000, 600, "the newcomer's prompt length"),
 )
 WORLDS = (1, 2)
@@ -53,7 +53,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--streams", type=int, default=4, help="running streams a newcomer joins")
     parser.add_argument("--stream-tokens", type=int, default=48, help="max_tokens of every running stream")
     parser.add_argument("--step", type=int, default=256, help="prefill_step_size (the engine divides it by ranks)")
-    parser.add_argument("--poll-tokens", type=int, default=8, help="decode_cancel_poll_tokens")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default=None, help="model dir (default: the tiny model)")
     parser.add_argument("--deadline", type=float, default=300.0, help="seconds one group run may take")
@@ -65,7 +64,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     settings = resolve(args, SIZED) | {
         "streams": args.streams, "stream_tokens": args.stream_tokens, "step": args.step,
-        "poll_tokens": args.poll_tokens, "seed": args.seed, "worlds": list(WORLDS),
+        "seed": args.seed, "worlds": list(WORLDS),
     }  # fmt: skip
     model_dir = Path(args.model) if args.model else cached_tiny()
     rng = random.Random(args.seed)
@@ -132,7 +131,7 @@ def _job(model_dir: Path, world: int, settings: dict[str, Any], plan: list[dict[
     return {
         "model_dir": str(model_dir),
         "layer_ranges": even_split(read_model_info(model_dir).n_layers, world),
-        "settings": {"prefill_step_size": settings["step"], "decode_cancel_poll_tokens": settings["poll_tokens"]},
+        "settings": {"prefill_step_size": settings["step"]},
         "warmup": True,
         "tasks": plan,
     }
@@ -260,8 +259,8 @@ def _notes(
             f"{median(f'chunk_ms_{w}')} ms alone (the newcomer's slowest chunk alone: "
             f"{median(f'slowest_chunk_ms_{w}')} ms).",
             f"{world} rank(s): cancelling 1 of {CANCEL_STREAMS} frees its slot {median(f'cancel_to_free_ms_{w}')} ms "
-            f"(p99 {p99['value']}{' = the max' if p99['is_max'] else ''}) after the cancel flips, polled every "
-            f"{settings['poll_tokens']} tokens ({median(f'steps_to_free_{w}')} steps, a step "
+            f"(p99 {p99['value']}{' = the max' if p99['is_max'] else ''}) after the cancel flips, polled at every "
+            f"step ({median(f'steps_to_free_{w}')} steps, a step "
             f"{median(f'decode_step_ms_{w}')} ms); {median(f'seen_to_free_ms_{w}')} ms from the poll that saw it.",
         ]
     return notes

@@ -137,7 +137,7 @@ class ContinuousBatch:
         self.phases.enter("decode", members[0] if members else None, self.steps)
         tokens, logprobs = self._decode_rows()  # the boundary's, on the sampling rank; none elsewhere
         logprobs = logprobs or [None] * len(current.rows)
-        head = self._prefill_head()
+        head, chunked = self._prefill_head()
         votes = [self._vote(self.streams[t]) for t in current.members]
         self.phases.enter("agree_cancel", members[0] if members else None, self.steps)
         received = current.admitted + len(pending)
@@ -147,7 +147,7 @@ class ContinuousBatch:
         outbox.complete()  # received before the peer's vote we just agreed with
         outbox.flush()  # the next rank computes this micro-batch at the next step
         self.steps += 1
-        ended = self._apply(current, agreed, logprobs, head, pending)
+        ended = self._apply(current, agreed, logprobs, head, chunked, pending)
         self.micro.advance()
         members = self.members
         self.phases.enter("decode" if members else "idle", members[0] if members else None, self.steps)
@@ -164,21 +164,27 @@ class ContinuousBatch:
         inputs = [s.next_input for s in rows]
         return self.row_decoder.step(inputs, specs, part.cache, look_ahead, send_now=self.micro.lockstep)
 
-    def _prefill_head(self) -> _Stream | None:
-        """The first prefilling stream's next chunk, sequentially through every rank; or, for a
-        stream admitted alone on the pipeline path, its whole prefill (the GPipe schedule)."""
+    def _prefill_head(self) -> tuple[_Stream | None, bool]:
+        """The first prefilling stream, and whether this step carried its next chunk (sequentially
+        through every rank); or, for a stream admitted alone on the pipeline path, its whole prefill
+        (the GPipe schedule). On the decode ring a row's token takes `world` steps, so a chunk rides
+        only the steps whose iteration is a multiple of `world`: one chunk per token of every row
+        (agreed: the ring's iteration is). In lockstep every step advances every row: a chunk each."""
         if not self.composition.prefilling:
-            return None
+            return None, False
         head = self.streams[self.composition.prefilling[0]]
-        if head.path == "pipeline" and not head.prefilled:
+        if head.prefilled:
+            return head, False
+        if head.path == "pipeline":
             self._pipeline_prefill(head)
-        elif not head.prefilled:
-            start = head.cached + sum(head.chunks[: head.next_chunk])
-            piece = mx.array(
-                head.request.prompt_token_ids[start : start + head.chunks[head.next_chunk]], dtype=mx.int32
-            )
-            compute_chunk(head.run, piece, "sequential")
-        return head
+            return head, False
+        iteration, world = self.micro.iteration, self.engine.collectives.world
+        if iteration is not None and iteration % world != 0:
+            return head, False
+        start = head.cached + sum(head.chunks[: head.next_chunk])
+        piece = mx.array(head.request.prompt_token_ids[start : start + head.chunks[head.next_chunk]], dtype=mx.int32)
+        compute_chunk(head.run, piece, "sequential")
+        return head, True
 
     def _pipeline_prefill(self, head: _Stream) -> None:
         """Nothing else runs (agreed at admission): every rank overlaps the chunks as a task alone
@@ -203,6 +209,7 @@ class ContinuousBatch:
         agreed: AgreedStep,
         logprobs: list[LazyLogprobs | None],
         head: _Stream | None,
+        chunked: bool,
         pending: Sequence[Admission],
     ) -> StepResult:
         stopped: set[str] = set()
@@ -218,7 +225,7 @@ class ContinuousBatch:
             if stream.decode_step >= stream.spec.max_tokens:
                 stopped.add(task_id)
         head_cancelled = head is not None and agreed.cancelled[len(current.rows)]
-        if head is not None and not head_cancelled and not head.prefilled:
+        if head is not None and chunked and not head_cancelled:
             head.next_chunk += 1
             done = head.cached + sum(head.chunks[: head.next_chunk])
             head.run.report_progress(done, len(head.request.prompt_token_ids), head.next_chunk)

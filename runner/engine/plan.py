@@ -42,10 +42,11 @@ def chunk_sizes(prompt_len: int, step: int) -> list[int]:
     return sizes
 
 
-# A key that a prompt token attends to costs about twice its share of the flops on a CPU: on the
-# tiny model a 256-token chunk took 211 ms at offset 0 and 624 ms at offset 1,792 (about 770 keys
-# cost one token's matmuls; the flops alone say 1,536).
-ATTENTION_KEY_COST = 2.0
+# A key that a prompt token attends to costs 2-2.5 times its share of the flops on a CPU: on the
+# tiny model a 256-token chunk took 211 ms at offset 0 and 624 ms at offset 1,792 by itself (about
+# 770 keys cost one token's matmuls, where the flops say 1,536), and the batch's steps that carry
+# chunks priced at 2.0 grew from 91 to 104 ms along a 2,000-token prompt (about 600 keys).
+ATTENTION_KEY_COST = 2.5
 # A chunk never shrinks below this fraction of the step: past it a very long prompt would take more
 # steps than its share of each step saves the running streams.
 SMALLEST_CHUNK_DIVISOR = 8
