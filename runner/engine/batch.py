@@ -41,6 +41,8 @@ from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
 from runner.engine.task_run import TaskRun
 from runner.errors import RequestError
 
+UNRUNNABLE_ELSEWHERE = "another rank of the instance could not build this request (its TaskCreated could not be read)"
+
 
 @dataclass(frozen=True, slots=True)
 class Admission:
@@ -246,15 +248,16 @@ class ContinuousBatch:
         ended += [self._finished(t) for t in transition.finished]
         alone = not micro.rows and len(transition.composition.prefilling) == 1
         newcomers = pending[: len(transition.newcomers)]
-        failed = [self._admit(a, agreed.cached[i], alone) for i, a in enumerate(newcomers)]
+        failed = [self._admit(a, agreed.cached[i], agreed.runnable[i], alone) for i, a in enumerate(newcomers)]
         ended += [f for f in failed if f is not None]
         waiting = Composition((), transition.composition.prefilling, transition.composition.admitted)
         self.composition = waiting.without([f.task_id for f in failed if f is not None])
         return StepResult(len(transition.newcomers), ended)
 
-    def _propose(self, pending: Sequence[Admission]) -> list[int]:
-        """This rank's cached-prefix length for each of the first pending assignments. Looked up once
-        and held until admission, so what this rank proposed is still there when the batch agrees."""
+    def _propose(self, pending: Sequence[Admission]) -> list[int | None]:
+        """This rank's cached-prefix length for each of the first pending assignments (None: this
+        rank has no request for it). Looked up once and held until admission, so what this rank
+        proposed is still there when the batch agrees."""
         proposals = []
         for admission in pending[: self.max_batch]:
             if admission.task_id not in self.held:
@@ -262,7 +265,7 @@ class ContinuousBatch:
                 found = None if request is None else self.prefixes.longest(request.prompt_token_ids)
                 self.held[admission.task_id] = found
             match = self.held[admission.task_id]
-            proposals.append(0 if match is None else match.length)
+            proposals.append(None if admission.request is None else 0 if match is None else match.length)
         return proposals
 
     def _remember(self, part: MicroBatch, kept_rows: tuple[int, ...]) -> None:
@@ -325,8 +328,9 @@ class ContinuousBatch:
         )  # fmt: skip
         return Ended(run.task_id, outcome)
 
-    def _admit(self, admission: Admission, cached: int, alone: bool) -> Ended | None:
-        """A newcomer's stream, or why it fails alone (the same verdict on every rank). It reuses the
+    def _admit(self, admission: Admission, cached: int, runnable: bool, alone: bool) -> Ended | None:
+        """A newcomer's stream, or why it fails alone (the same verdict on every rank: `runnable` is
+        agreed, and a request every rank built is validated alike). It reuses the
         agreed `cached` prompt tokens, cut from the entry this rank held for it. One admitted into an
         empty batch with nothing cached takes the path a task alone would (`plan.choose_path`): on
         several ranks a long prompt overlaps its chunks through the pipeline; otherwise chunks are
@@ -335,8 +339,8 @@ class ContinuousBatch:
         if cached > (0 if match is None else match.length):
             raise RuntimeError(f"internal error: agreed to reuse {cached} tokens, this rank proposed fewer")
         request = admission.request
-        if request is None:
-            return Ended(admission.task_id, None, admission.error or "no request")
+        if request is None or not runnable:
+            return Ended(admission.task_id, None, admission.error or UNRUNNABLE_ELSEWHERE)
         try:
             self.engine.validate(request)
         except RequestError as exc:

@@ -12,7 +12,10 @@ so the sum hands every rank every count, and their minimum is how many assignmen
 hold. The proposals work alike: rank r writes, for each of its first pending assignments, how
 many prompt tokens its prefix cache can serve (`prefix_cache.PrefixIndex.longest`); a newcomer
 reuses the minimum over ranks (`AgreedStep.cached`, by its index among the newcomers: every rank's
-pending list starts with the same ids). Cancel votes add up (any rank's vote stops that stream); the sampling rank alone writes the
+pending list starts with the same ids). A proposal is written as its length plus one, and 0 by a
+rank that could not build that assignment's request (its `TaskCreated` could not be read): the
+minimum then says no rank may run it (`AgreedStep.runnable`), so every rank fails it alike rather
+than one rank leaving it out of the batch the others run. Cancel votes add up (any rank's vote stops that stream); the sampling rank alone writes the
 tokens. `next_composition` turns that vector, plus what every rank derives alike from it (which
 streams hit a stop rule, whether the head's prefill is done), into the next batch: cancelled and
 finished streams leave, the prefilled head joins the decoding rows, and the first assignments
@@ -36,6 +39,7 @@ class AgreedStep:
     cancelled: tuple[bool, ...]  # per slot
     tokens: tuple[int, ...]  # per slot; meaningful for decoding rows only
     cached: tuple[int, ...] = ()  # per pending assignment: prompt tokens it reuses if admitted now
+    runnable: tuple[bool, ...] = ()  # per pending assignment: every rank could build its request
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +57,9 @@ class StepLayout:
         received: int,
         cancel_votes: Sequence[bool],
         tokens: Sequence[int],
-        cached: Sequence[int] = (),
+        cached: Sequence[int | None] = (),
     ) -> list[int]:
+        """`cached`: this rank's proposal per pending assignment; None where it cannot run it."""
         if max(len(cancel_votes), len(tokens), len(cached)) > self.max_batch:
             raise ValueError(f"more than max_batch={self.max_batch} slots in one step")
         vector = [0] * self.size
@@ -67,7 +72,7 @@ class StepLayout:
             vector[base + slot] = token
         base += self.max_batch + rank * self.max_batch
         for index, length in enumerate(cached):
-            vector[base + index] = length
+            vector[base + index] = 0 if length is None else length + 1
         return vector
 
     def decode(self, summed: Sequence[int]) -> AgreedStep:
@@ -75,13 +80,15 @@ class StepLayout:
             raise ValueError(f"agreed vector has {len(summed)} entries, expected {self.size}")
         world, width = self.world, self.max_batch
         proposals = world + 2 * width
+        lowest = [
+            agreed_prefix([summed[proposals + r * width + index] for r in range(world)]) for index in range(width)
+        ]
         return AgreedStep(
             received=min(summed[:world]),
             cancelled=tuple(v > 0 for v in summed[world : world + width]),
             tokens=tuple(summed[world + width : proposals]),
-            cached=tuple(
-                agreed_prefix([summed[proposals + r * width + index] for r in range(world)]) for index in range(width)
-            ),
+            cached=tuple(max(0, low - 1) for low in lowest),
+            runnable=tuple(low > 0 for low in lowest),
         )
 
 

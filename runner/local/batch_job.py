@@ -4,7 +4,8 @@ A schedule lists requests with the step at which each reaches the rank (`at`, pl
 `lag`, so ranks read the same assignments at different times, as they do from the log) and
 optional cancels (`cancel_rank`, `cancel_at_poll`: that rank's cancel source fires from its poll
 N of that task on; or `cancel_at_step`: every rank's cancel source flips before its step N, as a
-cancel read from the log would, whenever the engine polls it), and conversations (`after`: the
+cancel read from the log would, whenever the engine polls it; `unreadable_rank`: that rank has no request for it, as when its
+read of the task's TaskCreated fails), and conversations (`after`: the
 request continues that task, so its prompt is that task's prompt, its generated tokens, then its
 own tokens; it reaches the rank once that task ended). `prefix_cache_bytes` may set a bound per
 rank. The rank drives `ContinuousBatch` the way the service's task loop does: it steps while the
@@ -26,6 +27,8 @@ import msgspec
 from runner.engine.protocols import CancelSource, NeverCancelled, PhaseTracker
 from runner.flight.faults import FaultInjector
 from runner.local.testing import FixedCancel, RecordingSink
+
+UNREADABLE = "TaskCreated not found in the log"
 
 if TYPE_CHECKING:
     from runner.engine.batch import Admission
@@ -145,6 +148,8 @@ def _admission(
     if entry.get("cancel_at_step") is not None:
         cancel = next(f for f in flips[entry["cancel_at_step"]] if f.task_id == request.task_id)
     sinks[request.task_id] = TimedSink()
+    if entry.get("unreadable_rank") == rank:  # as a rank whose read of TaskCreated failed
+        return Admission(request.task_id, None, faults.around(cancel), sinks[request.task_id], UNREADABLE)
     return Admission(request.task_id, request, faults.around(cancel), sinks[request.task_id])
 
 

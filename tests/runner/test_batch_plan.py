@@ -22,7 +22,9 @@ def test_layout_sums_to_counts_votes_and_the_sampling_ranks_tokens() -> None:
         layout.encode(2, 6, [True, False], [17, 42]),
     ]
     summed = [sum(column) for column in zip(*vectors, strict=True)]
-    assert layout.decode(summed) == AgreedStep(received=4, cancelled=(True, True), tokens=(17, 42), cached=(0, 0))
+    assert layout.decode(summed) == AgreedStep(
+        received=4, cancelled=(True, True), tokens=(17, 42), cached=(0, 0), runnable=(False, False)
+    )  # no rank proposed: nothing pending
 
 
 def test_layout_refuses_more_slots_than_max_batch_and_a_wrong_length() -> None:

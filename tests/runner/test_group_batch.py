@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
+from runner.engine.batch import UNRUNNABLE_ELSEWHERE
 from runner.engine.plan import balanced_chunk_sizes, even_split, model_keys_per_token
+from runner.local.batch_job import UNREADABLE
 from runner.local.launch import run_group
 from runner.local.local_run import synthetic_prompt
 from runner.models.tiny import cached_tiny
@@ -38,6 +40,7 @@ def fixed_schedule(world: int) -> dict[str, Any]:
         {"request": req("late", 13), "at": 4, "lag": {str(last): 3}},  # the last rank reads it 3 steps late
         {"request": req("cancelled", 7), "at": 6, "cancel_rank": last, "cancel_at_poll": 5},
         {"request": req("queued", 9), "at": 6},  # waits for a free slot: max_batch is 4
+        {"request": req("unread", 6), "at": 7, "unreadable_rank": last},  # every rank fails it, as one
     ]
     return {"kind": "batch", "name": "fixed", "max_batch": 4, "tasks": tasks}
 
@@ -120,6 +123,10 @@ def test_every_stream_equals_the_request_served_alone(world: int) -> None:
                 task_id = entry["request"]["task_id"]
                 got, expected = run["ended"][task_id], alone()[task_id]
                 where = f"world={world} rank={rank} schedule={schedule['name']} task={task_id}"
+                if "unreadable_rank" in entry:  # the last rank could not read it: no rank runs it
+                    unreadable = rank == entry["unreadable_rank"]
+                    assert got["error"] == (UNREADABLE if unreadable else UNRUNNABLE_ELSEWHERE), where
+                    continue
                 if got["finish_reason"] == "cancelled":
                     assert "cancel_rank" in entry, where
                     assert got["token_ids"] == expected["token_ids"][: len(got["token_ids"])], where
@@ -139,7 +146,10 @@ def test_every_rank_ends_every_task_at_the_same_point(world: int) -> None:
     runs = batch_runs(world)
     for index, schedule in enumerate(schedules(world)):
         views = [
-            {t: (e["finish_reason"], e["cancelled_at"], e["token_ids"]) for t, e in rank_runs[index]["ended"].items()}
+            {
+                t: (e.get("finish_reason"), e.get("cancelled_at"), e.get("token_ids"))
+                for t, e in rank_runs[index]["ended"].items()
+            }
             for rank_runs in runs
         ]
         assert all(view == views[0] for view in views), schedule["name"]
@@ -157,18 +167,20 @@ def test_the_fixed_schedule_batches_joins_queues_and_cancels(world: int) -> None
 def test_tokens_reach_the_sampling_ranks_sink_in_order(world: int) -> None:
     runs = batch_runs(world)
     for task_id, outcome in runs[-1][0]["ended"].items():
+        if "error" in outcome:  # failed before its first step ("unread")
+            continue
         chunks = outcome["sink"]["chunks"]
         assert [i for _, _, ids in chunks for i in ids] == outcome["token_ids"], task_id
         assert "".join(text for _, text, _ in chunks) == outcome["text"], task_id
     if world > 1:
-        assert all(not o["sink"]["chunks"] for o in runs[0][0]["ended"].values())
+        assert all(not o["sink"]["chunks"] for o in runs[0][0]["ended"].values() if "error" not in o)
 
 
 def test_the_fixed_schedule_really_overlaps_its_streams() -> None:
     """Served one after another, the fixed schedule's tasks would take one step per prefill chunk and
     per token each; batched they take far fewer steps (more than one stream per step)."""
     run = batch_runs(1)[0][0]
-    one_by_one = sum(len(o["progress"]) + len(o["token_ids"]) for o in run["ended"].values())
+    one_by_one = sum(len(o["progress"]) + len(o["token_ids"]) for o in run["ended"].values() if "error" not in o)
     assert run["steps"] < 0.6 * one_by_one, (run["steps"], one_by_one)
 
 

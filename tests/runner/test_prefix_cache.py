@@ -96,6 +96,14 @@ def test_the_step_vector_carries_every_ranks_proposals_and_the_batch_uses_their_
     summed = [sum(column) for column in zip(*vectors, strict=True)]
     agreed = layout.decode(summed)
     assert agreed.cached == (25, 0)
+    assert agreed.runnable == (True, False)  # the second is not held by rank 2 yet (and not admitted)
     assert agreed.tokens == (3, 4) and agreed.received == 1
     with pytest.raises(ValueError, match="max_batch=2"):
         layout.encode(0, 0, [], [], [1, 2, 3])
+
+
+def test_an_assignment_one_rank_cannot_build_is_unrunnable_on_every_rank() -> None:
+    layout = StepLayout(world=2, max_batch=2)
+    vectors = [layout.encode(0, 2, [], [], [0, 12]), layout.encode(1, 2, [], [], [None, 12])]
+    agreed = layout.decode([sum(column) for column in zip(*vectors, strict=True)])
+    assert agreed.runnable == (False, True) and agreed.cached == (0, 12)
