@@ -3,12 +3,15 @@
 One `step` on every rank: the rank computes its micro-batch of decoding rows ([B, 1], one token;
 `micro_batches.py`: on N ranks the rows ride a ring of N micro-batches, so rank r works on one
 while rank r-1 works on the next, its sends starting after the step's agreement), the first stream
-still prefilling takes one prompt chunk (sequentially through every rank: a long prompt never
-freezes the rows' tokens for more than a chunk; one admitted into an empty batch takes its whole
-prefill on the overlapped pipeline path instead), then one all-reduce (`batch_plan.StepLayout`)
+still prefilling takes one prompt chunk, and the others one each while their chunks fit the
+prefill step (`batch_plan.chunk_takers`: a burst of short prompts is in after a few steps; a long
+prompt never freezes the rows' tokens for more than a chunk), sequentially through every rank
+(one admitted into an empty batch takes its whole prefill on the overlapped pipeline path
+instead), then one all-reduce (`batch_plan.StepLayout`)
 agrees on the boundary micro-batch's tokens, the cancel votes and how many assignments every
 rank holds. The next batch follows from that vector alone (`batch_plan.next_composition`, applied
-to the boundary micro-batch and the prefilling streams), so every rank runs the same forwards and
+to the boundary micro-batch and the prefilling streams: the prefilled ones join the rows together),
+so every rank runs the same forwards and
 the same collective at every step (docs/ARCHITECTURE.md §6). A stream's prefill chunks are the
 ones it would take alone (`plan.chunk_sizes` of the instance's step), and its sampler, stop
 rules, logprobs and grammar are its own; a cancelled, finished or failing stream leaves without
@@ -28,7 +31,7 @@ import mlx.core as mx
 
 from events.vocabulary import PrefillPath
 from runner.engine.batch_cache import BatchShardCache, prefix_caches
-from runner.engine.batch_plan import AgreedStep, Composition, StepLayout, next_composition
+from runner.engine.batch_plan import AgreedStep, Composition, StepLayout, chunk_takers, next_composition
 from runner.engine.batch_rows import RowDecoder
 from runner.engine.decode import DecodeSpec, Emitter
 from runner.engine.engine import Engine, GenerationOutcome, GenerationRequest, outcome_of
@@ -87,6 +90,11 @@ class _Stream:
     def prefilled(self) -> bool:
         return self.next_chunk == len(self.chunks)
 
+    @property
+    def chunk_left(self) -> int | None:
+        """The tokens of its next prompt chunk; None once its prompt is in."""
+        return None if self.prefilled else self.chunks[self.next_chunk]
+
 
 class ContinuousBatch:
     """One rank's running batch. Every rank calls `step` at the same points: whenever the batch is
@@ -101,6 +109,7 @@ class ContinuousBatch:
         self.engine, self.phases = engine, phases
         self.max_batch = max_batch
         self.layout = StepLayout(engine.collectives.world, max_batch)
+        self.prefill_budget = effective_step(engine.settings.prefill_step_size, engine.collectives.world)
         self.composition = Composition()  # the admitted streams not decoding yet (its rows are in `micro`)
         self.streams: dict[str, _Stream] = {}
         self.micro = MicroBatches(engine.collectives.world)
@@ -137,7 +146,7 @@ class ContinuousBatch:
         self.phases.enter("decode", members[0] if members else None, self.steps)
         tokens, logprobs = self._decode_rows()  # the boundary's, on the sampling rank; none elsewhere
         logprobs = logprobs or [None] * len(current.rows)
-        head = self._prefill_head()
+        chunked = self._prefill_chunks()
         votes = [self._vote(self.streams[t]) for t in current.members]
         self.phases.enter("agree_cancel", members[0] if members else None, self.steps)
         received = current.admitted + len(pending)
@@ -147,7 +156,7 @@ class ContinuousBatch:
         outbox.complete()  # received before the peer's vote we just agreed with
         outbox.flush()  # the next rank computes this micro-batch at the next step
         self.steps += 1
-        ended = self._apply(current, agreed, logprobs, head, pending)
+        ended = self._apply(current, agreed, logprobs, chunked, pending)
         self.micro.advance()
         members = self.members
         self.phases.enter("decode" if members else "idle", members[0] if members else None, self.steps)
@@ -164,21 +173,21 @@ class ContinuousBatch:
         inputs = [s.next_input for s in rows]
         return self.row_decoder.step(inputs, specs, part.cache, look_ahead, send_now=self.micro.lockstep)
 
-    def _prefill_head(self) -> _Stream | None:
-        """The first prefilling stream's next chunk, sequentially through every rank; or, for a
-        stream admitted alone on the pipeline path, its whole prefill (the GPipe schedule)."""
-        if not self.composition.prefilling:
-            return None
-        head = self.streams[self.composition.prefilling[0]]
-        if head.path == "pipeline" and not head.prefilled:
-            self._pipeline_prefill(head)
-        elif not head.prefilled:
-            start = head.cached + sum(head.chunks[: head.next_chunk])
-            piece = mx.array(
-                head.request.prompt_token_ids[start : start + head.chunks[head.next_chunk]], dtype=mx.int32
-            )
-            compute_chunk(head.run, piece, "sequential")
-        return head
+    def _prefill_chunks(self) -> list[_Stream]:
+        """The prefilling streams that take a chunk at this step (`batch_plan.chunk_takers`, from
+        agreed data: the composition and each stream's chunks), each sequentially through every
+        rank, in slot order; or, for a stream admitted alone on the pipeline path, its whole
+        prefill (the GPipe schedule)."""
+        waiting = [self.streams[t] for t in self.composition.prefilling]
+        takers = [waiting[i] for i in chunk_takers([s.chunk_left for s in waiting], self.prefill_budget)]
+        for stream in takers:
+            if stream.path == "pipeline":
+                self._pipeline_prefill(stream)
+                continue
+            start = stream.cached + sum(stream.chunks[: stream.next_chunk])
+            piece = stream.request.prompt_token_ids[start : start + stream.chunks[stream.next_chunk]]
+            compute_chunk(stream.run, mx.array(piece, dtype=mx.int32), "sequential")
+        return takers
 
     def _pipeline_prefill(self, head: _Stream) -> None:
         """Nothing else runs (agreed at admission): every rank overlaps the chunks as a task alone
@@ -202,7 +211,7 @@ class ContinuousBatch:
         current: Composition,
         agreed: AgreedStep,
         logprobs: list[LazyLogprobs | None],
-        head: _Stream | None,
+        chunked: list[_Stream],
         pending: Sequence[Admission],
     ) -> StepResult:
         stopped: set[str] = set()
@@ -217,24 +226,22 @@ class ContinuousBatch:
             stream.decode_step += 1
             if stream.decode_step >= stream.spec.max_tokens:
                 stopped.add(task_id)
-        head_cancelled = head is not None and agreed.cancelled[len(current.rows)]
-        if head is not None and not head_cancelled and not head.prefilled:
-            head.next_chunk += 1
-            done = head.cached + sum(head.chunks[: head.next_chunk])
-            head.run.report_progress(done, len(head.request.prompt_token_ids), head.next_chunk)
+        self._chunks_done(current, agreed, chunked)
         micro = self.micro
         boundary, target = micro.boundary(), micro.join_target()
+        prefilled = frozenset(t for t in current.prefilling if self.streams[t].prefilled)
         transition = next_composition(
-            current, agreed, stopped_rows=frozenset(stopped),
-            head_prefilled=head is not None and head.prefilled and target is not None,
+            current, agreed, stopped_rows=frozenset(stopped), prefilled=prefilled,
+            join_room=0 if target is None else micro.join_room(len(prefilled)),
             pending=[a.task_id for a in pending], max_batch=self.max_batch - micro.rows_elsewhere(),
         )  # fmt: skip
         if boundary is not None:
             self._remember(boundary, transition.kept_rows)
             self._keep_rows(boundary, transition.kept_rows)
-            boundary.rows = tuple(t for t in transition.composition.rows if t != transition.joined)
-        if transition.joined is not None and target is not None:
-            self._join(target, transition.joined)
+            boundary.rows = tuple(t for t in transition.composition.rows if t not in transition.joined)
+        if target is not None:  # join_room is 0 without one
+            for task_id in transition.joined:
+                self._join(target, task_id)
         ended = [self._cancelled(t, current.rows) for t in transition.cancelled]
         ended += [self._finished(t) for t in transition.finished]
         alone = not micro.rows and len(transition.composition.prefilling) == 1
@@ -244,6 +251,16 @@ class ContinuousBatch:
         waiting = Composition((), transition.composition.prefilling, transition.composition.admitted)
         self.composition = waiting.without([f.task_id for f in failed if f is not None])
         return StepResult(len(transition.newcomers), ended)
+
+    def _chunks_done(self, current: Composition, agreed: AgreedStep, chunked: list[_Stream]) -> None:
+        """The streams that took a sequential chunk and were not cancelled move past it."""
+        slots = {task_id: slot for slot, task_id in enumerate(current.members)}
+        for stream in chunked:
+            if stream.path == "pipeline" or agreed.cancelled[slots[stream.request.task_id]]:
+                continue
+            stream.next_chunk += 1
+            done = stream.cached + sum(stream.chunks[: stream.next_chunk])
+            stream.run.report_progress(done, len(stream.request.prompt_token_ids), stream.next_chunk)
 
     def _propose(self, pending: Sequence[Admission]) -> list[int]:
         """This rank's cached-prefix length for each of the first pending assignments. Looked up once

@@ -14,12 +14,16 @@ many prompt tokens its prefix cache can serve (`prefix_cache.PrefixIndex.longest
 reuses the minimum over ranks (`AgreedStep.cached`, by its index among the newcomers: every rank's
 pending list starts with the same ids). Cancel votes add up (any rank's vote stops that stream); the sampling rank alone writes the
 tokens. `next_composition` turns that vector, plus what every rank derives alike from it (which
-streams hit a stop rule, whether the head's prefill is done), into the next batch: cancelled and
-finished streams leave, the prefilled head joins the decoding rows, and the first assignments
-not yet admitted join in log order while there is room (`max_batch`).
+streams hit a stop rule, which prefills are done), into the next batch: cancelled and finished
+streams leave, prefilled streams join the decoding rows (in order, as many as the micro-batches
+take), and the first assignments not yet admitted join in log order while there is room
+(`max_batch`).
 
 Slots are `Composition.members` in order: the decoding rows (in the batch cache's row order),
-then the streams waiting for or in prefill (the first of them gets this step's prefill chunk).
+then the streams waiting for or in prefill. Which of those take a prompt chunk at a step is
+`chunk_takers`: the first always, then any other whose next chunk still fits the step's prefill
+budget, so a burst of short prompts fills the batch in a few steps, not one step per newcomer,
+while a step's prefill work stays within one chunk of the prefill step size.
 """
 
 from __future__ import annotations
@@ -111,7 +115,7 @@ class Transition:
     kept_rows: tuple[int, ...]  # indices of the old rows that stay, in order (the cache filter)
     cancelled: tuple[str, ...]  # members that leave cancelled
     finished: tuple[str, ...]  # rows that leave on a stop rule (EOS, stop string, max_tokens)
-    joined: str | None  # the prefilled stream appended as the last row
+    joined: tuple[str, ...]  # prefilled streams appended as the last rows, in order
     newcomers: tuple[str, ...]  # admitted now, in log order, appended to `prefilling`
 
 
@@ -120,14 +124,16 @@ def next_composition(
     agreed: AgreedStep,
     *,
     stopped_rows: frozenset[str],
-    head_prefilled: bool,
+    prefilled: frozenset[str],
+    join_room: int,
     pending: Sequence[str],
     max_batch: int,
 ) -> Transition:
     """The batch of the next step. `stopped_rows`: rows whose agreed token hit a stop rule (every rank
-    applies the same rules to the same tokens); `head_prefilled`: the first prefilling stream has no
-    prompt chunk left; `pending`: this rank's assignments not yet admitted, in log order (every rank's
-    list starts with the same `agreed.received - current.admitted` ids)."""
+    applies the same rules to the same tokens); `prefilled`: prefilling streams with no prompt chunk
+    left; `join_room`: how many of them the decoding rows take now (`MicroBatches.join_room`);
+    `pending`: this rank's assignments not yet admitted, in log order (every rank's list starts with
+    the same `agreed.received - current.admitted` ids)."""
     members = current.members
     cancelled = tuple(t for slot, t in enumerate(members) if agreed.cancelled[slot])
     gone = set(cancelled)
@@ -136,10 +142,9 @@ def next_composition(
     kept_rows = tuple(i for i, t in enumerate(current.rows) if t not in gone)
     rows = [current.rows[i] for i in kept_rows]
     prefilling = [t for t in current.prefilling if t not in gone]
-    joined = None
-    if head_prefilled and current.prefilling and current.prefilling[0] not in gone:
-        joined = prefilling.pop(0)
-        rows.append(joined)
+    joined = tuple(t for t in prefilling if t in prefilled)[: max(0, join_room)]
+    rows.extend(joined)
+    prefilling = [t for t in prefilling if t not in joined]
     room = max_batch - len(rows) - len(prefilling)
     available = agreed.received - current.admitted
     if available > len(pending):
@@ -149,3 +154,17 @@ def next_composition(
         rows=tuple(rows), prefilling=(*prefilling, *newcomers), admitted=current.admitted + len(newcomers)
     )
     return Transition(composition, kept_rows, cancelled, finished, joined, newcomers)
+
+
+def chunk_takers(next_chunks: Sequence[int | None], budget: int) -> tuple[int, ...]:
+    """Which prefilling streams (by index, in slot order) take their next prompt chunk this step;
+    `next_chunks[i]`: stream i's next chunk's tokens, None when its prompt is in. The first with a
+    chunk always takes it (a long prompt progresses as it would alone); any later one whose chunk
+    still fits the `budget` (the prefill step size, in tokens) takes it too."""
+    takers: list[int] = []
+    spent = 0
+    for index, tokens in enumerate(next_chunks):
+        if tokens is not None and (not takers or spent + tokens <= budget):
+            takers.append(index)
+            spent += tokens
+    return tuple(takers)
