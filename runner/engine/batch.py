@@ -32,13 +32,14 @@ import mlx.core as mx
 from events.vocabulary import PrefillPath
 from runner.engine.batch_cache import BatchShardCache, prefix_caches
 from runner.engine.batch_plan import AgreedStep, Composition, StepLayout, chunk_takers, next_composition
+from runner.engine.batch_prefill import ChunkWork, compute_chunks, starts_fresh
 from runner.engine.batch_rows import RowDecoder
 from runner.engine.decode import DecodeSpec, Emitter
 from runner.engine.engine import Engine, GenerationOutcome, GenerationRequest, outcome_of
 from runner.engine.logprobs import LazyLogprobs
 from runner.engine.micro_batches import MicroBatch, MicroBatches
 from runner.engine.plan import choose_path, chunk_sizes, effective_step, rank_schedule
-from runner.engine.prefill import compute_chunk, run_prefill
+from runner.engine.prefill import run_prefill
 from runner.engine.prefix_cache import PrefixIndex, PrefixMatch
 from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
 from runner.engine.task_run import TaskRun
@@ -175,18 +176,20 @@ class ContinuousBatch:
 
     def _prefill_chunks(self) -> list[_Stream]:
         """The prefilling streams that take a chunk at this step (`batch_plan.chunk_takers`, from
-        agreed data: the composition and each stream's chunks), each sequentially through every
-        rank, in slot order; or, for a stream admitted alone on the pipeline path, its whole
-        prefill (the GPipe schedule)."""
+        agreed data: the composition and each stream's chunks), sequentially through every rank,
+        in slot order, first chunks of one length in one forward (`batch_prefill`); or, for a
+        stream admitted alone on the pipeline path, its whole prefill (the GPipe schedule)."""
         waiting = [self.streams[t] for t in self.composition.prefilling]
         takers = [waiting[i] for i in chunk_takers([s.chunk_left for s in waiting], self.prefill_budget)]
+        if takers and takers[0].path == "pipeline":  # admitted alone: nothing else prefills with it
+            self._pipeline_prefill(takers[0])
+            return takers[:1]
+        work = []
         for stream in takers:
-            if stream.path == "pipeline":
-                self._pipeline_prefill(stream)
-                continue
             start = stream.cached + sum(stream.chunks[: stream.next_chunk])
-            piece = stream.request.prompt_token_ids[start : start + stream.chunks[stream.next_chunk]]
-            compute_chunk(stream.run, mx.array(piece, dtype=mx.int32), "sequential")
+            tokens = stream.request.prompt_token_ids[start : start + stream.chunks[stream.next_chunk]]
+            work.append(ChunkWork(tokens, starts_fresh(stream.run, stream.cached, stream.next_chunk)))
+        compute_chunks([s.run for s in takers], work)
         return takers
 
     def _pipeline_prefill(self, head: _Stream) -> None:
