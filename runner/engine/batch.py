@@ -31,7 +31,14 @@ import mlx.core as mx
 
 from events.vocabulary import PrefillPath
 from runner.engine.batch_cache import BatchShardCache, prefix_caches
-from runner.engine.batch_plan import AgreedStep, Composition, StepLayout, chunk_takers, next_composition
+from runner.engine.batch_plan import (
+    AgreedStep,
+    Composition,
+    StepLayout,
+    chunk_takers,
+    delivers,
+    next_composition,
+)
 from runner.engine.batch_prefill import ChunkWork, compute_chunks, starts_fresh
 from runner.engine.batch_rows import RowDecoder
 from runner.engine.decode import DecodeSpec, Emitter
@@ -220,8 +227,9 @@ class ContinuousBatch:
         stopped: set[str] = set()
         for slot, task_id in enumerate(current.rows):
             stream = self.streams[task_id]
+            deliver = delivers(stream.decode_step, len(current.rows))
             if not agreed.cancelled[slot] and stream.emitter.accept(
-                stream.decode_step, agreed.tokens[slot], logprobs[slot]
+                stream.decode_step, agreed.tokens[slot], logprobs[slot], deliver
             ):
                 stopped.add(task_id)
             stream.next_input = agreed.tokens[slot]

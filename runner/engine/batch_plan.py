@@ -168,3 +168,21 @@ def chunk_takers(next_chunks: Sequence[int | None], budget: int) -> tuple[int, .
             takers.append(index)
             spent += tokens
     return tuple(takers)
+
+
+CHUNK_EVENTS_PER_STEP = 4  # the streams' chunk events a step makes, at most about (see `delivery_interval`)
+
+
+def delivery_interval(rows: int) -> int:
+    """Every how many steps a decoding stream's tokens go out as a chunk, with `rows` streams
+    decoding. Each chunk is an event through the log, the API and the client's stream, about the
+    same cost whatever it carries, and on a small machine that cost is taken from the batch's own
+    forward: so a batch publishes about `CHUNK_EVENTS_PER_STEP` chunks per step, not one per row
+    (16 rows: each stream's tokens every 4 steps). A few rows deliver every token; a first token
+    always goes out at once (`delivers`)."""
+    return max(1, rows // CHUNK_EVENTS_PER_STEP)
+
+
+def delivers(decode_step: int, rows: int) -> bool:
+    """Whether a stream's token of `decode_step` goes out now (with those held since its last)."""
+    return decode_step % delivery_interval(rows) == 0

@@ -6,7 +6,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runner.engine.batch_plan import AgreedStep, Composition, StepLayout, chunk_takers, next_composition
+from runner.engine.batch_plan import (
+    AgreedStep,
+    Composition,
+    StepLayout,
+    chunk_takers,
+    delivers,
+    delivery_interval,
+    next_composition,
+)
 
 
 def agreed(received: int, cancelled: tuple[bool, ...] = (), tokens: tuple[int, ...] = (), slots: int = 4) -> AgreedStep:
@@ -166,3 +174,10 @@ def test_a_steps_prefill_stays_within_one_chunk_of_the_budget(next_chunks: list[
     chunks = [next_chunks[i] or 0 for i in takers]
     assert len(takers) > 0 or all(c is None for c in next_chunks)
     assert len(takers) <= 1 or sum(chunks) <= budget
+
+
+@pytest.mark.parametrize(("rows", "interval"), [(1, 1), (4, 1), (7, 1), (8, 2), (16, 4), (32, 8)])
+def test_a_full_batch_publishes_a_few_chunks_per_step(rows: int, interval: int) -> None:
+    assert delivery_interval(rows) == interval
+    steps = range(64)
+    assert [s for s in steps if delivers(s, rows)] == list(range(0, 64, interval))  # the first token at once
