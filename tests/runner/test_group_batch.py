@@ -61,6 +61,7 @@ def burst_schedule(world: int) -> dict[str, Any]:
          "at": 0}
         for k in range(8)
     ]  # fmt: skip
+    tasks[0]["request"]["top_logprobs"] = 2  # held tokens keep their logprobs
     tasks.insert(3, {"request": req("burst-odd", 2), "at": 0})
     tasks.append({"request": req("burst-long", 13), "at": 1})
     return {"kind": "batch", "name": "burst", "max_batch": 8, "tasks": tasks}
@@ -181,6 +182,7 @@ def test_a_full_batch_delivers_tokens_in_fewer_chunks_in_order(world: int) -> No
             assert index == before, task_id
             before += len(ids)
         assert before == len(outcome["token_ids"]), task_id
+    assert [lp["token_id"] for lp in ended["burst0"]["sink"]["logprobs"]] == ended["burst0"]["token_ids"]
     if world == 1:  # 8 rows in one micro-batch; on 3 ranks the ring's are smaller, and deliver every token
         assert any(len(ids) > 1 for o in ended.values() for _, _, ids in o["sink"]["chunks"])
 
