@@ -3,15 +3,18 @@
 One `step` on every rank: the rank computes its micro-batch of decoding rows ([B, 1], one token;
 `micro_batches.py`: on N ranks the rows ride a ring of N micro-batches, so rank r works on one
 while rank r-1 works on the next, its sends starting after the step's agreement), the first stream
-still prefilling takes one prompt chunk (sequentially through every rank: a long prompt never
-freezes the rows' tokens for more than a chunk; one admitted into an empty batch takes its whole
-prefill on the overlapped pipeline path instead), then one all-reduce (`batch_plan.StepLayout`)
+still prefilling takes one prompt chunk, and the others one each while their chunks fit the
+prefill step (`batch_plan.chunk_takers`: a burst of short prompts is in after a few steps; a long
+prompt never freezes the rows' tokens for more than a chunk), sequentially through every rank
+(one admitted into an empty batch takes its whole prefill on the overlapped pipeline path
+instead), then one all-reduce (`batch_plan.StepLayout`)
 agrees on the boundary micro-batch's tokens, the cancel votes and how many assignments every
 rank holds. The next batch follows from that vector alone (`batch_plan.next_composition`, applied
-to the boundary micro-batch and the prefilling streams), so every rank runs the same forwards and
-the same collective at every step (docs/ARCHITECTURE.md §6). A stream's prefill chunks each cost
-what the first chunk of the instance's step does (`plan.balanced_chunk_sizes`: a late chunk
-attends to more keys, so it is shorter), and its sampler, stop rules, logprobs and grammar are its own; a cancelled, finished or failing stream leaves without
+to the boundary micro-batch and the prefilling streams: the prefilled ones join the rows together),
+so every rank runs the same forwards and the same collective at every step (docs/ARCHITECTURE.md
+§6). A stream's prefill chunks each cost what the first chunk of the instance's step does
+(`plan.balanced_chunk_sizes`: a late chunk attends to more keys, so it is shorter), and its
+sampler, stop rules, logprobs and grammar are its own; a cancelled, finished or failing stream leaves without
 touching the others' rows.
 A decoding row that leaves is copied into the rank's prefix cache (`prefix_cache`), and a newcomer
 starts from the prefix every rank agreed it can reuse (the step's all-reduce carries the proposals).
@@ -21,73 +24,38 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
 
-from events.vocabulary import PrefillPath
 from runner.engine.batch_cache import BatchShardCache, prefix_caches
-from runner.engine.batch_plan import AgreedStep, Composition, StepLayout, next_composition
+from runner.engine.batch_plan import (
+    AgreedStep,
+    Composition,
+    StepLayout,
+    chunk_takers,
+    delivers,
+    next_composition,
+)
+from runner.engine.batch_prefill import ChunkWork, compute_chunks, starts_fresh
 from runner.engine.batch_rows import RowDecoder
-from runner.engine.decode import DecodeSpec, Emitter
-from runner.engine.engine import Engine, GenerationOutcome, GenerationRequest, outcome_of
+from runner.engine.batch_streams import UNRUNNABLE_ELSEWHERE, Admission, Ended, StepResult, Stream
+from runner.engine.decode import Emitter
+from runner.engine.engine import Engine, outcome_of
 from runner.engine.logprobs import LazyLogprobs
 from runner.engine.micro_batches import MicroBatch, MicroBatches
-from runner.engine.plan import balanced_chunk_sizes, choose_path, chunk_sizes, effective_step, rank_schedule
-from runner.engine.prefill import compute_chunk, run_prefill
+from runner.engine.plan import (
+    balanced_chunk_sizes,
+    choose_path,
+    chunk_sizes,
+    effective_step,
+    prefill_cost,
+    rank_schedule,
+)
+from runner.engine.prefill import run_prefill
 from runner.engine.prefix_cache import PrefixIndex, PrefixMatch
-from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
-from runner.engine.task_run import TaskRun
+from runner.engine.protocols import PhaseTracker
 from runner.errors import RequestError
-
-UNRUNNABLE_ELSEWHERE = "another rank of the instance could not build this request (its TaskCreated could not be read)"
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """An assignment as every rank builds it from the log: the request, or why it cannot run."""
-
-    task_id: str
-    request: GenerationRequest | None
-    cancel: CancelSource
-    sink: RunnerSink
-    error: str | None = None  # set when the request could not be built (every rank alike)
-
-
-@dataclass(frozen=True, slots=True)
-class Ended:
-    task_id: str
-    outcome: GenerationOutcome | None  # None: failed, `error` says why
-    error: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StepResult:
-    admitted: int  # how many of the pending admissions joined (the first ones, in log order)
-    ended: list[Ended]
-
-
-@dataclass(slots=True)
-class _Stream:
-    request: GenerationRequest
-    run: TaskRun
-    spec: DecodeSpec
-    emitter: Emitter
-    chunks: list[int]
-    started: float
-    path: PrefillPath = "sequential"
-    next_chunk: int = 0
-    prefill_cancelled: bool = False  # the pipeline prefill's own agreement stopped it
-    decode_step: int = 0
-    next_input: int = 0
-    logprobs: LazyLogprobs | None = field(default=None)
-    cached: int = 0  # prompt tokens reused from the prefix cache (agreed); the chunks cover the rest
-    fed: list[int] = field(default_factory=list)  # agreed tokens, in order: the row holds KV up to the last but one
-
-    @property
-    def prefilled(self) -> bool:
-        return self.next_chunk == len(self.chunks)
 
 
 class ContinuousBatch:
@@ -103,8 +71,10 @@ class ContinuousBatch:
         self.engine, self.phases = engine, phases
         self.max_batch = max_batch
         self.layout = StepLayout(engine.collectives.world, max_batch)
+        step = effective_step(engine.settings.prefill_step_size, engine.collectives.world)
+        self.prefill_budget = prefill_cost(step, 0, engine.prefill_keys_per_token)  # a fresh prompt's first chunk
         self.composition = Composition()  # the admitted streams not decoding yet (its rows are in `micro`)
-        self.streams: dict[str, _Stream] = {}
+        self.streams: dict[str, Stream] = {}
         self.micro = MicroBatches(engine.collectives.world)
         self.row_decoder = RowDecoder(engine)
         self.steps = 0
@@ -139,7 +109,7 @@ class ContinuousBatch:
         self.phases.enter("decode", members[0] if members else None, self.steps)
         tokens, logprobs = self._decode_rows()  # the boundary's, on the sampling rank; none elsewhere
         logprobs = logprobs or [None] * len(current.rows)
-        head, chunked = self._prefill_head()
+        chunked = self._prefill_chunks()
         votes = [self._vote(self.streams[t]) for t in current.members]
         self.phases.enter("agree_cancel", members[0] if members else None, self.steps)
         received = current.admitted + len(pending)
@@ -149,7 +119,7 @@ class ContinuousBatch:
         outbox.complete()  # received before the peer's vote we just agreed with
         outbox.flush()  # the next rank computes this micro-batch at the next step
         self.steps += 1
-        ended = self._apply(current, agreed, logprobs, head, chunked, pending)
+        ended = self._apply(current, agreed, logprobs, chunked, pending)
         self.micro.advance()
         members = self.members
         self.phases.enter("decode" if members else "idle", members[0] if members else None, self.steps)
@@ -166,29 +136,29 @@ class ContinuousBatch:
         inputs = [s.next_input for s in rows]
         return self.row_decoder.step(inputs, specs, part.cache, look_ahead, send_now=self.micro.lockstep)
 
-    def _prefill_head(self) -> tuple[_Stream | None, bool]:
-        """The first prefilling stream, and whether this step carried its next chunk (sequentially
-        through every rank); or, for a stream admitted alone on the pipeline path, its whole prefill
-        (the GPipe schedule). On the decode ring a row's token takes `world` steps, so a chunk rides
-        only the steps whose iteration is a multiple of `world`: one chunk per token of every row
-        (agreed: the ring's iteration is). In lockstep every step advances every row: a chunk each."""
-        if not self.composition.prefilling:
-            return None, False
-        head = self.streams[self.composition.prefilling[0]]
-        if head.prefilled:
-            return head, False
-        if head.path == "pipeline":
-            self._pipeline_prefill(head)
-            return head, False
+    def _prefill_chunks(self) -> list[Stream]:
+        """The prefilling streams that take a chunk at this step (`batch_plan.chunk_takers`, from
+        agreed data: the composition and each stream's chunks), sequentially through every rank,
+        in slot order, first chunks of one length in one forward (`batch_prefill`); or, for a
+        stream admitted alone on the pipeline path, its whole prefill (the GPipe schedule)."""
         iteration, world = self.micro.iteration, self.engine.collectives.world
         if iteration is not None and iteration % world != 0:
-            return head, False
-        start = head.cached + sum(head.chunks[: head.next_chunk])
-        piece = mx.array(head.request.prompt_token_ids[start : start + head.chunks[head.next_chunk]], dtype=mx.int32)
-        compute_chunk(head.run, piece, "sequential")
-        return head, True
+            return []  # on the decode ring a row's token takes `world` steps: chunks ride one of them
+        waiting = [self.streams[t] for t in self.composition.prefilling]
+        costs = [s.next_chunk_cost(self.engine.prefill_keys_per_token) for s in waiting]
+        takers = [waiting[i] for i in chunk_takers(costs, self.prefill_budget)]
+        if takers and takers[0].path == "pipeline":  # admitted alone: nothing else prefills with it
+            self._pipeline_prefill(takers[0])
+            return takers[:1]
+        work = []
+        for stream in takers:
+            start = stream.cached + sum(stream.chunks[: stream.next_chunk])
+            tokens = stream.request.prompt_token_ids[start : start + stream.chunks[stream.next_chunk]]
+            work.append(ChunkWork(tokens, starts_fresh(stream.run, stream.cached, stream.next_chunk)))
+        compute_chunks([s.run for s in takers], work)
+        return takers
 
-    def _pipeline_prefill(self, head: _Stream) -> None:
+    def _pipeline_prefill(self, head: Stream) -> None:
         """Nothing else runs (agreed at admission): every rank overlaps the chunks as a task alone
         does, agreeing on cancel at every iteration; newcomers wait for the step's agreement."""
         engine = self.engine
@@ -197,7 +167,7 @@ class ContinuousBatch:
         head.prefill_cancelled = run_prefill(head.run, prompt, head.chunks, schedule, "pipeline").cancelled
         head.next_chunk = len(head.chunks)
 
-    def _vote(self, stream: _Stream) -> bool:
+    def _vote(self, stream: Stream) -> bool:
         """Every step: the vote rides the step's all-reduce, which runs anyway, so polling costs a
         lookup, and a cancelled slot is free one step after the cancel is read. (A task alone polls
         every `decode_cancel_poll_tokens` steps: there each poll is a collective of its own.)"""
@@ -210,15 +180,15 @@ class ContinuousBatch:
         current: Composition,
         agreed: AgreedStep,
         logprobs: list[LazyLogprobs | None],
-        head: _Stream | None,
-        chunked: bool,
+        chunked: list[Stream],
         pending: Sequence[Admission],
     ) -> StepResult:
         stopped: set[str] = set()
         for slot, task_id in enumerate(current.rows):
             stream = self.streams[task_id]
+            deliver = delivers(stream.decode_step, len(current.rows), self.engine.settings.batch_chunk_events_per_step)
             if not agreed.cancelled[slot] and stream.emitter.accept(
-                stream.decode_step, agreed.tokens[slot], logprobs[slot]
+                stream.decode_step, agreed.tokens[slot], logprobs[slot], deliver
             ):
                 stopped.add(task_id)
             stream.next_input = agreed.tokens[slot]
@@ -226,24 +196,22 @@ class ContinuousBatch:
             stream.decode_step += 1
             if stream.decode_step >= stream.spec.max_tokens:
                 stopped.add(task_id)
-        head_cancelled = head is not None and agreed.cancelled[len(current.rows)]
-        if head is not None and chunked and not head_cancelled:
-            head.next_chunk += 1
-            done = head.cached + sum(head.chunks[: head.next_chunk])
-            head.run.report_progress(done, len(head.request.prompt_token_ids), head.next_chunk)
+        self._chunks_done(current, agreed, chunked)
         micro = self.micro
         boundary, target = micro.boundary(), micro.join_target()
+        prefilled = frozenset(t for t in current.prefilling if self.streams[t].prefilled)
         transition = next_composition(
-            current, agreed, stopped_rows=frozenset(stopped),
-            head_prefilled=head is not None and head.prefilled and target is not None,
+            current, agreed, stopped_rows=frozenset(stopped), prefilled=prefilled,
+            join_room=0 if target is None else micro.join_room(len(prefilled)),
             pending=[a.task_id for a in pending], max_batch=self.max_batch - micro.rows_elsewhere(),
         )  # fmt: skip
         if boundary is not None:
             self._remember(boundary, transition.kept_rows)
             self._keep_rows(boundary, transition.kept_rows)
-            boundary.rows = tuple(t for t in transition.composition.rows if t != transition.joined)
-        if transition.joined is not None and target is not None:
-            self._join(target, transition.joined)
+            boundary.rows = tuple(t for t in transition.composition.rows if t not in transition.joined)
+        if target is not None:  # join_room is 0 without one
+            for task_id in transition.joined:
+                self._join(target, task_id)
         ended = [self._cancelled(t, current.rows) for t in transition.cancelled]
         ended += [self._finished(t) for t in transition.finished]
         alone = not micro.rows and len(transition.composition.prefilling) == 1
@@ -253,6 +221,16 @@ class ContinuousBatch:
         waiting = Composition((), transition.composition.prefilling, transition.composition.admitted)
         self.composition = waiting.without([f.task_id for f in failed if f is not None])
         return StepResult(len(transition.newcomers), ended)
+
+    def _chunks_done(self, current: Composition, agreed: AgreedStep, chunked: list[Stream]) -> None:
+        """The streams that took a sequential chunk and were not cancelled move past it."""
+        slots = {task_id: slot for slot, task_id in enumerate(current.members)}
+        for stream in chunked:
+            if stream.path == "pipeline" or agreed.cancelled[slots[stream.request.task_id]]:
+                continue
+            stream.next_chunk += 1
+            done = stream.cached + sum(stream.chunks[: stream.next_chunk])
+            stream.run.report_progress(done, len(stream.request.prompt_token_ids), stream.next_chunk)
 
     def _propose(self, pending: Sequence[Admission]) -> list[int | None]:
         """This rank's cached-prefix length for each of the first pending assignments (None: this
@@ -316,7 +294,7 @@ class ContinuousBatch:
         stream.emitter.finish()
         return self._end(stream, stream.emitter.result.finish_reason)
 
-    def _end(self, stream: _Stream, finish_reason: Any) -> Ended:
+    def _end(self, stream: Stream, finish_reason: Any) -> Ended:
         del self.streams[stream.request.task_id]
         result, run = stream.emitter.result, stream.run
         if run.callback_errors:
@@ -361,7 +339,7 @@ class ContinuousBatch:
             run.caches.replace_owned(prefix_caches(match.value, cached))
         spec = engine.decode_spec(request, iterations)
         emitter = Emitter(run, spec, engine.tokenizer)
-        stream = _Stream(request, run, spec, emitter, chunks, time.perf_counter(), path, cached=cached)
+        stream = Stream(request, run, spec, emitter, chunks, time.perf_counter(), path, cached=cached)
         self.streams[request.task_id] = stream
         run.notify(admission.sink.prefill_started, request.task_id, path, prompt_len, len(chunks), step, cached)
         if path == "sequential":  # the pipeline prefill reports its own start

@@ -84,6 +84,19 @@ def prefix_caches(entry: list[Any], length: int) -> list[KVCache]:
     return [_prefix_of(source, length) for source in entry]
 
 
+def row_caches(caches: list[Any], row: int) -> list[KVCache]:
+    """Row `row` of batched plain caches (a forward of several prompts at once), as one stream's own
+    caches: its keys and values up to the offset, in new array objects (slices)."""
+    rows: list[KVCache] = []
+    for source in caches:
+        cache = KVCache()
+        cache.keys = source.keys[row : row + 1, :, : source.offset, :]
+        cache.values = source.values[row : row + 1, :, : source.offset, :]
+        cache.offset = source.offset
+        rows.append(cache)
+    return rows
+
+
 def _prefix_of(source: Any, length: int) -> KVCache:
     """A plain cache of the first `length` tokens of `source`, in arrays of its own (slices)."""
     cache = KVCache()

@@ -17,12 +17,16 @@ rank that could not build that assignment's request (its `TaskCreated` could not
 minimum then says no rank may run it (`AgreedStep.runnable`), so every rank fails it alike rather
 than one rank leaving it out of the batch the others run. Cancel votes add up (any rank's vote stops that stream); the sampling rank alone writes the
 tokens. `next_composition` turns that vector, plus what every rank derives alike from it (which
-streams hit a stop rule, whether the head's prefill is done), into the next batch: cancelled and
-finished streams leave, the prefilled head joins the decoding rows, and the first assignments
-not yet admitted join in log order while there is room (`max_batch`).
+streams hit a stop rule, which prefills are done), into the next batch: cancelled and finished
+streams leave, prefilled streams join the decoding rows (in order, as many as the micro-batches
+take), and the first assignments not yet admitted join in log order while there is room
+(`max_batch`).
 
 Slots are `Composition.members` in order: the decoding rows (in the batch cache's row order),
-then the streams waiting for or in prefill (the first of them gets this step's prefill chunk).
+then the streams waiting for or in prefill. Which of those take a prompt chunk at a step is
+`chunk_takers`: the first always, then any other whose next chunk still fits the step's prefill
+budget, so a burst of short prompts fills the batch in a few steps, not one step per newcomer,
+while a step's prefill work stays within one chunk of the prefill step size.
 """
 
 from __future__ import annotations
@@ -118,7 +122,7 @@ class Transition:
     kept_rows: tuple[int, ...]  # indices of the old rows that stay, in order (the cache filter)
     cancelled: tuple[str, ...]  # members that leave cancelled
     finished: tuple[str, ...]  # rows that leave on a stop rule (EOS, stop string, max_tokens)
-    joined: str | None  # the prefilled stream appended as the last row
+    joined: tuple[str, ...]  # prefilled streams appended as the last rows, in order
     newcomers: tuple[str, ...]  # admitted now, in log order, appended to `prefilling`
 
 
@@ -127,14 +131,16 @@ def next_composition(
     agreed: AgreedStep,
     *,
     stopped_rows: frozenset[str],
-    head_prefilled: bool,
+    prefilled: frozenset[str],
+    join_room: int,
     pending: Sequence[str],
     max_batch: int,
 ) -> Transition:
     """The batch of the next step. `stopped_rows`: rows whose agreed token hit a stop rule (every rank
-    applies the same rules to the same tokens); `head_prefilled`: the first prefilling stream has no
-    prompt chunk left; `pending`: this rank's assignments not yet admitted, in log order (every rank's
-    list starts with the same `agreed.received - current.admitted` ids)."""
+    applies the same rules to the same tokens); `prefilled`: prefilling streams with no prompt chunk
+    left; `join_room`: how many of them the decoding rows take now (`MicroBatches.join_room`);
+    `pending`: this rank's assignments not yet admitted, in log order (every rank's list starts with
+    the same `agreed.received - current.admitted` ids)."""
     members = current.members
     cancelled = tuple(t for slot, t in enumerate(members) if agreed.cancelled[slot])
     gone = set(cancelled)
@@ -143,10 +149,9 @@ def next_composition(
     kept_rows = tuple(i for i, t in enumerate(current.rows) if t not in gone)
     rows = [current.rows[i] for i in kept_rows]
     prefilling = [t for t in current.prefilling if t not in gone]
-    joined = None
-    if head_prefilled and current.prefilling and current.prefilling[0] not in gone:
-        joined = prefilling.pop(0)
-        rows.append(joined)
+    joined = tuple(t for t in prefilling if t in prefilled)[: max(0, join_room)]
+    rows.extend(joined)
+    prefilling = [t for t in prefilling if t not in joined]
     room = max_batch - len(rows) - len(prefilling)
     available = agreed.received - current.admitted
     if available > len(pending):
@@ -156,3 +161,33 @@ def next_composition(
         rows=tuple(rows), prefilling=(*prefilling, *newcomers), admitted=current.admitted + len(newcomers)
     )
     return Transition(composition, kept_rows, cancelled, finished, joined, newcomers)
+
+
+def chunk_takers(next_chunks: Sequence[float | None], budget: float) -> tuple[int, ...]:
+    """Which prefilling streams (by index, in slot order) take their next prompt chunk this step;
+    `next_chunks[i]`: the cost of stream i's next chunk (`plan.prefill_cost`), None when its prompt
+    is in. The first with a chunk always takes it (a long prompt progresses as it would alone); any
+    later one whose chunk still fits the `budget` (what a fresh prompt's first chunk of the prefill
+    step costs) takes it too."""
+    takers: list[int] = []
+    spent = 0.0
+    for index, cost in enumerate(next_chunks):
+        if cost is not None and (not takers or spent + cost <= budget):
+            takers.append(index)
+            spent += cost
+    return tuple(takers)
+
+
+def delivery_interval(rows: int, events_per_step: int) -> int:
+    """Every how many steps a decoding stream's tokens go out as a chunk, with `rows` streams
+    decoding. Each chunk is an event through the log, the API and the client's stream, about the
+    same cost whatever it carries, and on a small machine that cost is taken from the batch's own
+    forward: so a batch publishes about `events_per_step` (`batch_chunk_events_per_step`) chunks per
+    step, not one per row (16 rows, 4 per step: each stream's tokens every 4 steps). A few rows
+    deliver every token; a first token always goes out at once (`delivers`)."""
+    return max(1, rows // events_per_step)
+
+
+def delivers(decode_step: int, rows: int, events_per_step: int) -> bool:
+    """Whether a stream's token of `decode_step` goes out now (with those held since its last)."""
+    return decode_step % delivery_interval(rows, events_per_step) == 0

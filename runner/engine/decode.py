@@ -54,7 +54,8 @@ def run_decode(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResult:
 
 
 class Emitter:
-    """What a rank does with each agreed token: stop rules, text assembly, delivery."""
+    """What a rank does with each agreed token: stop rules, text assembly, delivery. A token taken
+    with `deliver=False` is held and goes out with the next delivered one (or at `finish`)."""
 
     def __init__(self, run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> None:
         self.run, self.spec = run, spec
@@ -65,13 +66,14 @@ class Emitter:
         self.sampling = run.placement.is_last
         self.tokenizer = tokenizer
         self.logprobs: list[TokenLogprob] = []  # the sampling rank's, one per entry of result.token_ids
+        self.held: tuple[str, list[int]] = ("", [])  # released by the assembler, not delivered yet
 
     def cancelled(self, step: int) -> DecodeResult:
         self.run.cancelled_at = f"decode:{step}"
         self.result.finish_reason = "cancelled"
         return self.finish()
 
-    def accept(self, step: int, token: int, logprobs: LazyLogprobs | None = None) -> bool:
+    def accept(self, step: int, token: int, logprobs: LazyLogprobs | None = None, deliver: bool = True) -> bool:
         """Take the token agreed at `step`; True when generation stops here."""
         result, run = self.result, self.run
         result.steps = step + 1
@@ -87,7 +89,7 @@ class Emitter:
         if logprobs is not None:
             self.logprobs.append(as_token_logprob(self.tokenizer, token, logprobs))
         self.detokenizer.add_token(token)
-        self._deliver(self.assembler.add(token, self.detokenizer.last_segment))
+        self._deliver(self.assembler.add(token, self.detokenizer.last_segment), deliver)
         if self.assembler.stopped:
             result.finish_reason = "stop"
             return True
@@ -103,9 +105,10 @@ class Emitter:
         self.result.text = self.assembler.text
         return self.result
 
-    def _deliver(self, released: tuple[str, list[int]]) -> None:
-        text, ids = released
-        if self.sampling and (text or ids):
+    def _deliver(self, released: tuple[str, list[int]], now: bool = True) -> None:
+        text, ids = self.held[0] + released[0], self.held[1] + released[1]
+        self.held = ("", []) if now else (text, ids)
+        if now and self.sampling and (text or ids):
             produced = len(self.result.token_ids)
             index = produced - len(ids)
             logprobs = self.logprobs[index:produced] if self.spec.top_logprobs is not None else None

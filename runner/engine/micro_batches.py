@@ -67,6 +67,21 @@ class MicroBatches:
             return None
         return boundary
 
+    def join_room(self, waiting: int) -> int:
+        """How many of `waiting` prefilled streams may join `join_target` now. One rank: all of
+        them (one micro-batch, nothing to balance). Several, in lockstep: one (it starts the ring).
+        On the ring: as many as keep the boundary at most one row above the smallest other
+        micro-batch: none unless it is one of the smallest (the balance `join_target` keeps)."""
+        boundary = self.boundary()
+        others = [len(part.rows) for part in self.parts if part is not boundary]
+        if not others:
+            return waiting
+        if self.iteration is None:
+            return min(waiting, 1)
+        if boundary is None:
+            return 0
+        return min(waiting, max(0, min(others) + 1 - len(boundary.rows)))
+
     def rows_elsewhere(self) -> int:
         boundary = self.boundary()
         return sum(len(part.rows) for part in self.parts if part is not boundary)

@@ -81,6 +81,11 @@ def chunk_cost(size: int, offset: int, keys: float) -> float:
     return size * (keys + offset + (size + 1) / 2)
 
 
+def prefill_cost(size: int, offset: int, keys: float | None) -> float:
+    """`chunk_cost`, or the chunk's tokens when the model's shape is not known (`keys` None)."""
+    return float(size) if keys is None else chunk_cost(size, offset, keys)
+
+
 def balanced_chunk_sizes(prompt_len: int, step: int, cached: int, keys: float | None) -> list[int]:
     """Chunks of prompt tokens [cached, prompt_len - 1) that each cost at most what a fresh prompt's
     first chunk of `step` tokens costs: a late chunk attends to everything before it, so equal token

@@ -51,8 +51,9 @@ def run_prefill(
 
 
 def compute_chunk(run: TaskRun, piece: mx.array, path: PrefillPath) -> None:
+    """`piece`: [n] prompt tokens, or [k, n]: k prompts' chunks of one length (`batch_prefill`)."""
     mark = run.outbox.mark()  # sends queued before (a pipelined decode's) wait for their agreement
-    run.forward(piece[None])
+    run.forward(piece if piece.ndim == 2 else piece[None])
     if path == "sequential":
         # The next rank needs this chunk before anyone can reach the agreement collective.
         mx.eval([*run.caches.states(), *run.outbox.take_all(since=mark)])

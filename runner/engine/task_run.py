@@ -60,7 +60,7 @@ class TaskRun:
         return stop
 
     def forward(self, tokens: Any) -> Any:
-        """Run this rank's part of the model on a [1, n] token array (lazily); returns logits."""
+        """Run this rank's part of the model on a [rows, n] token array (lazily); returns logits."""
         logits = self.model(tokens, cache=self.caches.slots)
         self.caches.maybe_quantize(self.kv_bits, self.kv_group_size)
         return logits

@@ -31,7 +31,7 @@ from runner.local.testing import FixedCancel, RecordingSink
 UNREADABLE = "TaskCreated not found in the log"
 
 if TYPE_CHECKING:
-    from runner.engine.batch import Admission
+    from runner.engine.batch_streams import Admission
     from runner.engine.engine import Engine
 
 
@@ -137,7 +137,7 @@ def _admission(
     sinks: dict[str, TimedSink],
     flips: dict[int, list[StepCancel]],
 ) -> Admission:
-    from runner.engine.batch import Admission
+    from runner.engine.batch_streams import Admission
     from runner.engine.engine import GenerationRequest
     from runner.local.rank_main import CancelAtPoll
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from events.catalogue import TaskFailed
 from events.ids import TaskId
-from runner.engine.batch import Admission, StepResult
+from runner.engine.batch_streams import Admission, StepResult
 from runner.service.bridge import Assignment
 
 if TYPE_CHECKING:

@@ -6,7 +6,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runner.engine.batch_plan import AgreedStep, Composition, StepLayout, next_composition
+from runner.engine.batch_plan import (
+    AgreedStep,
+    Composition,
+    StepLayout,
+    chunk_takers,
+    delivers,
+    delivery_interval,
+    next_composition,
+)
 
 
 def agreed(received: int, cancelled: tuple[bool, ...] = (), tokens: tuple[int, ...] = (), slots: int = 4) -> AgreedStep:
@@ -36,21 +44,25 @@ def test_layout_refuses_more_slots_than_max_batch_and_a_wrong_length() -> None:
 
 
 @pytest.mark.parametrize(
-    ("case", "current", "step", "stopped", "head_done", "pending", "expected_rows", "expected_prefilling", "kept"),
+    ("case", "current", "step", "stopped", "done", "pending", "expected_rows", "expected_prefilling", "kept"),
     [
-        ("idle admits in log order", Composition(), agreed(2), set(), False, ["a", "b", "c"], (), ("a", "b"), ()),
-        ("only what every rank read", Composition(admitted=1), agreed(2), set(), False, ["b", "c"], (), ("b",), ()),
-        ("room is the limit", Composition(rows=("a", "b", "c"), admitted=3), agreed(5), set(), False,
+        ("idle admits in log order", Composition(), agreed(2), set(), set(), ["a", "b", "c"], (), ("a", "b"), ()),
+        ("only what every rank read", Composition(admitted=1), agreed(2), set(), set(), ["b", "c"], (), ("b",), ()),
+        ("room is the limit", Composition(rows=("a", "b", "c"), admitted=3), agreed(5), set(), set(),
          ["d", "e"], ("a", "b", "c"), ("d",), (0, 1, 2)),
         ("a finished row frees its slot at once", Composition(rows=("a", "b", "c", "d"), admitted=4), agreed(5),
-         {"b"}, False, ["e"], ("a", "c", "d"), ("e",), (0, 2, 3)),
+         {"b"}, set(), ["e"], ("a", "c", "d"), ("e",), (0, 2, 3)),
         ("the prefilled head joins last", Composition(rows=("a",), prefilling=("b", "c"), admitted=3), agreed(3),
-         set(), True, [], ("a", "b"), ("c",), (0,)),
+         set(), {"b"}, [], ("a", "b"), ("c",), (0,)),
+        ("prefilled streams join together, in order", Composition(rows=("a",), prefilling=("b", "c", "d"),
+         admitted=4), agreed(4), set(), {"d", "b"}, [], ("a", "b", "d"), ("c",), (0,)),
+        ("no more than the join room", Composition(prefilling=("b", "c", "d"), admitted=3), agreed(3), set(),
+         {"b", "c", "d"}, [], ("b", "c"), ("d",), ()),
         ("a cancelled row leaves, the others stay", Composition(rows=("a", "b", "c"), admitted=3),
-         agreed(3, (False, True)), set(), False, [], ("a", "c"), (), (0, 2)),
-        ("a cancelled head never joins", Composition(rows=("a",), prefilling=("b", "c"), admitted=3),
-         agreed(3, (False, True)), set(), True, [], ("a",), ("c",), (0,)),
-        ("cancel wins over a stop rule", Composition(rows=("a",), admitted=1), agreed(1, (True,)), {"a"}, False,
+         agreed(3, (False, True)), set(), set(), [], ("a", "c"), (), (0, 2)),
+        ("a cancelled prefilled stream never joins", Composition(rows=("a",), prefilling=("b", "c"), admitted=3),
+         agreed(3, (False, True)), set(), {"b", "c"}, [], ("a", "c"), (), (0,)),
+        ("cancel wins over a stop rule", Composition(rows=("a",), admitted=1), agreed(1, (True,)), {"a"}, set(),
          [], (), (), ()),
     ],
 )  # fmt: skip
@@ -59,14 +71,20 @@ def test_next_composition(
     current: Composition,
     step: AgreedStep,
     stopped: set[str],
-    head_done: bool,
+    done: set[str],
     pending: list[str],
     expected_rows: tuple[str, ...],
     expected_prefilling: tuple[str, ...],
     kept: tuple[int, ...],
 ) -> None:
     transition = next_composition(
-        current, step, stopped_rows=frozenset(stopped), head_prefilled=head_done, pending=pending, max_batch=4
+        current,
+        step,
+        stopped_rows=frozenset(stopped),
+        prefilled=frozenset(done),
+        join_room=2,
+        pending=pending,
+        max_batch=4,
     )
     assert transition.composition.rows == expected_rows, case
     assert transition.composition.prefilling == expected_prefilling, case
@@ -77,18 +95,24 @@ def test_next_composition(
 def test_cancel_and_finish_are_reported_apart() -> None:
     current = Composition(rows=("a", "b"), prefilling=("c",), admitted=3)
     transition = next_composition(
-        current, agreed(3, (True, False, True)), stopped_rows=frozenset({"a", "b"}), head_prefilled=True,
-        pending=[], max_batch=4,
+        current, agreed(3, (True, False, True)), stopped_rows=frozenset({"a", "b"}), prefilled=frozenset("c"),
+        join_room=1, pending=[], max_batch=4,
     )  # fmt: skip
     assert transition.cancelled == ("a", "c")
     assert transition.finished == ("b",)
-    assert transition.joined is None
+    assert transition.joined == ()
 
 
 def test_a_rank_that_holds_fewer_assignments_than_agreed_is_an_error() -> None:
     with pytest.raises(ValueError, match="holds 1"):
         next_composition(
-            Composition(), agreed(2), stopped_rows=frozenset(), head_prefilled=False, pending=["a"], max_batch=4
+            Composition(),
+            agreed(2),
+            stopped_rows=frozenset(),
+            prefilled=frozenset(),
+            join_room=1,
+            pending=["a"],
+            max_batch=4,
         )
 
 
@@ -102,10 +126,11 @@ def test_without_drops_newcomers_that_failed_validation() -> None:
     extra=st.lists(st.integers(0, 3), min_size=3, max_size=3),
     votes=st.lists(st.booleans(), min_size=4, max_size=4),
     stopped=st.sets(st.sampled_from("abcdefg")),
-    head_done=st.booleans(),
+    done=st.sets(st.sampled_from("y")),
+    join_room=st.integers(0, 2),
 )
 def test_every_rank_derives_the_same_batch_whatever_it_read_beyond_the_minimum(
-    counts: list[int], extra: list[int], votes: list[bool], stopped: set[str], head_done: bool
+    counts: list[int], extra: list[int], votes: list[bool], stopped: set[str], done: set[str], join_room: int
 ) -> None:
     """Ranks read different numbers of assignments; the batch they derive never depends on it."""
     log = list("abcdefghijklmnop")
@@ -114,7 +139,13 @@ def test_every_rank_derives_the_same_batch_whatever_it_read_beyond_the_minimum(
     frozen = frozenset(stopped)
     results = {
         next_composition(
-            current, step, stopped_rows=frozen, head_prefilled=head_done, pending=log[: n + e], max_batch=4
+            current,
+            step,
+            stopped_rows=frozen,
+            prefilled=frozenset(done),
+            join_room=join_room,
+            pending=log[: n + e],
+            max_batch=4,
         )
         for n, e in zip(counts, extra, strict=False)
     }
@@ -122,3 +153,34 @@ def test_every_rank_derives_the_same_batch_whatever_it_read_beyond_the_minimum(
     (transition,) = results
     assert len(transition.composition.members) <= 4
     assert transition.composition.admitted <= min(counts)
+
+
+@pytest.mark.parametrize(
+    ("case", "next_chunks", "budget", "expected"),
+    [
+        ("nothing to prefill", [None, None], 256, ()),
+        ("short prompts share the step", [50, 50, 50, 50, 50, 50], 256, (0, 1, 2, 3, 4)),
+        ("the first always takes its chunk", [256, 50], 256, (0,)),
+        ("the first with a chunk, past the prefilled ones", [None, 300, 10], 256, (1,)),
+        ("a later short chunk fills the room a long one left", [200, 100, 40], 256, (0, 2)),
+    ],
+)  # fmt: skip
+def test_chunk_takers(case: str, next_chunks: list[int | None], budget: int, expected: tuple[int, ...]) -> None:
+    assert chunk_takers(next_chunks, budget) == expected, case
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(1, 300)), max_size=8), st.integers(1, 256))
+def test_a_steps_prefill_stays_within_one_chunk_of_the_budget(next_chunks: list[int | None], budget: int) -> None:
+    """The step's prefill tokens exceed the budget only by the first chunk taken alone."""
+    takers = chunk_takers(next_chunks, budget)
+    chunks = [next_chunks[i] or 0 for i in takers]
+    assert len(takers) > 0 or all(c is None for c in next_chunks)
+    assert len(takers) <= 1 or sum(chunks) <= budget
+
+
+@pytest.mark.parametrize(("rows", "interval"), [(1, 1), (4, 1), (7, 1), (8, 2), (16, 4), (32, 8)])
+def test_a_full_batch_publishes_a_few_chunks_per_step(rows: int, interval: int) -> None:
+    assert delivery_interval(rows, 4) == interval
+    assert delivery_interval(rows, 32) == 1  # batch_chunk_events_per_step >= max_batch: every token
+    steps = range(64)
+    assert [s for s in steps if delivers(s, rows, 4)] == list(range(0, 64, interval))  # the first token at once

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from runner.engine.batch import UNRUNNABLE_ELSEWHERE
+from runner.engine.batch_streams import UNRUNNABLE_ELSEWHERE
 from runner.engine.plan import balanced_chunk_sizes, even_split, model_keys_per_token
 from runner.local.batch_job import UNREADABLE
 from runner.local.launch import run_group
@@ -56,6 +56,21 @@ def lone_schedule(world: int) -> dict[str, Any]:
     return {"kind": "batch", "name": "lone", "max_batch": 4, "tasks": tasks}
 
 
+def burst_schedule(world: int) -> dict[str, Any]:
+    """Requests arriving together, as clients of one template do: the first chunks of one length
+    prefill in one forward (a one-token prompt's apart), several per step, joining the rows
+    together; with 8 rows each stream's tokens go out every other step."""
+    tasks = [
+        {"request": {**req(f"burst{k}", 3), "prompt_token_ids": [(i * 41 + 7 * k) % 200 + 32 for i in range(3)]},
+         "at": 0}
+        for k in range(8)
+    ]  # fmt: skip
+    tasks[0]["request"]["top_logprobs"] = 2  # held tokens keep their logprobs
+    tasks.insert(3, {"request": req("burst-odd", 2), "at": 0})
+    tasks.append({"request": req("burst-long", 13), "at": 1})
+    return {"kind": "batch", "name": "burst", "max_batch": 8, "tasks": tasks}
+
+
 def random_schedule(seed: int, world: int) -> dict[str, Any]:
     rng = random.Random(seed)
     tasks, at = [], 0
@@ -76,6 +91,7 @@ def schedules(world: int) -> list[dict[str, Any]]:
     return [
         fixed_schedule(world),
         lone_schedule(world),
+        burst_schedule(world),
         *(random_schedule(seed, world) for seed in range(RANDOM_SCHEDULES)),
     ]
 
@@ -174,6 +190,20 @@ def test_tokens_reach_the_sampling_ranks_sink_in_order(world: int) -> None:
         assert "".join(text for _, text, _ in chunks) == outcome["text"], task_id
     if world > 1:
         assert all(not o["sink"]["chunks"] for o in runs[0][0]["ended"].values() if "error" not in o)
+
+
+@pytest.mark.parametrize("world", (1, 3))
+def test_a_full_batch_delivers_tokens_in_fewer_chunks_in_order(world: int) -> None:
+    ended = batch_runs(world)[-1][2]["ended"]  # the burst schedule, on the sampling rank
+    for task_id, outcome in ended.items():
+        chunks, before = outcome["sink"]["chunks"], 0
+        for index, _, ids in chunks:
+            assert index == before, task_id
+            before += len(ids)
+        assert before == len(outcome["token_ids"]), task_id
+    assert [lp["token_id"] for lp in ended["burst0"]["sink"]["logprobs"]] == ended["burst0"]["token_ids"]
+    if world == 1:  # 8 rows in one micro-batch; on 3 ranks the ring's are smaller, and deliver every token
+        assert any(len(ids) > 1 for o in ended.values() for _, _, ids in o["sink"]["chunks"])
 
 
 def test_the_fixed_schedule_really_overlaps_its_streams() -> None:

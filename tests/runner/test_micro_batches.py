@@ -15,6 +15,7 @@ def test_one_rank_is_always_lockstep_on_one_micro_batch() -> None:
     micro = MicroBatches(1)
     micro.parts[0].rows = ("a", "b")
     assert micro.join_target() is micro.parts[0]
+    assert micro.join_room(5) == 5  # one micro-batch: every prefilled stream joins at once
     micro.advance()
     assert micro.lockstep and micro.working(0) is micro.parts[0]
 
@@ -25,12 +26,12 @@ def test_a_second_stream_starts_the_ring_and_the_last_one_left_ends_it() -> None
     micro.parts[0].rows = ("a",)
     micro.advance()
     assert micro.lockstep and micro.working(1) is micro.parts[0]  # one all-reduce per token
-    assert micro.join_target() is micro.parts[1]
+    assert micro.join_target() is micro.parts[1] and micro.join_room(3) == 1  # one starts the ring
     micro.parts[1].rows = ("b",)
     micro.advance()
     assert micro.iteration == 0  # filling: rank 0 takes "a", rank 1 waits
     assert micro.working(0) is micro.parts[0] and micro.working(1) is None
-    assert micro.boundary() is None and micro.join_target() is None
+    assert micro.boundary() is None and micro.join_target() is None and micro.join_room(2) == 0
     micro.advance()
     assert micro.working(0) is micro.parts[1] and micro.working(1) is micro.parts[0]
     assert micro.boundary() is micro.parts[0]
@@ -46,7 +47,8 @@ def test_joins_keep_the_ring_balanced() -> None:
     micro = MicroBatches(2)
     micro.parts[0].rows, micro.parts[1].rows = ("a", "c"), ("b",)
     micro.iteration = 1  # the boundary is micro-batch 0, the larger one
-    assert micro.boundary() is micro.parts[0] and micro.join_target() is None
+    assert micro.boundary() is micro.parts[0] and micro.join_target() is None and micro.join_room(2) == 0
     micro.advance()
     assert micro.boundary() is micro.parts[1] and micro.join_target() is micro.parts[1]
+    assert micro.join_room(3) == 2  # up to one row above the other micro-batch
     assert micro.rows_elsewhere() == 2

@@ -1,0 +1,69 @@
+"""What a continuous batch holds and hands back: admissions in, streams within, endings out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from events.vocabulary import PrefillPath
+from runner.engine.decode import DecodeSpec, Emitter
+from runner.engine.engine import GenerationOutcome, GenerationRequest
+from runner.engine.logprobs import LazyLogprobs
+from runner.engine.plan import prefill_cost
+from runner.engine.protocols import CancelSource, RunnerSink
+from runner.engine.task_run import TaskRun
+
+UNRUNNABLE_ELSEWHERE = "another rank of the instance could not build this request (its TaskCreated could not be read)"
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """An assignment as every rank builds it from the log: the request, or why it cannot run."""
+
+    task_id: str
+    request: GenerationRequest | None
+    cancel: CancelSource
+    sink: RunnerSink
+    error: str | None = None  # set when the request could not be built (every rank alike)
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    task_id: str
+    outcome: GenerationOutcome | None  # None: failed, `error` says why
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    admitted: int  # how many of the pending admissions joined (the first ones, in log order)
+    ended: list[Ended]
+
+
+@dataclass(slots=True)
+class Stream:
+    """One admitted task on this rank: its request, its run, where its prefill and decode are."""
+
+    request: GenerationRequest
+    run: TaskRun
+    spec: DecodeSpec
+    emitter: Emitter
+    chunks: list[int]
+    started: float
+    path: PrefillPath = "sequential"
+    next_chunk: int = 0
+    prefill_cancelled: bool = False  # the pipeline prefill's own agreement stopped it
+    decode_step: int = 0
+    next_input: int = 0
+    logprobs: LazyLogprobs | None = field(default=None)
+    cached: int = 0  # prompt tokens reused from the prefix cache (agreed); the chunks cover the rest
+    fed: list[int] = field(default_factory=list)  # agreed tokens, in order: the row holds KV up to the last but one
+
+    @property
+    def prefilled(self) -> bool:
+        return self.next_chunk == len(self.chunks)
+
+    def next_chunk_cost(self, keys: float | None) -> float | None:
+        """What its next prompt chunk costs (`plan.prefill_cost`); None once its prompt is in."""
+        if self.prefilled:
+            return None
+        return prefill_cost(self.chunks[self.next_chunk], self.cached + sum(self.chunks[: self.next_chunk]), keys)
