@@ -13,6 +13,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from runner.engine.protocols import PeerWait
+
 
 class PendingSends:
     """Sends produced by one rank, from creation to completion. Owned by one Engine."""
@@ -94,13 +96,18 @@ class StageBoundaryLayer(nn.Module):
         send_to: int | None,
         group: mx.distributed.Group,
         outbox: PendingSends,
+        peer_wait: PeerWait | None = None,
     ) -> None:
+        """`peer_wait`: blocks until the previous rank's activation is readable, so the receive
+        does not spin for the whole of that rank's forward (the send never waits on this rank: it
+        comes in the same step before the agreement, or is flushed after the previous one)."""
         super().__init__()
         self.inner = inner
         self._recv_from = recv_from
         self._send_to = send_to
         self._group = group
         self._outbox = outbox
+        self._peer_wait = peer_wait
 
     def __getattr__(self, name: str) -> Any:
         # Model code reads per-layer attributes (e.g. `use_sliding`); answer for the inner layer.
@@ -113,6 +120,8 @@ class StageBoundaryLayer(nn.Module):
 
     def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
         if self._recv_from is not None:
+            if self._peer_wait is not None:
+                self._peer_wait.wait()
             # Shape and dtype come from the local embedding, the values from the previous rank.
             x = mx.distributed.recv_like(x, self._recv_from, group=self._group)
         output = self.inner(x, *args, **kwargs)
