@@ -192,6 +192,7 @@ class Engine:
             placement=self.shard.placement,
             caches=ShardCache(self.shard.model, self.shard.placement),
             outbox=self.shard.outbox,
+            receive_gate=self.shard.receive_gate,
             collectives=self.collectives,
             cancel=cancel,
             sink=sink,
