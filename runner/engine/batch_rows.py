@@ -105,6 +105,7 @@ class RowDecoder:
         the send starts after it (micro_batches.py)."""
         engine, outbox = self.engine, self.engine.shard.outbox
         logits = engine.shard.model(inputs, cache=cache.slots)
+        engine.shard.receive_gate.wait()  # the graph is built: wait for the previous rank's bytes (sends.py)
         if not engine.is_sampling_rank:
             mx.eval([*cache.states(), *(outbox.take_all() if send_now else outbox.activations())])
             return None

@@ -1,7 +1,17 @@
 """The only collectives the engine issues, so their sequence is easy to audit.
 
-Every decision that changes what a rank does next comes out of `agree`: an all-reduce of
+Every decision that changes what a rank does next comes out of `agree`: an element-wise sum of
 small integers that every rank calls at the same point of the same schedule.
+
+The sum goes once around the ring and back, as point-to-point messages from each rank to its
+right neighbour: rank 0 sends its vector to rank 1, each rank adds its own and passes the partial
+sum on, the last rank sends the total to rank 0 (its right neighbour), and the total is passed on
+up to rank world-2. On two ranks that is one message each way per agreement, where mlx's ring
+all-reduce takes two rounds; and every message a rank waits for is one its sender sends without
+waiting on the receiver, so the receiver can first wait for it in `PeerWait` (a blocking poll)
+instead of inside the ring backend, which spins while it waits (`runner/ring_wait.py`). Every
+receive is from the left neighbour, in the order sent, after any activation the left neighbour
+sent before the agreement (`sends.py`): the bytes on each socket come in the order they are read.
 """
 
 from __future__ import annotations
@@ -10,21 +20,44 @@ from typing import cast
 
 import mlx.core as mx
 
+from runner.engine.protocols import PeerWait
+
 
 class Collectives:
-    def __init__(self, group: mx.distributed.Group | None) -> None:
+    def __init__(self, group: mx.distributed.Group | None, peer_wait: PeerWait | None = None) -> None:
         self.group = group
         self.rank = group.rank() if group is not None else 0
         self.world = group.size() if group is not None else 1
+        self._peer_wait = peer_wait
 
     def agree(self, values: list[int]) -> list[int]:
         """Element-wise sum over ranks (identity for one rank). Blocks until every rank joins."""
-        if self.group is None or self.world == 1:
+        group = self.group
+        if group is None or self.world == 1:
             return list(values)
-        summed = mx.distributed.all_sum(mx.array(values, dtype=mx.int32), group=self.group)
-        mx.eval(summed)
-        return [int(v) for v in cast(list[int], summed.tolist())]
+        mine = mx.array(values, dtype=mx.int32)
+        last = self.world - 1
+        partial = mine if self.rank == 0 else self._receive(group, mine) + mine
+        if self.rank == last:
+            total = partial
+            self._send(group, total)  # to rank 0
+        else:
+            self._send(group, partial)
+            total = self._receive(group, mine)  # rank 0: from the last rank; the others: passed on by rank-1
+            if self.rank < last - 1:
+                self._send(group, total)
+        return [int(v) for v in cast(list[int], total.tolist())]
 
     def any(self, flag: bool) -> bool:
         """True on every rank if any rank passed True."""
         return self.agree([int(flag)])[0] > 0
+
+    def _send(self, group: mx.distributed.Group, vector: mx.array) -> None:
+        mx.eval(mx.distributed.send(vector, (self.rank + 1) % self.world, group=group))
+
+    def _receive(self, group: mx.distributed.Group, like: mx.array) -> mx.array:
+        if self._peer_wait is not None:
+            self._peer_wait.wait()
+        received = mx.distributed.recv_like(like, (self.rank - 1) % self.world, group=group)
+        mx.eval(received)
+        return received

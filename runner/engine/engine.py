@@ -79,7 +79,7 @@ class Engine:
     def __init__(self, group: mx.distributed.Group | None, shard: LoadedShard, settings: RunnerSettings) -> None:
         self.shard = shard
         self.settings = settings
-        self.collectives = Collectives(group)
+        self.collectives = Collectives(group, shard.peer_wait)
         self.grammars: GrammarCompiler | None = None  # built on the sampling rank at its first grammar
         if self.collectives.world != shard.placement.world:
             raise ValueError(f"group has {self.collectives.world} ranks, placement {shard.placement.world}")
@@ -205,6 +205,7 @@ class Engine:
             placement=self.shard.placement,
             caches=ShardCache(self.shard.model, self.shard.placement),
             outbox=self.shard.outbox,
+            receive_gate=self.shard.receive_gate,
             collectives=self.collectives,
             cancel=cancel,
             sink=sink,

@@ -36,6 +36,15 @@ class RunnerSink(Protocol):
         ...
 
 
+class PeerWait(Protocol):
+    def wait(self) -> None:
+        """Block, without spinning, until bytes from the left ring neighbour are readable (or a
+        bounded time passed). Called only before a receive whose message the neighbour sends
+        without waiting on this rank (an activation, a message of the agreement), so it always
+        ends; it reads nothing, so it cannot change what the receive gets."""
+        ...
+
+
 class NeverCancelled:
     def is_cancelled(self, task_id: str) -> bool:
         return False

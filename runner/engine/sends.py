@@ -13,6 +13,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from runner.engine.protocols import PeerWait
+
 
 class PendingSends:
     """Sends produced by one rank, from creation to completion. Owned by one Engine."""
@@ -66,6 +68,28 @@ class PendingSends:
         return not self._queued and not self._in_flight
 
 
+class ReceiveGate:
+    """Where a receive from the previous rank waits for its bytes. The boundary layer only `arm`s
+    it while the forward's graph is built; the engine calls `wait` once the whole graph is built,
+    just before evaluating it, so the rank builds its layers while its neighbour still computes,
+    then blocks in `PeerWait` (no CPU) instead of in the ring backend, which spins while a receive
+    is queued (`runner/ring_wait.py`). The send it waits for never waits on this rank: it comes in
+    the same step before the agreement, or was flushed after the previous one. Without a
+    `PeerWait` (one rank, tests) it does nothing; a forward that skips `wait` only spins."""
+
+    def __init__(self, peer_wait: PeerWait | None = None) -> None:
+        self._peer_wait = peer_wait
+        self._armed = False
+
+    def arm(self) -> None:
+        self._armed = self._peer_wait is not None
+
+    def wait(self) -> None:
+        if self._armed and self._peer_wait is not None:
+            self._armed = False
+            self._peer_wait.wait()
+
+
 class PassThroughLayer(nn.Module):
     """Stands in for a layer another rank owns: no weights, hands its input on unchanged.
 
@@ -94,6 +118,7 @@ class StageBoundaryLayer(nn.Module):
         send_to: int | None,
         group: mx.distributed.Group,
         outbox: PendingSends,
+        receive_gate: ReceiveGate | None = None,
     ) -> None:
         super().__init__()
         self.inner = inner
@@ -101,6 +126,7 @@ class StageBoundaryLayer(nn.Module):
         self._send_to = send_to
         self._group = group
         self._outbox = outbox
+        self._receive_gate = receive_gate
 
     def __getattr__(self, name: str) -> Any:
         # Model code reads per-layer attributes (e.g. `use_sliding`); answer for the inner layer.
@@ -113,6 +139,8 @@ class StageBoundaryLayer(nn.Module):
 
     def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
         if self._recv_from is not None:
+            if self._receive_gate is not None:
+                self._receive_gate.arm()
             # Shape and dtype come from the local embedding, the values from the previous rank.
             x = mx.distributed.recv_like(x, self._recv_from, group=self._group)
         output = self.inner(x, *args, **kwargs)

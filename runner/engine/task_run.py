@@ -11,7 +11,7 @@ import mlx.nn as nn
 from events.vocabulary import ComputePhase
 from runner.engine.collectives import Collectives
 from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
-from runner.engine.sends import PendingSends
+from runner.engine.sends import PendingSends, ReceiveGate
 from runner.models.shard import ShardCache, ShardPlacement
 
 
@@ -22,6 +22,7 @@ class TaskRun:
     placement: ShardPlacement
     caches: ShardCache
     outbox: PendingSends
+    receive_gate: ReceiveGate
     collectives: Collectives
     cancel: CancelSource
     sink: RunnerSink
@@ -62,5 +63,6 @@ class TaskRun:
     def forward(self, tokens: Any) -> Any:
         """Run this rank's part of the model on a [rows, n] token array (lazily); returns logits."""
         logits = self.model(tokens, cache=self.caches.slots)
+        self.receive_gate.wait()  # the graph is built: now wait (without spinning) for the receive's bytes
         self.caches.maybe_quantize(self.kv_bits, self.kv_group_size)
         return logits

@@ -24,6 +24,7 @@ from runner.flight.faults import FaultInjector
 from runner.flight.recorder import FlightReading, FlightRecorder
 from runner.local.batch_job import run_schedule
 from runner.local.testing import BrokenCancel, FixedCancel, RecordingSink, mlx_reference
+from runner.ring_wait import RingInbound
 
 if TYPE_CHECKING:
     from runner.engine.engine import Engine
@@ -81,7 +82,8 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
     faults = FaultInjector.from_env(rank)
     faults.loading()
     group = mx.distributed.init(backend="ring", strict=True) if world > 1 else None
-    shard = load_shard(Path(job["model_dir"]), ShardPlacement(rank, world, ranges), group)
+    inbound = None if group is None else _inbound(rank)
+    shard = load_shard(Path(job["model_dir"]), ShardPlacement(rank, world, ranges), group, inbound)
     engines: dict[str, Engine] = {}
 
     def engine_for(overrides: dict[str, Any]) -> Engine:
@@ -104,6 +106,12 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
             results.append(run_task(engine_for(task.get("settings", {})), task, rank, faults, phases))
     phases.enter("idle")
     return results
+
+
+def _inbound(rank: int) -> RingInbound:
+    """From the launcher's hostfile (`MLX_HOSTFILE`: one list of `host:port` per rank)."""
+    hosts = json.loads(Path(os.environ["MLX_HOSTFILE"]).read_text())
+    return RingInbound.find([entry[0] for entry in hosts], rank)
 
 
 def run_task(

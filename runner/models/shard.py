@@ -8,7 +8,8 @@ cache of the same kind, so masks built from them see the right offset.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from runner.engine.plan import validate_split
-from runner.engine.sends import PassThroughLayer, PendingSends, StageBoundaryLayer
+from runner.engine.protocols import PeerWait
+from runner.engine.sends import PassThroughLayer, PendingSends, ReceiveGate, StageBoundaryLayer
 from runner.errors import ModelDirError
 from runner.models.model_info import read_model_info
 
@@ -53,6 +55,8 @@ class LoadedShard:
     n_layers: int
     context_length: int | None
     outbox: PendingSends  # the boundary layer sends into it; the engine decides when they go
+    peer_wait: PeerWait | None = None  # the agreement's blocking wait for the left neighbour (several ranks)
+    receive_gate: ReceiveGate = field(default_factory=ReceiveGate)  # the boundary's receive waits there
 
 
 def model_layers(model: nn.Module) -> list[nn.Module]:
@@ -91,12 +95,17 @@ def load_shard(
     model_dir: Path,
     placement: ShardPlacement,
     group: mx.distributed.Group | None,
+    peer_wait: PeerWait | None = None,
 ) -> LoadedShard:
+    """`peer_wait` (several ranks): how this rank waits for its left neighbour without spinning
+    (`runner/ring_wait.py`): before the receive of the boundary layer (`ReceiveGate`) and of each
+    agreement (`Collectives`)."""
     from mlx_lm.utils import load_model, load_tokenizer
 
     info = read_model_info(model_dir)
     validate_split(list(placement.layer_ranges), info.n_layers)
     outbox = PendingSends()
+    receive_gate = ReceiveGate(peer_wait)
     model, config = load_model(model_dir, lazy=True)
     layers = model_layers(model)
     for index in range(len(layers)):
@@ -105,25 +114,28 @@ def load_shard(
     if placement.world > 1:
         if group is None:
             raise ValueError("a multi-rank placement needs a distributed group")
-        _add_boundaries(layers, placement, group, outbox)
+        _add_boundaries(layers, placement, group, outbox, receive_gate)
     mx.eval(model.parameters())  # materialises only the owned layers (and embeddings / head)
     tokenizer = load_tokenizer(model_dir, eos_token_ids=_config_eos(config))
-    return LoadedShard(model, tokenizer, placement, len(layers), info.context_length, outbox)
+    return LoadedShard(model, tokenizer, placement, len(layers), info.context_length, outbox, peer_wait, receive_gate)
 
 
 def _add_boundaries(
-    layers: list[nn.Module], placement: ShardPlacement, group: mx.distributed.Group, outbox: PendingSends
+    layers: list[nn.Module],
+    placement: ShardPlacement,
+    group: mx.distributed.Group,
+    outbox: PendingSends,
+    receive_gate: ReceiveGate,
 ) -> None:
     first, last = placement.start, placement.end - 1
     recv_from = None if placement.is_first else placement.rank - 1
     send_to = None if placement.is_last else placement.rank + 1
+    boundary = partial(StageBoundaryLayer, group=group, outbox=outbox, receive_gate=receive_gate)
     if first == last:
-        layers[first] = StageBoundaryLayer(
-            layers[first], recv_from=recv_from, send_to=send_to, group=group, outbox=outbox
-        )
+        layers[first] = boundary(layers[first], recv_from=recv_from, send_to=send_to)
         return
-    layers[first] = StageBoundaryLayer(layers[first], recv_from=recv_from, send_to=None, group=group, outbox=outbox)
-    layers[last] = StageBoundaryLayer(layers[last], recv_from=None, send_to=send_to, group=group, outbox=outbox)
+    layers[first] = boundary(layers[first], recv_from=recv_from, send_to=None)
+    layers[last] = boundary(layers[last], recv_from=None, send_to=send_to)
 
 
 def _config_eos(config: dict[str, Any]) -> list[int] | None:

@@ -153,8 +153,11 @@ class LogBridge:
             return task_id in self._stopping
 
     def next_assignment(self, timeout: float) -> Assignment | None:
+        """The next assignment, waiting up to `timeout`; 0 only looks (the batch asks at every step,
+        and a `Condition.wait` of 0 still swaps locks and may hand the GIL to the bridge's thread)."""
         with self._assigned:
-            self._assigned.wait_for(lambda: self._assignments or self._down.done(), timeout)
+            if timeout > 0:
+                self._assigned.wait_for(lambda: self._assignments or self._down.done(), timeout)
             self._raise_if_down()
             return self._assignments.popleft() if self._assignments else None
 

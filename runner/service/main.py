@@ -33,6 +33,7 @@ from events.subjects import instance_subject
 from events.vocabulary import RunnerStatus, RunnerStatusCause
 from runner.engine.protocols import PhaseTracker
 from runner.flight.faults import FaultInjector
+from runner.ring_wait import RingInbound
 from runner.service.bridge import LogBridge, LogBridgeDown
 from runner.service.exit_codes import PEER_LOST_EXIT, is_peer_loss
 from runner.service.heartbeats import LogHeartbeats, RunningTasks
@@ -126,7 +127,12 @@ def run(
         progress=_download_reporter(bridge, stamper, args.node_id, placed.model),
     )
     group = join_group(placed, args.rank)
-    shard = load_shard(model_dir, ShardPlacement(args.rank, len(ranges), ranges), group)
+    inbound = None if group is None else RingInbound.find(list(placed.ring_hosts), args.rank)
+    if inbound is not None and inbound.found == 0:
+        logger.warning(
+            "the inbound ring socket was not found among the process's descriptors: waits for a peer will spin"
+        )
+    shard = load_shard(model_dir, ShardPlacement(args.rank, len(ranges), ranges), group, inbound)
     engine = Engine(group, shard, placed.settings)
     server_status("warming_up")
     engine.warm_up(phases)

@@ -58,11 +58,15 @@ def test_rank_killed_mid_prefill_fails_fast_naming_it() -> None:
 @pytest.mark.timeout(90)
 def test_frozen_rank_is_named_from_its_silent_heartbeat() -> None:
     started = time.monotonic()
+    job = _long_job(3)
+    job["tasks"][0]["request"]["max_tokens"] = 400
     with pytest.raises(RankFailedError) as failure:
-        run_group(_long_job(3), 3, deadline_s=80, extra_env=fault("freeze:2:4"))  # poll 4: prefill iteration 3
+        # Polls 1-12 are the prefill's iterations, then one per 8 decode steps: poll 40 is some 200 tokens
+        # in, well past the first heartbeats (every 0.2 s) after loading, even on a fast idle host.
+        run_group(job, 3, deadline_s=80, extra_env=fault("freeze:2:40"))
     assert failure.value.rank == 2
     message = str(failure.value)
-    # Frozen at prefill iteration 3; the last heartbeat (every 0.2 s) may be an iteration or two older.
+    # The last heartbeat may be a step or two older than the freeze; it names the task either way.
     assert "rank 2 stopped responding" in message and "(task victim, iteration" in message
     assert time.monotonic() - started < 60
 
