@@ -14,17 +14,7 @@ from events.catalogue import AnyEvent, ChunkGenerated, LogEvent, PrefillProgress
 from events.subjects import TASK_EVENTS, event_subjects_without, subject_for
 from tests.events.strategies import event_strategy
 from tests.events.test_codec import _kinds  # pyright: ignore[reportPrivateUsage]
-
-
-def matches(pattern: str, subject: str) -> bool:
-    """NATS wildcard matching: `*` one token, `>` one or more trailing tokens."""
-    want, have = pattern.split("."), subject.split(".")
-    for n, token in enumerate(want):
-        if token == ">":
-            return len(have) > n
-        if n >= len(have) or token not in ("*", have[n]):
-            return False
-    return len(want) == len(have)
+from tests.security.test_bus_permissions import matches
 
 
 @settings(max_examples=400)
