@@ -150,6 +150,8 @@ class Master:
         while True:
             await asyncio.sleep(self.settings.tick_seconds)
             await self._probe()
+            if self._snapshots is not None and not self._leading():
+                await self._snapshots.write_if_due(self.state, store=False)  # ready to take over
             if self._awaiting_seq > self.state.last_seq or not self._leading():
                 continue
             now = self.wall_ns()

@@ -6,8 +6,9 @@ model on a small machine), so a snapshot is not its live State: the writer keeps
 State of its last snapshot (or of the master's start-up fold) and, when one is due, brings it up
 to the log's end with a batch fold of every event (`EventLog.fold`) — a few milliseconds per
 thousand events, paid once per `snapshot_every_events` — so every service that starts from it
-(the API's text and token counts included) holds exactly what a fold of the whole log gives; a stand-by must not call `SnapshotWriter.write_if_due` (two writers would
-only waste work — each writes a State every replica agrees on — but one is the rule). A write
+(the API's text and token counts included) holds exactly what a fold of the whole log gives.
+A stand-by folds it on alike but stores nothing (`store=False`: two writers would only waste work,
+each writing a State every replica agrees on, but one is the rule). A write
 that fails is logged and retried at the next due point: a snapshot only speeds start-ups up.
 """
 
@@ -36,12 +37,17 @@ class SnapshotWriter:
         self.complete = complete
         self.written_seq = complete.last_seq  # the seq the newest snapshot covers (as far as we know)
 
-    async def write_if_due(self, live: State) -> bool:
-        """Write the complete State as the snapshot if one is due by `live`; True when written. Leader only."""
+    async def write_if_due(self, live: State, *, store: bool = True) -> bool:
+        """Write the complete State as the snapshot if one is due by `live`; True when written.
+        Leader only; a stand-by passes `store=False` to fold it on all the same, so that taking
+        over never starts with a fold of everything since it started."""
         if not snapshot_due(live, self.written_seq, self.every_events):
             return False
         try:
             self.complete = await self.log.fold(self.complete)
+            if not store:
+                self.written_seq = self.complete.last_seq
+                return False
             self.written_seq = await self.log.write_snapshot(self.complete)
         except (nats.errors.Error, LogError, TimeoutError) as exc:
             logger.warning("snapshot of seq {} not written ({!r}); retrying at the next tick", live.last_seq, exc)

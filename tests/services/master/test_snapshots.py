@@ -56,3 +56,17 @@ async def test_the_writer_stores_the_whole_fold_when_due_and_only_then(event_log
     finally:
         await nc.close()
     assert stored is not None and stored.state == state
+
+
+@pytest.mark.timeout(60)
+async def test_a_stand_by_folds_on_but_stores_nothing(event_log: EventLog, nats_url: str) -> None:
+    events = synthetic_history(500)
+    await event_log.append_many(events)
+    writer = SnapshotWriter(event_log, every_events=400, complete=State())
+    assert not await writer.write_if_due(_without_chunks(events, 500), store=False)
+    assert writer.complete == fold(enumerate(events, start=1)) and writer.written_seq == 500
+    nc = await nats.connect(nats_url)  # pyright: ignore[reportUnknownMemberType]
+    try:
+        assert await read_snapshot(nc.jetstream()) is None  # pyright: ignore[reportUnknownMemberType]
+    finally:
+        await nc.close()
