@@ -12,6 +12,7 @@ from events.catalogue import (
     ClusterStarted,
     InstancePlaced,
     InstanceRetired,
+    LogEvent,
     MasterProbe,
     ModelDownloadProgress,
     ModelUnavailable,
@@ -76,17 +77,48 @@ def model_subject(model: str, kind: str = "*") -> str:
     return f"{PREFIX}.ev.model.{model_token(model)}.{kind}"
 
 
+def model_subject_any() -> str:
+    """Every model's events (a model name is not a token, so `model_subject` cannot take `*`)."""
+    return f"{PREFIX}.ev.model.*.*"
+
+
 def is_telemetry_subject(subject: str) -> bool:
     return subject.startswith(f"{PREFIX}.hb.")
 
 
 def subject_kind(event: AnyEvent) -> str:
     """The last subject token: the tag without its family prefix (`task_cancelled` -> `cancelled`)."""
-    tag = tag_of(event)
+    return _kind_of_tag(tag_of(event))
+
+
+def _kind_of_tag(tag: str) -> str:
     for family in ("task_", "node_", "instance_", "model_"):
         if tag.startswith(family):
             return tag.removeprefix(family)
     return tag
+
+
+TASK_EVENTS: tuple[type[LogEvent], ...] = (
+    TaskCreated,
+    TaskAssigned,
+    PrefillStarted,
+    PrefillProgress,
+    ChunkGenerated,
+    TaskCancelled,
+    TaskCompleted,
+    TaskFailed,
+    TaskStalled,
+)
+
+
+def event_subjects_without(*skipped: type[LogEvent]) -> list[str]:
+    """A consumer filter (JetStream `filter_subjects`) for the events stream that leaves out the
+    task kinds `skipped`: a service with no use for per-token events (`ChunkGenerated`) is then
+    never woken by them. Filters cannot exclude, so the kept subjects are listed, disjoint as
+    JetStream requires; `tests/events/test_subjects.py` holds that every other kind matches one."""
+    kinds = [_kind_of_tag(str(kind.__struct_config__.tag)) for kind in TASK_EVENTS if kind not in skipped]
+    families = [node_subject("*"), instance_subject("*"), model_subject_any()]
+    return [*families, CLUSTER_STARTED, *(task_subject("*", kind) for kind in kinds)]
 
 
 def subject_for(event: AnyEvent) -> str:

@@ -290,6 +290,8 @@ def _refuse_nonsense(config: ShoalConfig, sources: Mapping[str, str]) -> None:
     _below(config, sources, "heartbeat_interval_seconds", "node_timeout_seconds", why)
     why = "a stuck task would be failed before a heartbeat carries the stuck rank's stack"
     _below(config, sources, "stall_stack_seconds", "task_stall_seconds", why)
+    why = "a decoding task would look stalled between two heartbeats (they carry its progress to the master)"
+    _below(config, sources, "heartbeat_interval_seconds", "task_stall_seconds", why)
 
 
 def _below(config: ShoalConfig, sources: Mapping[str, str], key: str, limit: str, why: str) -> None:

@@ -12,8 +12,8 @@ second, one that runs fast would never be). So the shell records when things *ar
   `events.culprit` judges a rank silent by what the master heard, whatever the rank's clock says;
 - a busy instance's progress is when the master first saw its head task where it is now, and a
   failed instance's losses when it first saw its down ranks as they are now.
-The State's stamps in those last three (`changed_at`, `last_activity_at`, `head_since`) only tell
-one value from the next here (tokens compared for equality); they are never compared with a clock.
+The State's stamps in those last three (`changed_at`, `last_activity_at`, `head_since`) and the
+ranks' heartbeat positions only tell one value from the next here (tokens compared for equality); they are never compared with a clock.
 Seen on the tick after they arrive, so a deadline may run up to one tick late, never early.
 
 One `Hearing` belongs to one `Master` shell; the rules that read it (`watchdog.tick`) stay pure.
@@ -49,15 +49,25 @@ def first_seen(before: Seen, tokens: Mapping[InstanceId, Hashable], now_ns: int)
     }
 
 
-def activity_tokens(state: State) -> dict[InstanceId, Hashable]:
+def activity_tokens(state: State, runners: Mapping[RunnerKey, RunnerHeartbeat]) -> dict[InstanceId, Hashable]:
     """What changes whenever a busy instance makes progress: its head task, when it became the
-    head, and the newest event of each task of its running batch (`watchdog.batch_activity`)."""
+    head, the newest event of each task of its running batch (`watchdog.batch_activity`), and
+    where each rank's newest heartbeat says it is (phase, task, step). The master does not fold
+    `ChunkGenerated` (per token: its CPU would come out of the forward on a small machine), so a
+    decoding batch shows its progress by its ranks' steps, which advance once per token; a frozen
+    rank stops them all (its peers wait in the next collective), while its recorder keeps beating
+    the same step."""
     tokens: dict[InstanceId, Hashable] = {}
     for instance in state.instances.values():
         if not instance.retired and instance.queue:
             head = state.tasks[instance.queue[0]]
-            tokens[instance.instance_id] = (head.task_id, instance.head_since, *batch_activity(state, instance))
+            steps = tuple(_position(runners.get((instance.instance_id, r.rank))) for r in instance.runners)
+            tokens[instance.instance_id] = (head.task_id, instance.head_since, steps, *batch_activity(state, instance))
     return tokens
+
+
+def _position(beat: RunnerHeartbeat | None) -> Hashable:
+    return None if beat is None else (beat.phase, beat.task_id, beat.iteration)
 
 
 def loss_tokens(state: State) -> dict[InstanceId, Hashable]:
@@ -103,7 +113,7 @@ class Hearing:
             if self._announcements.get(node_id) != announced:
                 self._nodes[node_id] = now_ns
         self._announcements = ups
-        self._activity = first_seen(self._activity, activity_tokens(state), now_ns)
+        self._activity = first_seen(self._activity, activity_tokens(state, self._runners), now_ns)
         self._losses = first_seen(self._losses, loss_tokens(state), now_ns)
 
     def liveness(self) -> Liveness:

@@ -24,11 +24,11 @@ from loguru import logger
 
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
-from events.catalogue import LogEvent, MasterProbe, Origin
+from events.catalogue import ChunkGenerated, LogEvent, MasterProbe, Origin
 from events.fold import apply_live
 from events.stamp import Stamper
 from events.state import FINISHED_TASKS_KEPT, State
-from events.subjects import PREFIX
+from events.subjects import PREFIX, event_subjects_without
 from services.master.core import MasterCore, MasterPolicy, ModelCatalog
 from services.master.hearing import Hearing
 from services.master.lease import DEFAULT_LEASE_SECONDS, KvLease, Leadership
@@ -88,7 +88,7 @@ class Master:
     async def _serve(self, log: EventLog, leadership: Leadership, ready: asyncio.Event | None) -> None:
         self.state = await log.fold(from_snapshot=True, finished_tasks_kept=self.settings.finished_tasks_kept)
         await self.catalog.look_up()  # before any decision: the core never waits on a fetch
-        self._snapshots = SnapshotWriter(log, self.settings.snapshot_every_events, self.state.last_seq)
+        self._snapshots = SnapshotWriter(log, self.settings.snapshot_every_events, self.state)
         logger.info("master {} resumed at seq {}", self.settings.name, self.state.last_seq)
         transitions: asyncio.Queue[bool] = asyncio.Queue()
         async with asyncio.TaskGroup() as group:
@@ -99,7 +99,11 @@ class Master:
             group.create_task(self._look_up_models())
             if ready is not None:
                 ready.set()
-            async for seq, event in log.follow(from_seq=self.state.last_seq + 1):
+            # No chunks: the master decides nothing on one, and learns a decoding batch's progress
+            # from its ranks' heartbeats (`hearing.activity_tokens`); snapshots fold them in
+            # (`snapshots.SnapshotWriter`).
+            kept = event_subjects_without(ChunkGenerated)
+            async for seq, event in log.follow(from_seq=self.state.last_seq + 1, subjects=kept):
                 await self._on_event(seq, event)
 
     async def _follow_leadership(self, transitions: asyncio.Queue[bool]) -> None:
@@ -146,6 +150,8 @@ class Master:
         while True:
             await asyncio.sleep(self.settings.tick_seconds)
             await self._probe()
+            if self._snapshots is not None and not self._leading():
+                await self._snapshots.write_if_due(self.state, store=False)  # ready to take over
             if self._awaiting_seq > self.state.last_seq or not self._leading():
                 continue
             now = self.wall_ns()

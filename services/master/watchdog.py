@@ -159,7 +159,7 @@ def _stalled_tasks(
         since = liveness.activity.get(instance.instance_id, max(instance.head_since, *batch_activity(state, instance)))
         if now_ns - since <= policy.task_stall_seconds * NS:
             continue
-        diagnosis = describe_positions(task, instance, now_ns)
+        diagnosis = describe_positions(task, instance, liveness.beats_of(instance), now_ns)
         culprit = blame(state, instance, task, liveness, now_ns)
         decisions.append(
             TaskStalled(env=stamper.stamp(f"stall-{task.task_id}"), task_id=task.task_id, diagnosis=diagnosis)
@@ -214,8 +214,11 @@ def _overdue_tasks(state: State, now_ns: int, policy: MasterPolicy, stamper: Sta
     return failed
 
 
-def describe_positions(task: TaskInfo, instance: InstanceInfo, now_ns: int) -> str:
-    """One line per rank: where it last was and how long ago; plus an unacted cancel."""
+def describe_positions(
+    task: TaskInfo, instance: InstanceInfo, beats: Mapping[int, RunnerHeartbeat], now_ns: int
+) -> str:
+    """One line per rank: where it last was and how long ago; the decode step its heartbeats
+    last showed (the master folds no chunks: `hearing.activity_tokens`); plus an unacted cancel."""
     parts: list[str] = []
     for runner in instance.runners:
         position = task.progress.get(runner.rank)
@@ -228,8 +231,9 @@ def describe_positions(task: TaskInfo, instance: InstanceInfo, now_ns: int) -> s
             f"rank {runner.rank} ({runner.status}): prefill iteration {position.iteration} "
             f"({position.processed}/{position.total} tokens) {ago:.1f}s ago"
         )
-    if task.first_token_at:
-        parts.append(f"decoding: {task.completion_tokens} tokens generated")
+    steps = [b.iteration for b in beats.values() if b.phase == "decode" and task.task_id in b.tasks]
+    if steps:
+        parts.append(f"decoding: step {max(steps)}")
     if task.cancel_reason is not None:
         parts.append(
             f"cancel ({task.cancel_reason}) requested {(now_ns - task.cancelled_at) / NS:.1f}s ago, not acted on"

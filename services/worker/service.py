@@ -20,11 +20,21 @@ from loguru import logger
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from eventlog.publish import LogError
-from events.catalogue import LogEvent, NodeHeartbeat, NodeJoined, NodeLeft, Origin, RunnerStatusChanged
+from events.catalogue import (
+    ChunkGenerated,
+    LogEvent,
+    NodeHeartbeat,
+    NodeJoined,
+    NodeLeft,
+    Origin,
+    PrefillProgress,
+    RunnerStatusChanged,
+)
 from events.fold import apply_live
 from events.ids import InstanceId, NodeId
 from events.stamp import Stamper
 from events.state import FINISHED_TASKS_KEPT, State
+from events.subjects import event_subjects_without
 from events.vocabulary import JoinCause
 from runner.blas import blas_env
 from runner.service.exit_codes import exit_cause
@@ -89,7 +99,10 @@ class Worker:
                 if ready is not None:
                     ready.set()
                 await self._reconcile()
-                async for seq, event in log.follow(from_seq=max(end, self.state.last_seq) + 1):
+                # Per-token and per-chunk events say nothing about which runners to keep, and on a
+                # small machine waking for each one takes CPU from the model's forward.
+                kept = event_subjects_without(ChunkGenerated, PrefillProgress)
+                async for seq, event in log.follow(from_seq=max(end, self.state.last_seq) + 1, subjects=kept):
                     self._fold(seq, event)
                     cause = rejoin_cause(self.state, self.node_id, event)
                     if cause is not None:

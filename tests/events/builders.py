@@ -132,7 +132,9 @@ class Events:
             env=self.rank(instance_id, rank).stamp(), instance_id=InstanceId(instance_id), rank=rank, status=status
         )
 
-    def heartbeat(self, instance_id: str, rank: int, phase: Phase, task_id: str | None = None) -> RunnerHeartbeat:
+    def heartbeat(
+        self, instance_id: str, rank: int, phase: Phase, task_id: str | None = None, iteration: int = 0
+    ) -> RunnerHeartbeat:
         tid = TaskId(task_id) if task_id is not None else None
         return RunnerHeartbeat(
             env=self.rank(instance_id, rank).stamp(),
@@ -140,6 +142,7 @@ class Events:
             rank=rank,
             phase=phase,
             task_id=tid,
+            iteration=iteration,
         )
 
     def created(self, task_id: str = "t1", model: str = "tiny") -> TaskCreated:

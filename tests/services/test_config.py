@@ -168,6 +168,8 @@ def test_every_setting_says_what_it_allows() -> None:
         ({"SHOAL_NODE_TIMEOUT_SECONDS": "0.5"}, "node_timeout_seconds", "more than heartbeat_interval_seconds=1.0 (from default)"),
         ({"SHOAL_STALL_STACK_SECONDS": "45"}, "stall_stack_seconds", "less than task_stall_seconds=30.0"),
         ({"SHOAL_TASK_STALL_SECONDS": "5"}, "task_stall_seconds", "more than stall_stack_seconds=5.0"),
+        ({"SHOAL_HEARTBEAT_INTERVAL_SECONDS": "8", "SHOAL_NODE_TIMEOUT_SECONDS": "20", "SHOAL_STALL_STACK_SECONDS": "2",
+          "SHOAL_TASK_STALL_SECONDS": "6"}, "heartbeat_interval_seconds", "less than task_stall_seconds=6.0"),
         ({"SHOAL_EVENTS_MAX_BYTES": "0"}, "events_max_bytes", "-1 for unlimited"),
     ],
 )  # fmt: skip

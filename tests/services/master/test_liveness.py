@@ -201,6 +201,27 @@ def test_a_task_whose_ranks_clocks_run_slow_is_not_stalled_while_it_progresses()
     assert any(isinstance(e, TaskStalled) for e in master_tick(c, hearing))
 
 
+def test_a_decoding_task_shows_its_progress_by_its_ranks_steps_not_its_chunks() -> None:
+    """The master folds no chunks: a long decode stays alive while its ranks' heartbeats step on,
+    and is stalled once the steps stop, though the frozen rank's recorder keeps beating."""
+    c = Cluster(MasterPolicy(task_stall_seconds=30.0, node_timeout_seconds=TIMEOUT_S))
+    instance_id = c.ready_instance()
+    c.feed(*(c.ev.started("warm", rank) for rank in (0, 1)))
+    hearing = Hearing(MASTER, 1.0)
+
+    def beat_at(step: int) -> list[LogEvent]:
+        c.clock.advance(1)
+        for n in ("n1", "n2"):
+            hearing.heard(Node(c, n, 0).beat(), c.clock.now_ns)
+        for rank in (0, 1):
+            hearing.heard(c.ev.heartbeat(instance_id, rank, "decode", "warm", iteration=step), c.clock.now_ns)
+        return master_tick(c, hearing)
+
+    assert all(beat_at(step) == [] for step in range(1, 61))  # a minute of decode, no event folded
+    stalled = [e for step in range(31) for e in beat_at(60) if isinstance(e, TaskStalled)]
+    assert len(stalled) == 1 and "decoding: step 60" in stalled[0].diagnosis
+
+
 def test_a_casualty_whose_clock_runs_fast_is_retired_after_the_grace() -> None:
     """A rank that lost its peers, stamped an hour ahead: the grace runs from its arrival."""
     c = Cluster(MasterPolicy(peer_loss_grace_seconds=2.0, node_timeout_seconds=TIMEOUT_S))
