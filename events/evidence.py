@@ -27,6 +27,7 @@ COLLECTIVE_MARKERS: tuple[str, ...] = (
     "barrier",
     "agree",
     "collectives.py",
+    "ring_wait.py",
 )
 
 

@@ -89,7 +89,7 @@ def fixture_frames() -> list[Frame]:
 def test_the_checker_finds_frames_and_rejects_stale_ones() -> None:
     source = (
         "STACK = (\n"
-        "    'File \"runner/engine/collectives.py\", line 1, in agree\\n    mx.eval(summed)\\n'\n"
+        "    'File \"runner/engine/collectives.py\", line 1, in agree\\n    mine = mx.array(values, dtype=mx.int32)\\n'\n"
         "    'File \"runner/task_run.py\", line 39, in agree_to_stop\\n    stop = 1\\n'\n"
         ")\n"
         "def f():\n"

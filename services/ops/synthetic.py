@@ -51,11 +51,13 @@ COLLECTIVE_STACK = (
     'File "runner/engine/prefill.py", line 38, in run_prefill\n    if run.agree_to_stop("prefill", iteration):\n'
     'File "runner/engine/task_run.py", line 56, in agree_to_stop\n'
     "    stop = self.collectives.any(poll and self.wants_stop())\n"
-    'File "runner/engine/collectives.py", line 30, in any\n    return self.agree([int(flag)])[0] > 0\n'
-    'File "runner/engine/collectives.py", line 25, in agree\n    mx.eval(summed)\n'
+    'File "runner/engine/collectives.py", line 53, in any\n    return self.agree([int(flag)])[0] > 0\n'
+    'File "runner/engine/collectives.py", line 46, in agree\n'
+    "    total = self._receive(group, mine)  # rank 0: from the last rank; the others: passed on by rank-1\n"
+    'File "runner/engine/collectives.py", line 62, in _receive\n    mx.eval(received)\n'
 )
 COMPUTE_STACK = (
-    'File "runner/engine/prefill.py", line 55, in compute_chunk\n    run.forward(piece[None])\n'
+    'File "runner/engine/prefill.py", line 56, in compute_chunk\n    run.forward(piece if piece.ndim == 2 else piece[None])\n'
     'File "runner/engine/task_run.py", line 63, in forward\n'
     "    logits = self.model(tokens, cache=self.caches.slots)\n"
     'File "mlx_lm/models/llama.py", line 195, in __call__\n    h = layer(h, mask, cache=cache)\n'
