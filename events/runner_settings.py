@@ -47,12 +47,13 @@ MaxBatch = Annotated[
         description="sequences an instance decodes at once (continuous batching); 1 = one task at a time",
     ),
 ]
-BatchChunkEventsPerStep = Annotated[
+BatchChunkEventsPerRound = Annotated[
     int,
     msgspec.Meta(
         ge=1,
-        description="chunk events a full batch publishes per step, about: with R streams decoding, each one's "
-        "tokens go out every R/N steps (its first token at once); max_batch or more: every token at once",
+        description="chunk events a full batch publishes per round (a token for each of its streams), about: "
+        "with R streams decoding each one's tokens go out every R/N tokens (its first at once); max_batch or "
+        "more: every token at once",
     ),
 ]
 PrefixCacheBytes = Annotated[
@@ -99,8 +100,8 @@ class RunnerSettings(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     max_batch: MaxBatch = 32
     # 4: on a 2-core machine every chunk event (log, API, client stream) costs about what it costs
     # whatever it carries, out of the batch's own forward; one per row per step gave 16 clients of the
-    # tiny model 3.8x a single stream's rate, 4 per step 5.4x (tokens then arrive in fours at 16 rows).
-    batch_chunk_events_per_step: BatchChunkEventsPerStep = 4
+    # tiny model 3.8x a single stream's rate, 4 per round 5.4x (tokens then arrive in fours at 16 rows).
+    batch_chunk_events_per_round: BatchChunkEventsPerRound = 4
     # 1 GiB per rank: ~8 conversations of 2,000 tokens of a 7B model (128 KiB of KV per token, fp16)
     # if one rank held every layer; more on a split model, thousands on a small one.
     prefix_cache_bytes: PrefixCacheBytes = 1 << 30

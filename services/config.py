@@ -32,7 +32,7 @@ from eventlog.streams import LogSettings, StreamLimits
 from eventlog.tls import TlsFiles
 from events.runner_settings import (
     POSITIVE_SECONDS,
-    BatchChunkEventsPerStep,
+    BatchChunkEventsPerRound,
     DecodeCancelPollTokens,
     HeartbeatIntervalSeconds,
     KvBits,
@@ -180,7 +180,7 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     decode_cancel_poll_tokens: DecodeCancelPollTokens = RUNNER_DEFAULTS.decode_cancel_poll_tokens
     publish_backlog_events: PublishBacklogEvents = RUNNER_DEFAULTS.publish_backlog_events
     max_batch: MaxBatch = RUNNER_DEFAULTS.max_batch
-    batch_chunk_events_per_step: BatchChunkEventsPerStep = RUNNER_DEFAULTS.batch_chunk_events_per_step
+    batch_chunk_events_per_round: BatchChunkEventsPerRound = RUNNER_DEFAULTS.batch_chunk_events_per_round
     prefix_cache_bytes: PrefixCacheBytes = RUNNER_DEFAULTS.prefix_cache_bytes
     events_max_age_seconds: Annotated[float, POSITIVE_SECONDS, Meta(description="how long events are kept")] = (
         7 * 86400.0

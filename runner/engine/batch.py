@@ -184,9 +184,10 @@ class ContinuousBatch:
         pending: Sequence[Admission],
     ) -> StepResult:
         stopped: set[str] = set()
+        decoding, per_round = len(self.micro.rows), self.engine.settings.batch_chunk_events_per_round
         for slot, task_id in enumerate(current.rows):
             stream = self.streams[task_id]
-            deliver = delivers(stream.decode_step, len(current.rows), self.engine.settings.batch_chunk_events_per_step)
+            deliver = delivers(stream.decode_step, decoding, per_round)
             if not agreed.cancelled[slot] and stream.emitter.accept(
                 stream.decode_step, agreed.tokens[slot], logprobs[slot], deliver
             ):

@@ -178,16 +178,17 @@ def chunk_takers(next_chunks: Sequence[float | None], budget: float) -> tuple[in
     return tuple(takers)
 
 
-def delivery_interval(rows: int, events_per_step: int) -> int:
-    """Every how many steps a decoding stream's tokens go out as a chunk, with `rows` streams
-    decoding. Each chunk is an event through the log, the API and the client's stream, about the
-    same cost whatever it carries, and on a small machine that cost is taken from the batch's own
-    forward: so a batch publishes about `events_per_step` (`batch_chunk_events_per_step`) chunks per
-    step, not one per row (16 rows, 4 per step: each stream's tokens every 4 steps). A few rows
-    deliver every token; a first token always goes out at once (`delivers`)."""
-    return max(1, rows // events_per_step)
+def delivery_interval(rows: int, events_per_round: int) -> int:
+    """Every how many of its tokens a decoding stream's tokens go out as a chunk, with `rows` streams
+    decoding (in every micro-batch). Each chunk is an event through the log, the API and the
+    client's stream, about the same cost whatever it carries, and on a small machine that cost is
+    taken from the batch's own forward: so a batch publishes about `events_per_round`
+    (`batch_chunk_events_per_round`) chunks per round of tokens (one for each stream), not one per
+    token (16 rows, 4 per round: each stream's tokens every 4 tokens), whatever the number of ranks.
+    A few rows deliver every token; a first token always goes out at once (`delivers`)."""
+    return max(1, rows // events_per_round)
 
 
-def delivers(decode_step: int, rows: int, events_per_step: int) -> bool:
+def delivers(decode_step: int, rows: int, events_per_round: int) -> bool:
     """Whether a stream's token of `decode_step` goes out now (with those held since its last)."""
-    return decode_step % delivery_interval(rows, events_per_step) == 0
+    return decode_step % delivery_interval(rows, events_per_round) == 0

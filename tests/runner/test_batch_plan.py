@@ -181,6 +181,6 @@ def test_a_steps_prefill_stays_within_one_chunk_of_the_budget(next_chunks: list[
 @pytest.mark.parametrize(("rows", "interval"), [(1, 1), (4, 1), (7, 1), (8, 2), (16, 4), (32, 8)])
 def test_a_full_batch_publishes_a_few_chunks_per_step(rows: int, interval: int) -> None:
     assert delivery_interval(rows, 4) == interval
-    assert delivery_interval(rows, 32) == 1  # batch_chunk_events_per_step >= max_batch: every token
+    assert delivery_interval(rows, 32) == 1  # batch_chunk_events_per_round >= max_batch: every token
     steps = range(64)
     assert [s for s in steps if delivers(s, rows, 4)] == list(range(0, 64, interval))  # the first token at once
