@@ -141,9 +141,11 @@ async def serve_api(
             # (/healthz says "degraded") instead of the whole API going down with it.
             follow = supervise("API log follow", ctx.hub.run, health=ctx.hub.follow_health)
             follower = group.create_task(follow)
+            preloader = group.create_task(supervise("API tokenizer preload", ctx.preload_prompt_models))
             await ctx.hub.caught_up.wait()
             await server.serve()
             follower.cancel()
+            preloader.cancel()
     finally:
         await log.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import anyio
@@ -71,6 +72,21 @@ class ApiContext:
                     return None
                 self._prompt_models[model] = await anyio.to_thread.run_sync(load_prompt_model, directory)
         return self._prompt_models[model]
+
+    async def preload_prompt_models(self, every_seconds: float = 1.0) -> None:
+        """Until cancelled: load each served model's tokenizer as soon as its directory exists, so
+        the first request does not pay for it (importing transformers and reading a tokenizer take
+        a second or more: a first request to a ready 100M-parameter model took 1.5 s, the next 0.1 s)."""
+        while True:
+            for model in self.known_models():
+                if model not in self._prompt_models:
+                    await self.prompt_model(model)
+            await asyncio.sleep(every_seconds)
+
+    @property
+    def loaded_prompt_models(self) -> tuple[str, ...]:
+        """The models whose tokenizer (or absence of one) is known."""
+        return tuple(self._prompt_models)
 
     def known_models(self) -> list[str]:
         return served_models(self.served, self.hub.state)
