@@ -152,7 +152,7 @@ class ContinuousBatch:
             return takers[:1]
         work = []
         for stream in takers:
-            start = stream.cached + sum(stream.chunks[: stream.next_chunk])
+            start = stream.prompt_done
             tokens = stream.request.prompt_token_ids[start : start + stream.chunks[stream.next_chunk]]
             work.append(ChunkWork(tokens, starts_fresh(stream.run, stream.cached, stream.next_chunk)))
         compute_chunks([s.run for s in takers], work)
@@ -230,8 +230,7 @@ class ContinuousBatch:
             if stream.path == "pipeline" or agreed.cancelled[slots[stream.request.task_id]]:
                 continue
             stream.next_chunk += 1
-            done = stream.cached + sum(stream.chunks[: stream.next_chunk])
-            stream.run.report_progress(done, len(stream.request.prompt_token_ids), stream.next_chunk)
+            stream.run.report_progress(stream.prompt_done, len(stream.request.prompt_token_ids), stream.next_chunk)
 
     def _propose(self, pending: Sequence[Admission]) -> list[int | None]:
         """This rank's cached-prefix length for each of the first pending assignments (None: this

@@ -87,20 +87,14 @@ def prefix_caches(entry: list[Any], length: int) -> list[KVCache]:
 def row_caches(caches: list[Any], row: int) -> list[KVCache]:
     """Row `row` of batched plain caches (a forward of several prompts at once), as one stream's own
     caches: its keys and values up to the offset, in new array objects (slices)."""
-    rows: list[KVCache] = []
-    for source in caches:
-        cache = KVCache()
-        cache.keys = source.keys[row : row + 1, :, : source.offset, :]
-        cache.values = source.values[row : row + 1, :, : source.offset, :]
-        cache.offset = source.offset
-        rows.append(cache)
-    return rows
+    return [_prefix_of(source, source.offset, rows=slice(row, row + 1)) for source in caches]
 
 
-def _prefix_of(source: Any, length: int) -> KVCache:
-    """A plain cache of the first `length` tokens of `source`, in arrays of its own (slices)."""
+def _prefix_of(source: Any, length: int, rows: slice = slice(None)) -> KVCache:
+    """A plain cache of the first `length` tokens of `source` (of its `rows`), in arrays of its own
+    (slices; keys and values are [rows, heads, tokens, dims])."""
     cache = KVCache()
-    cache.keys, cache.values = source.keys[..., :length, :], source.values[..., :length, :]
+    cache.keys, cache.values = source.keys[rows, :, :length, :], source.values[rows, :, :length, :]
     cache.offset = length
     return cache
 

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from events.vocabulary import PrefillPath
 from runner.engine.decode import DecodeSpec, Emitter
 from runner.engine.engine import GenerationOutcome, GenerationRequest
-from runner.engine.logprobs import LazyLogprobs
 from runner.engine.plan import prefill_cost
 from runner.engine.protocols import CancelSource, RunnerSink
 from runner.engine.task_run import TaskRun
@@ -54,7 +53,6 @@ class Stream:
     prefill_cancelled: bool = False  # the pipeline prefill's own agreement stopped it
     decode_step: int = 0
     next_input: int = 0
-    logprobs: LazyLogprobs | None = field(default=None)
     cached: int = 0  # prompt tokens reused from the prefix cache (agreed); the chunks cover the rest
     fed: list[int] = field(default_factory=list)  # agreed tokens, in order: the row holds KV up to the last but one
 
@@ -62,8 +60,13 @@ class Stream:
     def prefilled(self) -> bool:
         return self.next_chunk == len(self.chunks)
 
+    @property
+    def prompt_done(self) -> int:
+        """Prompt tokens whose KV it holds: the cached prefix, then the chunks taken so far."""
+        return self.cached + sum(self.chunks[: self.next_chunk])
+
     def next_chunk_cost(self, keys: float | None) -> float | None:
         """What its next prompt chunk costs (`plan.prefill_cost`); None once its prompt is in."""
         if self.prefilled:
             return None
-        return prefill_cost(self.chunks[self.next_chunk], self.cached + sum(self.chunks[: self.next_chunk]), keys)
+        return prefill_cost(self.chunks[self.next_chunk], self.prompt_done, keys)
