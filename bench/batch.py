@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.options import Sized, add_sized, resolve
-from bench.result import bench_result, readable
+from bench.result import bench_result, median_text
 from bench.rounds import rotated
 from bench.stats import compare, percentile, summarize, tail, target
 
@@ -245,8 +245,7 @@ def _notes(
     settings: dict[str, Any],
 ) -> list[str]:
     def median(name: str) -> str:
-        value = (measures.get(name) or comparisons[name])["median"]
-        return "none" if value is None else readable(value)
+        return median_text(measures, comparisons, name)
 
     notes = []
     for world in per_world:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.options import Sized, add_sized, resolve
-from bench.result import bench_result, readable
+from bench.result import bench_result, median_text, readable
 from bench.ring_probe import probe
 from bench.rounds import rotated, run_rounds
 from bench.stats import compare, summarize, target
@@ -165,8 +165,7 @@ def _notes(
     cores: int, step: int,
 ) -> list[str]:  # fmt: skip
     def median(name: str) -> str:
-        value = (measures.get(name) or comparisons[name])["median"]
-        return "none" if value is None else readable(value)
+        return median_text(measures, comparisons, name)
 
     return [
         f"overlapped / sequential = {median('speedup')} on {world} ranks, against a GPipe ideal of "

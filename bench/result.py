@@ -76,6 +76,12 @@ def load_records(directory: Path) -> list[dict[str, Any]]:
     return [json.loads(path.read_text()) for path in sorted(directory.glob("*.json"))]
 
 
+def median_text(measures: dict[str, Any], comparisons: dict[str, Any], name: str) -> str:
+    """The median of measure or comparison `name`, readable ("none" when it has none)."""
+    value = (measures.get(name) or comparisons[name])["median"]
+    return "none" if value is None else readable(value)
+
+
 def readable(value: float) -> str:
     """A figure for people: thousands separators from 100 up, three significant digits below."""
     if abs(value) >= 100:

@@ -74,7 +74,7 @@ class LocalModelCatalog:
             return read_model_info(Path(model).expanduser()).n_layers
         except ModelUnavailableError as exc:  # its message already names the model and the fix
             raise UnknownModel(str(exc)) from exc
-        except ModelDirError as exc:
+        except (ModelDirError, OSError) as exc:  # OSError: a config file that cannot be read
             raise UnknownModel(f"model {model!r} cannot be loaded: {exc}") from exc
 
 

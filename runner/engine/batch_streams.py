@@ -11,6 +11,7 @@ from runner.engine.plan import prefill_cost
 from runner.engine.protocols import CancelSource, RunnerSink
 from runner.engine.task_run import TaskRun
 
+CREATED_MISSING = "TaskCreated not found in the log"  # this rank could not read the task
 UNRUNNABLE_ELSEWHERE = "another rank of the instance could not build this request (its TaskCreated could not be read)"
 
 

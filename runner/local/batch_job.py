@@ -28,8 +28,6 @@ from runner.engine.protocols import CancelSource, NeverCancelled, PhaseTracker
 from runner.flight.faults import FaultInjector
 from runner.local.testing import FixedCancel, RecordingSink
 
-UNREADABLE = "TaskCreated not found in the log"
-
 if TYPE_CHECKING:
     from runner.engine.batch_streams import Admission
     from runner.engine.engine import Engine
@@ -137,7 +135,7 @@ def _admission(
     sinks: dict[str, TimedSink],
     flips: dict[int, list[StepCancel]],
 ) -> Admission:
-    from runner.engine.batch_streams import Admission
+    from runner.engine.batch_streams import CREATED_MISSING, Admission
     from runner.engine.engine import GenerationRequest
     from runner.local.rank_main import CancelAtPoll
 
@@ -149,7 +147,7 @@ def _admission(
         cancel = next(f for f in flips[entry["cancel_at_step"]] if f.task_id == request.task_id)
     sinks[request.task_id] = TimedSink()
     if entry.get("unreadable_rank") == rank:  # as a rank whose read of TaskCreated failed
-        return Admission(request.task_id, None, faults.around(cancel), sinks[request.task_id], UNREADABLE)
+        return Admission(request.task_id, None, faults.around(cancel), sinks[request.task_id], CREATED_MISSING)
     return Admission(request.task_id, request, faults.around(cancel), sinks[request.task_id])
 
 

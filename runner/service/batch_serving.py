@@ -17,13 +17,11 @@ from typing import TYPE_CHECKING, Protocol
 
 from events.catalogue import TaskFailed
 from events.ids import TaskId
-from runner.engine.batch_streams import Admission, StepResult
+from runner.engine.batch_streams import CREATED_MISSING, Admission, StepResult
 from runner.service.bridge import Assignment
 
 if TYPE_CHECKING:
     from runner.service.tasks import TaskServer
-
-CREATED_MISSING = "TaskCreated not found in the log"
 
 
 class BatchLike(Protocol):

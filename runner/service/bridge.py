@@ -249,7 +249,12 @@ class LogBridge:
         group.start_soon(self._supervise, "cancel consumer", stops, group.cancel_scope)
 
     def _enqueue(self, event: LogEvent) -> None:
-        self._outbox.push(event)
+        try:
+            self._outbox.push(event)
+        except Exception as exc:  # never lose it silently: its task fails instead (a failure is not merged)
+            logger.exception("cannot queue {} for the log", type(event).__name__)
+            self._refused(event, f"it could not be queued: {exc}")
+            return
         self._flushed.clear()
         self._queued.set()
 

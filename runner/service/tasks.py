@@ -33,10 +33,11 @@ from events.ids import InstanceId, TaskId
 from events.stamp import Stamper
 from events.subjects import task_subject
 from events.vocabulary import FinishReason, RunnerStatus
+from runner.engine.batch_streams import CREATED_MISSING
 from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
 from runner.errors import RequestError
 from runner.models.chat import encode_task_prompt
-from runner.service.batch_serving import CREATED_MISSING, BatchLike, BatchServing
+from runner.service.batch_serving import BatchLike, BatchServing
 from runner.service.bridge import Assignment
 from runner.service.heartbeats import RunningTasks
 

@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 import anyio
+from loguru import logger
 from prometheus_client import CollectorRegistry
 
 from eventlog.log import EventLog
@@ -67,20 +68,32 @@ class ApiContext:
             return self._prompt_models[model]
         async with self._prompt_loading:
             if model not in self._prompt_models:
-                directory = existing_model_dir(model)
+                directory = await anyio.to_thread.run_sync(existing_model_dir, model)  # may look in the Hub cache
                 if directory is None:
                     return None
                 self._prompt_models[model] = await anyio.to_thread.run_sync(load_prompt_model, directory)
         return self._prompt_models[model]
 
-    async def preload_prompt_models(self, every_seconds: float = 1.0) -> None:
+    async def preload_prompt_models(self, every_seconds: float = 1.0, longest_wait_seconds: float = 10.0) -> None:
         """Until cancelled: load each served model's tokenizer as soon as its directory exists, so
         the first request does not pay for it (importing transformers and reading a tokenizer take
-        a second or more: a first request to a ready 100M-parameter model took 1.5 s, the next 0.1 s)."""
+        a second or more: a first request to a ready 100M-parameter model took 1.5 s, the next 0.1 s).
+        A model not found (no runner on this host built it) is looked for again less and less often,
+        up to every `longest_wait_seconds`; one whose load fails does not hold up the others."""
+        clock = asyncio.get_running_loop().time
+        waits: dict[str, float] = {}
+        due: dict[str, float] = {}
         while True:
             for model in self.known_models():
-                if model not in self._prompt_models:
+                if model in self._prompt_models or clock() < due.get(model, 0.0):
+                    continue
+                try:
                     await self.prompt_model(model)
+                except Exception:
+                    logger.exception("cannot load the tokenizer of {}; a request will try again", model)
+                if model not in self._prompt_models:
+                    waits[model] = min(longest_wait_seconds, 2 * waits.get(model, every_seconds / 2))
+                    due[model] = clock() + waits[model]
             await asyncio.sleep(every_seconds)
 
     @property

@@ -14,11 +14,9 @@ that fails is logged and retried at the next due point: a snapshot only speeds s
 
 from __future__ import annotations
 
-import nats.errors
 from loguru import logger
 
 from eventlog.log import EventLog
-from eventlog.publish import LogError
 from events.state import State
 
 
@@ -49,8 +47,10 @@ class SnapshotWriter:
                 self.written_seq = self.complete.last_seq
                 return False
             self.written_seq = await self.log.write_snapshot(self.complete)
-        except (nats.errors.Error, LogError, TimeoutError) as exc:
-            logger.warning("snapshot of seq {} not written ({!r}); retrying at the next tick", live.last_seq, exc)
+        except Exception as exc:  # a snapshot only speeds start-ups up: never worth the master's loop
+            logger.opt(exception=exc).warning(
+                "snapshot of seq {} not written; retrying at the next tick", live.last_seq
+            )
             return False
         logger.info("snapshot of the State written at seq {}", self.complete.last_seq)
         return True

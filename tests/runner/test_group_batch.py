@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
-from runner.engine.batch_streams import UNRUNNABLE_ELSEWHERE
+from runner.engine.batch_streams import CREATED_MISSING, UNRUNNABLE_ELSEWHERE
 from runner.engine.plan import balanced_chunk_sizes, even_split, model_keys_per_token
-from runner.local.batch_job import UNREADABLE
 from runner.local.launch import run_group
 from runner.local.local_run import synthetic_prompt
 from runner.models.tiny import cached_tiny
@@ -141,7 +140,7 @@ def test_every_stream_equals_the_request_served_alone(world: int) -> None:
                 where = f"world={world} rank={rank} schedule={schedule['name']} task={task_id}"
                 if "unreadable_rank" in entry:  # the last rank could not read it: no rank runs it
                     unreadable = rank == entry["unreadable_rank"]
-                    assert got["error"] == (UNREADABLE if unreadable else UNRUNNABLE_ELSEWHERE), where
+                    assert got["error"] == (CREATED_MISSING if unreadable else UNRUNNABLE_ELSEWHERE), where
                     continue
                 if got["finish_reason"] == "cancelled":
                     assert "cancel_rank" in entry, where
