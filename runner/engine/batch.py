@@ -132,7 +132,8 @@ class ContinuousBatch:
             return [], []
         rows = [self.streams[t] for t in part.rows]
         specs = [s.spec for s in rows]
-        look_ahead = self.row_decoder.can_look_ahead(specs, prefilling=bool(self.composition.prefilling))
+        joining = any(self.streams[t].chunks_left <= 1 for t in self.composition.prefilling)
+        look_ahead = self.row_decoder.can_look_ahead(specs, joining)
         inputs = [s.next_input for s in rows]
         return self.row_decoder.step(inputs, specs, part.cache, look_ahead, send_now=self.micro.lockstep)
 

@@ -9,9 +9,11 @@ one pays no round trip per token that mlx-lm alone does not pay.
 
 The look-ahead is computed for the rows of step n. When rows leave at step n's boundary, their
 look-ahead rows are dropped with them (`keep`; the cache drops its rows in the same order), so a
-stream's tokens and its seeded key splits are those it takes alone. It is never started while a
-stream prefills (a joining row has no look-ahead, so the step it joins at computes every row
-afresh) nor under a grammar (the mask of step n+1 needs token n accepted first).
+stream's tokens and its seeded key splits are those it takes alone. It is never started at a step
+at whose end a stream may join the rows (one whose prompt is in, or takes its last chunk now: a
+joining row has no look-ahead, so the step after the join computes every row afresh) nor under a
+grammar (the mask of step n+1 needs token n accepted first). A step that carries an earlier prompt
+chunk keeps it: the chunk is queued behind the rows' next forward, whose graph was built meanwhile.
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ class RowDecoder:
         self.engine = engine
         self.ahead: _Drawn | None = None  # step n+1 of the current rows, queued on one rank
 
-    def can_look_ahead(self, specs: Sequence[DecodeSpec], prefilling: bool) -> bool:
-        return self.engine.collectives.world == 1 and not prefilling and all(s.token_mask is None for s in specs)
+    def can_look_ahead(self, specs: Sequence[DecodeSpec], joining: bool) -> bool:
+        """`joining`: a stream may join the rows at the end of this step (its prompt may be in)."""
+        return self.engine.collectives.world == 1 and not joining and all(s.token_mask is None for s in specs)
 
     def step(
         self,

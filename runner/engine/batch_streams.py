@@ -59,7 +59,11 @@ class Stream:
 
     @property
     def prefilled(self) -> bool:
-        return self.next_chunk == len(self.chunks)
+        return self.chunks_left == 0
+
+    @property
+    def chunks_left(self) -> int:
+        return len(self.chunks) - self.next_chunk
 
     @property
     def prompt_done(self) -> int:
