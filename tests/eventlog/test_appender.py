@@ -42,7 +42,7 @@ async def test_a_stopped_server_is_unreachable_then_appends_resume(make_nats: Ca
     try:
         first = await appender.append(ev.chunk("t1", index=0))
         await anyio.to_thread.run_sync(server.stop)
-        with pytest.raises(LogUnreachable, match="not acknowledged for 0.5s"):
+        with pytest.raises(LogUnreachable, match=r"not acknowledged for 0\.5s"):
             await appender.append(ev.chunk("t1", index=1))
         await anyio.to_thread.run_sync(server.start)
         async with asyncio.timeout(30):
