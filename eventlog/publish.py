@@ -40,6 +40,15 @@ class _PubAck(msgspec.Struct, frozen=True):
 _pub_ack = msgspec.json.Decoder(_PubAck)
 
 
+def decode_ack(payload: bytes) -> int:
+    """The seq of a JetStream publish acknowledgement (a duplicate's: the original's); `LogError`
+    when the server refused the message."""
+    ack = _pub_ack.decode(payload)
+    if ack.error is not None:
+        raise LogError(f"append refused: {ack.error.get('description', ack.error)}")
+    return ack.seq
+
+
 def msg_id_headers(event_id: str) -> bytes:
     return b"NATS/1.0\r\nNats-Msg-Id: " + event_id.encode() + b"\r\n\r\n"
 
@@ -104,9 +113,7 @@ class _AckReader:
             self._ack(int(message.subject[self._cut :]), message.payload)
 
     def _ack(self, index: int, payload: bytes) -> None:
-        ack = _pub_ack.decode(payload)
-        if ack.error is not None:
-            raise LogError(f"append refused: {ack.error.get('description', ack.error)}")
+        seq = decode_ack(payload)
         if self._seqs[index] == 0:
-            self._seqs[index] = ack.seq
+            self._seqs[index] = seq
             self.count += 1

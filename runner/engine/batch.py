@@ -114,7 +114,7 @@ class ContinuousBatch:
         self.phases.enter("agree_cancel", members[0] if members else None, self.steps)
         received = current.admitted + len(pending)
         vector = self.layout.encode(self.engine.rank, received, votes, tokens, self._propose(pending))
-        agreed = self.layout.decode(self.engine.collectives.agree(vector))
+        agreed = self.layout.decode(self.engine.collectives.agree(vector), len(votes), len(pending))
         outbox = self.engine.shard.outbox
         outbox.complete()  # received before the peer's vote we just agreed with
         outbox.flush()  # the next rank computes this micro-batch at the next step

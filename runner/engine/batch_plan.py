@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
 
 from runner.engine.prefix_cache import agreed_prefix
 
@@ -79,18 +80,22 @@ class StepLayout:
             vector[base + index] = 0 if length is None else length + 1
         return vector
 
-    def decode(self, summed: Sequence[int]) -> AgreedStep:
+    def decode(self, summed: Sequence[int], slots: int | None = None, pending: int | None = None) -> AgreedStep:
+        """`slots`, `pending`: how many slots and pending assignments this step filled (None: all
+        `max_batch`); the agreed tuples hold just those, so a step's bookkeeping costs what the
+        batch holds, not `max_batch` (a batch of one runs it at every token)."""
         if len(summed) != self.size:
             raise ValueError(f"agreed vector has {len(summed)} entries, expected {self.size}")
         world, width = self.world, self.max_batch
+        slots = width if slots is None else min(slots, width)
+        pending = width if pending is None else min(pending, width)
         proposals = world + 2 * width
-        lowest = [
-            agreed_prefix([summed[proposals + r * width + index] for r in range(world)]) for index in range(width)
-        ]
+        per_rank = [summed[proposals + r * width : proposals + r * width + pending] for r in range(world)]
+        lowest = [agreed_prefix(column) for column in zip(*per_rank, strict=True)]
         return AgreedStep(
             received=min(summed[:world]),
-            cancelled=tuple(v > 0 for v in summed[world : world + width]),
-            tokens=tuple(summed[world + width : proposals]),
+            cancelled=tuple(v > 0 for v in summed[world : world + slots]),
+            tokens=tuple(summed[world + width : world + width + slots]),
             cached=tuple(max(0, low - 1) for low in lowest),
             runnable=tuple(low > 0 for low in lowest),
         )
@@ -141,8 +146,11 @@ def next_composition(
     left; `join_room`: how many of them the decoding rows take now (`MicroBatches.join_room`);
     `pending`: this rank's assignments not yet admitted, in log order (every rank's list starts with
     the same `agreed.received - current.admitted` ids)."""
+    quiet = not (any(agreed.cancelled) or stopped_rows or current.prefilling or pending)
+    if quiet and agreed.received == current.admitted:  # the common step: nobody leaves, joins or waits
+        return Transition(current, tuple(range(len(current.rows))), (), (), (), ())
     members = current.members
-    cancelled = tuple(t for slot, t in enumerate(members) if agreed.cancelled[slot])
+    cancelled = tuple(compress(members, agreed.cancelled))
     gone = set(cancelled)
     finished = tuple(t for t in current.rows if t in stopped_rows and t not in gone)
     gone.update(finished)

@@ -62,6 +62,8 @@ def test_layout_refuses_more_slots_than_max_batch_and_a_wrong_length() -> None:
          agreed(3, (False, True)), set(), set(), [], ("a", "c"), (), (0, 2)),
         ("a cancelled prefilled stream never joins", Composition(rows=("a",), prefilling=("b", "c"), admitted=3),
          agreed(3, (False, True)), set(), {"b", "c"}, [], ("a", "c"), (), (0,)),
+        ("a quiet step keeps every row", Composition(rows=("a", "b"), admitted=2), agreed(2), set(), set(), [],
+         ("a", "b"), (), (0, 1)),
         ("cancel wins over a stop rule", Composition(rows=("a",), admitted=1), agreed(1, (True,)), {"a"}, set(),
          [], (), (), ()),
     ],
@@ -103,17 +105,44 @@ def test_cancel_and_finish_are_reported_apart() -> None:
     assert transition.joined == ()
 
 
-def test_a_rank_that_holds_fewer_assignments_than_agreed_is_an_error() -> None:
+@pytest.mark.parametrize(("current", "pending"), [(Composition(), ["a"]), (Composition(rows=("a",), admitted=1), [])])
+def test_a_rank_that_holds_fewer_assignments_than_agreed_is_an_error(current: Composition, pending: list[str]) -> None:
     with pytest.raises(ValueError, match="holds 1"):
         next_composition(
-            Composition(),
+            current,
             agreed(2),
             stopped_rows=frozenset(),
             prefilled=frozenset(),
             join_room=1,
-            pending=["a"],
+            pending=pending,
             max_batch=4,
         )
+
+
+@given(
+    world=st.integers(1, 3),
+    data=st.data(),
+)
+def test_decoding_only_the_slots_in_use_agrees_with_decoding_them_all(world: int, data: st.DataObject) -> None:
+    """A step decodes the slots and pending assignments it filled (its cost follows the batch, not
+    max_batch): the same values as the full decode, cut to those."""
+    layout = StepLayout(world=world, max_batch=4)
+    slots, pending = data.draw(st.integers(0, 4)), data.draw(st.integers(0, 6))
+    vectors = [
+        layout.encode(
+            rank,
+            data.draw(st.integers(0, 9)),
+            data.draw(st.lists(st.booleans(), min_size=slots, max_size=slots)),
+            data.draw(st.lists(st.integers(0, 99), min_size=slots, max_size=slots)) if rank == world - 1 else [],
+            data.draw(st.lists(st.none() | st.integers(0, 50), min_size=min(pending, 4), max_size=min(pending, 4))),
+        )
+        for rank in range(world)
+    ]
+    summed = [sum(column) for column in zip(*vectors, strict=True)]
+    full, cut = layout.decode(summed), layout.decode(summed, slots, pending)
+    assert cut.received == full.received
+    assert (cut.cancelled, cut.tokens) == (full.cancelled[:slots], full.tokens[:slots])
+    assert (cut.cached, cut.runnable) == (full.cached[:pending], full.runnable[:pending])
 
 
 def test_without_drops_newcomers_that_failed_validation() -> None:
