@@ -29,6 +29,7 @@ from typing import Any
 import mlx.core as mx
 
 from runner.engine.batch_cache import BatchShardCache, prefix_caches
+from runner.engine.batch_chunks import PipelinedChunks
 from runner.engine.batch_plan import (
     AgreedStep,
     Composition,
@@ -37,7 +38,6 @@ from runner.engine.batch_plan import (
     delivers,
     next_composition,
 )
-from runner.engine.batch_chunks import PipelinedChunks
 from runner.engine.batch_rows import RowDecoder
 from runner.engine.batch_streams import UNRUNNABLE_ELSEWHERE, Admission, Ended, StepResult, Stream
 from runner.engine.decode import Emitter
