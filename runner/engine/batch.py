@@ -71,8 +71,11 @@ class ContinuousBatch:
         self.engine, self.phases = engine, phases
         self.max_batch = max_batch
         self.layout = StepLayout(engine.collectives.world, max_batch)
-        step = effective_step(engine.settings.prefill_step_size, engine.collectives.world)
-        self.prefill_budget = prefill_cost(step, 0, engine.prefill_keys_per_token)  # a fresh prompt's first chunk
+        world = engine.collectives.world
+        step = effective_step(engine.settings.prefill_step_size, world)
+        # What `world` fresh first chunks cost: a chunk group is pipelined (`batch_chunks`), so each
+        # rank computes only its own layers of it, about what one chunk costs a rank alone.
+        self.prefill_budget = prefill_cost(step * world, 0, engine.prefill_keys_per_token)
         self.composition = Composition()  # the admitted streams not decoding yet (its rows are in `micro`)
         self.streams: dict[str, Stream] = {}
         self.micro = MicroBatches(engine.collectives.world)
