@@ -4,10 +4,12 @@ One `step` on every rank: the rank computes its micro-batch of decoding rows ([B
 `micro_batches.py`: on N ranks the rows ride a ring of N micro-batches, so rank r works on one
 while rank r-1 works on the next, its sends starting after the step's agreement), the first stream
 still prefilling takes one prompt chunk, and the others one each while their chunks fit the
-prefill step (`batch_plan.chunk_takers`: a burst of short prompts is in after a few steps; a long
-prompt never freezes the rows' tokens for more than a chunk), sequentially through every rank
-(one admitted into an empty batch takes its whole prefill on the overlapped pipeline path
-instead), then one all-reduce (`batch_plan.StepLayout`)
+step's prefill budget (`batch_plan.chunk_takers`: a burst of short prompts is in after a few steps;
+a long prompt never freezes the rows' tokens for more than a chunk); that chunk group is pipelined
+through the ranks (`batch_chunks`: rank r computes it r steps later, before its micro-batch; a
+stream joins the rows once its last chunk has passed the last rank), and one admitted into an
+empty batch takes its whole prefill on the overlapped pipeline path instead; then one all-reduce
+(`batch_plan.StepLayout`)
 agrees on the boundary micro-batch's tokens, the cancel votes and how many assignments every
 rank holds. The next batch follows from that vector alone (`batch_plan.next_composition`, applied
 to the boundary micro-batch and the prefilling streams: the prefilled ones join the rows together),
