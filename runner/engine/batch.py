@@ -4,10 +4,12 @@ One `step` on every rank: the rank computes its micro-batch of decoding rows ([B
 `micro_batches.py`: on N ranks the rows ride a ring of N micro-batches, so rank r works on one
 while rank r-1 works on the next, its sends starting after the step's agreement), the first stream
 still prefilling takes one prompt chunk, and the others one each while their chunks fit the
-prefill step (`batch_plan.chunk_takers`: a burst of short prompts is in after a few steps; a long
-prompt never freezes the rows' tokens for more than a chunk), sequentially through every rank
-(one admitted into an empty batch takes its whole prefill on the overlapped pipeline path
-instead), then one all-reduce (`batch_plan.StepLayout`)
+step's prefill budget (`batch_plan.chunk_takers`: a burst of short prompts is in after a few steps;
+a long prompt never freezes the rows' tokens for more than a chunk); that chunk group is pipelined
+through the ranks (`batch_chunks`: rank r computes it r steps later, before its micro-batch; a
+stream joins the rows once its last chunk has passed the last rank), and one admitted into an
+empty batch takes its whole prefill on the overlapped pipeline path instead; then one all-reduce
+(`batch_plan.StepLayout`)
 agrees on the boundary micro-batch's tokens, the cancel votes and how many assignments every
 rank holds. The next batch follows from that vector alone (`batch_plan.next_composition`, applied
 to the boundary micro-batch and the prefilling streams: the prefilled ones join the rows together),
@@ -29,6 +31,7 @@ from typing import Any
 import mlx.core as mx
 
 from runner.engine.batch_cache import BatchShardCache, prefix_caches
+from runner.engine.batch_chunks import PipelinedChunks
 from runner.engine.batch_plan import (
     AgreedStep,
     Composition,
@@ -37,7 +40,6 @@ from runner.engine.batch_plan import (
     delivers,
     next_composition,
 )
-from runner.engine.batch_prefill import ChunkWork, compute_chunks, starts_fresh
 from runner.engine.batch_rows import RowDecoder
 from runner.engine.batch_streams import UNRUNNABLE_ELSEWHERE, Admission, Ended, StepResult, Stream
 from runner.engine.decode import Emitter
@@ -71,12 +73,16 @@ class ContinuousBatch:
         self.engine, self.phases = engine, phases
         self.max_batch = max_batch
         self.layout = StepLayout(engine.collectives.world, max_batch)
-        step = effective_step(engine.settings.prefill_step_size, engine.collectives.world)
-        self.prefill_budget = prefill_cost(step, 0, engine.prefill_keys_per_token)  # a fresh prompt's first chunk
+        world = engine.collectives.world
+        step = effective_step(engine.settings.prefill_step_size, world)
+        # What `world` fresh first chunks cost: a chunk group is pipelined (`batch_chunks`), so each
+        # rank computes only its own layers of it, about what one chunk costs a rank alone.
+        self.prefill_budget = prefill_cost(step * world, 0, engine.prefill_keys_per_token)
         self.composition = Composition()  # the admitted streams not decoding yet (its rows are in `micro`)
         self.streams: dict[str, Stream] = {}
         self.micro = MicroBatches(engine.collectives.world)
         self.row_decoder = RowDecoder(engine)
+        self.chunks = PipelinedChunks(engine.rank, engine.collectives.world)
         self.steps = 0
         bound = engine.settings.prefix_cache_bytes if prefix_cache_bytes is None else prefix_cache_bytes
         self.prefixes: PrefixIndex[list[Any]] = PrefixIndex(bound)
@@ -84,7 +90,8 @@ class ContinuousBatch:
 
     @property
     def busy(self) -> bool:
-        return bool(self.members)
+        """Members, or chunks of streams already gone (cancelled) still on their way through the ranks."""
+        return bool(self.members) or self.chunks.busy()
 
     @property
     def members(self) -> tuple[str, ...]:
@@ -107,9 +114,9 @@ class ContinuousBatch:
         rows = boundary.rows if boundary is not None else ()
         current = Composition(rows, self.composition.prefilling, self.composition.admitted)
         self.phases.enter("decode", members[0] if members else None, self.steps)
+        chunked = self._prefill_chunks()  # before the rows: a chunk sent after the last agreement is read first
         tokens, logprobs = self._decode_rows()  # the boundary's, on the sampling rank; none elsewhere
         logprobs = logprobs or [None] * len(current.rows)
-        chunked = self._prefill_chunks()
         votes = [self._vote(self.streams[t]) for t in current.members]
         self.phases.enter("agree_cancel", members[0] if members else None, self.steps)
         received = current.admitted + len(pending)
@@ -118,8 +125,9 @@ class ContinuousBatch:
         outbox = self.engine.shard.outbox
         outbox.complete()  # received before the peer's vote we just agreed with
         outbox.flush()  # the next rank computes this micro-batch at the next step
-        self.steps += 1
+        self.chunks.retire(self.steps)
         ended = self._apply(current, agreed, logprobs, chunked, pending)
+        self.steps += 1
         self.micro.advance()
         members = self.members
         self.phases.enter("decode" if members else "idle", members[0] if members else None, self.steps)
@@ -132,31 +140,25 @@ class ContinuousBatch:
             return [], []
         rows = [self.streams[t] for t in part.rows]
         specs = [s.spec for s in rows]
-        joining = any(self.streams[t].chunks_left <= 1 for t in self.composition.prefilling)
+        joining = any(self.streams[t].prefilled for t in self.composition.prefilling)  # chunks are taken first
         look_ahead = self.row_decoder.can_look_ahead(specs, joining)
         inputs = [s.next_input for s in rows]
         return self.row_decoder.step(inputs, specs, part.cache, look_ahead, send_now=self.micro.lockstep)
 
     def _prefill_chunks(self) -> list[Stream]:
         """The prefilling streams that take a chunk at this step (`batch_plan.chunk_takers`, from
-        agreed data: the composition and each stream's chunks), sequentially through every rank,
-        in slot order, first chunks of one length in one forward (`batch_prefill`); or, for a
-        stream admitted alone on the pipeline path, its whole prefill (the GPipe schedule)."""
-        iteration, world = self.micro.iteration, self.engine.collectives.world
-        if iteration is not None and iteration % world != 0:
-            return []  # on the decode ring a row's token takes `world` steps: chunks ride one of them
+        agreed data: the composition and each stream's chunks), in slot order, first chunks of one
+        length in one forward (`batch_prefill`), pipelined through the ranks (`batch_chunks`: this
+        rank computes the group taken `rank` steps ago); or, for a stream admitted alone on the
+        pipeline path, its whole prefill (the GPipe schedule)."""
         waiting = [self.streams[t] for t in self.composition.prefilling]
         costs = [s.next_chunk_cost(self.engine.prefill_keys_per_token) for s in waiting]
         takers = [waiting[i] for i in chunk_takers(costs, self.prefill_budget)]
         if takers and takers[0].path == "pipeline":  # admitted alone: nothing else prefills with it
             self._pipeline_prefill(takers[0])
             return takers[:1]
-        work = []
-        for stream in takers:
-            start = stream.prompt_done
-            tokens = stream.request.prompt_token_ids[start : start + stream.chunks[stream.next_chunk]]
-            work.append(ChunkWork(tokens, starts_fresh(stream.run, stream.cached, stream.next_chunk)))
-        compute_chunks([s.run for s in takers], work)
+        self.chunks.take(self.steps, takers)
+        self.chunks.compute(self.steps)
         return takers
 
     def _pipeline_prefill(self, head: Stream) -> None:
@@ -201,7 +203,7 @@ class ContinuousBatch:
         self._chunks_done(current, agreed, chunked)
         micro = self.micro
         boundary, target = micro.boundary(), micro.join_target()
-        prefilled = frozenset(t for t in current.prefilling if self.streams[t].prefilled)
+        prefilled = frozenset(t for t in current.prefilling if self.streams[t].landed(self.steps))
         transition = next_composition(
             current, agreed, stopped_rows=frozenset(stopped), prefilled=prefilled,
             join_room=0 if target is None else micro.join_room(len(prefilled)),
@@ -216,7 +218,7 @@ class ContinuousBatch:
                 self._join(target, task_id)
         ended = [self._cancelled(t, current.rows) for t in transition.cancelled]
         ended += [self._finished(t) for t in transition.finished]
-        alone = not micro.rows and len(transition.composition.prefilling) == 1
+        alone = not micro.rows and len(transition.composition.prefilling) == 1 and not self.chunks.busy()
         newcomers = pending[: len(transition.newcomers)]
         failed = [self._admit(a, agreed.cached[i], agreed.runnable[i], alone) for i, a in enumerate(newcomers)]
         ended += [f for f in failed if f is not None]
@@ -225,12 +227,11 @@ class ContinuousBatch:
         return StepResult(len(transition.newcomers), ended)
 
     def _chunks_done(self, current: Composition, agreed: AgreedStep, chunked: list[Stream]) -> None:
-        """The streams that took a sequential chunk and were not cancelled move past it."""
+        """The streams that took a chunk (moved past it already) and were not cancelled report it."""
         slots = {task_id: slot for slot, task_id in enumerate(current.members)}
         for stream in chunked:
             if stream.path == "pipeline" or agreed.cancelled[slots[stream.request.task_id]]:
                 continue
-            stream.next_chunk += 1
             stream.run.report_progress(stream.prompt_done, len(stream.request.prompt_token_ids), stream.next_chunk)
 
     def _propose(self, pending: Sequence[Admission]) -> list[int | None]:

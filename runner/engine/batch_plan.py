@@ -26,7 +26,8 @@ Slots are `Composition.members` in order: the decoding rows (in the batch cache'
 then the streams waiting for or in prefill. Which of those take a prompt chunk at a step is
 `chunk_takers`: the first always, then any other whose next chunk still fits the step's prefill
 budget, so a burst of short prompts fills the batch in a few steps, not one step per newcomer,
-while a step's prefill work stays within one chunk of the prefill step size.
+while each rank's prefill work in a step stays within one chunk's (the group is pipelined through
+the ranks, so on N ranks the budget is N first chunks: `batch_chunks`).
 """
 
 from __future__ import annotations
@@ -175,8 +176,8 @@ def chunk_takers(next_chunks: Sequence[float | None], budget: float) -> tuple[in
     """Which prefilling streams (by index, in slot order) take their next prompt chunk this step;
     `next_chunks[i]`: the cost of stream i's next chunk (`plan.prefill_cost`), None when its prompt
     is in. The first with a chunk always takes it (a long prompt progresses as it would alone); any
-    later one whose chunk still fits the `budget` (what a fresh prompt's first chunk of the prefill
-    step costs) takes it too."""
+    later one whose chunk still fits the `budget` (what `world` fresh first chunks of the prefill
+    step cost: each rank computes only its layers of the group) takes it too."""
     takers: list[int] = []
     spent = 0.0
     for index, cost in enumerate(next_chunks):

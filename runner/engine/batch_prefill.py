@@ -60,13 +60,14 @@ def starts_fresh(run: TaskRun, cached: int, next_chunk: int) -> bool:
 
 
 def compute_chunks(runs: Sequence[TaskRun], work: Sequence[ChunkWork]) -> None:
-    """Run this step's chunks sequentially through every rank, each group in one forward."""
+    """Run this rank's part of a step's chunks, each group in one forward; the sends stay queued
+    for after the step's agreement (the next rank computes them at the next step: `batch_chunks`)."""
     for group in prefill_groups(work):
         if len(group) == 1:
-            compute_chunk(runs[group[0]], mx.array(work[group[0]].tokens, dtype=mx.int32), "sequential")
+            compute_chunk(runs[group[0]], mx.array(work[group[0]].tokens, dtype=mx.int32), "pipeline")
             continue
         first = runs[group[0]]
         together = replace(first, caches=ShardCache(first.model, first.placement))
-        compute_chunk(together, mx.array([work[i].tokens for i in group], dtype=mx.int32), "sequential")
+        compute_chunk(together, mx.array([work[i].tokens for i in group], dtype=mx.int32), "pipeline")
         for row, index in enumerate(group):
             runs[index].caches.replace_owned(row_caches([together.caches.slots[j] for j in first.caches.owned], row))

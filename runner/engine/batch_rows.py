@@ -107,10 +107,11 @@ class RowDecoder:
         """`send_now`: lockstep, the next rank needs this part before the agreement; on the ring
         the send starts after it (micro_batches.py)."""
         engine, outbox = self.engine, self.engine.shard.outbox
+        mark = outbox.mark()  # a chunk's send queued before waits for the agreement (batch_chunks.py)
         logits = engine.shard.model(inputs, cache=cache.slots)
         engine.shard.receive_gate.wait()  # the graph is built: wait for the previous rank's bytes (sends.py)
         if not engine.is_sampling_rank:
-            mx.eval([*cache.states(), *(outbox.take_all() if send_now else outbox.activations())])
+            mx.eval([*cache.states(), *(outbox.take_all(since=mark) if send_now else outbox.activations())])
             return None
         if all(_is_plain_greedy(s) for s in specs):  # one argmax for the whole batch
             return _Drawn(mx.argmax(logits[:, -1, :], axis=-1), [None] * len(specs))

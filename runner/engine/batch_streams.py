@@ -56,14 +56,20 @@ class Stream:
     next_input: int = 0
     cached: int = 0  # prompt tokens reused from the prefix cache (agreed); the chunks cover the rest
     fed: list[int] = field(default_factory=list)  # agreed tokens, in order: the row holds KV up to the last but one
+    lands_at: int = -1  # the step whose agreement sees its last chunk taken past the last rank (`chunk_ring`)
 
     @property
     def prefilled(self) -> bool:
+        """Every chunk taken (some may still be on their way through the ranks: `landed`)."""
         return self.chunks_left == 0
 
     @property
     def chunks_left(self) -> int:
         return len(self.chunks) - self.next_chunk
+
+    def landed(self, step: int) -> bool:
+        """Every chunk taken and past the last rank by `step`'s agreement: it may join the rows."""
+        return self.prefilled and self.lands_at <= step
 
     @property
     def prompt_done(self) -> int:

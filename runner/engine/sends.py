@@ -41,12 +41,14 @@ class PendingSends:
         return len(self._queued)
 
     def flush(self) -> None:
-        """Start the queued sends (pipeline path, after the agreement said "continue")."""
-        if self._queued:
-            sends = [send_op for _, send_op in self._queued]
-            mx.async_eval(sends)
-            self._in_flight.extend(sends)
-            self._queued.clear()
+        """Start the queued sends (pipeline path, after the agreement said "continue"), one at a
+        time in the order queued: the receiver reads them in that order (a step may queue several:
+        prompt chunks, then a micro-batch of rows), and one evaluation of several independent sends
+        need not run them in the order given."""
+        for _, send_op in self._queued:
+            mx.async_eval(send_op)
+            self._in_flight.append(send_op)
+        self._queued.clear()
 
     def complete(self) -> None:
         """Wait for every started send. Their receivers are committed to them by agreement."""

@@ -70,6 +70,26 @@ def burst_schedule(world: int) -> dict[str, Any]:
     return {"kind": "batch", "name": "burst", "max_batch": 8, "tasks": tasks}
 
 
+def in_flight_schedule(world: int) -> dict[str, Any]:
+    """Streams cancelled while their prompt chunks are on their way through the ranks (pipelined:
+    a chunk taken at step t reaches rank r at step t + r): one beside a decoding row, then a pair
+    that leaves the batch with no member but chunks still in flight, while a newcomer arrives."""
+    tasks = [
+        {"request": req("row", 5), "at": 0},
+        {"request": req("cut", 25), "at": 1, "cancel_rank": world - 1, "cancel_at_poll": 2},
+        {"request": req("pair-a", 31), "at": 14, "cancel_at_step": 17},
+        {"request": req("pair-b", 30), "at": 14, "cancel_at_step": 17},
+        {"request": req("after", 13), "at": 18},
+    ]
+    return {"kind": "batch", "name": "in-flight", "max_batch": 4, "tasks": tasks}
+
+
+def many_short_schedule(world: int) -> dict[str, Any]:
+    """A burst of many short prompts of mixed lengths: several chunk groups in flight at once."""
+    tasks = [{"request": req(f"many{k}", 1 + k % 7, 3), "at": k // 6} for k in range(14)]
+    return {"kind": "batch", "name": "many-short", "max_batch": 12, "tasks": tasks}
+
+
 def random_schedule(seed: int, world: int) -> dict[str, Any]:
     rng = random.Random(seed)
     tasks, at = [], 0
@@ -91,6 +111,8 @@ def schedules(world: int) -> list[dict[str, Any]]:
         fixed_schedule(world),
         lone_schedule(world),
         burst_schedule(world),
+        in_flight_schedule(world),
+        many_short_schedule(world),
         *(random_schedule(seed, world) for seed in range(RANDOM_SCHEDULES)),
     ]
 
@@ -143,7 +165,7 @@ def test_every_stream_equals_the_request_served_alone(world: int) -> None:
                     assert got["error"] == (CREATED_MISSING if unreadable else UNRUNNABLE_ELSEWHERE), where
                     continue
                 if got["finish_reason"] == "cancelled":
-                    assert "cancel_rank" in entry, where
+                    assert "cancel_rank" in entry or "cancel_at_step" in entry, where
                     assert got["token_ids"] == expected["token_ids"][: len(got["token_ids"])], where
                     continue
                 assert got["token_ids"] == expected["token_ids"], where
@@ -229,3 +251,13 @@ def test_decode_is_pipelined_through_micro_batches(world: int) -> None:
     different ones at the same step (on one rank the batch is one micro-batch)."""
     assert batch_runs(world)[0][0]["overlapped_steps"] > 0
     assert batch_runs(1)[0][0]["overlapped_steps"] == 0
+
+
+@pytest.mark.parametrize("world", (2, 3))
+def test_streams_cancelled_with_chunks_in_flight_leave_the_others_running(world: int) -> None:
+    for rank_runs in batch_runs(world):
+        ended = rank_runs[3]["ended"]
+        for task_id in ("cut", "pair-a", "pair-b"):
+            assert ended[task_id]["finish_reason"] == "cancelled", task_id
+            assert ended[task_id]["cancelled_at"].startswith("prefill:"), ended[task_id]["cancelled_at"]
+        assert ended["row"]["finish_reason"] == ended["after"]["finish_reason"] == "length"
