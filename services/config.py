@@ -44,6 +44,7 @@ from events.runner_settings import (
     PublishBacklogEvents,
     RunnerSettings,
     StallStackSeconds,
+    StreamChunkMinIntervalSeconds,
 )
 from events.state import FINISHED_TASKS_KEPT
 from services.config_files import find_yaml, read_yaml
@@ -181,6 +182,7 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     publish_backlog_events: PublishBacklogEvents = RUNNER_DEFAULTS.publish_backlog_events
     max_batch: MaxBatch = RUNNER_DEFAULTS.max_batch
     batch_chunk_events_per_round: BatchChunkEventsPerRound = RUNNER_DEFAULTS.batch_chunk_events_per_round
+    stream_chunk_min_interval_seconds: StreamChunkMinIntervalSeconds = RUNNER_DEFAULTS.stream_chunk_min_interval_seconds
     prefix_cache_bytes: PrefixCacheBytes = RUNNER_DEFAULTS.prefix_cache_bytes
     events_max_age_seconds: Annotated[float, POSITIVE_SECONDS, Meta(description="how long events are kept")] = (
         7 * 86400.0

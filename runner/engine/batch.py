@@ -187,10 +187,13 @@ class ContinuousBatch:
         pending: Sequence[Admission],
     ) -> StepResult:
         stopped: set[str] = set()
-        decoding, per_round = len(self.micro.rows), self.engine.settings.batch_chunk_events_per_round
+        settings = self.engine.settings
+        decoding, per_round = len(self.micro.rows), settings.batch_chunk_events_per_round
+        min_interval = settings.stream_chunk_min_interval_seconds
         for slot, task_id in enumerate(current.rows):
             stream = self.streams[task_id]
-            deliver = delivers(stream.decode_step, decoding, per_round)
+            since_last = time.perf_counter() - stream.emitter.delivered_at
+            deliver = delivers(stream.decode_step, decoding, per_round, since_last, min_interval)
             if not agreed.cancelled[slot] and stream.emitter.accept(
                 stream.decode_step, agreed.tokens[slot], logprobs[slot], deliver
             ):

@@ -198,6 +198,14 @@ def delivery_interval(rows: int, events_per_round: int) -> int:
     return max(1, rows // events_per_round)
 
 
-def delivers(decode_step: int, rows: int, events_per_round: int) -> bool:
-    """Whether a stream's token of `decode_step` goes out now (with those held since its last)."""
-    return decode_step % delivery_interval(rows, events_per_round) == 0
+def delivers(
+    decode_step: int, rows: int, events_per_round: int, since_last_s: float = 0.0, min_interval_s: float = 0.0
+) -> bool:
+    """Whether a stream's token of `decode_step` goes out now (with those held since its last):
+    its first token at once; later ones on the round's rhythm (`delivery_interval`), once
+    `min_interval_s` (`stream_chunk_min_interval_seconds`) has passed since its last delivery, so a
+    stream decoding faster than that sends its tokens a few at a time. Only the sampling rank
+    delivers, so the clock read here decides nothing any other rank does."""
+    if decode_step == 0:
+        return True
+    return decode_step % delivery_interval(rows, events_per_round) == 0 and since_last_s >= min_interval_s

@@ -67,6 +67,7 @@ class Emitter:
         self.tokenizer = tokenizer
         self.logprobs: list[TokenLogprob] = []  # the sampling rank's, one per entry of result.token_ids
         self.held: tuple[str, list[int]] = ("", [])  # released by the assembler, not delivered yet
+        self.delivered_at = 0.0  # perf_counter() at its last delivery
 
     def cancelled(self, step: int) -> DecodeResult:
         self.run.cancelled_at = f"decode:{step}"
@@ -108,6 +109,8 @@ class Emitter:
     def _deliver(self, released: tuple[str, list[int]], now: bool = True) -> None:
         text, ids = self.held[0] + released[0], self.held[1] + released[1]
         self.held = ("", []) if now else (text, ids)
+        if now:
+            self.delivered_at = time.perf_counter()
         if now and self.sampling and (text or ids):
             produced = len(self.result.token_ids)
             index = produced - len(ids)
