@@ -6,8 +6,9 @@ ranks timestamp each token, step, cancel and departure on one monotonic clock):
 - interference: K streams decode; a newcomer with a long prompt joins at step `ARRIVAL`. In
   rotating rounds the same schedule runs with and without the newcomer, and a prompt of one
   prefill chunk runs alone (its time to first token: one chunk through every rank), and so does
-  the newcomer's prompt (sequentially, in a batch of its own: each of its steps is one chunk, and
-  the last ones attend to the whole prompt). The running streams' inter-token p99 (the gaps that
+  the newcomer's prompt (sequentially, in a batch of its own: its chunks are pipelined through the
+  ranks, so a chunk's time is that of `world` consecutive steps, and the last ones attend to the
+  whole prompt). The running streams' inter-token p99 (the gaps that
   end after step `ARRIVAL`, on the sampling rank) with and without the newcomer; target: the
   increase is at most one prefill chunk's time (the lone first chunk; and the slowest chunk).
 - cancel 1 of 16: 16 streams decode; in each schedule one of them (a random one, at a random
@@ -137,6 +138,15 @@ def _job(model_dir: Path, world: int, settings: dict[str, Any], plan: list[dict[
     }
 
 
+def _slowest_chunk_ms(step_times: list[tuple[float, float]], world: int) -> float:
+    """The newcomer's slowest chunk through every rank, alone: its chunks are pipelined (a chunk taken
+    at step t is computed by rank r at step t + r, each step holding one part of a chunk per rank),
+    so a chunk's time is that of `world` consecutive steps; the slowest such window."""
+    durations = [(end - start) * 1000 for start, end in step_times]
+    windows = [sum(durations[i : i + world]) for i in range(max(1, len(durations) - world + 1))]
+    return max(windows)
+
+
 def _measure(plan: list[dict[str, Any]], ranks: list[list[dict[str, Any]]]) -> dict[str, Any]:
     """Per world: the interference rounds' p99s, the chunk times, the cancels' latencies and checks."""
     by_role: dict[str, list[tuple[dict[str, Any], list[dict[str, Any]]]]] = {}
@@ -145,9 +155,7 @@ def _measure(plan: list[dict[str, Any]], ranks: list[list[dict[str, Any]]]) -> d
     sampling = -1  # the last rank samples: its sinks get the tokens
     itl = {side: [_window_p99(views[sampling], task) for task, views in by_role[side]] for side in ("with", "without")}
     chunk_ms = [max(view["ttft_ms"] for view in views) for _, views in by_role["chunk"]]
-    slowest_ms = [
-        max((end - start) * 1000 for start, end in views[sampling]["step_times"]) for _, views in by_role["alone"]
-    ]
+    slowest_ms = [_slowest_chunk_ms(views[sampling]["step_times"], len(ranks)) for _, views in by_role["alone"]]
     reference = by_role["reference"][0][1]
     step_ms = _decode_step_ms(reference[sampling])
     cancels = [_cancel(task, views, reference) for task, views in by_role["cancel"]]
