@@ -63,7 +63,8 @@ StreamChunkMinIntervalSeconds = Annotated[
         le=1.0,
         extra={"allowed": "a number of seconds from 0 to 1"},
         description="least time between two chunk events of one stream: tokens decoded faster wait and go out "
-        "together with the next (its first token at once, the rest at its end); 0: as each is decoded",
+        "together with the next (its first token at once, the rest at its end); 0: as each is decoded. "
+        "Applies to batching instances (max_batch > 1)",
     ),
 ]
 PrefixCacheBytes = Annotated[
