@@ -121,7 +121,7 @@ class ContinuousBatch:
         self.phases.enter("agree_cancel", members[0] if members else None, self.steps)
         received = current.admitted + len(pending)
         vector = self.layout.encode(self.engine.rank, received, votes, tokens, self._propose(pending))
-        agreed = self.layout.decode(self.engine.collectives.agree(vector), len(votes), len(pending))
+        agreed = self.layout.decode(self._agree(vector), len(votes), len(pending))
         outbox = self.engine.shard.outbox
         outbox.complete()  # received before the peer's vote we just agreed with
         outbox.flush()  # the next rank computes this micro-batch at the next step
@@ -129,9 +129,19 @@ class ContinuousBatch:
         ended = self._apply(current, agreed, logprobs, chunked, pending)
         self.steps += 1
         self.micro.advance()
+        self.row_decoder.settle(self.micro)
         members = self.members
         self.phases.enter("decode" if members else "idle", members[0] if members else None, self.steps)
         return ended
+
+    def _agree(self, vector: list[int]) -> list[int]:
+        """The step's all-reduce; in lockstep rank 0 of several computes the rows' next step on its
+        result meanwhile (`RowDecoder.speculate`; kept or taken back at `settle`)."""
+        first, collectives = self.micro.parts[0], self.engine.collectives
+        if not (self.micro.lockstep and first.rows and self.row_decoder.can_speculate(first)):
+            return collectives.agree(vector)
+        tokens = self.layout.token_slots(len(first.rows))  # the lockstep rows are the first slots
+        return collectives.agree_ahead(vector, lambda total: self.row_decoder.speculate(first, total[tokens]))
 
     def _decode_rows(self) -> tuple[list[int], list[LazyLogprobs | None]]:
         """This rank's micro-batch of the step: on the sampling rank, the boundary one."""

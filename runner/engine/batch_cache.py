@@ -60,6 +60,16 @@ class BatchShardCache:
                     self.slots[i].filter(indices)
         self.rows = len(rows)
 
+    def trimmable(self) -> bool:
+        """Whether every row's last position can be taken back (`trim`): plain KV caches only (a
+        sliding window may have overwritten a key, a recurrent state cannot go back)."""
+        return all(type(self.slots[index]) in (KVCache, BatchKVCache) for index in self._owned)
+
+    def trim(self, tokens: int) -> None:
+        """Take back the last `tokens` positions of every row (a step computed ahead, not needed)."""
+        for cache in {id(self.slots[index]): self.slots[index] for index in self._owned}.values():
+            cache.trim(tokens)
+
     def states(self) -> list[Any]:
         return [self.slots[index].state for index in self._owned]
 

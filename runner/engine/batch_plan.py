@@ -81,6 +81,11 @@ class StepLayout:
             vector[base + index] = 0 if length is None else length + 1
         return vector
 
+    def token_slots(self, rows: int) -> slice:
+        """Where the vector holds the first `rows` slots' tokens (the decoding rows' are first)."""
+        start = self.world + self.max_batch
+        return slice(start, start + min(rows, self.max_batch))
+
     def decode(self, summed: Sequence[int], slots: int | None = None, pending: int | None = None) -> AgreedStep:
         """`slots`, `pending`: how many slots and pending assignments this step filled (None: all
         `max_batch`); the agreed tuples hold just those, so a step's bookkeeping costs what the
@@ -96,7 +101,7 @@ class StepLayout:
         return AgreedStep(
             received=min(summed[:world]),
             cancelled=tuple(v > 0 for v in summed[world : world + slots]),
-            tokens=tuple(summed[world + width : world + width + slots]),
+            tokens=tuple(summed[self.token_slots(slots)]),
             cached=tuple(max(0, low - 1) for low in lowest),
             runnable=tuple(low > 0 for low in lowest),
         )

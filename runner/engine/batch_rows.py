@@ -14,6 +14,15 @@ at whose end a stream may join the rows (one whose prompt is in, or takes its la
 joining row has no look-ahead, so the step after the join computes every row afresh) nor under a
 grammar (the mask of step n+1 needs token n accepted first). A step that carries an earlier prompt
 chunk keeps it: the chunk is queued behind the rows' next forward, whose graph was built meanwhile.
+
+Several ranks in lockstep: rank 0 would build its forward only once the agreement hands it the
+tokens, while every other rank waits, so it *speculates* instead (`speculate`): it builds the rows'
+next forward on the agreed vector while that is still on its way (`Collectives.agree_ahead`) and
+queues it as soon as it lands, holding its send. Once the step's membership changes are applied
+(`settle`) it starts that send if the next step is exactly what it computed (lockstep, the same
+rows in the same cache), or takes the step back (the caches drop the position it wrote) and
+computes the next step afresh. The other ranks see the same messages in the same order either way:
+rank 0's compute moves earlier, never its sends, and it samples nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from runner.engine.batch_cache import BatchShardCache
 from runner.engine.decode import DecodeSpec, sample_token
 from runner.engine.engine import Engine
 from runner.engine.logprobs import LazyLogprobs
+from runner.engine.micro_batches import MicroBatch, MicroBatches
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +55,16 @@ class _Drawn:
         return _Drawn(self.sampled[mx.array(rows, dtype=mx.int32)], [self.logprobs[i] for i in rows])
 
 
+@dataclass(frozen=True, slots=True)
+class _Speculated:
+    """Rank 0's forward of the rows' next step, computed on the agreed tokens; its sends held."""
+
+    part: MicroBatch
+    rows: tuple[str, ...]
+    cache: BatchShardCache
+    sends: list[Any]
+
+
 def _is_plain_greedy(spec: DecodeSpec) -> bool:
     """Argmax of the logits, no logprobs, no grammar: the same token as the row's own sampler."""
     return spec.sampler is greedy_sampler and spec.top_logprobs is None and spec.token_mask is None
@@ -56,6 +76,10 @@ class RowDecoder:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.ahead: _Drawn | None = None  # step n+1 of the current rows, queued on one rank
+        self.speculated: _Speculated | None = None  # rank 0 of several: the next step, until `settle`
+        self.sent_ahead: BatchShardCache | None = None  # its sends started: the next `step` is done
+        self.speculated_steps = 0  # how many steps rank 0 computed ahead and kept
+        self.taken_back_steps = 0  # ... and took back
 
     def can_look_ahead(self, specs: Sequence[DecodeSpec], joining: bool) -> bool:
         """`joining`: a stream may join the rows at the end of this step (its prompt may be in)."""
@@ -70,6 +94,11 @@ class RowDecoder:
         send_now: bool,
     ) -> tuple[list[int], list[LazyLogprobs | None]]:
         """This step's token per row and its logprobs, if asked; none on a non-sampling rank."""
+        if self.sent_ahead is not None:  # rank 0 computed this step ahead and started its sends
+            if self.sent_ahead is not cache:
+                raise RuntimeError("internal error: the step computed ahead was for other rows")
+            self.sent_ahead = None
+            return [], []
         drawn, self.ahead = self.ahead, None
         if drawn is None:
             drawn = self._forward(mx.array([[t] for t in inputs], dtype=mx.int32), specs, cache, send_now)
@@ -81,6 +110,44 @@ class RowDecoder:
         else:
             mx.eval(*drawn.arrays(), *cache.states())
         return [int(t) for t in drawn.sampled.tolist()], drawn.logprobs
+
+    def can_speculate(self, part: MicroBatch) -> bool:
+        """Rank 0 of several (it receives nothing and samples nothing), rows whose caches can take
+        a position back."""
+        engine = self.engine
+        return engine.collectives.world > 1 and engine.rank == 0 and part.cache is not None and part.cache.trimmable()
+
+    def speculate(self, part: MicroBatch, tokens: Any) -> list[Any]:
+        """Build `part`'s next forward on `tokens` (lazy: the agreement still on its way); its sends
+        are held until `settle`. Returns what to compute."""
+        assert part.cache is not None
+        outbox = self.engine.shard.outbox
+        mark = outbox.mark()
+        self.engine.shard.model(tokens.reshape(-1, 1), cache=part.cache.slots)
+        queued = outbox.take_all(since=mark)  # [activation, send, ...]: rank 0 receives nothing
+        self.speculated = _Speculated(part, part.rows, part.cache, queued[1::2])
+        return [*queued[0::2], *part.cache.states()]
+
+    def settle(self, micro: MicroBatches) -> None:
+        """After the step's membership changes (and the step's own sends): start the held sends if
+        the next step is the one computed ahead, else take it back where its cache still serves."""
+        speculated, self.speculated = self.speculated, None
+        if speculated is None:
+            return
+        first = micro.parts[0]
+        if (
+            micro.lockstep
+            and first is speculated.part
+            and first.rows == speculated.rows
+            and first.cache is speculated.cache
+        ):
+            self.engine.shard.outbox.start(speculated.sends)
+            self.sent_ahead = speculated.cache
+            self.speculated_steps += 1
+        else:
+            self.taken_back_steps += 1
+            if any(part.cache is speculated.cache for part in micro.parts):  # else its rows all left
+                speculated.cache.trim(1)
 
     def keep(self, rows: tuple[int, ...]) -> None:
         """The rows that stay, in order (the cache is filtered alike); none: wait for the step in
@@ -100,6 +167,7 @@ class RowDecoder:
     def abandon(self) -> None:
         """After an error: forget the step in flight without waiting on it."""
         self.ahead = None
+        self.speculated = self.sent_ahead = None
 
     def _forward(
         self, inputs: Any, specs: Sequence[DecodeSpec], cache: BatchShardCache, send_now: bool

@@ -16,6 +16,7 @@ sent before the agreement (`sends.py`): the bytes on each socket come in the ord
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import mlx.core as mx
@@ -46,6 +47,27 @@ class Collectives:
             total = self._receive(group, mine)  # rank 0: from the last rank; the others: passed on by rank-1
             if self.rank < last - 1:
                 self._send(group, total)
+        return [int(v) for v in cast(list[int], total.tolist())]
+
+    def agree_ahead(self, values: list[int], ahead: Callable[[mx.array], Sequence[mx.array]]) -> list[int]:
+        """`agree`, where rank 0 of several builds work on the sum before it arrives: `ahead(total)`
+        gets the agreed vector as a lazy receive and returns arrays computed from it; rank 0 builds
+        them while the last rank still computes, queues them (`mx.async_eval`) once the sum's bytes
+        are in, and only then reads the sum back. The work may queue sends (never start them) and
+        issues no collective, so the sequence of messages is `agree`'s. Other ranks: plain `agree`."""
+        group = self.group
+        if group is None or self.world == 1 or self.rank != 0:
+            return self.agree(values)
+        mine = mx.array(values, dtype=mx.int32)
+        self._send(group, mine)
+        total = mx.distributed.recv_like(mine, self.world - 1, group=group)
+        work = ahead(total)
+        if self._peer_wait is not None:
+            self._peer_wait.wait()
+        if self.world > 2:
+            self._send(group, total)  # passed on before the work is queued, as `agree` does
+        mx.async_eval(total)  # alone: read back once it is in, not once the work is done
+        mx.async_eval(*work)
         return [int(v) for v in cast(list[int], total.tolist())]
 
     def any(self, flag: bool) -> bool:

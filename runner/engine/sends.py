@@ -45,10 +45,14 @@ class PendingSends:
         time in the order queued: the receiver reads them in that order (a step may queue several:
         prompt chunks, then a micro-batch of rows), and one evaluation of several independent sends
         need not run them in the order given."""
-        for _, send_op in self._queued:
+        self.start([send_op for _, send_op in self._queued])
+        self._queued.clear()
+
+    def start(self, send_ops: list[mx.array]) -> None:
+        """Start sends taken out of the queue earlier (`take_all`), one at a time in this order."""
+        for send_op in send_ops:
             mx.async_eval(send_op)
             self._in_flight.append(send_op)
-        self._queued.clear()
 
     def complete(self) -> None:
         """Wait for every started send. Their receivers are committed to them by agreement."""

@@ -75,7 +75,8 @@ def run_schedule(
         clock, steps = clock + 1, steps + 1
     prefixes = {"nbytes": batch.prefixes.nbytes, "bound": batch.prefixes.max_bytes, "entries": len(batch.prefixes)}
     return {"kind": "batch", "ended": ended, "steps": steps, "prefix_cache": prefixes, "overlapped_steps": overlapped,
-            "step_times": steps_at}  # fmt: skip
+            "speculated_steps": batch.row_decoder.speculated_steps,
+            "taken_back_steps": batch.row_decoder.taken_back_steps, "step_times": steps_at}  # fmt: skip
 
 
 @dataclass(slots=True)

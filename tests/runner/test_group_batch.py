@@ -254,6 +254,19 @@ def test_decode_is_pipelined_through_micro_batches(world: int) -> None:
 
 
 @pytest.mark.parametrize("world", (2, 3))
+def test_rank_zero_computes_lockstep_steps_ahead_and_no_other_rank_does(world: int) -> None:
+    """In lockstep rank 0 builds the rows' next step on the agreement still on its way; every
+    stream still equals the request served alone (the test above), so the steps it took back
+    (a row left, a stream joined) were taken back whole."""
+    first_rank = batch_runs(world)[0]
+    assert first_rank[3]["speculated_steps"] > 0  # "in-flight": a row decoding alone
+    assert sum(run["speculated_steps"] for run in first_rank) > 20
+    assert sum(run["taken_back_steps"] for run in first_rank) > 5
+    for rank_runs in [*batch_runs(world)[1:], batch_runs(1)[0]]:
+        assert all(run["speculated_steps"] == run["taken_back_steps"] == 0 for run in rank_runs)
+
+
+@pytest.mark.parametrize("world", (2, 3))
 def test_streams_cancelled_with_chunks_in_flight_leave_the_others_running(world: int) -> None:
     for rank_runs in batch_runs(world):
         ended = rank_runs[3]["ended"]
