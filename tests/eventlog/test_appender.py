@@ -5,7 +5,9 @@ until it is back, as `EventLog.append`."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import anyio.to_thread
 import pytest
@@ -68,3 +70,29 @@ async def test_an_event_over_the_servers_payload_limit_is_refused_not_retried(
         assert await appender.append(Events().chunk("t1", index=0)) > 0  # the next one goes through
     finally:
         appender.close()
+
+
+async def test_a_connection_the_server_dropped_while_idle_is_replaced_at_once(tmp_path: Path) -> None:
+    """An appender reads its connection only while it appends, so an idle one leaves the server's
+    PINGs unanswered and the server drops it as stale; the next append opens a new connection at
+    once (no retry pause, no `LogUnreachable`)."""
+    config = tmp_path / "stale.conf"
+    config.write_text('ping_interval: "200ms"\nping_max: 1\n')
+    server = EmbeddedNats(data_dir=tmp_path / "stale", port=0, config_file=config)
+    await anyio.to_thread.run_sync(server.start)
+    log = await EventLog.connect(server.url)
+    ev = Events()
+    appender = Appender(NatsEndpoint(url=server.url), retry_seconds=0.5)
+    try:
+        first = await appender.append(ev.chunk("t1", index=0))
+        stale = appender._wire
+        await asyncio.sleep(1.5)  # several ping intervals, unanswered
+        started = time.monotonic()
+        second = await appender.append(ev.chunk("t1", index=1))
+        assert second == first + 1
+        assert appender._wire is not stale  # the dropped connection was replaced
+        assert time.monotonic() - started < 0.5
+    finally:
+        appender.close()
+        await log.close()
+        await anyio.to_thread.run_sync(server.stop)
