@@ -136,9 +136,13 @@ class ContinuousBatch:
 
     def _agree(self, vector: list[int]) -> list[int]:
         """The step's all-reduce; in lockstep rank 0 of several computes the rows' next step on its
-        result meanwhile (`RowDecoder.speculate`; kept or taken back at `settle`)."""
+        result meanwhile (`RowDecoder.speculate`; kept or taken back at `settle`), unless a row
+        takes its last token now (`max_tokens`): that step would surely be taken back, and the
+        rows that stay would wait behind it."""
         first, collectives = self.micro.parts[0], self.engine.collectives
         if not (self.micro.lockstep and first.rows and self.row_decoder.can_speculate(first)):
+            return collectives.agree(vector)
+        if any(self.streams[t].decode_step + 1 >= self.streams[t].spec.max_tokens for t in first.rows):
             return collectives.agree(vector)
         tokens = self.layout.token_slots(len(first.rows))  # the lockstep rows are the first slots
         return collectives.agree_ahead(vector, lambda total: self.row_decoder.speculate(first, total[tokens]))

@@ -52,9 +52,11 @@ class Collectives:
     def agree_ahead(self, values: list[int], ahead: Callable[[mx.array], Sequence[mx.array]]) -> list[int]:
         """`agree`, where rank 0 of several builds work on the sum before it arrives: `ahead(total)`
         gets the agreed vector as a lazy receive and returns arrays computed from it; rank 0 builds
-        them while the last rank still computes, queues them (`mx.async_eval`) once the sum's bytes
-        are in, and only then reads the sum back. The work may queue sends (never start them) and
-        issues no collective, so the sequence of messages is `agree`'s. Other ranks: plain `agree`."""
+        them while the last rank still computes, and queues them (`mx.async_eval`) once the sum's
+        bytes are in, so they run the moment it lands. (mlx caps the tasks in flight, so that call
+        returns only once most of the work has run; the sum is read back after it.) The work may
+        queue sends (never start them) and issues no collective, so the sequence of messages is
+        `agree`'s. Other ranks: plain `agree`."""
         group = self.group
         if group is None or self.world == 1 or self.rank != 0:
             return self.agree(values)
@@ -66,7 +68,7 @@ class Collectives:
             self._peer_wait.wait()
         if self.world > 2:
             self._send(group, total)  # passed on before the work is queued, as `agree` does
-        mx.async_eval(total)  # alone: read back once it is in, not once the work is done
+        mx.async_eval(total)  # first, on its own: the work then starts from received bytes
         mx.async_eval(*work)
         return [int(v) for v in cast(list[int], total.tolist())]
 
