@@ -58,6 +58,24 @@ def downloads_possible(allowed: bool) -> bool:
     return allowed and not constants.HF_HUB_OFFLINE
 
 
+def hub_unreachable(timeout_s: float = 5.0) -> str | None:
+    """Why the Hub endpoint (`HF_ENDPOINT`) cannot be reached, or None when it answered or the
+    probe could not tell (a slow network is left to huggingface_hub). One request, no retries:
+    huggingface_hub retries a refused connection or a failed name lookup for ~23 s before it
+    gives up, so an offline node would keep its user waiting for nothing. Proxies in the
+    environment are honoured, as huggingface_hub honours them."""
+    import httpx
+    from huggingface_hub import constants
+
+    try:
+        httpx.head(constants.ENDPOINT, timeout=timeout_s, trust_env=True)
+    except httpx.ConnectError as exc:
+        return f"the Hub at {constants.ENDPOINT} cannot be reached ({exc or type(exc).__name__})"
+    except httpx.HTTPError:
+        return None
+    return None
+
+
 def cached_snapshot(repo_id: str) -> Path | None:
     """The cached snapshot of `repo_id` on this node (its `refs/main`), or None; never touches the network."""
     from huggingface_hub import snapshot_download
@@ -76,6 +94,9 @@ def hub_snapshot(repo_id: str, *, allow_download: bool, progress: ProgressCallba
         return cached
     if not downloads_possible(allow_download):
         raise unavailable(repo_id, "downloads are off (model_download false or HF_HUB_OFFLINE set)")
+    unreachable = hub_unreachable()
+    if unreachable is not None:
+        raise unavailable(repo_id, unreachable)
     from huggingface_hub import snapshot_download
 
     try:
@@ -89,10 +110,13 @@ def hub_config(repo_id: str, *, allow_download: bool) -> Path:
     """`config.json` of `repo_id` alone (a few KB): what the master reads a layer count from."""
     from huggingface_hub import hf_hub_download
 
+    online = downloads_possible(allow_download)
+    unreachable = hub_unreachable() if online else None  # then the cached copy, if any, is read at once
     try:
-        return Path(hf_hub_download(repo_id, "config.json", local_files_only=not downloads_possible(allow_download)))
+        return Path(hf_hub_download(repo_id, "config.json", local_files_only=not online or unreachable is not None))
     except Exception as exc:  # as above: any failure means the model cannot be placed
-        raise unavailable(repo_id, f"its config.json could not be read: {_first_line(exc)}") from exc
+        why = unreachable or f"its config.json could not be read: {_first_line(exc)}"
+        raise unavailable(repo_id, why) from exc
 
 
 def _first_line(exc: Exception) -> str:

@@ -4,7 +4,10 @@ progress plumbing (huggingface_hub's tqdm hook, driven by a real chunked file co
 
 from __future__ import annotations
 
+import http.server
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ from runner.models.hub import (
     hub_config,
     hub_owner,
     hub_snapshot,
+    hub_unreachable,
     is_hub_id,
     reporting_bar_class,
 )
@@ -84,13 +88,49 @@ def test_a_directory_wins_over_a_hub_id_of_the_same_spelling(
 
 
 def test_an_uncached_id_that_cannot_be_downloaded_says_where_it_looked_and_what_to_do(hub_cache: Path) -> None:
+    started = time.monotonic()
     with pytest.raises(ModelUnavailableError) as raised:
         hub_snapshot("owner/missing", allow_download=True)
     message = str(raised.value)
     assert "'owner/missing' is neither in the Hugging Face cache" in message
     assert str(hub_cache) in message
-    assert "the download failed" in message
+    assert f"the Hub at {constants.ENDPOINT} cannot be reached" in message
     assert "hf download owner/missing" in message
+    with pytest.raises(ModelUnavailableError, match="cannot be reached"):
+        hub_config("owner/missing", allow_download=True)
+    # huggingface_hub alone retries a refused connection for ~23 s per call
+    assert time.monotonic() - started < 10
+
+
+def test_an_unreachable_hub_reads_a_cached_config_at_once(hub_cache: Path, tmp_path: Path) -> None:
+    snapshot = install_in_hub_cache(hub_cache, "owner/name", _model_files(tmp_path))
+    started = time.monotonic()
+    assert hub_config("owner/name", allow_download=True) == snapshot / "config.json"
+    assert time.monotonic() - started < 10
+
+
+def test_a_hub_that_answers_is_reachable_whatever_it_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any HTTP answer (here a 404 from a local server) leaves the download to huggingface_hub."""
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the stdlib's name)
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+        assert hub_unreachable() is None
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")
+        assert "cannot be reached" in (hub_unreachable() or "")
+    finally:
+        server.shutdown()
+        thread.join(5)
 
 
 def test_downloads_off_refuses_before_any_network(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
