@@ -117,7 +117,7 @@ def test_a_hub_that_answers_is_reachable_whatever_it_answers(monkeypatch: pytest
             self.send_response(404)
             self.end_headers()
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the stdlib's name)
+        def log_message(self, format: str, *args: object) -> None:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
