@@ -51,10 +51,18 @@ async def cancel_task(request: Request, ctx: ApiContext) -> Response:
     return json_response(CancelAccepted(task_id=task_id, status="cancelling"), status=202)
 
 
+# The ids a client sees on its completion (`chatcmpl-<task id>`, `cmpl-<task id>`) name the task too.
+COMPLETION_ID_PREFIXES = ("chatcmpl-", "cmpl-")
+
+
 def _task_id(request: Request) -> TaskId:
-    """The path's task id, refused unless it is one (a subject token): never looked up or published."""
+    """The path's task id (or the completion id that carries it), refused unless it is one (a
+    subject token): never looked up or published."""
+    named: str = request.path_params["task_id"]
+    for prefix in COMPLETION_ID_PREFIXES:
+        named = named.removeprefix(prefix)
     try:
-        return TaskId(check_token("task id", request.path_params["task_id"]))
+        return TaskId(check_token("task id", named))
     except InvalidId as exc:
         raise RequestProblem(400, str(exc), param="task_id", code="invalid_task_id") from exc
 

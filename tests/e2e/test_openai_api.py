@@ -152,7 +152,9 @@ def test_cancel_endpoint(cluster: Cluster) -> None:
             finish = None
             for chunk in response.parse():
                 if chunk.choices and chunk.choices[0].delta.content and finish is None:
-                    assert http.post(f"/v1/tasks/{task_id}/cancel").status_code == 202
+                    assert chunk.id == f"chatcmpl-{task_id}"  # the id a client sees names the task too
+                    assert http.get(f"/v1/tasks/{chunk.id}").json()["task_id"] == task_id
+                    assert http.post(f"/v1/tasks/{chunk.id}/cancel").status_code == 202
                     finish = "requested"
                 if chunk.choices and chunk.choices[0].finish_reason:
                     finish = chunk.model_extra["shoal_finish_reason"]  # pyright: ignore[reportOptionalSubscript]
