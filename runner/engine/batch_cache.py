@@ -158,9 +158,10 @@ def _view(cache: Any) -> _KVView:
         length, left_padding, offsets = cache._idx, cache.left_padding, cache.offset
     else:
         length, left_padding, offsets = cache.offset, mx.array([0]), mx.array([cache.offset])
-    if cache.keys is None:
+    keys, values = cache.keys, cache.values
+    if keys is None or values is None:
         return _KVView(None, None, length, left_padding, offsets)
-    return _KVView(cache.keys[..., :length, :], cache.values[..., :length, :], length, left_padding, offsets)
+    return _KVView(keys[..., :length, :], values[..., :length, :], length, left_padding, offsets)
 
 
 def _merged(caches: list[Any]) -> Any:
