@@ -188,7 +188,7 @@ class Engine:
         return DecodeSpec(
             first_input=request.prompt_token_ids[-1],
             prompt_len=len(request.prompt_token_ids),
-            max_tokens=request.max_tokens,
+            max_tokens=completion_room(request.max_tokens, len(request.prompt_token_ids), self.shard.context_length),
             stop=list(request.stop),
             sampler=request_sampler(request.temperature, request.top_p, request.seed),
             eos_ids=frozenset(int(i) for i in self.tokenizer.eos_token_ids),
@@ -213,6 +213,16 @@ class Engine:
             kv_bits=self.settings.kv_bits,
             kv_group_size=self.settings.kv_group_size,
         )
+
+
+def completion_room(max_tokens: int, prompt_len: int, context_length: int | None) -> int:
+    """The tokens a request may generate: its `max_tokens`, cut where prompt and completion would
+    pass the model's context (then it ends "length", as at `max_tokens`). At least one: a prompt
+    that fills the context still gets the token its last position predicts. Every rank computes
+    it from the same request and model, so the rows' stops stay agreed data."""
+    if context_length is None:
+        return max_tokens
+    return max(1, min(max_tokens, context_length - prompt_len))
 
 
 def check_request(request: GenerationRequest, context_length: int | None) -> None:
