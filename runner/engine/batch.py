@@ -25,7 +25,7 @@ starts from the prefix every rank agreed it can reuse (the step's all-reduce car
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -97,16 +97,19 @@ class ContinuousBatch:
     def members(self) -> tuple[str, ...]:
         return self.micro.rows + self.composition.prefilling
 
-    def step(self, pending: Sequence[Admission]) -> StepResult:
-        """One step; `pending`: this rank's admissions not yet admitted, in log order."""
+    def step(self, read_pending: Callable[[], Sequence[Admission]]) -> StepResult:
+        """One step. `read_pending()`: this rank's assignments read and not yet admitted, in log
+        order; called once, after this rank's forward, so an assignment read while it ran is
+        counted in this step's agreement (the agreement admits what every rank holds: the least
+        count), not the next one's: a step sooner to its first token."""
         try:
-            return self._step(pending)
+            return self._step(read_pending)
         except BaseException:
             self.engine.shard.outbox.abandon()  # never wait on a peer that may be gone
             self.row_decoder.abandon()
             raise
 
-    def _step(self, pending: Sequence[Admission]) -> StepResult:
+    def _step(self, read_pending: Callable[[], Sequence[Admission]]) -> StepResult:
         """The slots of this step's agreement are the boundary micro-batch's rows, then the
         prefilling streams (`batch_plan.StepLayout`); the other rows are mid-ring."""
         members = self.members
@@ -119,6 +122,7 @@ class ContinuousBatch:
         logprobs = logprobs or [None] * len(current.rows)
         votes = [self._vote(self.streams[t]) for t in current.members]
         self.phases.enter("agree_cancel", members[0] if members else None, self.steps)
+        pending = read_pending()
         received = current.admitted + len(pending)
         vector = self.layout.encode(self.engine.rank, received, votes, tokens, self._propose(pending))
         agreed = self.layout.decode(self._agree(vector), len(votes), len(pending))

@@ -1,7 +1,8 @@
 """Test tooling: a scripted continuous batch on a local rank (`"batches"` in a job).
 
 A schedule lists requests with the step at which each reaches the rank (`at`, plus a per-rank
-`lag`, so ranks read the same assignments at different times, as they do from the log) and
+`lag`, so ranks read the same assignments at different times, as they do from the log; an `at` of
+N.5 reaches it while step N's forward runs, and counts in that step's agreement) and
 optional cancels (`cancel_rank`, `cancel_at_poll`: that rank's cancel source fires from its poll
 N of that task on; or `cancel_at_step`: every rank's cancel source flips before its step N, as a
 cancel read from the log would, whenever the engine polls it; `unreadable_rank`: that rank has no request for it, as when its
@@ -18,6 +19,7 @@ injector wraps the cancel source of every task.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -50,11 +52,13 @@ def run_schedule(
     ended: dict[str, Any] = {}
     pending: list[Admission] = []
     prompts: dict[str, list[int]] = {}
+    admitted_at: dict[str, int] = {}  # task -> the step whose agreement admitted it
     clock, received, steps, overlapped = 0, 0, 0, 0
-    while received < len(arrivals) or pending or batch.busy:
-        if not batch.busy and not pending:
-            clock = max(clock, arrivals[received][0])  # idle: wait for the next assignment
-        while received < len(arrivals) and arrivals[received][0] <= clock:
+
+    def read(until: float) -> None:
+        """The assignments that arrived by `until`, in log order."""
+        nonlocal received
+        while received < len(arrivals) and arrivals[received][0] <= until:
             entry = arrivals[received][1]
             if entry.get("after") is not None and entry["after"] not in ended:
                 break  # the batch is busy with the task it continues: it ends at the same step everywhere
@@ -62,15 +66,28 @@ def run_schedule(
             prompts[entry["request"]["task_id"]] = entry["request"]["prompt_token_ids"]
             pending.append(_admission(entry, rank, faults, sinks, flips))
             received += 1
+
+    def read_during_step() -> list[Admission]:
+        """An `at` of N.5 arrives while step N's forward runs: read only once it ran (the batch
+        has gone on to its agreement), as the service's inbox holds it only from then."""
+        read(clock + 0.5 if phases.snapshot().phase == "agree_cancel" else clock)
+        return list(pending)
+
+    while received < len(arrivals) or pending or batch.busy:
+        if not batch.busy and not pending:
+            clock = max(clock, math.ceil(arrivals[received][0]))  # idle: wait for the next assignment
+        read(clock)
         for flip in flips.get(steps, ()):
             flip.cancelled, flip.flipped_at = True, time.monotonic()
         started = time.monotonic()
-        result = batch.step(pending)
+        result = batch.step(read_during_step)
         steps_at.append((started, time.monotonic()))
         overlapped += sum(1 for part in batch.micro.parts if part.rows) >= 2  # ranks on different ones
+        admitted_at.update((a.task_id, steps) for a in pending[: result.admitted])
         del pending[: result.admitted]
         for done in result.ended:
-            left = {"left_step": steps, "left_at": steps_at[-1][1], **_flipped(flips, done.task_id)}
+            left = {"admitted_step": admitted_at.get(done.task_id), "left_step": steps, "left_at": steps_at[-1][1]}
+            left |= _flipped(flips, done.task_id)
             ended[done.task_id] = _record(done, sinks[done.task_id]) | {"timing": left}
         clock, steps = clock + 1, steps + 1
     prefixes = {"nbytes": batch.prefixes.nbytes, "bound": batch.prefixes.max_bytes, "entries": len(batch.prefixes)}

@@ -3,7 +3,7 @@
 Every rank reads its instance's assignments from the log in the same order, builds each request
 alike (`TaskServer.request_for`) and hands the ones not yet admitted to `ContinuousBatch.step`,
 which admits the first of them once every rank holds them (the step's all-reduce carries each
-rank's count). While the batch is busy every rank steps; while it is empty a rank waits for an
+rank's count, read after the rank's forward, so an assignment read meanwhile counts at once). While the batch is busy every rank steps; while it is empty a rank waits for an
 assignment first, and every rank gets the same one, so all of them enter the step's collective.
 The sampling rank publishes each task's terminal event when the task leaves the batch.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from events.catalogue import TaskFailed
@@ -29,7 +29,7 @@ class BatchLike(Protocol):
     def busy(self) -> bool: ...
     @property
     def members(self) -> tuple[str, ...]: ...
-    def step(self, pending: Sequence[Admission]) -> StepResult: ...
+    def step(self, read_pending: Callable[[], Sequence[Admission]]) -> StepResult: ...
 
 
 class BatchServing:
@@ -46,9 +46,13 @@ class BatchServing:
                 if not self.pending:
                     self._receive(self.server.inbox.next_assignment(poll_seconds))
                     continue
-            while self._receive(self.server.inbox.next_assignment(0)):
-                pass
-            self._handle(self.batch.step(list(self.pending)))
+            self._handle(self.batch.step(self._read_pending))
+
+    def _read_pending(self) -> list[Admission]:
+        """Every assignment read so far, in log order (the batch asks after its forward)."""
+        while self._receive(self.server.inbox.next_assignment(0)):
+            pass
+        return list(self.pending)
 
     def _receive(self, assignment: Assignment | None) -> bool:
         if assignment is None:

@@ -37,6 +37,7 @@ def fixed_schedule(world: int) -> dict[str, Any]:
         {"request": req("one", 1), "at": 2},
         {"request": req("sampled", 19, temperature=0.8, top_p=0.9, seed=7), "at": 3},
         {"request": req("late", 13), "at": 4, "lag": {str(last): 3}},  # the last rank reads it 3 steps late
+        {"request": req("mid-step", 4), "at": 5.5, "lag": {"0": 1}},  # read during a step's forward (rank 0: the next)
         {"request": req("cancelled", 7), "at": 6, "cancel_rank": last, "cancel_at_poll": 5},
         {"request": req("queued", 9), "at": 6},  # waits for a free slot: max_batch is 4
         {"request": req("unread", 6), "at": 7, "unreadable_rank": last},  # every rank fails it, as one
@@ -97,7 +98,7 @@ def random_schedule(seed: int, world: int) -> dict[str, Any]:
         at += rng.randint(0, 4)
         entry: dict[str, Any] = {
             "request": req(f"r{seed}-{n}", rng.randint(1, 25), rng.randint(2, 8)),
-            "at": at,
+            "at": at + rng.choice((0, 0.5)),  # or read during the step's forward
             "lag": {str(r): rng.randint(0, 3) for r in range(3)},  # the same draws on every world size
         }
         if rng.random() < 0.3:
@@ -274,3 +275,24 @@ def test_streams_cancelled_with_chunks_in_flight_leave_the_others_running(world:
             assert ended[task_id]["finish_reason"] == "cancelled", task_id
             assert ended[task_id]["cancelled_at"].startswith("prefill:"), ended[task_id]["cancelled_at"]
         assert ended["row"]["finish_reason"] == ended["after"]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("world", (1, 2))
+def test_an_assignment_read_during_a_step_is_admitted_by_that_step(world: int) -> None:
+    """The step's agreement counts what each rank read by the end of its forward, not only what it
+    held when the step began: a request is one step sooner to its first token."""
+    tasks = [
+        {"request": req("running", 9, 12), "at": 0},
+        {"request": req("during", 5), "at": 3.5},  # read while step 3's forward runs
+        {"request": req("before", 6), "at": 5},  # held when step 5 begins
+    ]
+    job = {
+        "model_dir": str(cached_tiny()),
+        "layer_ranges": even_split(8, world),
+        "settings": {"prefill_step_size": step_for(world)},
+        "warmup": False,
+        "tasks": [{"kind": "batch", "name": "mid-step", "max_batch": 4, "tasks": tasks}],
+    }
+    for rank in run_group(job, world, deadline_s=120):
+        ended = rank["results"][0]["ended"]
+        assert {t: ended[t]["timing"]["admitted_step"] for t in ended} == {"running": 0, "during": 3, "before": 5}
