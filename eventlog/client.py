@@ -23,7 +23,7 @@ from eventlog.endpoint import NatsEndpoint
 from eventlog.identity import CredentialsUnreadable
 from eventlog.publish import LogError
 from eventlog.tls import TlsRefused, TlsSetupError
-from eventlog.wire import Wire, WireClosed, split_servers
+from eventlog.wire import Wire, WireClosed, WireError, split_servers
 
 RETRY_SECONDS = 0.25
 
@@ -103,12 +103,19 @@ async def _reach(endpoint: NatsEndpoint, tls: ssl.SSLContext | None, wait_second
         except (TlsRefused, CredentialsUnreadable) as exc:
             raise LogError(str(exc)) from exc
         except WireClosed as exc:
-            if time.monotonic() >= deadline:
+            if _refused_identity(exc) or time.monotonic() >= deadline:
                 raise LogError(_unreachable(endpoint, exc)) from exc
             await asyncio.sleep(RETRY_SECONDS)
         else:
             wire.close()
             return
+
+
+def _refused_identity(exc: WireClosed) -> bool:
+    """The server answered and refused who we are (no identity, or one it does not admit): asking
+    again cannot help, and waiting would hide the reason behind a timeout."""
+    reason = str(exc).lower()
+    return isinstance(exc.__cause__, WireError) and ("authorization violation" in reason or "authentication" in reason)
 
 
 def _unreachable(endpoint: NatsEndpoint, exc: Exception) -> str:

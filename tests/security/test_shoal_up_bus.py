@@ -4,7 +4,10 @@ them, and no secret reaches a command line, a runner's environment or `/v1/confi
 from __future__ import annotations
 
 import asyncio
+import os
 import stat
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +18,7 @@ from eventlog.identity import NatsIdentity
 from eventlog.wire import Wire, WireClosed
 from services.credentials import DEFAULT_DIRNAME, seed_path
 from services.nats_permissions import Identity
-from tests.e2e.cluster import Cluster
+from tests.e2e.cluster import Cluster, shoal_argv
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +38,20 @@ def seeds(cluster: Cluster) -> dict[str, str]:
 def test_its_nats_refuses_a_client_without_an_identity(up: Cluster) -> None:
     with pytest.raises(WireClosed, match="Authorization Violation"):
         asyncio.run(Wire.open(up.nats_url))
+
+
+def test_an_operator_command_without_an_identity_is_told_so_at_once(up: Cluster, tmp_path: Path) -> None:
+    """Not after a timeout that asks whether the server is running: it answered, and refused us."""
+    env = {**os.environ, "SHOAL_DATA_DIR": str(tmp_path)}  # no credentials there
+    env.pop(IDENTITY_ENV, None)
+    started = time.monotonic()
+    out = subprocess.run(
+        shoal_argv("diagnose", "--nats-url", up.nats_url), env=env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2, out
+    assert "Authorization Violation" in out.stderr and "need an identity (nats_credentials_dir)" in out.stderr, out.stderr
+    assert time.monotonic() - started < 4.5  # the command's own connect timeout is 5 s
 
 
 def test_the_services_serve_a_request_under_their_identities(up: Cluster) -> None:
