@@ -50,7 +50,9 @@ def test_an_operator_command_without_an_identity_is_told_so_at_once(up: Cluster,
         timeout=60,
     )  # fmt: skip
     assert out.returncode == 2, out
-    assert "Authorization Violation" in out.stderr and "need an identity (nats_credentials_dir)" in out.stderr, out.stderr
+    assert "Authorization Violation" in out.stderr and "need an identity (nats_credentials_dir)" in out.stderr, (
+        out.stderr
+    )
     assert time.monotonic() - started < 4.5  # the command's own connect timeout is 5 s
 
 
