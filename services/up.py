@@ -11,9 +11,12 @@ creates the streams before any service starts (README "Security")."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import signal
 import sys
+from collections.abc import AsyncGenerator
+from typing import cast
 
 import msgspec
 
@@ -24,8 +27,8 @@ from events.origins import UP
 from events.stamp import Stamper
 from events.state import InstanceInfo, State
 from services.api.auth import ApiAccess, load_api_access
-from services.config import ResolvedConfig, log_settings
-from services.credentials import embedded_server, endpoint_for
+from services.config import ConfigError, ResolvedConfig, log_settings
+from services.credentials import CredentialsError, embedded_server, endpoint_for
 from services.nats import EmbeddedNats
 from services.nats_permissions import Identity
 from services.roles import Service, run_api, run_master, run_worker
@@ -89,10 +92,11 @@ async def run_cluster(resolved: ResolvedConfig, access: ApiAccess, workers: int)
         # The log outlives this run: mark where it begins, so `shoal diagnose` tells now from before.
         started = ClusterStarted(env=Stamper(Origin(service=UP)).stamp(), workers=workers, model=config.model)
         await log.append(started)
-        async with asyncio.TaskGroup() as group:
+        async with _fatal_unwrapped(), asyncio.TaskGroup() as group:
             for service in cluster_services(resolved, access, workers):
                 ready = asyncio.Event()
-                group.create_task(supervise(service.name, functools.partial(service.run, ready=ready)))
+                run = functools.partial(service.run, ready=ready)
+                group.create_task(supervise(service.name, run, fatal=FATAL))
                 if service.wait:
                     await ready.wait()
             url = f"http://{config.api_host}:{config.api_port}"
@@ -104,6 +108,26 @@ async def run_cluster(resolved: ResolvedConfig, access: ApiAccess, workers: int)
             )
     finally:
         await log.close()
+
+
+# A setting no restart cures (a port in use, an unusable identity): it ends `shoal up`, which
+# stops every service and says what to fix, as `shoal master|worker|api` do.
+FATAL: tuple[type[Exception], ...] = (ConfigError, CredentialsError)
+
+
+@contextlib.asynccontextmanager
+async def _fatal_unwrapped() -> AsyncGenerator[None]:
+    """A fatal error out of the services' task group, raised alone (the caller prints it)."""
+    try:
+        yield
+    except BaseExceptionGroup as failed:
+        fatal = failed.subgroup(FATAL)
+        if fatal is None:
+            raise
+        first: BaseException = fatal
+        while isinstance(first, BaseExceptionGroup):
+            first = cast("BaseException", first.exceptions[0])
+        raise first from None
 
 
 def up(resolved: ResolvedConfig, workers: int) -> int:

@@ -27,7 +27,7 @@ from services.api.errors import EXCEPTION_HANDLERS, error_for
 from services.api.openapi import openapi_document
 from services.api.schemas import RequestProblem
 from services.api.timeline import timeline_page
-from services.config import ResolvedConfig, ShoalConfig, log_settings
+from services.config import ConfigError, ResolvedConfig, ShoalConfig, log_settings
 from services.supervise import supervise
 
 Handler = Callable[[Request, ApiContext], Awaitable[Response]]
@@ -135,6 +135,7 @@ async def serve_api(
         lifespan="off",
     )
     server = _Server(uvicorn_config, on_listening=listening)
+    listener = listen_socket(resolved)  # before the log follow starts: a port in use is a setting to fix
     try:
         async with asyncio.TaskGroup() as group:
             # The follow is supervised on its own: while it restarts, uvicorn keeps answering
@@ -143,11 +144,36 @@ async def serve_api(
             follower = group.create_task(follow)
             preloader = group.create_task(supervise("API tokenizer preload", ctx.preload_prompt_models))
             await ctx.hub.caught_up.wait()
-            await server.serve()
+            await server.serve(sockets=[listener])
             follower.cancel()
             preloader.cancel()
     finally:
+        listener.close()
         await log.close()
+
+
+def listen_socket(resolved: ResolvedConfig) -> socket.socket:
+    """The API's listening socket, bound here rather than by uvicorn, whose bind failure logs and
+    calls `sys.exit` inside the event loop (a `shoal up` then hung on its way out): an address in
+    use or not this host's is a `ConfigError` naming the setting, which ends the API (and `shoal up`)
+    with that message instead of being retried."""
+    config = resolved.config
+    host, port = config.api_host, config.api_port
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses it at once
+    try:
+        listener.bind((host, port))
+    except OSError as exc:
+        listener.close()
+        source = resolved.sources.get("api_port", "default")
+        raise ConfigError(
+            "api_port", port, source,
+            f"a port this host can listen on at {host} ({exc.strerror or exc}: another shoal up or API may hold it; "
+            "stop it, or choose another port: --port / api_port / SHOAL_API_PORT)",
+        ) from None  # fmt: skip
+    listener.set_inheritable(True)
+    return listener
 
 
 class _Server(uvicorn.Server):
