@@ -114,8 +114,10 @@ async def _reach(endpoint: NatsEndpoint, tls: ssl.SSLContext | None, wait_second
 def _refused_identity(exc: WireClosed) -> bool:
     """The server answered and refused who we are (no identity, or one it does not admit): asking
     again cannot help, and waiting would hide the reason behind a timeout."""
-    reason = str(exc).lower()
-    return isinstance(exc.__cause__, WireError) and ("authorization violation" in reason or "authentication" in reason)
+    reason = str(exc).lower()  # not "authentication timeout": a slow handshake may pass next time
+    return isinstance(exc.__cause__, WireError) and (
+        "authorization violation" in reason or "user authentication" in reason
+    )
 
 
 def _unreachable(endpoint: NatsEndpoint, exc: Exception) -> str:

@@ -115,6 +115,18 @@ async def serve_api(
     ready: asyncio.Event | None = None,
 ) -> None:
     """Run the API until cancelled: the log follower and uvicorn, in one task group."""
+    with listen_socket(resolved) as listener:  # first: a port in use is a setting to fix, not a restart
+        await _serve_on(listener, resolved, access, served, nats, ready)
+
+
+async def _serve_on(
+    listener: socket.socket,
+    resolved: ResolvedConfig,
+    access: ApiAccess,
+    served: list[str],
+    nats: NatsEndpoint,
+    ready: asyncio.Event | None,
+) -> None:
     config = resolved.config
     log = await EventLog.connect(nats, log_settings(config), name="shoal-api")
     ctx = ApiContext.on(log, resolved, served, access=access)
@@ -135,7 +147,6 @@ async def serve_api(
         lifespan="off",
     )
     server = _Server(uvicorn_config, on_listening=listening)
-    listener = listen_socket(resolved)  # before the log follow starts: a port in use is a setting to fix
     try:
         async with asyncio.TaskGroup() as group:
             # The follow is supervised on its own: while it restarts, uvicorn keeps answering
@@ -148,7 +159,6 @@ async def serve_api(
             follower.cancel()
             preloader.cancel()
     finally:
-        listener.close()
         await log.close()
 
 
