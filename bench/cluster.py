@@ -171,10 +171,10 @@ class Cluster:
         self.up.stop()
         for pid in self.runner_pids().values():
             kill_group(pid)
-        for pid in self._nats_pids():  # only left if `shoal up` died without stopping it
+        for pid in self.nats_pids():  # only left if `shoal up` died without stopping it
             kill_group(pid)
 
-    def _nats_pids(self) -> list[int]:
+    def nats_pids(self) -> list[int]:
         port = str(self.nats_port)
         return [int(c.parent.name) for c, args in _cmdlines() if "nats-server" in args[0] and port in args]
 

@@ -33,7 +33,7 @@ def cpu_seconds(pid: int) -> float:
 def processes(cluster: Cluster) -> dict[str, int]:
     named = {"up": cluster.up.process.pid}
     named |= {f"runner{rank}": pid for (_, rank), pid in cluster.runner_pids().items()}
-    named |= {f"nats-server{n or ''}": pid for n, pid in enumerate(cluster._nats_pids())}  # pyright: ignore[reportPrivateUsage]
+    named |= {f"nats-server{n or ''}": pid for n, pid in enumerate(cluster.nats_pids())}
     return named
 
 

@@ -26,6 +26,7 @@ from eventlog.tls import TlsRefused, TlsSetupError
 from eventlog.wire import Wire, WireClosed, WireError, split_servers
 
 RETRY_SECONDS = 0.25
+DRAIN_SECONDS = 5.0  # a closing connection waits this long for its subscriptions (nats-py: 30)
 
 
 class Reconnects:
@@ -82,6 +83,7 @@ class NatsClient:
                 max_reconnect_attempts=max(1, round(wait_seconds / RETRY_SECONDS)),
                 reconnect_time_wait=RETRY_SECONDS,
                 connect_timeout=2,
+                drain_timeout=DRAIN_SECONDS,  # pyright: ignore[reportArgumentType]
                 allow_reconnect=True,
                 **endpoint.nats_py_kwargs(tls),
                 **_callbacks(url, connected, closing, reconnects),

@@ -20,10 +20,12 @@ Errors a user can cause are named and say what to do: `NatsBinaryNotFound`, `Por
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -216,6 +218,7 @@ class EmbeddedNats:
     def start(self) -> EmbeddedNats:
         if self.running:
             return self
+        self._forget_exited()
         if self.port == 0:
             self.port = free_port(self.host)
         elif not port_is_free(self.host, self.port):
@@ -239,6 +242,11 @@ class EmbeddedNats:
             raise
         logger.info("embedded NATS (JetStream) ready at {} store {}", self.url, self.store_dir)
         return self
+
+    def _forget_exited(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.stderr is not None:
+            process.stderr.close()
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self._ready_timeout
@@ -277,6 +285,8 @@ class EmbeddedNats:
             return
         if process.poll() is None:
             process.terminate()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGCONT)  # a frozen (SIGSTOPped) server acts on the TERM too
             try:
                 process.wait(timeout=self._stop_timeout)
             except subprocess.TimeoutExpired:
@@ -285,6 +295,16 @@ class EmbeddedNats:
                 process.wait()
         if process.stderr is not None:
             process.stderr.close()
+
+    def exit_code(self) -> int | None:
+        """How the server process ended, when it ended by itself (None while it runs or when it
+        was never started or was stopped)."""
+        process = self._process
+        return None if process is None else process.poll()
+
+    def last_log_lines(self, count: int = 3) -> str:
+        """The server's last log lines, joined (what it said before it exited)."""
+        return " | ".join(self._log_tail().splitlines()[-count:])
 
     def wait(self) -> int:
         """Block until the server exits (for `shoal nats`); returns its exit code."""
@@ -310,3 +330,28 @@ class EmbeddedNats:
         import anyio.to_thread
 
         await anyio.to_thread.run_sync(self.stop)
+
+
+KEEP_RUNNING_POLL_SECONDS = 0.5
+
+
+async def keep_running(server: EmbeddedNats, poll_seconds: float = KEEP_RUNNING_POLL_SECONDS) -> None:
+    """Start `server` again each time it exits by itself (killed, crashed, out of memory), on the
+    same port with the same store and identities, so every client's reconnect finds it and the log
+    continues where it was. Runs until cancelled; a restart that fails raises (`NatsError`), for
+    the caller's supervisor to retry with backoff (`shoal up` runs it as a service)."""
+    import anyio.to_thread
+
+    while True:
+        if not server.running:
+            code = server.exit_code()
+            ended = "did not start again" if code is None else f"exited (code {code})"
+            logger.warning(
+                "the embedded nats-server {}; starting it again at {} (its log: {})",
+                ended,
+                server.url,
+                server.last_log_lines(),
+            )
+            await anyio.to_thread.run_sync(server.start)
+            logger.info("the embedded nats-server is back at {}; services reconnect to it", server.url)
+        await asyncio.sleep(poll_seconds)

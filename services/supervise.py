@@ -8,7 +8,9 @@ their one service, so a NATS outage, a refused write or a bug in one event costs
 the process (docs/ARCHITECTURE.md §5).
 
 Cancellation is never caught: Ctrl-C or SIGTERM cancels the task group the supervisors run in, and
-each supervisor ends with its service.
+each supervisor ends with its service, also when the service's own clean-up turned the cancellation
+into another error (a connection lost while closing) or swallowed it: the task still carries the
+request to cancel, and no restart follows one.
 """
 
 from __future__ import annotations
@@ -82,13 +84,22 @@ async def supervise(
         except Exception as exc:  # any failure of one service costs a restart, not the process
             if _carries(exc, fatal):
                 raise
+            _stop_if_cancelled(exc)
             logger.opt(exception=exc).debug("{} failed", name)
             error = describe(exc)
+        _stop_if_cancelled(None)
         failures = policy.failures_after(failures, clock() - started)
         wait = policy.delay(failures)
         health.failed(error)
         logger.warning("{} is degraded: {}; restarting in {:g}s (failure {} in a row)", name, error, wait, failures)
         await sleep(wait)
+
+
+def _stop_if_cancelled(cause: Exception | None) -> None:
+    """End the supervisor when its task was asked to stop, whatever the service made of that."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from cause
 
 
 def _carries(exc: BaseException, kinds: tuple[type[Exception], ...]) -> bool:

@@ -29,7 +29,7 @@ from events.state import InstanceInfo, State
 from services.api.auth import ApiAccess, load_api_access
 from services.config import ConfigError, ResolvedConfig, log_settings
 from services.credentials import CredentialsError, embedded_server, endpoint_for
-from services.nats import EmbeddedNats
+from services.nats import EmbeddedNats, keep_running
 from services.nats_permissions import Identity
 from services.roles import Service, run_api, run_master, run_worker
 from services.supervise import supervise
@@ -84,7 +84,11 @@ def cluster_services(resolved: ResolvedConfig, access: ApiAccess, workers: int) 
     return services
 
 
-async def run_cluster(resolved: ResolvedConfig, access: ApiAccess, workers: int) -> None:
+async def run_cluster(
+    resolved: ResolvedConfig, access: ApiAccess, workers: int, embedded: EmbeddedNats | None = None
+) -> None:
+    """Every service of `shoal up`, supervised, and `embedded` (the server `shoal up` started)
+    kept running: started again if it exits."""
     config = resolved.config
     admin = endpoint_for(config, Identity("admin"))
     log = await EventLog.connect(admin, log_settings(config), name="shoal-up")
@@ -93,6 +97,8 @@ async def run_cluster(resolved: ResolvedConfig, access: ApiAccess, workers: int)
         started = ClusterStarted(env=Stamper(Origin(service=UP)).stamp(), workers=workers, model=config.model)
         await log.append(started)
         async with _fatal_unwrapped(), asyncio.TaskGroup() as group:
+            if embedded is not None:
+                group.create_task(supervise("embedded NATS", functools.partial(keep_running, embedded)))
             for service in cluster_services(resolved, access, workers):
                 ready = asyncio.Event()
                 run = functools.partial(service.run, ready=ready)
@@ -140,20 +146,20 @@ def up(resolved: ResolvedConfig, workers: int) -> int:
         print(f"shoal: NATS at {nats.url} admits only the identities in {directory}", flush=True)
         resolved = _with_embedded_nats(resolved, nats.url, str(directory))
     try:
-        return asyncio.run(_main(resolved, access, workers))
+        return asyncio.run(_main(resolved, access, workers, nats))
     finally:
         if nats is not None:
             nats.stop()
 
 
-async def _main(resolved: ResolvedConfig, access: ApiAccess, workers: int) -> int:
+async def _main(resolved: ResolvedConfig, access: ApiAccess, workers: int, embedded: EmbeddedNats | None) -> int:
     main = asyncio.current_task()
     assert main is not None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, main.cancel)
     try:
-        await run_cluster(resolved, access, workers)
+        await run_cluster(resolved, access, workers, embedded)
     except asyncio.CancelledError:
         print("shoal: stopped", file=sys.stderr, flush=True)
         return 0

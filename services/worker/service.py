@@ -201,6 +201,8 @@ class Worker:
             await asyncio.wait_for(
                 log.append(NodeLeft(env=self.stamper.stamp(), node_id=self.node_id, reason="shutdown")), 3
             )
+        except TimeoutError:
+            logger.warning("could not announce that node {} left: the log did not acknowledge within 3s", self.node_id)
         except Exception as exc:
             logger.warning("could not announce that node {} left: {}", self.node_id, exc)
         try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -239,3 +241,34 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) -
             return
         time.sleep(0.2)
     raise TimeoutError(what)
+
+
+@pytest.mark.timeout(180)
+def test_shoal_up_starts_its_nats_again_when_it_dies_and_serves_on(tmp_path: Path) -> None:
+    """The embedded nats-server killed (OOM killer, a stray `kill -9`): `shoal up` starts it again
+    on the same port and store, every service reconnects, and the same request gets the same
+    answer; before, the services retried a dead port until Ctrl-C, which then hung."""
+    cluster = Cluster(tmp_path, workers=1, env={}, **E2E_SETTINGS)
+    try:
+        cluster.wait_ready(150)
+        ask = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "temperature": 0}
+        before = cluster.client().chat.completions.create(**ask).choices[0].message.content
+        (killed,) = cluster.nats_pids()
+        os.kill(killed, signal.SIGKILL)
+        _wait_for(lambda: cluster.nats_pids() not in ([], [killed]), "nats-server started again", timeout=30)
+        _wait_for(lambda: _healthz_ok(cluster), "healthz ok after the restart", timeout=60)
+        after = cluster.client().chat.completions.create(**ask).choices[0].message.content
+        assert after == before
+        assert "the embedded nats-server exited (code -9)" in cluster.up.tail(200_000)
+        started = time.monotonic()
+        assert cluster.up.stop(grace=30) == 0  # Ctrl-C
+        assert time.monotonic() - started < 30
+    finally:
+        cluster.stop()
+
+
+def _healthz_ok(cluster: Cluster) -> bool:
+    try:
+        return httpx.get(f"{cluster.base_url}/healthz", timeout=5).json()["status"] == "ok"
+    except (httpx.HTTPError, ValueError, KeyError):
+        return False

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 from collections.abc import Callable
 from contextlib import aclosing
 
 import anyio.to_thread
 
-from eventlog.log import EventLog
+from eventlog.log import CLOSE_FLUSH_SECONDS, EventLog
 from events.synthetic import synthetic_history
 from services.nats import EmbeddedNats
 
@@ -50,3 +53,26 @@ async def test_follow_across_a_server_restart_loses_and_repeats_nothing(
         await follower.close()
     assert seen == list(range(1, len(events) + 1))
     assert ids == [event.env.event_id for event in events]
+
+
+async def test_close_does_not_wait_on_a_frozen_server(make_nats: Callable[..., EmbeddedNats]) -> None:
+    """A server that stopped answering (SIGSTOP: a frozen VM, a paused container): closing the log
+    is prompt; nats-py's drain would wait its timeout, then 10 s for a flush (before: 40 s)."""
+    server = await anyio.to_thread.run_sync(make_nats("frozen").start)
+    log = await EventLog.connect(server.url)
+
+    async def first_event() -> object:
+        async with aclosing(log.follow()) as events:
+            return await anext(events)
+
+    follow = asyncio.create_task(first_event())
+    await log.append(synthetic_history(1)[0])
+    await asyncio.wait_for(follow, 10)
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        await asyncio.wait_for(log.close(), 30)
+        assert time.monotonic() - started < CLOSE_FLUSH_SECONDS + 2
+    finally:
+        os.kill(server.pid, signal.SIGCONT)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -66,6 +67,32 @@ def test_a_server_that_cannot_start_reports_its_log(tmp_path: Path) -> None:
     server = EmbeddedNats(data_dir=tmp_path, port=0, extra_args=("--no_such_flag",), ready_timeout=5)
     with pytest.raises(NatsStartFailed, match="exited during start"):
         server.start()
+    assert not server.running
+
+
+@pytest.mark.timeout(60)
+async def test_keep_running_starts_a_killed_server_again_with_its_log(tmp_path: Path) -> None:
+    server = EmbeddedNats(data_dir=tmp_path, port=0).start()
+    keeper = asyncio.create_task(embedded.keep_running(server, poll_seconds=0.05))
+    try:
+        log = await EventLog.connect(server.url)
+        history = synthetic_history(2)
+        assert await log.append(history[0]) == 1
+        killed, port = server.pid, server.port
+        assert killed is not None
+        os.kill(killed, signal.SIGKILL)
+        async with asyncio.timeout(20):
+            while server.pid == killed or not server.running:
+                await asyncio.sleep(0.05)
+        assert server.port == port  # where every client reconnects
+        async with asyncio.timeout(20):  # the client's reconnect finds it; the log goes on from seq 1
+            assert await log.append(history[1]) == 2
+        await log.close()
+    finally:
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
+        server.stop()
     assert not server.running
 
 

@@ -91,3 +91,35 @@ async def test_a_fatal_error_is_raised_not_retried(grouped: bool) -> None:
     with pytest.raises((ConfigError, ExceptionGroup)):
         await _supervise(script, fatal=(ConfigError,))
     assert script.waits == []
+
+
+class ConvertsCancellation:
+    """A service whose clean-up on cancel raises another error (nats-py: "Connection lost" while
+    closing a connection to a server that is gone), or returns as if it had ended."""
+
+    def __init__(self, on_cancel: Exception | None) -> None:
+        self.on_cancel = on_cancel
+        self.starts = 0
+        self.running = asyncio.Event()
+
+    async def run(self) -> None:
+        self.starts += 1
+        self.running.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if self.on_cancel is not None:
+                raise self.on_cancel from None
+
+
+@pytest.mark.parametrize("on_cancel", [ConnectionResetError("Connection lost"), None])
+async def test_a_cancel_the_service_turns_into_an_error_or_a_return_still_ends_the_supervisor(
+    on_cancel: Exception | None,
+) -> None:
+    service = ConvertsCancellation(on_cancel)
+    task = asyncio.create_task(supervise("svc", service.run, backoff=POLICY))
+    await asyncio.wait_for(service.running.wait(), 5)
+    task.cancel()
+    await asyncio.wait({task}, timeout=5)
+    assert task.done(), "the supervisor restarted its service instead of stopping"  # Ctrl-C ignored
+    assert task.cancelled() and service.starts == 1
