@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+from collections.abc import Callable
 from typing import Any
 
 import nats
@@ -47,6 +48,30 @@ class Reconnects:
         async with self._changed:
             await self._changed.wait_for(lambda: self.count > seen)
             return self.count
+
+
+class RepeatedErrors:
+    """Which errors to log while a connection retries a server that is gone (nats-py reports one
+    per try, four a second): the first of each text, then once per `every_seconds` with how many
+    were left out meanwhile. `clear()` once connected again."""
+
+    def __init__(self, every_seconds: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_seconds = every_seconds
+        self._clock = clock
+        self._seen: dict[str, tuple[float, int]] = {}  # text -> (when last logged, left out since)
+
+    def left_out_before(self, text: str) -> int | None:
+        """None: leave this one out; else log it, saying how many like it were left out."""
+        now = self._clock()
+        logged_at, left_out = self._seen.get(text, (None, 0))
+        if logged_at is not None and now - logged_at < self.every_seconds:
+            self._seen[text] = (logged_at, left_out + 1)
+            return None
+        self._seen[text] = (now, 0)
+        return left_out
+
+    def clear(self) -> None:
+        self._seen.clear()
 
 
 class NatsClient:
@@ -133,15 +158,19 @@ def _unreachable(endpoint: NatsEndpoint, exc: Exception) -> str:
 def _callbacks(url: str, connected: asyncio.Event, closing: asyncio.Event, reconnects: Reconnects) -> dict[str, Any]:
     """nats-py callbacks that log through loguru; quiet before the first connect and after close()."""
 
+    repeats = RepeatedErrors()
+
     async def on_error(exc: Exception) -> None:
-        if connected.is_set():
-            logger.warning("NATS connection {}: {}", url, exc)
+        if connected.is_set() and (left_out := repeats.left_out_before(str(exc))) is not None:
+            more = f" ({left_out} more like it in the last {repeats.every_seconds:g}s)" if left_out else ""
+            logger.warning("NATS connection {}: {}{}", url, exc, more)
 
     async def on_disconnect() -> None:
         if connected.is_set() and not closing.is_set():
             logger.warning("NATS disconnected from {}; reconnecting", url)
 
     async def on_reconnect() -> None:
+        repeats.clear()
         logger.info("NATS reconnected to {}", url)
         await reconnects.note()
 
