@@ -150,6 +150,29 @@ def read_info(host: str, port: int, timeout: float = 0.5) -> dict[str, object] |
     return info
 
 
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _command_and_parent(pid: int) -> tuple[str, int] | None:
+    """The command line and parent pid of a running process (`ps`: Linux and macOS alike), or
+    None once it is gone (a zombie counts as gone)."""
+    try:
+        out = subprocess.run(
+            ["ps", "-ww", "-o", "stat=", "-o", "ppid=", "-o", "command=", "-p", str(pid)],
+            capture_output=True, text=True, timeout=5, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    fields = out.stdout.strip().split(None, 2)
+    if out.returncode != 0 or len(fields) < 3 or fields[0].startswith("Z"):
+        return None
+    return fields[2], int(fields[1])
+
+
 class EmbeddedNats:
     """One `nats-server` child process with JetStream, its store under `data_dir/nats`.
 
@@ -183,6 +206,8 @@ class EmbeddedNats:
         self._stop_timeout = stop_timeout
         self._process: subprocess.Popen[bytes] | None = None
         self._log_path = self.store_dir / "nats-server.log"
+        self._pid_path = self.store_dir / "nats-server.pid"  # written by the server (`-P`)
+        self._owner_path = self.store_dir / "nats-server.owner"  # the pid of the process that started it
 
     @property
     def url(self) -> str:
@@ -211,6 +236,8 @@ class EmbeddedNats:
             str(self.store_dir),
             "-l",
             str(self._log_path),
+            "-P",
+            str(self._pid_path),
             *tls_args(self.tls),
             *self._extra_args,
         ]
@@ -219,6 +246,7 @@ class EmbeddedNats:
         if self.running:
             return self
         self._forget_exited()
+        self._stop_leftover()
         if self.port == 0:
             self.port = free_port(self.host)
         elif not port_is_free(self.host, self.port):
@@ -240,8 +268,39 @@ class EmbeddedNats:
         except BaseException:
             self.stop()
             raise
+        self._owner_path.write_text(f"{os.getpid()}\n")
         logger.info("embedded NATS (JetStream) ready at {} store {}", self.url, self.store_dir)
         return self
+
+    def _stop_leftover(self) -> None:
+        """Stop the server an earlier run left on this store when its owner died without stopping
+        it (SIGKILL, a crash; the server runs in its own session, so it outlives its owner): it
+        holds the port and the store, and the next start would be refused. A server whose owner
+        still runs (its parent) is left alone: that start is refused as before."""
+        pid = _read_pid(self._pid_path)
+        if pid is None or pid == os.getpid():
+            return
+        found = _command_and_parent(pid)
+        if found is None:
+            return
+        command, parent = found
+        if BINARY not in command or str(self.store_dir) not in command or parent == _read_pid(self._owner_path):
+            return
+        logger.warning(
+            "stopping nats-server pid {}, left running on {} by an earlier run that ended without stopping it",
+            pid,
+            self.store_dir,
+        )
+        for sig in (signal.SIGTERM, signal.SIGCONT):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + self._stop_timeout
+        while _command_and_parent(pid) is not None:
+            if time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                break
+            time.sleep(0.05)
 
     def _forget_exited(self) -> None:
         process, self._process = self._process, None

@@ -156,7 +156,7 @@ async def _main(resolved: ResolvedConfig, access: ApiAccess, workers: int, embed
     main = asyncio.current_task()
     assert main is not None
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # HUP: its terminal closed
         loop.add_signal_handler(sig, main.cancel)
     try:
         await run_cluster(resolved, access, workers, embedded)

@@ -261,8 +261,9 @@ def test_shoal_up_starts_its_nats_again_when_it_dies_and_serves_on(tmp_path: Pat
         assert after == before
         assert "the embedded nats-server exited (code -9)" in cluster.up.tail(200_000)
         started = time.monotonic()
-        assert cluster.up.stop(grace=30) == 0  # Ctrl-C
+        assert cluster.up.stop(signal.SIGHUP, grace=30) == 0  # its terminal closed: a clean stop too
         assert time.monotonic() - started < 30
+        assert cluster.nats_pids() == []  # the server stopped with it
     finally:
         cluster.stop()
 

@@ -96,6 +96,34 @@ async def test_keep_running_starts_a_killed_server_again_with_its_log(tmp_path: 
     assert not server.running
 
 
+LEFT_BEHIND = """
+import os, signal, sys
+from services.nats import EmbeddedNats
+server = EmbeddedNats(data_dir=sys.argv[1], port=0).start()
+print(server.port, server.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # its owner dies without stopping it
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_server_whose_owner_was_killed_is_stopped_by_the_next_start_on_its_store(tmp_path: Path) -> None:
+    killed = subprocess.run(
+        [sys.executable, "-c", LEFT_BEHIND, str(tmp_path)], capture_output=True, text=True, timeout=30
+    )
+    port, left_pid = (int(word) for word in killed.stdout.split())
+    assert embedded.read_info("127.0.0.1", port) is not None  # still serving, orphaned
+    with EmbeddedNats(data_dir=tmp_path, port=port) as server:  # before: PortInUse
+        assert server.running and server.pid != left_pid
+    assert embedded._command_and_parent(left_pid) is None  # pyright: ignore[reportPrivateUsage]  # gone (or a zombie)
+
+
+def test_a_server_whose_owner_runs_is_left_alone(tmp_path: Path) -> None:
+    with EmbeddedNats(data_dir=tmp_path, port=0) as first:
+        with pytest.raises(PortInUse):
+            EmbeddedNats(data_dir=tmp_path, port=first.port).start()
+        assert first.running
+
+
 def _read_until(stream: object, marker: str, lines: list[str]) -> None:
     for line in iter(stream.readline, ""):  # type: ignore[attr-defined]
         lines.append(line)
