@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import signal
 import sys
 from collections.abc import AsyncGenerator
 from typing import cast
@@ -32,6 +31,7 @@ from services.credentials import CredentialsError, embedded_server, endpoint_for
 from services.nats import EmbeddedNats, keep_running
 from services.nats_permissions import Identity
 from services.roles import Service, run_api, run_master, run_worker
+from services.stop_signals import until_stopped
 from services.supervise import supervise
 from services.up_progress import UpProgress
 
@@ -153,16 +153,8 @@ def up(resolved: ResolvedConfig, workers: int) -> int:
 
 
 async def _main(resolved: ResolvedConfig, access: ApiAccess, workers: int, embedded: EmbeddedNats | None) -> int:
-    main = asyncio.current_task()
-    assert main is not None
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # HUP: its terminal closed
-        loop.add_signal_handler(sig, main.cancel)
-    try:
-        await run_cluster(resolved, access, workers, embedded)
-    except asyncio.CancelledError:
-        print("shoal: stopped", file=sys.stderr, flush=True)
-        return 0
+    await until_stopped(run_cluster(resolved, access, workers, embedded))
+    print("shoal: stopped", file=sys.stderr, flush=True)
     return 0
 
 

@@ -22,6 +22,7 @@ from services.config import (
 )
 from services.credentials import CredentialsError
 from services.nats import NatsError
+from services.stop_signals import until_stopped
 from services.supervise import supervise
 
 
@@ -107,8 +108,8 @@ def _serve(args: argparse.Namespace, role: str) -> int:
     # A NATS outage, a refused write or a follow that ends costs a restart with backoff (logged as
     # degraded), never the process; only a configuration mistake, which no retry cures, ends it.
     try:
-        asyncio.run(supervise(f"shoal {role}", runs[role], fatal=(ConfigError, CredentialsError)))
-    except KeyboardInterrupt:
+        asyncio.run(until_stopped(supervise(f"shoal {role}", runs[role], fatal=(ConfigError, CredentialsError))))
+    except KeyboardInterrupt:  # before the loop ran
         return 0
     except (ConfigError, CredentialsError) as exc:
         print(f"shoal {role}: {exc}", file=sys.stderr)

@@ -120,7 +120,7 @@ def nats_command(args: argparse.Namespace) -> int:
             f"shoal nats: note: nats_url={config.nats_url!r} is set; `shoal nats` ignores it and runs its own server",
             file=sys.stderr,
         )
-    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
     server: EmbeddedNats | None = None
     try:
         # The control identities and the nodes': `shoal master|api|worker` on this host work as they are.
@@ -145,7 +145,8 @@ def nats_command(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.stop()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _with_credentials(config: ShoalConfig, directory: Path) -> ShoalConfig:

@@ -220,3 +220,23 @@ def _read(path: Path) -> str:
         return path.read_bytes().decode(errors="replace")
     except OSError:
         return ""
+
+
+@pytest.fixture
+def one_worker(tmp_path: Path) -> Iterator[Services]:
+    running = Services(tmp_path, workers=1)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def test_a_worker_stopped_by_its_service_manager_says_it_left(one_worker: Services) -> None:
+    """systemd and docker stop with SIGTERM (a closed terminal's SIGHUP is handled the same, as in
+    `shoal up`): the worker stops as on Ctrl-C and records `NodeLeft`, so the master does not wait
+    for its node timeout to know (before: the process ended on the spot, and its node stayed "up"
+    until the timeout)."""
+    one_worker.wait_ready()
+    assert one_worker.procs["worker0"].stop(signal.SIGTERM, grace=30) == 0, one_worker.procs["worker0"].tail()
+    left = [r["event"] for r in one_worker.export() if r["event"]["type"] == "node_left"]  # pyright: ignore[reportIndexIssue]
+    assert [(e["node_id"], e["reason"]) for e in left] == [("n0", "shutdown")], left  # pyright: ignore[reportIndexIssue]
