@@ -15,7 +15,7 @@ it lists, each with its permissions; without one it is open to whoever reaches i
 combine: TLS protects the connection, the identities decide who may do what on it.
 
 Errors a user can cause are named and say what to do: `NatsBinaryNotFound`, `PortInUse`,
-`NatsStartFailed`, `NatsTlsError`.
+`StoreInUse`, `NatsStartFailed`, `NatsTlsError`.
 """
 
 from __future__ import annotations
@@ -64,6 +64,15 @@ class PortInUse(NatsError):
         )
         self.host = host
         self.port = port
+
+
+class StoreInUse(NatsError):
+    def __init__(self, store_dir: Path, pid: int, owner: int, port: str) -> None:
+        super().__init__(
+            f"the NATS store {store_dir} is in use by nats-server pid {pid} (port {port or '?'}, started by pid "
+            f"{owner}, another `shoal up` or `shoal nats` on this data dir): one server per store; stop that one, "
+            f"give this one its own --data-dir / SHOAL_DATA_DIR, or connect to it with --nats-url"
+        )
 
 
 class NatsStartFailed(NatsError):
@@ -157,6 +166,11 @@ def _read_pid(path: Path) -> int | None:
         return None
 
 
+def _flag_value(command: str, flag: str) -> str:
+    words = command.split()
+    return words[words.index(flag) + 1] if flag in words[:-1] else ""
+
+
 def _command_and_parent(pid: int) -> tuple[str, int] | None:
     """The command line and parent pid of a running process (`ps`: Linux and macOS alike), or
     None once it is gone (a zombie counts as gone)."""
@@ -246,7 +260,7 @@ class EmbeddedNats:
         if self.running:
             return self
         self._forget_exited()
-        self._stop_leftover()
+        self._claim_store()
         if self.port == 0:
             self.port = free_port(self.host)
         elif not port_is_free(self.host, self.port):
@@ -272,11 +286,12 @@ class EmbeddedNats:
         logger.info("embedded NATS (JetStream) ready at {} store {}", self.url, self.store_dir)
         return self
 
-    def _stop_leftover(self) -> None:
-        """Stop the server an earlier run left on this store when its owner died without stopping
-        it (SIGKILL, a crash; the server runs in its own session, so it outlives its owner): it
-        holds the port and the store, and the next start would be refused. A server whose owner
-        still runs (its parent) is left alone: that start is refused as before."""
+    def _claim_store(self) -> None:
+        """Make sure no other server uses this store: two servers on one JetStream store would
+        each write it as their own. A server an earlier run left running when its owner died
+        without stopping it (SIGKILL, a crash; the server runs in its own session, so it outlives
+        its owner) is stopped: it holds the store and the port, and this start would be refused.
+        One whose owner still runs (its parent) is `StoreInUse`."""
         pid = _read_pid(self._pid_path)
         if pid is None or pid == os.getpid():
             return
@@ -284,8 +299,10 @@ class EmbeddedNats:
         if found is None:
             return
         command, parent = found
-        if BINARY not in command or str(self.store_dir) not in command or parent == _read_pid(self._owner_path):
-            return
+        if BINARY not in command or str(self.store_dir) not in command:
+            return  # the pid is some other process now
+        if parent == _read_pid(self._owner_path):
+            raise StoreInUse(self.store_dir, pid, parent, _flag_value(command, "-p"))
         logger.warning(
             "stopping nats-server pid {}, left running on {} by an earlier run that ended without stopping it",
             pid,

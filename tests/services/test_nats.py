@@ -19,7 +19,15 @@ from events.synthetic import synthetic_history
 from services import nats as embedded
 from services.config import resolve_config
 from services.credentials import endpoint_for
-from services.nats import EmbeddedNats, NatsBinaryNotFound, NatsStartFailed, PortInUse, find_nats_server, free_port
+from services.nats import (
+    EmbeddedNats,
+    NatsBinaryNotFound,
+    NatsStartFailed,
+    PortInUse,
+    StoreInUse,
+    find_nats_server,
+    free_port,
+)
 from services.nats_permissions import Identity
 
 
@@ -117,11 +125,15 @@ def test_a_server_whose_owner_was_killed_is_stopped_by_the_next_start_on_its_sto
     assert embedded._command_and_parent(left_pid) is None  # pyright: ignore[reportPrivateUsage]  # gone (or a zombie)
 
 
-def test_a_server_whose_owner_runs_is_left_alone(tmp_path: Path) -> None:
+@pytest.mark.parametrize("same_port", [True, False])
+def test_a_store_whose_server_runs_is_refused_not_shared(tmp_path: Path, same_port: bool) -> None:
+    """Two servers on one JetStream store would each write it as theirs (before: a second
+    `shoal up` on the data dir with another --nats-port started one, and both said ready)."""
     with EmbeddedNats(data_dir=tmp_path, port=0) as first:
-        with pytest.raises(PortInUse):
-            EmbeddedNats(data_dir=tmp_path, port=first.port).start()
-        assert first.running
+        second = EmbeddedNats(data_dir=tmp_path, port=first.port if same_port else 0)
+        with pytest.raises(StoreInUse, match=rf"in use by nats-server pid {first.pid} \(port {first.port}.*--data-dir"):
+            second.start()
+        assert first.running and not second.running
 
 
 def _read_until(stream: object, marker: str, lines: list[str]) -> None:
