@@ -67,6 +67,7 @@ def build_app(ctx: ApiContext) -> Starlette:
         Route("/v1/chat/completions", bind("chat", chat.chat_completions, "key"), methods=["POST"]),
         Route("/v1/completions", bind("completions", completions.completions, "key"), methods=["POST"]),
         Route("/v1/models", bind("models", routes.list_models, "key"), methods=["GET"]),
+        Route("/v1/models/{model:path}", bind("model", routes.get_model, "key"), methods=["GET"]),
         Route("/v1/tasks/{task_id}", bind("task", routes.get_task, "key"), methods=["GET"]),
         Route("/v1/tasks/{task_id}/cancel", bind("cancel", routes.cancel_task, "key"), methods=["POST"]),
         Route("/v1/config", bind("config", routes.get_config, "admin"), methods=["GET"]),

@@ -9,7 +9,15 @@ from typing import Any
 import msgspec
 
 from events.state import TaskInfo
-from services.api.responses import CancelAccepted, ChatCompletion, ErrorResponse, Health, ModelList, TextCompletion
+from services.api.responses import (
+    CancelAccepted,
+    ChatCompletion,
+    ErrorResponse,
+    Health,
+    ModelCard,
+    ModelList,
+    TextCompletion,
+)
 from services.api.schemas import ChatCompletionRequest, CompletionRequest
 
 _TYPES = (
@@ -17,6 +25,7 @@ _TYPES = (
     ChatCompletion,
     ErrorResponse,
     ModelList,
+    ModelCard,
     TaskInfo,
     CancelAccepted,
     Health,
@@ -27,7 +36,18 @@ _TYPES = (
 
 def openapi_document() -> dict[str, Any]:
     refs, components = msgspec.json.schema_components(_TYPES, ref_template="#/components/schemas/{name}")
-    request, chat_completion, error_schema, model_list, task, cancel, health, text_request, text_completion = refs
+    (
+        request,
+        chat_completion,
+        error_schema,
+        model_list,
+        model_card,
+        task,
+        cancel,
+        health,
+        text_request,
+        text_completion,
+    ) = refs
 
     def json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
         return {"description": description, "content": {"application/json": {"schema": schema}}}
@@ -73,6 +93,13 @@ def openapi_document() -> dict[str, Any]:
                 }
             },
             "/v1/models": {"get": {"summary": "List models", "responses": {"200": json("models", model_list)}}},
+            "/v1/models/{model}": {
+                "get": {
+                    "summary": "One model (its id may hold a slash: owner/name)",
+                    "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "responses": {"200": json("model", model_card), **errors(404)},
+                }
+            },
             "/v1/tasks/{task_id}": {
                 "get": {
                     "summary": "A task's state folded from the log",

@@ -14,17 +14,28 @@ from services.api.metrics import exposition
 from services.api.model_cards import model_card
 from services.api.responses import CancelAccepted, Health, ModelCard, ModelList, json_response
 from services.api.schemas import RequestProblem
+from services.api.task_stream import check_model
 from services.models import model_error
 from services.ops.task_history import task_from_log
 
 
 async def list_models(request: Request, ctx: ApiContext) -> Response:
-    data: list[ModelCard] = []
-    for model in ctx.known_models():
-        prompt_model = await ctx.prompt_model(model)  # the context length, as prompts are checked against
-        context_length = prompt_model.context_length if prompt_model is not None else None
-        data.append(model_card(ctx.hub.state, model, context_length))
+    data = [await _card(ctx, model) for model in ctx.known_models()]
     return json_response(ModelList(object="list", data=data))
+
+
+async def get_model(request: Request, ctx: ApiContext) -> Response:
+    """`GET /v1/models/{model}` (the openai client's `models.retrieve`): one card; a Hub id's
+    slash is part of the path."""
+    model: str = request.path_params["model"]
+    check_model(ctx, model)
+    return json_response(await _card(ctx, model))
+
+
+async def _card(ctx: ApiContext, model: str) -> ModelCard:
+    prompt_model = await ctx.prompt_model(model)  # the context length, as prompts are checked against
+    context_length = prompt_model.context_length if prompt_model is not None else None
+    return model_card(ctx.hub.state, model, context_length)
 
 
 async def _callers_task(request: Request, ctx: ApiContext) -> TaskInfo:

@@ -76,6 +76,7 @@ def test_an_id_neither_cached_nor_reachable_is_reported_everywhere_and_never_rea
             assert "'owner/absent' is neither in the Hugging Face cache" in error
             assert str(tmp_path / "hub") in error and "hf download owner/absent" in error
             (card,) = http.get("/v1/models").json()["data"]
+            assert http.get("/v1/models/owner/absent").json() == card  # a Hub id's slash is part of the path
             assert (card["id"], card["owned_by"], card["ready"], card["error"]) == (
                 "owner/absent",
                 "owner",

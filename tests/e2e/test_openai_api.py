@@ -195,8 +195,14 @@ def test_config_models_health_metrics_openapi(cluster: Cluster) -> None:
         assert config["prefill_step_size"] == {"value": 64, "source": "env SHOAL_PREFILL_STEP_SIZE"}
         assert config["max_tokens_limit"]["source"] == "default"
         assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["tiny"]
+        assert http.get("/v1/models/tiny").json() == http.get("/v1/models").json()["data"][0]
+        assert cluster.client().models.retrieve("tiny").id == "tiny"
+        missing = http.get("/v1/models/owner/absent")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
         health = http.get("/healthz").json()
         assert health["status"] == "ok" and health["nodes_up"] == 2 and health["ready_instances"] == 1
+        answered = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert http.post("/v1/chat/completions", json=answered).status_code == 200  # so the metrics have a TTFT
         metrics = http.get("/metrics").text
         assert "shoal_time_to_first_token_seconds_count" in metrics and "shoal_events_published_total" in metrics
         assert "/v1/chat/completions" in http.get("/openapi.json").json()["paths"]
