@@ -209,7 +209,7 @@ class EmbeddedNats:
         ready_timeout: float = 10.0,
         stop_timeout: float = 10.0,
     ) -> None:
-        self.store_dir = Path(data_dir).expanduser() / "nats"
+        self.store_dir = Path(os.path.abspath(Path(data_dir).expanduser())) / "nats"  # absolute: found in a ps listing
         self.host = host
         self.port = port
         self._binary = binary
