@@ -10,6 +10,7 @@ it asked for.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Literal, TypeVar
 
@@ -197,12 +198,25 @@ def _decode(body: bytes, decoder: msgspec.json.Decoder[R], unsupported: Mapping[
         request = decoder.decode(body)
         _refuse_unsupported(_fields_decoder.decode(body), unsupported)
     except msgspec.ValidationError as exc:
-        raise RequestProblem(400, f"invalid request body: {exc}", param=_field_of(exc)) from exc
+        param = _field_of(exc)
+        raise RequestProblem(400, f"invalid request body: {exc}{_hint_for(param)}", param=param) from exc
     except msgspec.DecodeError as exc:
         raise RequestProblem(400, f"request body is not valid JSON: {exc}") from exc
     except RecursionError as exc:  # msgspec's bound on nesting, whatever field it is in
         raise RequestProblem(400, f"request body is nested too deeply: {exc}") from exc
     return request
+
+
+# What a refused field most likely means, where msgspec's own words leave the fix unsaid.
+_CONTENT_PART_TYPE = re.compile(r"^messages\[\d+\]\.content\[\d+\]\.type$")
+TEXT_ONLY_HINT = (
+    '; shoal serves text models: every content part is {"type": "text", "text": "..."} '
+    "(image, audio and file parts are not supported)"
+)
+
+
+def _hint_for(param: str | None) -> str:
+    return TEXT_ONLY_HINT if param is not None and _CONTENT_PART_TYPE.match(param) else ""
 
 
 def _field_of(exc: msgspec.ValidationError) -> str | None:

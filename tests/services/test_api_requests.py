@@ -86,6 +86,13 @@ def test_a_body_that_is_not_a_json_object_is_refused(raw: bytes) -> None:
     refused(raw)
 
 
+def test_an_image_part_is_refused_saying_shoal_serves_text() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    problem = refused(body(messages=[{"role": "user", "content": [{"type": "text", "text": "see"}, image]}]))
+    assert problem.param == "messages[0].content[1].type"
+    assert "shoal serves text models" in str(problem) and "image" in str(problem)
+
+
 def test_an_empty_message_list_is_refused() -> None:
     assert refused(body(messages=[])).param == "messages"
 
