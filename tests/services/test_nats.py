@@ -119,10 +119,14 @@ def test_a_server_whose_owner_was_killed_is_stopped_by_the_next_start_on_its_sto
         [sys.executable, "-c", LEFT_BEHIND, str(tmp_path)], capture_output=True, text=True, timeout=30
     )
     port, left_pid = (int(word) for word in killed.stdout.split())
-    assert embedded.read_info("127.0.0.1", port) is not None  # still serving, orphaned
-    with EmbeddedNats(data_dir=tmp_path, port=port) as server:  # before: PortInUse
-        assert server.running and server.pid != left_pid
-    assert embedded._command_and_parent(left_pid) is None  # pyright: ignore[reportPrivateUsage]  # gone (or a zombie)
+    try:
+        assert embedded.read_info("127.0.0.1", port) is not None  # still serving, orphaned
+        with EmbeddedNats(data_dir=tmp_path, port=port) as server:  # before: PortInUse
+            assert server.running and server.pid != left_pid
+        assert embedded._command_and_parent(left_pid) is None  # pyright: ignore[reportPrivateUsage]  # gone (or a zombie)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(left_pid, signal.SIGKILL)  # never leave the orphan behind, whatever failed
 
 
 @pytest.mark.parametrize("same_port", [True, False])
