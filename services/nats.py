@@ -416,8 +416,6 @@ async def keep_running(server: EmbeddedNats, poll_seconds: float = KEEP_RUNNING_
     same port with the same store and identities, so every client's reconnect finds it and the log
     continues where it was. Runs until cancelled; a restart that fails raises (`NatsError`), for
     the caller's supervisor to retry with backoff (`shoal up` runs it as a service)."""
-    import anyio.to_thread
-
     while True:
         if not server.running:
             code = server.exit_code()
@@ -428,6 +426,8 @@ async def keep_running(server: EmbeddedNats, poll_seconds: float = KEEP_RUNNING_
                 server.url,
                 server.last_log_lines(),
             )
-            await anyio.to_thread.run_sync(server.start)
+            # the loop's default executor: `asyncio.run` waits for a start in flight before it
+            # returns, so the owner's `stop()` after it cannot miss the server being started
+            await asyncio.to_thread(server.start)
             logger.info("the embedded nats-server is back at {}; services reconnect to it", server.url)
         await asyncio.sleep(poll_seconds)
