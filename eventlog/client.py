@@ -28,6 +28,7 @@ from eventlog.wire import Wire, WireClosed, WireError, split_servers
 
 RETRY_SECONDS = 0.25
 DRAIN_SECONDS = 5.0  # a closing connection waits this long for its subscriptions (nats-py: 30)
+CLOSE_FLUSH_SECONDS = 2.0  # how long a closing connection waits for the server's answer before it drains
 
 
 class Reconnects:
@@ -83,6 +84,27 @@ class NatsClient:
         self.tls = tls
         self.closing = closing
         self.reconnects = reconnects
+
+    async def close(self) -> None:
+        """Close, drained when the server answers and at once when it is frozen or gone: a stop
+        must not wait on it (nats-py's drain then waits its whole timeout and 10 s more for a
+        flush, and cannot be cancelled)."""
+        self.closing.set()
+        if self.nc.is_connected and await self._answers():
+            try:
+                await self.nc.drain()  # bounded by drain_timeout
+            except (nats.errors.Error, TimeoutError) as exc:
+                logger.debug("drain on close failed ({!r}); closing", exc)
+        if not self.nc.is_closed:
+            await self.nc.close()
+
+    async def _answers(self) -> bool:
+        try:
+            await self.nc.flush(timeout=CLOSE_FLUSH_SECONDS)  # pyright: ignore[reportArgumentType]
+        except (nats.errors.Error, TimeoutError) as exc:
+            logger.debug("the server did not answer a flush on close ({!r}); closing without a drain", exc)
+            return False
+        return True
 
     @classmethod
     async def open(cls, endpoint: NatsEndpoint, *, name: str, wait_seconds: float) -> NatsClient:

@@ -52,8 +52,6 @@ from events.state import FINISHED_TASKS_KEPT, State
 from events.subjects import is_telemetry_subject, subject_for
 from events.vocabulary import StreamKey
 
-CLOSE_FLUSH_SECONDS = 2.0  # how long a closing log waits for the server's answer before it drains
-
 
 class EventLog:
     """One connection to the log. Build with `await EventLog.connect(url, settings)`."""
@@ -70,7 +68,6 @@ class EventLog:
         self._pub_lock = asyncio.Lock()
         self._pub_wire: Wire | None = None
         self._closed = False
-        self._closing = client.closing
 
     @classmethod
     async def connect(
@@ -377,14 +374,6 @@ class EventLog:
         name = subject.decode(errors="replace") if isinstance(subject, bytes) else subject
         logger.warning("skipping malformed message on {} seq {}: {}", name, seq, exc)
 
-    async def _answers(self) -> bool:
-        try:
-            await self._nc.flush(timeout=CLOSE_FLUSH_SECONDS)  # pyright: ignore[reportArgumentType]
-        except (nats.errors.Error, TimeoutError) as exc:
-            logger.debug("the server did not answer a flush on close ({!r}); closing without a drain", exc)
-            return False
-        return True
-
     @property
     def connected(self) -> bool:
         """Whether the connection is up now (False while it reconnects through an outage): what a
@@ -392,19 +381,11 @@ class EventLog:
         return self._nc.is_connected
 
     async def close(self) -> None:
-        """Stop follows at their next batch, and close the connections: drained when the server
-        answers, at once when it is frozen or gone (a stop must not wait on it: a drain then
-        waits its whole timeout and 10 s more for a flush, and cannot be cancelled)."""
+        """Stop follows at their next batch, and close the connections (`NatsClient.close`: at
+        once when the server is frozen or gone)."""
         self._closed = True
-        self._closing.set()
         self._drop_pub_wire()
-        if self._nc.is_connected and await self._answers():
-            try:
-                await self._nc.drain()  # bounded by the client's drain_timeout
-            except (nats.errors.Error, TimeoutError) as exc:
-                logger.debug("drain on close failed ({!r}); closing", exc)
-        if not self._nc.is_closed:
-            await self._nc.close()
+        await self._client.close()
 
 
 def _decoder(stream: StreamKey) -> Callable[[bytes], AnyEvent]:

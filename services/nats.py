@@ -37,6 +37,7 @@ from types import TracebackType
 from loguru import logger
 
 from eventlog.tls import TlsFiles, TlsSetupError, client_context
+from services.nats_store import record_owner, stop_process, store_holder
 
 BINARY = "nats-server"
 NO_TLS = TlsFiles()  # frozen: safe to share as a default
@@ -159,34 +160,6 @@ def read_info(host: str, port: int, timeout: float = 0.5) -> dict[str, object] |
     return info
 
 
-def _read_pid(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _flag_value(command: str, flag: str) -> str:
-    words = command.split()
-    return words[words.index(flag) + 1] if flag in words[:-1] else ""
-
-
-def _command_and_parent(pid: int) -> tuple[str, int] | None:
-    """The command line and parent pid of a running process (`ps`: Linux and macOS alike), or
-    None once it is gone (a zombie counts as gone)."""
-    try:
-        out = subprocess.run(
-            ["ps", "-ww", "-o", "stat=", "-o", "ppid=", "-o", "command=", "-p", str(pid)],
-            capture_output=True, text=True, timeout=5, check=False,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    fields = out.stdout.strip().split(None, 2)
-    if out.returncode != 0 or len(fields) < 3 or fields[0].startswith("Z"):
-        return None
-    return fields[2], int(fields[1])
-
-
 class EmbeddedNats:
     """One `nats-server` child process with JetStream, its store under `data_dir/nats`.
 
@@ -282,7 +255,7 @@ class EmbeddedNats:
         except BaseException:
             self.stop()
             raise
-        self._owner_path.write_text(f"{os.getpid()}\n")
+        record_owner(self._owner_path)
         logger.info("embedded NATS (JetStream) ready at {} store {}", self.url, self.store_dir)
         return self
 
@@ -292,32 +265,17 @@ class EmbeddedNats:
         without stopping it (SIGKILL, a crash; the server runs in its own session, so it outlives
         its owner) is stopped: it holds the store and the port, and this start would be refused.
         One whose owner still runs (its parent) is `StoreInUse`."""
-        pid = _read_pid(self._pid_path)
-        if pid is None or pid == os.getpid():
+        holder = store_holder(self.store_dir, BINARY, self._pid_path, self._owner_path)
+        if holder is None:
             return
-        found = _command_and_parent(pid)
-        if found is None:
-            return
-        command, parent = found
-        if BINARY not in command or str(self.store_dir) not in command:
-            return  # the pid is some other process now
-        if parent == _read_pid(self._owner_path):
-            raise StoreInUse(self.store_dir, pid, parent, _flag_value(command, "-p"))
+        if holder.owner_runs:
+            raise StoreInUse(self.store_dir, holder.pid, holder.parent, holder.port)
         logger.warning(
             "stopping nats-server pid {}, left running on {} by an earlier run that ended without stopping it",
-            pid,
+            holder.pid,
             self.store_dir,
         )
-        for sig in (signal.SIGTERM, signal.SIGCONT):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + self._stop_timeout
-        while _command_and_parent(pid) is not None:
-            if time.monotonic() > deadline:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                break
-            time.sleep(0.05)
+        stop_process(holder.pid, self._stop_timeout)
 
     def _forget_exited(self) -> None:
         process, self._process = self._process, None

@@ -11,7 +11,8 @@ from contextlib import aclosing
 
 import anyio.to_thread
 
-from eventlog.log import CLOSE_FLUSH_SECONDS, EventLog
+from eventlog.client import CLOSE_FLUSH_SECONDS
+from eventlog.log import EventLog
 from events.synthetic import synthetic_history
 from services.nats import EmbeddedNats
 

@@ -29,6 +29,7 @@ from services.nats import (
     free_port,
 )
 from services.nats_permissions import Identity
+from services.nats_store import command_and_parent
 
 
 def test_the_binary_of_the_wheel_is_found() -> None:
@@ -123,7 +124,7 @@ def test_a_server_whose_owner_was_killed_is_stopped_by_the_next_start_on_its_sto
         assert embedded.read_info("127.0.0.1", port) is not None  # still serving, orphaned
         with EmbeddedNats(data_dir=tmp_path, port=port) as server:  # before: PortInUse
             assert server.running and server.pid != left_pid
-        assert embedded._command_and_parent(left_pid) is None  # pyright: ignore[reportPrivateUsage]  # gone (or a zombie)
+        assert command_and_parent(left_pid) is None  # gone (or a zombie)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(left_pid, signal.SIGKILL)  # never leave the orphan behind, whatever failed
