@@ -20,6 +20,7 @@ from services.config import (
     config_from_args,
     configure_logging,
 )
+from services.config_files import check_data_dir
 from services.credentials import CredentialsError
 from services.nats import NatsError
 from services.stop_signals import until_stopped
@@ -75,6 +76,7 @@ def _up(args: argparse.Namespace) -> int:
     if resolved is None:
         return 2
     try:
+        check_data_dir(resolved.config.data_path, resolved.sources.get("data_dir", "default"))
         prepare_tiny(resolved.config.model)
         return up(resolved, resolved.config.workers)
     except (NatsError, LogError, ConfigError, CredentialsError) as exc:

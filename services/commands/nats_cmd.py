@@ -24,6 +24,7 @@ from services.config import (
     configure_logging,
     log_settings,
 )
+from services.config_files import check_data_dir
 from services.credentials import (
     CredentialsError,
     embedded_server,
@@ -109,8 +110,10 @@ async def _ensure_streams(admin: NatsEndpoint, config: ShoalConfig) -> None:
 
 def nats_command(args: argparse.Namespace) -> int:
     try:
-        config = config_from_args(args).config
+        resolved = config_from_args(args)
+        config = resolved.config
         configure_logging(config)
+        check_data_dir(config.data_path, resolved.sources.get("data_dir", "default"))
         nodes = [default_node_id(), *_node_ids(str(args.nodes))]
     except (ConfigError, InvalidId) as exc:
         print(f"shoal nats: {exc}", file=sys.stderr)

@@ -238,3 +238,19 @@ def test_config_show_prints_values_and_sources(
     monkeypatch.setenv("SHOAL_API_PORT", "nope")
     assert main(["config", "show"]) == 2
     assert "api_port='nope' (from env SHOAL_API_PORT)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["up", "nats"])
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_a_data_dir_that_cannot_be_written_is_a_setting_error_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str, where: str
+) -> None:
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    data_dir = taken if where == "a file" else taken / "data"
+    monkeypatch.setenv("SHOAL_DATA_DIR", str(data_dir))
+    assert main([command]) != 0  # before: NotADirectoryError from deep in the tiny model's cache
+    err = capsys.readouterr().err
+    assert f"shoal {command}: invalid setting data_dir='{data_dir}' (from env SHOAL_DATA_DIR)" in err
+    assert "a directory this user can create and write in" in err and "--data-dir" in err
+    assert not (tmp_path / "nats").exists()
