@@ -21,6 +21,7 @@ from eventlog.publish import LogError
 from services.api import chat, completions, routes
 from services.api.auth import ApiAccess, Caller, Need, Refusal, admit
 from services.api.browser import BrowserGuard, BrowserRules
+from services.api.connections import connection_budget, guarded_protocol
 from services.api.context import ApiContext
 from services.api.dashboard_routes import dashboard_events, load_static, static_response
 from services.api.errors import EXCEPTION_HANDLERS, error_for
@@ -137,13 +138,15 @@ async def _serve_on(
         if ready is not None:
             ready.set()
 
-    # httptools, not h11: parsing in C halves the loop's time per request, which keeps /healthz
-    # under 100 ms (p99) through a burst of 500 requests (tests/e2e/test_burst.py; h11: ~110-190 ms).
+    # httptools (the guarded protocol's base), not h11: parsing in C halves the loop's time per
+    # request, which keeps /healthz under 100 ms (p99) through a burst of 500 requests
+    # (tests/e2e/test_burst.py; h11: ~110-190 ms). A slow or silent client holds at most its own
+    # connection, and never the last descriptor (`services/api/connections.py`).
     uvicorn_config = uvicorn.Config(
         build_app(ctx),
         host=config.api_host,
         port=config.api_port,
-        http="httptools",
+        http=guarded_protocol(connection_budget()),
         log_level="warning",
         lifespan="off",
     )
