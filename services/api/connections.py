@@ -23,6 +23,7 @@ from typing import cast
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 HEADER_DEADLINE_SECONDS = 15.0  # to send a request's headers (nginx: client_header_timeout 60 s)
+BODY_DEADLINE_SECONDS = 30.0  # to send its body, once the headers came (`task_stream.read_body`: 408)
 # kept for what is not an HTTP connection, and for the connections asyncio accepts in one burst
 # before the oldest silent ones are closed: a quarter of the limit, at least 256
 RESERVED_SHARE, RESERVED_AT_LEAST = 4, 256

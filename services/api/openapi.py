@@ -75,10 +75,10 @@ def openapi_document() -> dict[str, Any]:
                 "post": {
                     "summary": "Create a chat completion",
                     "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
-                    # 500: the task failed on its runner (type task_failed); 503: no worker, or the log is full
+                    # 408: the body did not arrive in time; 500: the task failed on its runner (type task_failed); 503: no worker, or the log is full
                     "responses": {
                         "200": streamed(chat_completion, "chat.completion.chunk"),
-                        **errors(400, 404, 413, 500, 503),
+                        **errors(400, 404, 408, 413, 500, 503),
                     },
                 }
             },
@@ -88,7 +88,7 @@ def openapi_document() -> dict[str, Any]:
                     "requestBody": {"required": True, "content": {"application/json": {"schema": text_request}}},
                     "responses": {
                         "200": streamed(text_completion, "text_completion"),
-                        **errors(400, 404, 413, 500, 503),
+                        **errors(400, 404, 408, 413, 500, 503),
                     },
                 }
             },

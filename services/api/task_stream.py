@@ -32,6 +32,7 @@ from events.catalogue import (
 )
 from events.ids import KeyId, new_task_id
 from events.logprobs import TokenLogprob
+from services.api.connections import BODY_DEADLINE_SECONDS
 from services.api.context import ApiContext
 from services.api.errors import error_for, error_response, log_refused
 from services.api.hub import TaskEvents
@@ -99,17 +100,25 @@ async def admit(
     )
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, deadline_seconds: float = BODY_DEADLINE_SECONDS) -> bytes:
+    """The body, at most `limit` bytes, all of it within `deadline_seconds` (a body sent a byte at
+    a time would hold its connection for ever: 408)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestProblem(413, f"request body of {declared} bytes is over the limit of {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestProblem(413, f"request body is over the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        with anyio.fail_after(deadline_seconds):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise RequestProblem(413, f"request body is over the limit of {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestProblem(
+            408, f"request body not received within {deadline_seconds:g}s ({size} bytes came)", code="request_timeout"
+        ) from None
     return b"".join(chunks)
 
 

@@ -1,7 +1,8 @@
 """A silent or slow client holds at most its own connection (services/api/connections.py), tried
 on a real uvicorn server with the guarded protocol: partial headers are cut at the deadline, a
-client that sends its headers in time is served however long its request takes, and past the
-connection bound the connection that has waited longest for its headers makes room."""
+client that sends its headers in time is served however long its request takes, a body that
+trickles gets 408, and past the connection bound the connection that has waited longest for its
+headers makes room."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from services.api.connections import connection_budget, guarded_protocol
+from services.api.schemas import RequestProblem
+from services.api.task_stream import read_body
 
 pytestmark = pytest.mark.timeout(60)
 DEADLINE_S = 0.5
@@ -32,8 +35,8 @@ async def _slow(request: Request) -> PlainTextResponse:
 
 
 @asynccontextmanager
-async def serving(max_connections: int) -> AsyncIterator[int]:
-    app = Starlette(routes=[Route("/", _slow)])
+async def serving(max_connections: int, app: Starlette | None = None) -> AsyncIterator[int]:
+    app = app or Starlette(routes=[Route("/", _slow)])
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]
@@ -100,3 +103,25 @@ def test_the_budget_leaves_descriptors_for_everything_else() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert soft == min(hard, 1 << 16)  # raised
     assert budget == max(64, soft - max(256, soft // 4))
+
+
+async def _read_body_route(request: Request) -> PlainTextResponse:
+    try:
+        body = await read_body(request, limit=1_000_000, deadline_seconds=DEADLINE_S)
+    except RequestProblem as problem:
+        return PlainTextResponse(str(problem), status_code=problem.status)
+    return PlainTextResponse(f"{len(body)} bytes")
+
+
+async def test_a_body_sent_too_slowly_gets_408_and_the_connection_back() -> None:
+    """Headers in time, then the body a byte at a time: before, it held its connection for ever."""
+    app = Starlette(routes=[Route("/", _read_body_route, methods=["POST"])])
+    async with serving(1000, app) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(1000), DEADLINE_S * 4)
+        assert answer.startswith(b"HTTP/1.1 408") and b"not received within 0.5s (1 bytes came)" in answer
+        writer.close()
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            assert (await http.post("/", content=b"x" * 1000)).text == "1000 bytes"  # a body sent at once
