@@ -25,6 +25,7 @@ from events.fold import apply_live
 from events.origins import UP
 from events.stamp import Stamper
 from events.state import InstanceInfo, State
+from runner.heap import settle_heap
 from services.api.auth import ApiAccess, load_api_access
 from services.config import ConfigError, ResolvedConfig, log_settings
 from services.credentials import CredentialsError, embedded_server, endpoint_for
@@ -108,6 +109,7 @@ async def run_cluster(
             url = f"http://{config.api_host}:{config.api_port}"
             print(f"shoal: API at {url}/v1 (model {config.model!r}, {workers} worker(s)); warming up...", flush=True)
             instance = await wait_until_ready(log, config.model)
+            settle_heap()  # what the API and the model's tokenizer loaded, out of full collections' way
             print(
                 f"shoal: ready: instance {instance} serves {config.model!r} at {url}/v1; {access.describe()}",
                 flush=True,

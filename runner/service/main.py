@@ -33,6 +33,7 @@ from events.subjects import instance_subject
 from events.vocabulary import RunnerStatus, RunnerStatusCause
 from runner.engine.protocols import PhaseTracker
 from runner.flight.faults import FaultInjector
+from runner.heap import settle_heap
 from runner.ring_wait import RingInbound
 from runner.service.bridge import LogBridge, LogBridgeDown
 from runner.service.exit_codes import PEER_LOST_EXIT, is_peer_loss
@@ -151,6 +152,7 @@ def run(
         batch=continuous_batch(engine, phases),
         running=running,
     )
+    settle_heap()  # the model and its libraries stay loaded: a full collection mid-decode skips them
     server.status("ready")
     try:
         server.serve(stop)

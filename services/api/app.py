@@ -18,6 +18,7 @@ from starlette.routing import Route
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from eventlog.publish import LogError
+from runner.heap import settle_heap
 from services.api import chat, completions, routes
 from services.api.auth import ApiAccess, Caller, Need, Refusal, admit
 from services.api.browser import BrowserGuard, BrowserRules
@@ -134,6 +135,7 @@ async def _serve_on(
     ctx = ApiContext.on(log, resolved, served, access=access)
 
     def listening() -> None:
+        settle_heap()  # started: what is loaded now stays loaded, and full collections skip it
         logger.info("API listening on http://{}:{} ({})", config.api_host, config.api_port, access.describe())
         if ready is not None:
             ready.set()
@@ -174,7 +176,7 @@ def listen_socket(resolved: ResolvedConfig) -> socket.socket:
     config = resolved.config
     host, port = config.api_host, config.api_port
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio: TCP_NODELAY
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses it at once
     try:
         listener.bind((host, port))

@@ -36,8 +36,16 @@ async def _slow(request: Request) -> PlainTextResponse:
 
 @asynccontextmanager
 async def serving(max_connections: int, app: Starlette | None = None) -> AsyncIterator[int]:
+    async with server_on_port(max_connections, app) as (port, _server):
+        yield port
+
+
+@asynccontextmanager
+async def server_on_port(
+    max_connections: int, app: Starlette | None = None
+) -> AsyncIterator[tuple[int, uvicorn.Server]]:
     app = app or Starlette(routes=[Route("/", _slow)])
-    listener = socket.socket()
+    listener = socket.socket()  # protocol number 0, as a service manager may hand one over
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     config = uvicorn.Config(
@@ -48,7 +56,7 @@ async def serving(max_connections: int, app: Starlette | None = None) -> AsyncIt
     while not server.started:
         await asyncio.sleep(0.01)
     try:
-        yield port
+        yield port, server
     finally:
         server.should_exit = True
         await task
@@ -125,3 +133,16 @@ async def test_a_body_sent_too_slowly_gets_408_and_the_connection_back() -> None
         writer.close()
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
             assert (await http.post("/", content=b"x" * 1000)).text == "1000 bytes"  # a body sent at once
+
+
+async def test_every_connection_sends_its_response_without_waiting_for_an_ack() -> None:
+    """asyncio leaves Nagle on for a listener whose protocol number is 0: a kept-alive request's
+    body then waited 44 ms for the client's delayed ACK of the headers."""
+    async with server_on_port(max_connections=1000) as (port, server):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await reader.readuntil(b"ok")).startswith(b"HTTP/1.1 200")
+        (connection,) = server.server_state.connections
+        sock = connection.transport.get_extra_info("socket")  # pyright: ignore[reportAttributeAccessIssue]
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        writer.close()
