@@ -176,7 +176,7 @@ def listen_socket(resolved: ResolvedConfig) -> socket.socket:
     config = resolved.config
     host, port = config.api_host, config.api_port
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio: TCP_NODELAY
+    listener = socket.socket(family, socket.SOCK_STREAM)  # TCP_NODELAY: set per connection (connections.py)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses it at once
     try:
         listener.bind((host, port))
