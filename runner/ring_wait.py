@@ -46,10 +46,17 @@ def accepted_on(descriptors: Iterable[int], address: tuple[str, int]) -> list[so
     """Duplicates of the connected TCP sockets whose local end is `address` (ip, port)."""
     found: list[socket.socket] = []
     for fd in descriptors:
+        if any(fd == kept.fileno() for kept in found):
+            continue  # a duplicate this search made, which took a number later in the list
         try:
-            candidate = socket.socket(fileno=os.dup(fd))
+            duplicate = os.dup(fd)
         except OSError:
-            continue  # not a socket (or closed meanwhile)
+            continue  # closed meanwhile
+        try:
+            candidate = socket.socket(fileno=duplicate)
+        except OSError:
+            os.close(duplicate)  # not a socket: the duplicate is ours to close
+            continue
         try:
             candidate.getpeername()  # connected, not a listener
             matches = candidate.type == socket.SOCK_STREAM and candidate.getsockname()[:2] == address

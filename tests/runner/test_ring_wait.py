@@ -43,6 +43,39 @@ def test_accepted_on_finds_only_the_connection_accepted_on_the_address() -> None
             sock.close()
 
 
+def test_a_duplicate_the_search_made_is_not_found_again_under_its_own_number() -> None:
+    """The descriptors are listed before the search duplicates them: a duplicate takes the lowest
+    free number, which may come later in that list (the listing's own, closed, descriptor)."""
+    listener, client, accepted = _connected_pair()
+    probe = os.dup(0)
+    os.close(probe)  # the number the next duplicate will take
+    try:
+        found = accepted_on([accepted.fileno(), probe], listener.getsockname())
+        assert len(found) == 1
+        for sock in found:
+            sock.close()
+    finally:
+        for sock in (listener, client, accepted):
+            sock.close()
+
+
+def test_the_search_leaves_no_descriptor_of_its_own_open() -> None:
+    """Every descriptor it looks at is duplicated; a duplicate that is not a wanted socket (a
+    pipe, a file, a listener) is closed again, not left to the process for its lifetime."""
+    listener, client, accepted = _connected_pair()
+    reading, writing = os.pipe()
+    try:
+        before = sorted(os.listdir("/proc/self/fd"))
+        for _ in range(20):
+            assert accepted_on([reading, writing, listener.fileno(), client.fileno()], ("127.0.0.1", 1)) == []
+        assert sorted(os.listdir("/proc/self/fd")) == before
+    finally:
+        os.close(reading)
+        os.close(writing)
+        for sock in (listener, client, accepted):
+            sock.close()
+
+
 def test_wait_returns_when_bytes_come_and_gives_up_at_its_limit() -> None:
     listener, client, accepted = _connected_pair()
     inbound = RingInbound(accepted_on([accepted.fileno()], listener.getsockname()), limit_seconds=0.2)
