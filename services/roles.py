@@ -10,6 +10,7 @@ from typing import Protocol
 
 import msgspec
 
+from runner.heap import settle_heap
 from services.api.app import serve_api
 from services.api.auth import ApiAccess
 from services.config import ResolvedConfig, ShoalConfig, runner_settings
@@ -102,3 +103,19 @@ async def run_worker(
 async def run_api(resolved: ResolvedConfig, access: ApiAccess, ready: asyncio.Event | None = None) -> None:
     config = resolved.config
     await serve_api(resolved, access, served(config), endpoint_for(config, Identity("api")), ready)
+
+
+async def run_api_process(resolved: ResolvedConfig, access: ApiAccess) -> None:
+    """`shoal api`: the API, whose process freezes its heap once it listens (`runner/heap.py`).
+    The garbage collector is the process's, so the command settles it, not `run_api`: a process
+    that runs an API among other things (`shoal up`, a test) decides for itself."""
+    ready = asyncio.Event()
+
+    async def settle_when_listening() -> None:
+        await ready.wait()
+        settle_heap()
+
+    async with asyncio.TaskGroup() as group:
+        settling = group.create_task(settle_when_listening())
+        await run_api(resolved, access, ready)
+        settling.cancel()

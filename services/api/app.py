@@ -18,7 +18,6 @@ from starlette.routing import Route
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from eventlog.publish import LogError
-from runner.heap import settle_heap
 from services.api import chat, completions, routes
 from services.api.auth import ApiAccess, Caller, Need, Refusal, admit
 from services.api.browser import BrowserGuard, BrowserRules
@@ -135,7 +134,6 @@ async def _serve_on(
     ctx = ApiContext.on(log, resolved, served, access=access)
 
     def listening() -> None:
-        settle_heap()  # started: what is loaded now stays loaded, and full collections skip it
         logger.info("API listening on http://{}:{} ({})", config.api_host, config.api_port, access.describe())
         if ready is not None:
             ready.set()

@@ -105,7 +105,7 @@ def _serve(args: argparse.Namespace, role: str) -> int:
     runs: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
         "master": lambda: roles.run_master(resolved),
         "worker": lambda: roles.run_worker(resolved, node_id, host=args.host),
-        "api": lambda: roles.run_api(resolved, load_api_access(resolved)),
+        "api": lambda: roles.run_api_process(resolved, load_api_access(resolved)),
     }
     # A NATS outage, a refused write or a follow that ends costs a restart with backoff (logged as
     # degraded), never the process; only a configuration mistake, which no retry cures, ends it.
