@@ -72,15 +72,23 @@ class Proc:
         )
 
     def wait_for_line(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
+        """The first match of `pattern` in what the process printed (its stdout)."""
+        return self._wait_in(self.stdout_path, "line", pattern, timeout)
+
+    def wait_for_log_line(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
+        """The first match of `pattern` in the process's log (its stderr)."""
+        return self._wait_in(self.stderr_path, "log line", pattern, timeout)
+
+    def _wait_in(self, path: Path, what: str, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = pattern.search(self.stdout_path.read_text(errors="replace"))
+            found = pattern.search(path.read_text(errors="replace"))
             if found:
                 return found
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.tail()}")
             time.sleep(0.1)
-        raise TimeoutError(f"{self.name}: no line matching {pattern.pattern!r} within {timeout}s:\n{self.tail()}")
+        raise TimeoutError(f"{self.name}: no {what} matching {pattern.pattern!r} within {timeout}s:\n{self.tail()}")
 
     def tail(self, chars: int = 4000) -> str:
         return (self.stdout_path.read_text(errors="replace") + self.stderr_path.read_text(errors="replace"))[-chars:]
