@@ -5,8 +5,10 @@ At a concurrency C, C clients each stream `--requests-per-client` chat requests 
 another (fixed `max_tokens`, greedy). Per side and level: aggregate tokens/s over the level's
 wall time, TTFT and inter-token latency p50/p99, errors, 429s (refused beyond
 `max_queued_tasks`: counted, not errors), and for shoal the events its log stored per generated
-token. The sides of one level run one after another, their order rotating from level to level
-(`bench.rounds.rotated`), each after one warm-up request.
+token. The sides of one level run one after another, their order rotating
+(`bench.rounds.rotated`), each after one warm-up request; with `--rounds` R every level is run R
+times per side, and each ratio is taken per round (its median and range are reported), since one
+run's ratio on a shared machine moves by 0.1-0.3 from run to run.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ SIZED = (
     Sized("--models", ",".join(MODELS), "tiny", f"comma-separated models, of: {', '.join(MODELS)}", str),
     Sized("--requests-per-client", 2, 1, "requests each client sends, one after another"),
     Sized("--sides", ",".join(SIDES), ",".join(SIDES), "comma-separated sides to run", str),
+    Sized("--rounds", 3, 1, "times each level runs on each side (ratios are per round)"),
 )
 
 
@@ -54,16 +57,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     chosen = [s.strip() for s in str(settings["sides"]).split(",") if s.strip()]
     if unknown := set(chosen) - set(SIDES):
         raise SystemExit(f"shoal bench serve: unknown side(s) {sorted(unknown)}; known: {', '.join(SIDES)}")
-    figures: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
+    figures: dict[str, dict[str, dict[int, list[dict[str, Any]]]]] = {}
     with tempfile.TemporaryDirectory(prefix="shoal-bench-serve-") as root:
         for model in models:
             figures[model] = _one_model(Path(root), model, levels, chosen, settings, args.ready_timeout)
-    return _report(settings, figures, quick=bool(args.quick))
+    return report(settings, figures, quick=bool(args.quick))
 
 
 def _one_model(
     root: Path, model: str, levels: list[int], chosen: list[str], settings: dict[str, Any], ready_timeout: float
-) -> dict[str, dict[int, dict[str, Any]]]:
+) -> dict[str, dict[int, list[dict[str, Any]]]]:
+    """Per side, per level, one summary per round."""
     directory = model_dir(model, root / "data")
     home = root / model
     home.mkdir()
@@ -79,12 +83,15 @@ def _one_model(
         for shoal in shoals:
             shoal.cluster.wait_ready(ready_timeout)
         sides: dict[str, Side] = {side.name: side for side in (*anchors, *shoals)}
-        figures: dict[str, dict[int, dict[str, Any]]] = {name: {} for name in sides}
+        figures: dict[str, dict[int, list[dict[str, Any]]]] = {name: {c: [] for c in levels} for name in sides}
         for side in sides.values():  # warm-up: compile, allocate
             asyncio.run(run_level(side.base_url, str(directory), 1, 1, max_tokens))
-        for index, concurrency in enumerate(levels):
-            for name in rotated(list(sides), index):
-                figures[name][concurrency] = _measure(sides[name], str(directory), concurrency, settings)
+        turn = 0
+        for _ in range(int(settings["rounds"])):
+            for concurrency in levels:
+                for name in rotated(list(sides), turn):
+                    figures[name][concurrency].append(_measure(sides[name], str(directory), concurrency, settings))
+                turn += 1
     return figures
 
 
@@ -98,27 +105,29 @@ def _measure(side: Side, model: str, concurrency: int, settings: dict[str, Any])
     return summarize_level(served, wall, events_between(side, before))
 
 
-def _report(
-    settings: dict[str, Any], figures: dict[str, dict[str, dict[int, dict[str, Any]]]], quick: bool
+def report(
+    settings: dict[str, Any], figures: dict[str, dict[str, dict[int, list[dict[str, Any]]]]], quick: bool
 ) -> dict[str, Any]:
     measures: dict[str, Any] = {}
     comparisons: dict[str, Any] = {}
     targets: dict[str, Any] = {}
     for model, sides in figures.items():
         for side, levels in sides.items():
-            for concurrency, level in levels.items():
-                measures[f"{model}_{side}_c{concurrency}_tps"] = summarize([level["aggregate_tps"]], "tok/s")
+            for concurrency, rounds in levels.items():
+                measures[f"{model}_{side}_c{concurrency}_tps"] = summarize(
+                    [r["aggregate_tps"] for r in rounds], "tok/s"
+                )
         comparisons |= _ratios(model, sides)
         shoal_levels = [levels for side, levels in sides.items() if side.startswith("shoal_")]
         top = max((c for levels in shoal_levels for c in levels), default=None)
         if top is not None:
-            errors = sum(levels[top]["errors"] for levels in shoal_levels)
+            errors = sum(r["errors"] for levels in shoal_levels for r in levels[top])
             targets[f"{model}_shoal_errors_c{top}"] = target(errors, "<=", 0)
     for name, comparison in comparisons.items():
         bound = 0.9 if "2w_over_1w" in name else (6.0 if "over_1_stream" in name else 1.0)
         targets[name] = target(comparison["median"], ">=", bound)
-    tables = {
-        model: {side: {str(c): level for c, level in levels.items()} for side, levels in sides.items()}
+    tables = {  # every round's summary, in round order
+        model: {side: {str(c): rounds for c, rounds in levels.items()} for side, levels in sides.items()}
         for model, sides in figures.items()
     }
     return bench_result(
@@ -135,7 +144,7 @@ def _report(
     )
 
 
-def _ratios(model: str, sides: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
+def _ratios(model: str, sides: dict[str, dict[int, list[dict[str, Any]]]]) -> dict[str, Any]:
     """The issue's ratios at 16 concurrent clients (or the highest level run, if below), of the
     sides that ran."""
     one, two, anchor = (sides.get(name, {}) for name in ("shoal_1w", "shoal_2w", "mlx_lm_server"))
@@ -143,8 +152,8 @@ def _ratios(model: str, sides: dict[str, dict[int, dict[str, Any]]]) -> dict[str
         return {}
     level = 16 if 16 in one else max(one)
 
-    def tps(side: dict[int, dict[str, Any]], c: int) -> list[float]:
-        return [side[c]["aggregate_tps"]]
+    def tps(side: dict[int, list[dict[str, Any]]], c: int) -> list[float]:
+        return [r["aggregate_tps"] for r in side[c]]  # one per round: round i of two sides are paired
 
     out: dict[str, Any] = {}
     if anchor:
@@ -160,10 +169,11 @@ def _ratios(model: str, sides: dict[str, dict[int, dict[str, Any]]]) -> dict[str
     return out
 
 
-def _all_answered(figures: dict[str, dict[str, dict[int, dict[str, Any]]]]) -> bool:
+def _all_answered(figures: dict[str, dict[str, dict[int, list[dict[str, Any]]]]]) -> bool:
     return all(
         level["served"] + level["refused_429"] + level["errors"] == level["requests"]
         for sides in figures.values()
         for levels in sides.values()
-        for level in levels.values()
+        for rounds in levels.values()
+        for level in rounds
     )
