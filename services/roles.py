@@ -115,7 +115,8 @@ async def run_api_process(resolved: ResolvedConfig, access: ApiAccess) -> None:
         await ready.wait()
         settle_heap()
 
-    async with asyncio.TaskGroup() as group:
-        settling = group.create_task(settle_when_listening())
+    settling = asyncio.create_task(settle_when_listening())
+    try:  # not a task group: the API's own error (a port in use: `ConfigError`) goes out unwrapped
         await run_api(resolved, access, ready)
+    finally:
         settling.cancel()

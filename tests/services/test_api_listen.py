@@ -4,6 +4,8 @@ and what to do, raised before uvicorn (whose own bind failure calls sys.exit ins
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -35,3 +37,21 @@ def test_a_free_port_is_bound_for_uvicorn() -> None:
         assert listener.getsockname() == ("127.0.0.1", port)
     finally:
         listener.close()
+
+
+@pytest.mark.timeout(60)
+def test_shoal_api_on_a_port_in_use_says_so_in_one_line_and_exits_1() -> None:
+    """The command's own outcome: the message and exit 1, never a traceback (an exception group
+    around the ConfigError would slip past the command's handler)."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        argv = [sys.executable, "-m", "services.cli", "api", "--port", str(port), "--nats-url", "nats://127.0.0.1:1"]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=50)
+    finally:
+        holder.close()
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert f"api_port={port}" in done.stderr and "already in use" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
