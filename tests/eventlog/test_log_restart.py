@@ -15,6 +15,7 @@ from eventlog.client import CLOSE_FLUSH_SECONDS
 from eventlog.log import EventLog
 from events.synthetic import synthetic_history
 from services.nats import EmbeddedNats
+from tests.freeze import freeze
 
 
 async def test_follow_across_a_server_restart_loses_and_repeats_nothing(
@@ -70,7 +71,7 @@ async def test_close_does_not_wait_on_a_frozen_server(make_nats: Callable[..., E
     await log.append(synthetic_history(1)[0])
     await asyncio.wait_for(follow, 10)
     assert server.pid is not None
-    os.kill(server.pid, signal.SIGSTOP)
+    freeze(server.pid)
     try:
         started = time.monotonic()
         await asyncio.wait_for(log.close(), 30)

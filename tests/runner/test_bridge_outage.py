@@ -24,6 +24,7 @@ from runner.service.bridge import LogBridge
 from services.nats import EmbeddedNats
 from services.ops.delivery import delivery_problems
 from tests.events.builders import Events
+from tests.freeze import freeze
 
 pytestmark = pytest.mark.timeout(90)
 RETRY_S = 1.0  # an append gives up after this; the outages below last several times longer
@@ -108,7 +109,7 @@ async def test_an_outage_past_the_backlog_fails_the_task_loudly_and_never_comple
     server, ev = make_nats("paused"), Events()
     log, bridge = await _running_task(server, ev, limit=3)
     assert server.pid is not None
-    os.kill(server.pid, signal.SIGSTOP)
+    freeze(server.pid)
     try:
         for i, word in enumerate(WORDS):
             bridge.publish(ev.chunk("t1", index=i, text=word))
@@ -163,7 +164,7 @@ async def test_chunks_queued_while_the_log_is_paused_go_out_coalesced_with_the_s
     assert server.pid is not None
     chunks = [ev.chunk("t1", index=i, text=word) for i, word in enumerate(WORDS)]
     try:
-        os.kill(server.pid, signal.SIGSTOP)
+        freeze(server.pid)
         try:
             for chunk in chunks:
                 bridge.publish(chunk)
