@@ -113,12 +113,13 @@ class RunnerSettings(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # whatever it carries, out of the batch's own forward; one per row per step gave 16 clients of the
     # tiny model 3.8x a single stream's rate, 4 per round 5.4x (tokens then arrive in fours at 16 rows).
     batch_chunk_events_per_round: BatchChunkEventsPerRound = 4
-    # 8 ms: a stream faster than 125 tokens/s (a small model, a fast machine) sends its tokens in twos
-    # or threes, which a reader cannot tell from one at a time; each event costs ~1 ms of CPU across
-    # the runner's bridge, NATS and the API on a 2-core machine, taken from the forward (`shoal bench
-    # e2e`: 1 worker's decode rate vs bare mlx-lm 0.82-0.86 at 0, 0.89-0.94 at 8 ms, one run each).
-    # A stream of 40 ms per token still sends every token.
-    stream_chunk_min_interval_seconds: StreamChunkMinIntervalSeconds = 0.008
+    # 25 ms (40 updates a second, smoother than a reader can follow): a stream faster than that (a
+    # small model, a fast machine) sends its tokens in twos or threes; one slower than 40 tokens/s
+    # sends every token. Each event costs ~2 ms of CPU across the runner's bridge, NATS, the API and
+    # the client on a 2-core machine, taken from the forward (tiny model, 1 worker's decode rate vs
+    # bare mlx-lm, interleaved in one run of 30 rounds: 0.87 at 8 ms, 1.01 at 25 ms; another run 0.85
+    # at 8 ms, 0.94 at 20 ms, 0.97 at 33 ms).
+    stream_chunk_min_interval_seconds: StreamChunkMinIntervalSeconds = 0.025
     # 1 GiB per rank: ~8 conversations of 2,000 tokens of a 7B model (128 KiB of KV per token, fp16)
     # if one rank held every layer; more on a split model, thousands on a small one.
     prefix_cache_bytes: PrefixCacheBytes = 1 << 30
