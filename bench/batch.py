@@ -132,7 +132,10 @@ def _job(model_dir: Path, world: int, settings: dict[str, Any], plan: list[dict[
     return {
         "model_dir": str(model_dir),
         "layer_ranges": even_split(read_model_info(model_dir).n_layers, world),
-        "settings": {"prefill_step_size": settings["step"]},
+        # Every token reaches the sink as it is decoded: the inter-token times are the schedule's,
+        # not those of a fast stream's chunks held to `stream_chunk_min_interval_seconds` (25 ms,
+        # longer than a step of 4 tiny streams here), which would quantize both sides' gaps.
+        "settings": {"prefill_step_size": settings["step"], "stream_chunk_min_interval_seconds": 0.0},
         "warmup": True,
         "tasks": plan,
     }
