@@ -71,7 +71,7 @@ def test_folder_equals_the_sequential_fold_at_every_read(
     events, poisoned = log
     folder = Folder()
     reads = range(read_every, len(events) + 1, read_every)
-    compared = set(reads[:: max(1, len(reads) // COMPARED_READS)])  # each comparison folds from the start
+    compared = set(reads[:: max(1, -(-len(reads) // COMPARED_READS))])  # each comparison folds from the start
     for i, (seq, event) in enumerate(events, start=1):
         folder.add(seq, event)
         if i % read_every == 0:  # reading .state mid-way must not change what follows
