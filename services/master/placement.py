@@ -2,12 +2,15 @@
 
 Layers are split in proportion to each node's memory, with at least one layer per node, so a
 bigger node carries more of the model. Ports are the lowest free ones at or above the base on
-each host, given the instances still alive there.
+each host, given the instances still alive there and the model's newest placements that never got
+ready: a port another program holds (a long-lived connection's ephemeral port, say) fails every
+placement that takes it, so the next attempt takes other ones.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 
 import msgspec
@@ -70,10 +73,44 @@ def used_ports(state: State) -> dict[str, set[int]]:
     for inst in state.instances.values():
         if inst.retired:
             continue
-        for host_port in inst.ring_hosts:
-            host, _, port = host_port.rpartition(":")
-            used.setdefault(host, set()).add(int(port))
+        for host, port in _host_ports(inst):
+            used.setdefault(host, set()).add(port)
     return used
+
+
+FAILED_PORTS_REMEMBERED = 8  # placements in the failure streak whose ports the next one avoids
+
+
+def ports_of_failed_placements(state: State, model: str) -> dict[str, set[int]]:
+    """The ring ports of the model's newest placements in a row that never got ready (at most
+    `FAILED_PORTS_REMEMBERED` of them, so a model failing for another reason never walks its ports
+    far from the base). One ready placement ends the streak, and its ports are free again."""
+    avoided: dict[str, set[int]] = {}
+    for instance in _failure_streak(state, model)[:FAILED_PORTS_REMEMBERED]:
+        for host, port in _host_ports(instance):
+            avoided.setdefault(host, set()).add(port)
+    return avoided
+
+
+def _failure_streak(state: State, model: str) -> list[InstanceInfo]:
+    """The model's retired placements that never got ready, newest first, up to the newest one that
+    did (or is still alive); stopped ones are skipped, as in `placement_failures`."""
+    streak: list[InstanceInfo] = []
+    for instance in sorted(state.instances.values(), key=lambda i: -i.placed_seq):
+        if instance.model != model or _stopped(instance):
+            continue
+        if instance.became_ready_at or not instance.retired:
+            break
+        streak.append(instance)
+    return streak
+
+
+def _host_ports(instance: InstanceInfo) -> list[tuple[str, int]]:
+    pairs: list[tuple[str, int]] = []
+    for host_port in instance.ring_hosts:
+        host, _, port = host_port.rpartition(":")
+        pairs.append((host, int(port)))
+    return pairs
 
 
 def nodes_up(state: State) -> list[NodeInfo]:
@@ -87,6 +124,8 @@ def plan_instance(state: State, model: str, layers: int, *, base_port: int, max_
     nodes = nodes[: min(len(nodes), layers)]
     ranges = split_layers(layers, [n.memory_bytes for n in nodes])
     taken = used_ports(state)
+    for host, ports in ports_of_failed_placements(state, model).items():
+        taken.setdefault(host, set()).update(ports)
     ring_hosts: list[str] = []
     for node in nodes:
         host_taken = taken.setdefault(node.host, set())
@@ -140,18 +179,16 @@ def placement_failures(state: State, model: str, *, after_seq: int = 0) -> Place
     model's fault, and neither is anything before `after_seq` (a fresh master forgives the past)
     or before the newest node (re)joined (new capacity is worth a new attempt)."""
     joined_at = max((n.changed_at for n in nodes_up(state)), default=0)
-    count, newest = 0, None
-    for instance in sorted(state.instances.values(), key=lambda i: -i.placed_seq):
-        if instance.model != model or _stopped(instance):
-            continue
-        if instance.became_ready_at or not instance.retired:
-            break
-        if instance.placed_seq <= after_seq or instance.placed_at < joined_at:
-            break
-        count, newest = count + 1, newest or instance
-    if newest is None:
+    counted = list(
+        itertools.takewhile(
+            lambda instance: instance.placed_seq > after_seq and instance.placed_at >= joined_at,
+            _failure_streak(state, model),
+        )
+    )
+    if not counted:
         return PlacementFailures()
-    return PlacementFailures(count=count, last_at=newest.retired_at, last_reason=newest.retire_reason)
+    newest = counted[0]
+    return PlacementFailures(count=len(counted), last_at=newest.retired_at, last_reason=newest.retire_reason)
 
 
 def _stopped(instance: InstanceInfo) -> bool:
