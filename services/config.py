@@ -50,6 +50,7 @@ from events.state import FINISHED_TASKS_KEPT
 from services.config_files import find_yaml, read_yaml
 from services.config_values import REDACTED, ConfigError, DeclaredFields
 from services.master.lease import DEFAULT_LEASE_SECONDS
+from services.master.placement import DEFAULT_RING_BASE_PORT
 
 ENV_PREFIX = "SHOAL_"
 ENV_NOT_SETTINGS = frozenset({"SHOAL_CONFIG", IDENTITY_ENV})  # SHOAL_* variables that are not settings
@@ -116,7 +117,7 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
             description="lowest TCP port the master gives an instance's ring on a host (the next free one is "
             "taken per instance); two clusters sharing hosts need ranges of their own",
         ),
-    ] = 52100
+    ] = DEFAULT_RING_BASE_PORT
     api_host: Annotated[str, _NON_EMPTY, Meta(description="address the OpenAI-compatible API binds")] = "127.0.0.1"
     api_port: Annotated[int, Meta(ge=1, le=65535, description="port of the OpenAI-compatible API")] = 8000
     api_keys: Annotated[

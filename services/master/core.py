@@ -40,6 +40,7 @@ from events.state import InstanceInfo, State, TaskInfo
 from events.subjects import model_token
 from events.vocabulary import RetireCause
 from services.master.placement import (
+    DEFAULT_RING_BASE_PORT,
     PlacementError,
     PlacementFailures,
     RetryPolicy,
@@ -62,7 +63,7 @@ class ModelCatalog(Protocol):
 
 class MasterPolicy(msgspec.Struct, frozen=True, kw_only=True):
     runner_settings: RunnerSettings = msgspec.field(default_factory=RunnerSettings)  # what each placed rank runs with
-    ring_base_port: int = 52100
+    ring_base_port: int = DEFAULT_RING_BASE_PORT
     max_nodes_per_instance: int = 8
     default_model: str | None = None  # kept placed once enough nodes joined (shoal up)
     min_nodes_for_default: int = 1

@@ -20,6 +20,10 @@ from events.ids import InstanceId, NodeId
 from events.state import InstanceInfo, NodeInfo, State
 from services.supervise import Backoff
 
+# Below every common kernel's ephemeral range (Linux 32768-60999, macOS and Windows 49152-65535), so an
+# outgoing connection's port is never where the master looks first.
+DEFAULT_RING_BASE_PORT = 29100
+
 
 class PlacementError(Exception):
     """A model cannot be placed on the nodes that are up; the message says why and what to do."""

@@ -1,8 +1,8 @@
 """A ring port another program holds on the host does not keep the model from loading: the first
 placement fails to bind it, and the retry takes other ports (docs/ARCHITECTURE.md §5). Before, every
 retry took the same lowest free port and failed the same way, for good: a long-lived connection's
-ephemeral port (the default base, 52100, lies in Linux's ephemeral range) kept a cluster from ever
-serving."""
+ephemeral port (the default base was 52100, inside Linux's ephemeral range) kept a cluster from
+ever serving."""
 
 from __future__ import annotations
 

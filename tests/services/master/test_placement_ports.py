@@ -1,5 +1,5 @@
 """Ring ports after failed placements: a port another program holds on a host (a long-lived
-connection's ephemeral port: the default base, 52100, lies in Linux's ephemeral range) fails every
+connection's ephemeral port, when the base lies in the kernel's ephemeral range) fails every
 placement that takes it, so the next attempt takes other ports; a ready placement ends the streak,
 and the ports never walk far from the base. Table tests over the master core, on a fake clock."""
 
