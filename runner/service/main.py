@@ -69,8 +69,21 @@ def join_group(placed: InstancePlaced, rank: int) -> Any:
     os.environ["MLX_HOSTFILE"] = str(hostfile)
     try:
         return mx.distributed.init(backend="ring", strict=True)
+    except RuntimeError as exc:
+        raise RuntimeError(ring_failure(str(exc), list(placed.ring_hosts), rank)) from exc
     finally:
         hostfile.unlink(missing_ok=True)
+
+
+def ring_failure(error: str, ring_hosts: list[str], rank: int) -> str:
+    """mlx's ring error, with what to do when it is this rank's own port that is taken."""
+    if "Couldn't bind socket" not in error:
+        return error
+    return (
+        f"{error}: ring port {ring_hosts[rank]} of rank {rank} is held by another program on this host "
+        "(the master's next placement takes other ports; a cluster that keeps meeting one should set "
+        "ring_base_port to a range of its own)"
+    )
 
 
 def make_request_factory() -> Any:
