@@ -4,12 +4,16 @@
 - `nats_url`: its URL.
 - `event_log`: an `EventLog` on that server with both streams deleted and recreated, closed after.
 - `make_nats`: a factory for extra servers a test owns (stopped at the end), e.g. to restart one.
+- `compiled_bytecode` (autouse): every module's bytecode written once, where Python writes none.
 
 Every test has a timeout (pyproject: pytest-timeout, 120 s by default).
 """
 
 from __future__ import annotations
 
+import compileall
+import site
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +21,22 @@ import pytest
 
 from eventlog.log import EventLog
 from services.nats import EmbeddedNats
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("events", "eventlog", "services", "runner", "bench", "tests")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compiled_bytecode() -> None:
+    """Where PYTHONDONTWRITEBYTECODE is set (this machine, CI) Python writes no bytecode, so each of
+    the suite's hundreds of processes (`shoal up`, every runner and service, CLI calls) compiled
+    mlx-lm, transformers and shoal from source at its start: 1-2 s of CPU each. `compileall` writes
+    it regardless, once (a later session skips what is up to date); Python checks every .pyc
+    against its source, so an edited module never runs stale."""
+    if not sys.flags.dont_write_bytecode:
+        return  # Python writes it as it imports
+    for root in [*(ROOT / package for package in PACKAGES), *map(Path, site.getsitepackages())]:
+        compileall.compile_dir(root, quiet=2, workers=0)
 
 
 @pytest.fixture(scope="session")

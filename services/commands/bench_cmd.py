@@ -54,12 +54,11 @@ SKIPPED_IN_COMMAND = {"json", "record", "handler", "bench", "command"}
 
 def register(subparsers: Any) -> None:
     bench = subparsers.add_parser("bench", help="run a benchmark and print one JSON object")
-    names = bench.add_subparsers(dest="bench", metavar="NAME", required=True)
+    names = bench.add_subparsers(dest="bench", metavar="NAME", required=True, parser_class=_BenchParser)
     parsers: dict[str, argparse.ArgumentParser] = {}
     for name, help_text in BENCHES.items():
-        parser = names.add_parser(name, help=help_text)
+        parser = names.add_parser(name, help=help_text, bench_module=name)
         _add_common(parser)
-        _load(name).add_arguments(parser)
         parser.set_defaults(handler=partial(_run_one, name, parser))
         parsers[name] = parser
     every = names.add_parser("all", help="every bench the README quotes, one after another")
@@ -80,6 +79,35 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 def _load(name: str) -> Any:
     return importlib.import_module(f"bench.{name}")
+
+
+class _BenchParser(argparse.ArgumentParser):
+    """A bench's parser, which imports `bench/<name>.py` for its arguments only once it parses or
+    prints help: every other `shoal` command (`shoal up` first) starts without importing the benches
+    and what they import (openai, httpx: about a second of every start)."""
+
+    def __init__(self, *args: Any, bench_module: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._bench_module = bench_module
+
+    def parse_known_args(  # pyright: ignore[reportIncompatibleMethodOverride]  # typeshed's three overloads, in one
+        self, args: Any = None, namespace: Any = None
+    ) -> Any:
+        self._add_bench_arguments()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._add_bench_arguments()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        self._add_bench_arguments()
+        return super().format_usage()
+
+    def _add_bench_arguments(self) -> None:
+        if self._bench_module is not None:
+            name, self._bench_module = self._bench_module, None
+            _load(name).add_arguments(self)
 
 
 def _measure(name: str, parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
