@@ -21,6 +21,7 @@ import httpx
 import msgspec
 import openai
 
+from bench.tiny_seed import seed_tiny
 from eventlog.endpoint import NatsEndpoint
 
 READY = re.compile(r"shoal: ready: instance (\S+)")
@@ -147,6 +148,8 @@ class Cluster:
         self.env.setdefault("SHOAL_RING_BASE_PORT", str(free_ring_base_port()))
         for key, value in settings.items():
             self.env[f"SHOAL_{key.upper()}"] = value
+        if self.env.get("SHOAL_MODEL", "tiny") == "tiny":
+            seed_tiny(Path(self.env["SHOAL_DATA_DIR"]))  # not built again by every start (bench/tiny_seed.py)
         scheme = "tls" if self.env.get("SHOAL_NATS_TLS_CERT") else "nats"  # the embedded server serves TLS then
         self.nats_url = f"{scheme}://127.0.0.1:{self.nats_port}"
         argv = shoal_argv(
