@@ -11,22 +11,74 @@ the 151 bytes of the request sat unread in its socket, and the loop yielded at o
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import shutil
 import subprocess
 import sys
 import threading
 import time
 import traceback
+import warnings
 
 import httpx
 
+SLOW_SECONDS = 5.0  # what the test's client once allowed: a first request slower than this is reported
 
-async def get_or_diagnose(http: httpx.AsyncClient, path: str, port: int) -> httpx.Response:
-    """`GET path`; a transport failure is re-raised with what the port and process looked like."""
+
+async def get_or_diagnose(http: httpx.AsyncClient, path: str, port: int, timeout: float = 30.0) -> httpx.Response:
+    """`GET path`, allowing `timeout`; a transport failure is re-raised with what the port and
+    process looked like, and an answer slower than `SLOW_SECONDS` is reported as a warning with
+    the longest stall of this event loop and the garbage collections while it waited.
+
+    The third failure fits a stalled loop, not a lost request: client and API share this loop, so
+    after a stall of 5 s the client's timeout fired in the same iteration as the accept, and the
+    API's reader was added only after the failure was being diagnosed (hence 151 bytes unread)."""
+    stalls = _StallWatch()
+    started = time.monotonic()
     try:
-        return await http.get(path)
+        response = await http.get(path, timeout=timeout)
     except httpx.TransportError as exc:
-        raise AssertionError(f"GET {path} on port {port} failed: {exc!r}\n{await diagnosis(port)}") from exc
+        said = f"GET {path} on port {port} failed: {exc!r}; {stalls.stop()}\n{await diagnosis(port)}"
+        raise AssertionError(said) from exc
+    took = time.monotonic() - started
+    watched = stalls.stop()
+    if took > SLOW_SECONDS:
+        warnings.warn(f"GET {path} took {took:.1f} s; {watched}", stacklevel=2)
+    return response
+
+
+class _StallWatch:
+    """The longest gap between this loop's 10 ms ticks, and the garbage collections meanwhile."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self.collections: list[tuple[int, float]] = []  # (generation, seconds)
+        self._gc_started = 0.0
+        gc.callbacks.append(self._on_gc)
+        self._ticker = asyncio.get_running_loop().create_task(self._tick())
+
+    async def _tick(self) -> None:
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(0.01)
+            self.longest = max(self.longest, time.monotonic() - before - 0.01)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self.collections.append((info["generation"], time.perf_counter() - self._gc_started))
+
+    def stop(self) -> str:
+        self._ticker.cancel()
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._on_gc)
+        slowest = max(self.collections, key=lambda c: c[1], default=(0, 0.0))
+        return (
+            f"the loop's longest stall {self.longest * 1000:.0f} ms; {len(self.collections)} collections, "
+            f"the slowest (generation {slowest[0]}) {slowest[1] * 1000:.0f} ms"
+        )
 
 
 async def diagnosis(port: int) -> str:

@@ -133,12 +133,18 @@ async def test_healthz_says_degraded_with_503_while_the_api_cannot_reach_its_log
 
 async def _healthz_until(http: httpx.AsyncClient, status: int, timeout: float = 20.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
+    last: object = None
     while time.monotonic() < deadline:
-        response = await http.get("/healthz")
+        try:
+            response = await http.get("/healthz")
+        except httpx.TimeoutException as exc:  # a stalled loop (see first_request.py), not an answer
+            last = exc
+            continue
         if response.status_code == status:
             return response.json()
+        last = response.status_code
         await asyncio.sleep(0.1)
-    raise TimeoutError(f"/healthz never answered {status} within {timeout}s")
+    raise TimeoutError(f"/healthz never answered {status} within {timeout}s (last: {last!r})")
 
 
 async def _poll_healthz(port: int, *, until: Callable[[], bool], timeout: float) -> list[int]:
