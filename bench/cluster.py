@@ -32,7 +32,7 @@ def free_ring_base_port() -> int:
     it per host), so clusters started side by side on one machine never share a ring port. It lies
     below the kernel's ephemeral range: a port in it can be taken by any outgoing connection (a
     NATS client's, say) between this check and the ring's bind, and then held for good."""
-    ephemeral_low = _ephemeral_ports()[0]
+    ephemeral_low = _lowest_ephemeral_port()
     for _ in range(100):
         base = random.randrange(10_000, max(ephemeral_low - 16, 10_016), 16)
         if all(_bindable(port) for port in range(base, base + 16)):
@@ -40,12 +40,11 @@ def free_ring_base_port() -> int:
     raise RuntimeError("no free block of 16 ports for a ring")
 
 
-def _ephemeral_ports() -> tuple[int, int]:
+def _lowest_ephemeral_port() -> int:
     try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32_768, 60_999  # Linux's default
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
 
 
 def _bindable(port: int) -> bool:

@@ -37,9 +37,9 @@ def is_hub_model(model: str) -> bool:
 def existing_model_dir(model: str) -> Path | None:
     """The model's directory if it is on this machine already; never builds or downloads anything."""
     if model == "tiny":
-        from runner.models.tiny import TinySpec, data_dir
+        from runner.models.tiny import TinySpec, data_dir, tiny_dir
 
-        path = data_dir() / "models" / f"tiny-{TinySpec().params_hash()}"
+        path = tiny_dir(data_dir() / "models", TinySpec())
     elif is_hub_model(model):
         path = cached_snapshot(model)
         if path is None:

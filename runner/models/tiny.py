@@ -92,14 +92,18 @@ def data_dir() -> Path:
     return Path.home() / ".cache" / "shoal"
 
 
-def cached_tiny(spec: TinySpec | None = None) -> Path:
-    """The `tiny` keyword: the cached make-tiny directory, built on first use.
+def tiny_dir(models_dir: Path, spec: TinySpec) -> Path:
+    """Where the tiny model of `spec` lies in a models directory."""
+    return models_dir / f"tiny-{spec.params_hash()}"
+
+
+def built_tiny(models_dir: Path, spec: TinySpec) -> Path:
+    """`tiny_dir(models_dir, spec)`, built there first if it is not.
 
     Built in a sibling temp dir and renamed into place, so concurrent first uses never see a
     half-written model.
     """
-    spec = spec or TinySpec()
-    target = data_dir() / "models" / f"tiny-{spec.params_hash()}"
+    target = tiny_dir(models_dir, spec)
     if (target / "model.safetensors").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -113,3 +117,8 @@ def cached_tiny(spec: TinySpec | None = None) -> Path:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def cached_tiny(spec: TinySpec | None = None) -> Path:
+    """The `tiny` keyword: the make-tiny directory under the data dir, built on first use."""
+    return built_tiny(data_dir() / "models", spec or TinySpec())

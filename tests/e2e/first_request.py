@@ -33,7 +33,7 @@ async def get_or_diagnose(http: httpx.AsyncClient, path: str, port: int, timeout
     once more on a new connection, whose failure fails the test; an answer slower than
     `SLOW_SECONDS` is reported with the longest stall of this event loop and the collections.
 
-    Three failures in full suites so far, never alone: the API accepted the connection and its
+    Four failures in full suites so far, never alone: the API accepted the connection and its
     protocol armed the header deadline, but the request's bytes sat unread in the socket while
     the loop ran promptly, until the deadline closed it (ReadError after 15 s) or the client gave
     up (ReadTimeout, 5 s); once a ConnectError. A socket whose reader the selector lists but the

@@ -137,7 +137,7 @@ async def _healthz_until(http: httpx.AsyncClient, status: int, timeout: float = 
     while time.monotonic() < deadline:
         try:
             response = await http.get("/healthz")
-        except httpx.TimeoutException as exc:  # a stalled loop (see first_request.py), not an answer
+        except httpx.TimeoutException as exc:  # a request never read (see first_request.py): not an answer
             last = exc
             continue
         if response.status_code == status:
