@@ -10,7 +10,7 @@ model repeat forever, and compact JSON parses the same. A forced tool call is wr
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, assert_never
 
 import llguidance
@@ -48,7 +48,22 @@ def check_grammar(grammar: str) -> None:
 
 
 def _from_schema(schema: dict[str, Any]) -> str:
-    return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults={"whitespace_flexible": False})
+    return _built(
+        lambda: llguidance.LLMatcher.grammar_from_json_schema(
+            json.dumps(schema), defaults={"whitespace_flexible": False}
+        )
+    )
+
+
+def _built(build: Callable[[], str]) -> str:
+    """llguidance's refusal to build a grammar (a schema nested past its limit, say) is the
+    request's fault, as one it refuses to compile."""
+    try:
+        return build()
+    except (ValueError, RecursionError) as exc:
+        raise GrammarError(
+            f"llguidance cannot build a grammar from it: {exc} (nested too deeply? flatten the schema)"
+        ) from exc
 
 
 def _decode_schema(text: str, where: str) -> dict[str, Any]:
@@ -80,4 +95,4 @@ def _call_schema(tool: ToolFunction) -> dict[str, Any]:
 def _tool_call_grammar(calls: list[dict[str, Any]]) -> str:
     schema = {"anyOf": calls, "x-guidance": _COMPACT}
     lark = f"start: {json.dumps(TOOL_CALL_START)} call {json.dumps(TOOL_CALL_END)}\ncall: %json {json.dumps(schema)}\n"
-    return llguidance.LLMatcher.grammar_from_lark(lark)
+    return _built(lambda: llguidance.LLMatcher.grammar_from_lark(lark))

@@ -91,6 +91,9 @@ async def _answer(handler: Handler, request: Request, ctx: ApiContext, caller: C
         return await handler(request, ctx)
     except (RequestProblem, LogError) as exc:
         return error_for(exc)
+    except Exception as exc:  # a bug: answered here, so it is counted and the connection stays open
+        logger.exception("{} {} failed", request.method, request.url.path)
+        return error_for(exc)
 
 
 def _middleware(config: ShoalConfig) -> list[Middleware]:

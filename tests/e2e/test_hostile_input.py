@@ -95,6 +95,7 @@ def hostile_requests(model: str) -> dict[str, dict[str, Any]]:
             "json": {**ok, "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}
         },
         "body over the limit": {"content": b" " * 1_100_000, "headers": {"content-type": "application/json"}},
+        "schema nested past the grammar's limit": {"json": {**ok, "response_format": _deep_schema_format(150)}},
         **{f"unsupported {name}": {"json": {**ok, name: {"not": "default"}}} for name in UNSUPPORTED_PARAMS},
     }
     return {name: {"method": "POST", "url": "/v1/chat/completions", **kw} for name, kw in requests.items()} | {
@@ -103,6 +104,13 @@ def hostile_requests(model: str) -> dict[str, dict[str, Any]]:
         "unknown route": {"method": "GET", "url": "/v1/nothing"},
         "wrong method": {"method": "DELETE", "url": "/v1/chat/completions"},
     }
+
+
+def _deep_schema_format(depth: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return {"type": "json_schema", "json_schema": {"name": "deep", "schema": schema}}
 
 
 HOSTILE = sorted(hostile_requests("m"))

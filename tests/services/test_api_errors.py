@@ -19,6 +19,7 @@ import pytest
 
 from eventlog.log import EventLog
 from events.subjects import EVENTS_STREAM
+from services.api import chat as chat_route
 from services.api.app import build_app
 from services.api.auth import ApiAccess
 from services.api.context import ApiContext
@@ -69,6 +70,23 @@ async def test_an_unknown_route_or_method_is_an_openai_error(api: Api) -> None:
     async with api() as (_ctx, client):
         assert openai_error(await client.get("/v2/nothing"), 404)["code"] == "not_found"
         assert openai_error(await client.delete("/v1/models"), 405)["code"] == "method_not_allowed"
+
+
+async def test_a_bug_in_a_route_is_a_500_openai_error_counted_like_any_answer(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Answered by the route's own wrapper, not by the server's outermost layer (which re-raises,
+    so uvicorn closes the connection: a client reusing it met a reset)."""
+
+    async def broken(request: object, ctx: object) -> None:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(chat_route, "chat_completions", broken)
+    async with api() as (ctx, client):
+        response = await client.post("/v1/chat/completions", json={"model": "tiny", "messages": []})
+        error = openai_error(response, 500)
+        assert error["code"] == "internal_error" and "ValueError" in error["message"]
+        assert ctx.metrics.requests[("chat", 500)] == 1
 
 
 @pytest.mark.parametrize("task_id", ["a.b", "a b", "*", ">", "x" * 129, "task\u00e9"])

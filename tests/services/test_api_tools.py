@@ -60,6 +60,25 @@ def test_impossible_constraints_are_400(fields: dict[str, object], param: str, s
     assert raised.value.status == 400 and raised.value.param == param
 
 
+def _nested(depth: int) -> str:
+    return '{"type": "array", "items": ' * depth + '{"type": "string"}' + "}" * depth
+
+
+@pytest.mark.parametrize("depth", [150, 990])
+def test_a_schema_nested_too_deep_for_a_grammar_is_400_not_a_crash(depth: int) -> None:
+    """llguidance stops at a nesting limit and Python at its recursion limit (while decoding the
+    body, when the stack is deeper): either way the request is refused with what to fix."""
+    schema = _nested(depth)
+    deep_format = f'"response_format": {{"type": "json_schema", "json_schema": {{"name": "deep", "schema": {schema}}}}}'
+    deep_tool = f'"tools": [{{"type": "function", "function": {{"name": "f", "parameters": {schema}}}}}]'
+    for fields, param in ((deep_format, "response_format"), (deep_tool + ', "tool_choice": "required"', "tools")):
+        body = '{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], ' + fields + "}"
+        with pytest.raises(RequestProblem, match=r"nested|cannot constrain") as raised:
+            to_task(decode_chat_request(body.encode()), max_tokens_limit=100)
+        assert raised.value.status == 400, raised.value
+        assert raised.value.param == param or (depth > 150 and raised.value.param is None), raised.value
+
+
 def test_assistant_tool_calls_need_json_arguments() -> None:
     call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{"}}
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]}]
