@@ -90,8 +90,11 @@ def stop_tokens(model: PromptModel | None, stop: Sequence[str]) -> int:
     return sum(len(model.tokenizer.encode(s, add_special_tokens=False)) for s in stop)
 
 
-def check_context(model: PromptModel | None, tokens: int, param: str) -> None:
-    """The runner refuses a prompt longer than the model's context; say so before it gets there."""
+def check_prompt_size(model: PromptModel | None, tokens: int, param: str) -> None:
+    """The runner refuses an empty prompt (nothing to start from: `"prompt": ""` with a tokenizer
+    that adds no BOS) and one longer than the model's context; say so before it gets there."""
+    if tokens == 0:
+        raise RequestProblem(400, "the prompt is empty once tokenized: give it at least one token", param=param)
     if model is not None and model.context_length is not None and tokens > model.context_length:
         raise RequestProblem(
             400,

@@ -36,7 +36,7 @@ from services.api.connections import BODY_DEADLINE_SECONDS
 from services.api.context import ApiContext
 from services.api.errors import error_for, error_response, log_refused
 from services.api.hub import TaskEvents
-from services.api.prompts import check_context, prompt_tokens, stop_tokens
+from services.api.prompts import check_prompt_size, prompt_tokens, stop_tokens
 from services.api.responses import json_response
 from services.api.schemas import RequestProblem
 
@@ -75,7 +75,7 @@ async def admit(
     size = await anyio.to_thread.run_sync(
         prompt_tokens, model, messages, params.tools, raw_prompt
     )  # long prompts take a while
-    check_context(model, size, param)
+    check_prompt_size(model, size, param)
     size += stop_tokens(model, params.stop)
     if size > config.max_prompt_tokens:
         raise RequestProblem(

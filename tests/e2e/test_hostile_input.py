@@ -101,6 +101,7 @@ def hostile_requests(model: str) -> dict[str, dict[str, Any]]:
     return {name: {"method": "POST", "url": "/v1/chat/completions", **kw} for name, kw in requests.items()} | {
         "task id with a dot": {"method": "GET", "url": "/v1/tasks/a.b"},
         "task id wildcard cancel": {"method": "POST", "url": "/v1/tasks/%3E/cancel"},
+        "empty completion prompt": {"method": "POST", "url": "/v1/completions", "json": {"model": model, "prompt": ""}},
         "unknown route": {"method": "GET", "url": "/v1/nothing"},
         "wrong method": {"method": "DELETE", "url": "/v1/chat/completions"},
     }

@@ -153,6 +153,19 @@ async def test_a_prompt_over_the_models_context_is_a_400(api: Api, event_log: Ev
         assert await event_log.last_seq() == before
 
 
+async def test_a_prompt_empty_once_tokenized_is_a_400_not_a_failed_task(
+    api: Api, event_log: EventLog, strict_model: Path
+) -> None:
+    """The tiny tokenizer adds no BOS: `"prompt": ""` has no token for a runner to start from."""
+    model = str(strict_model)
+    async with api(model) as (_ctx, client):
+        before = await event_log.last_seq()
+        response = await client.post("/v1/completions", json={"model": model, "prompt": "", "max_tokens": 2})
+        error = openai_error(response, 400)
+        assert error["param"] == "prompt" and "empty" in error["message"]
+        assert await event_log.last_seq() == before
+
+
 async def test_stop_strings_count_against_the_prompt_limit(api: Api, strict_model: Path) -> None:
     model = str(strict_model)
     async with api(model, max_prompt_tokens=64) as (_ctx, client):
