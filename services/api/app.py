@@ -166,6 +166,7 @@ async def _serve_on(
             follower.cancel()
             preloader.cancel()
     finally:
+        server.stop_listening()
         await log.close()
 
 
@@ -204,3 +205,14 @@ class _Server(uvicorn.Server):
         await super().startup(sockets)
         if self.started:
             self._on_listening()
+
+    def stop_listening(self) -> None:
+        """Stop the loop watching the listening socket and close it, and close the connections.
+        uvicorn does this only on a clean shutdown: a cancelled `serve` (a crash under `supervise`,
+        a stopped test) left the socket's key in the loop's selector after `listen_socket` closed
+        it, and a socket the loop opened later with the same number (the restarted API's NATS
+        connection, say) was never read: asyncio only updated the stale key."""
+        for listening in getattr(self, "servers", []):
+            listening.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()
