@@ -93,13 +93,8 @@ class EventLog:
         if ensure and endpoint.identity.manage_streams:
             try:
                 await log.ensure_streams()
-            except BaseException as exc:  # the connection is no one's: left open it reconnects for ever
+            except BaseException:  # the connection is no one's: left open it reconnects for ever
                 await log.close()  # bounded: at once when the server does not answer
-                if isinstance(exc, nats.js.errors.ServiceUnavailableError | nats.errors.NoRespondersError):
-                    raise LogError(
-                        f"{endpoint.url} answers but its JetStream does not (not enabled, or a cluster with no "
-                        "meta leader yet): run nats-server with -js (shoal's own, with nats_urls empty, has it)"
-                    ) from exc
                 raise
         return log
 

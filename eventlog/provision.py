@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 
+import nats.errors
 import nats.js.errors
 from loguru import logger
 from nats.js import JetStreamContext
 
+from eventlog.publish import LogError
 from eventlog.snapshots import delete_snapshot_bucket, ensure_snapshot_bucket
 from eventlog.streams import LEASE_BUCKET, LogSettings, create_stream, lease_bucket_config, stream_config, stream_name
 from events.vocabulary import StreamKey
@@ -19,7 +21,17 @@ STREAM_KEYS: tuple[StreamKey, ...] = ("events", "telemetry")
 
 async def ensure_log_storage(js: JetStreamContext, settings: LogSettings) -> None:
     """Create SHOAL_EVENTS and SHOAL_TELEMETRY or update them to the settings (idempotent), the
-    lease bucket if missing, and the snapshot store."""
+    lease bucket if missing, and the snapshot store. A server without JetStream is a `LogError`."""
+    try:
+        await _ensure(js, settings)
+    except (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError) as exc:
+        raise LogError(
+            "the NATS server answers but its JetStream does not (not enabled, or a cluster with no meta leader "
+            "yet): run nats-server with -js (shoal's own, with nats_urls empty, has it)"
+        ) from exc
+
+
+async def _ensure(js: JetStreamContext, settings: LogSettings) -> None:
     for key in STREAM_KEYS:
         config = stream_config(key, settings)
         try:
