@@ -212,7 +212,7 @@ class _Server(uvicorn.Server):
         a stopped test) left the socket's key in the loop's selector after `listen_socket` closed
         it, and a socket the loop opened later with the same number (the restarted API's NATS
         connection, say) was never read: asyncio only updated the stale key."""
-        for listening in getattr(self, "servers", []):
+        for listening in getattr(self, "servers", []):  # set by `startup`, which a cancel may precede
             listening.close()
         for connection in list(self.server_state.connections):
             connection.shutdown()

@@ -143,26 +143,32 @@ async def test_a_chat_template_that_refuses_the_messages_is_a_400_naming_the_pro
         assert await event_log.last_seq() == before
 
 
-async def test_a_prompt_over_the_models_context_is_a_400(api: Api, event_log: EventLog, strict_model: Path) -> None:
-    model = str(strict_model)
-    async with api(model) as (_ctx, client):
-        before = await event_log.last_seq()
-        response = await client.post("/v1/chat/completions", json=chat(model, ("user", "river stone " * 3000)))
-        error = openai_error(response, 400)
-        assert error["code"] == "context_length_exceeded" and "4096" in error["message"]
-        assert await event_log.last_seq() == before
-
-
-async def test_a_prompt_empty_once_tokenized_is_a_400_not_a_failed_task(
-    api: Api, event_log: EventLog, strict_model: Path
+@pytest.mark.parametrize(
+    ("url", "body", "param", "code", "says"),
+    [
+        ("/v1/chat/completions", lambda model: chat(model, ("user", "river stone " * 3000)),
+         "messages", "context_length_exceeded", "4096"),
+        # the tiny tokenizer adds no BOS: `"prompt": ""` leaves a runner no token to start from
+        ("/v1/completions", lambda model: {"model": model, "prompt": "", "max_tokens": 2},
+         "prompt", "invalid_request", "empty"),
+    ],
+    ids=["over the context", "empty once tokenized"],
+)  # fmt: skip
+async def test_a_prompt_of_a_size_no_runner_takes_is_a_400_and_nothing_is_published(
+    api: Api,
+    event_log: EventLog,
+    strict_model: Path,
+    url: str,
+    body: Callable[[str], dict[str, Any]],
+    param: str,
+    code: str,
+    says: str,
 ) -> None:
-    """The tiny tokenizer adds no BOS: `"prompt": ""` has no token for a runner to start from."""
     model = str(strict_model)
     async with api(model) as (_ctx, client):
         before = await event_log.last_seq()
-        response = await client.post("/v1/completions", json={"model": model, "prompt": "", "max_tokens": 2})
-        error = openai_error(response, 400)
-        assert error["param"] == "prompt" and "empty" in error["message"]
+        error = openai_error(await client.post(url, json=body(model)), 400)
+        assert (error["param"], error["code"]) == (param, code) and says in error["message"], error
         assert await event_log.last_seq() == before
 
 
