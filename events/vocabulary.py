@@ -70,7 +70,9 @@ RetireCause = Literal[
 
 PrefillPath = Literal["pipeline", "sequential"]
 FinishReason = Literal["stop", "length", "cancelled"]
-CancelReason = Literal["client_disconnect", "api", "deadline", "shutdown"]
+CancelReason = Literal[
+    "client_disconnect", "api", "deadline", "shutdown", "server_error"
+]  # server_error: a bug in the API ended the request
 
 # --- the log's two streams -----------------------------------------------------------------------
 

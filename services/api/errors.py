@@ -58,9 +58,12 @@ def error_for(exc: Exception) -> Response:
                 exc.status_code, exc.detail, code=_HTTP_CODES.get(exc.status_code), headers=exc.headers
             )
         case _:
-            return error_response(
-                500, f"internal error ({type(exc).__name__}); the server's log has the details", code="internal_error"
-            )
+            return error_response(500, internal_error_message(exc), code="internal_error")
+
+
+def internal_error_message(exc: BaseException) -> str:
+    """What a client is told of a bug: its kind only; the traceback goes to the server's log."""
+    return f"internal error ({type(exc).__name__}); the server's log has the details"
 
 
 async def _handle(request: Request, exc: Exception) -> Response:

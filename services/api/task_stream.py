@@ -15,6 +15,7 @@ from typing import Protocol, TypeVar
 
 import anyio
 import msgspec
+from loguru import logger
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -32,10 +33,12 @@ from events.catalogue import (
 )
 from events.ids import KeyId, new_task_id
 from events.logprobs import TokenLogprob
+from events.vocabulary import CancelReason
 from services.api.connections import BODY_DEADLINE_SECONDS
 from services.api.context import ApiContext
-from services.api.errors import error_for, error_response, log_refused
+from services.api.errors import error_body, error_for, error_response, internal_error_message, log_refused
 from services.api.hub import TaskEvents
+from services.api.openai_format import DONE, sse
 from services.api.prompts import check_prompt_size, prompt_tokens, stop_tokens
 from services.api.responses import json_response
 from services.api.schemas import RequestProblem
@@ -128,6 +131,7 @@ async def run_task(
     """Publish `task` and hand its events to `consume`: what it returns, or None if the client went
     away first. A task not followed to its end is cancelled: nobody is waiting for it any more."""
     outcome: T | None = None
+    reason: CancelReason = "client_disconnect"
     with ctx.hub.listen(task.task_id) as events:  # before publishing: no event of the task can be missed
         ctx.hub.queues.admit(task, ctx.resolved.config.max_queued_tasks)  # counted from here on, or a 429
         try:
@@ -140,11 +144,28 @@ async def run_task(
                 group.start_soon(_stop_on_disconnect, receive, group.cancel_scope)
                 outcome = await consume(events)
                 group.cancel_scope.cancel()
+        except Exception as exc:
+            reason = "server_error"  # a bug while following it: nobody will read the rest
+            sole = _sole(exc)  # not the task group's wrapping: the route's answer names the bug
+            if sole is exc:
+                raise
+            raise sole from exc
         finally:
             if outcome is None:
                 with anyio.CancelScope(shield=True):  # the client is gone; its cancel must still be published
-                    await ctx.cancel(task.task_id, "client_disconnect")
+                    await ctx.cancel(task.task_id, reason)
     return outcome
+
+
+def _sole(exc: Exception) -> Exception:
+    """The one exception inside (nested) exception groups of one, else `exc` itself."""
+    found: BaseException = exc
+    while isinstance(found, BaseExceptionGroup):
+        inner: tuple[BaseException, ...] = found.exceptions  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+        if len(inner) != 1:
+            break
+        found = inner[0]
+    return found if isinstance(found, Exception) else exc
 
 
 async def _stop_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
@@ -243,6 +264,7 @@ class TaskStream(Response):
         self._shape = shape
         self._keepalive = keepalive_seconds
         self._last_sent = 0.0  # anyio's clock when the client was last sent a byte
+        self._started = False  # the response's start was sent: an error can no longer be a status
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def stream(events: TaskEvents) -> TaskCompleted | TaskFailed:
@@ -252,10 +274,19 @@ class TaskStream(Response):
             await run_task(self._ctx, self._task, receive, stream)
         except RequestProblem as problem:  # raised before the stream starts: the task was not taken
             await error_for(problem)(scope, receive, send)
+        except Exception as exc:
+            if not self._started:
+                raise  # answered as a 500 by the server's outermost layer
+            # A bug after the stream started (its task is cancelled): the client gets it as the
+            # stream's last event and [DONE] rather than a connection cut mid-body.
+            logger.exception("streaming task {} failed", self._task.task_id)
+            await self._send(send, internal_error_chunk(exc))
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _stream(self, events: TaskEvents, send: Send) -> TaskCompleted | TaskFailed:
         """Send the task's events as chunks until its terminal event, which ends the response."""
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        self._started = True
         self._last_sent = anyio.current_time()
         for chunk in self._shape.opening():
             await self._send(send, chunk)
@@ -281,6 +312,12 @@ class TaskStream(Response):
                 return await events.next()
             await self._send(send, KEEPALIVE)
         return await events.next()
+
+
+def internal_error_chunk(exc: BaseException) -> bytes:
+    """A bug's error as a stream's last event (in the shape of a failed task's), then [DONE]."""
+    body = error_body(internal_error_message(exc), kind="server_error", code="internal_error")
+    return sse(msgspec.to_builtins(body)) + DONE
 
 
 def keepalive_seconds(ctx: ApiContext, wants_progress: bool) -> float | None:

@@ -19,6 +19,8 @@ from eventlog.log import EventLog
 from events.catalogue import TaskCancelled, TaskCompleted, Usage
 from events.ids import TaskId
 from events.subjects import task_subject
+from services.api import chat as chat_route
+from services.api import task_stream
 from services.api.app import build_app
 from services.api.auth import ApiAccess
 from services.api.context import ApiContext
@@ -234,3 +236,67 @@ async def test_served_models_tokenizers_are_loaded_before_their_first_request(ev
         prompt_model = await ctx.prompt_model("tiny")
         assert prompt_model is not None and prompt_model.context_length == 4096
         group.cancel_scope.cancel()
+
+
+async def test_a_bug_mid_stream_ends_the_stream_with_an_error_and_cancels_the_task(
+    event_log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the 200 went out a bug can no longer be a status: the client gets it as the stream's
+    last event and [DONE] (a cut body left openai-python with a bare protocol error), the task is
+    cancelled as the server's doing, and the app returns normally (uvicorn keeps the connection)."""
+    ev = Events()
+    await event_log.append_many([ev.node("n1"), ev.placed("i1", nodes=("n1",))])
+    shown = chat_route._ChatShape.chunks  # pyright: ignore[reportPrivateUsage]
+
+    def broken(self: Any, event: Any) -> list[bytes]:
+        if getattr(event, "text", None) == "boom":
+            raise KeyError("a bug")
+        return shown(self, event)
+
+    monkeypatch.setattr(chat_route._ChatShape, "chunks", broken)  # pyright: ignore[reportPrivateUsage]
+    async with running_api(event_log) as (ctx, app), anyio.create_task_group() as group:
+        client = Client("POST", "/v1/chat/completions", chat(stream=True))
+        done = anyio.Event()
+
+        async def request() -> None:
+            await app(client.scope, client.receive, client.send)
+            done.set()
+
+        group.start_soon(request)
+        await client.started.wait()
+        task_id = client.task_id
+        await event_log.append_many(
+            [ev.assigned(task_id, "i1"), ev.chunk(task_id, text="Once"), ev.chunk(task_id, text="boom")]
+        )
+        with anyio.fail_after(10):
+            await done.wait()
+            cancel = await first_cancel(event_log, task_id)
+    assert client.status == 200 and any("Once" in text for text in client.texts)
+    error = json.loads(client.texts[-1].split("\n\n")[0].removeprefix("data: "))["error"]
+    assert error["code"] == "internal_error" and "KeyError" in error["message"], error
+    assert client.texts[-1].endswith("data: [DONE]\n\n")
+    assert client.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    assert cancel.reason == "server_error"
+    assert ctx.hub._listeners == {}  # pyright: ignore[reportPrivateUsage]
+
+
+async def test_a_bug_while_a_request_waits_for_its_task_is_a_500_naming_it_and_cancels_the_task(
+    event_log: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ev = Events()
+    await event_log.append(ev.node("n1"))
+
+    async def broken(events: object) -> None:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(task_stream, "collect", broken)
+    async with running_api(event_log) as (ctx, app):
+        client = Client("POST", "/v1/chat/completions", chat(stream=False))
+        with anyio.fail_after(10):
+            await app(client.scope, client.receive, client.send)
+            task_id = next(iter(ctx.hub.state.tasks))
+            cancel = await first_cancel(event_log, task_id)
+    assert client.status == 500
+    error = json.loads(client.texts[-1])["error"]
+    assert error["code"] == "internal_error" and "KeyError" in error["message"], error  # not the task group's wrapping
+    assert cancel.reason == "server_error"
