@@ -68,7 +68,13 @@ class Client:
         self._gone = anyio.Event()
         self.sent: list[Message] = []
         self.started = anyio.Event()
+        self.done = anyio.Event()
         self.texts: list[str] = []
+
+    async def run(self, app: Starlette) -> None:
+        """The whole request, as the server runs it; `done` once the app returned."""
+        await app(self.scope, self.receive, self.send)
+        self.done.set()
 
     def disconnect(self) -> None:
         self._gone.set()
@@ -154,13 +160,7 @@ async def test_a_stream_that_ends_sends_its_end_and_cancels_nothing(event_log: E
     await event_log.append_many([ev.node("n1"), ev.placed("i1", nodes=("n1",))])
     async with running_api(event_log) as (_ctx, app), anyio.create_task_group() as group:
         client = Client("POST", "/v1/chat/completions", chat(stream=True))
-        done = anyio.Event()
-
-        async def request() -> None:
-            await app(client.scope, client.receive, client.send)
-            done.set()
-
-        group.start_soon(request)
+        group.start_soon(client.run, app)
         await client.started.wait()
         task_id = client.task_id
         usage = Usage(prompt_tokens=3, completion_tokens=1)
@@ -169,7 +169,7 @@ async def test_a_stream_that_ends_sends_its_end_and_cancels_nothing(event_log: E
             TaskCompleted(env=ev.task_rank(task_id).stamp(), task_id=task_id, finish_reason="stop", usage=usage)
         )
         with anyio.fail_after(10):
-            await done.wait()
+            await client.done.wait()
     assert client.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
     assert client.texts[-1] == "data: [DONE]\n\n" and any("Once" in text for text in client.texts)
     assert await event_log.get_last(task_subject(task_id, "cancelled")) is None
@@ -256,20 +256,14 @@ async def test_a_bug_mid_stream_ends_the_stream_with_an_error_and_cancels_the_ta
     monkeypatch.setattr(chat_route._ChatShape, "chunks", broken)  # pyright: ignore[reportPrivateUsage]
     async with running_api(event_log) as (ctx, app), anyio.create_task_group() as group:
         client = Client("POST", "/v1/chat/completions", chat(stream=True))
-        done = anyio.Event()
-
-        async def request() -> None:
-            await app(client.scope, client.receive, client.send)
-            done.set()
-
-        group.start_soon(request)
+        group.start_soon(client.run, app)
         await client.started.wait()
         task_id = client.task_id
         await event_log.append_many(
             [ev.assigned(task_id, "i1"), ev.chunk(task_id, text="Once"), ev.chunk(task_id, text="boom")]
         )
         with anyio.fail_after(10):
-            await done.wait()
+            await client.done.wait()
             cancel = await first_cancel(event_log, task_id)
     assert client.status == 200 and any("Once" in text for text in client.texts)
     error = json.loads(client.texts[-1].split("\n\n")[0].removeprefix("data: "))["error"]
