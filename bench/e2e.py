@@ -6,7 +6,8 @@ Three sides stay up for the whole run: bare mlx-lm `stream_generate` (a subproce
 round sends one request to every side (the order rotates per round), so a neighbour's load
 lands on all three; the ratios and differences are taken per round and their medians judged.
 A fourth side sends the 1-worker request with `logprobs` and `top_logprobs=5`: its decode rate
-over the plain request's, per round, is what logprobs cost per token.
+over the plain request's, per round, is what logprobs cost per token; two more, under a json_schema
+constraint and with logit adjustments (`logit_bias`, both penalties), what those cost.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ PROMPT = "Write a long story about a river, a stone and a lantern."
 ABOUT = (
     "streamed chat requests after warm-up, interleaved per round: bare mlx-lm `stream_generate` vs "
     "`shoal up --workers 1` and `--workers 2` through the openai client (tiny model); 1 worker with "
-    "logprobs (top_logprobs=5); and 1 worker under a json_schema constraint, for the per-token cost of "
-    "constrained decoding"
+    "logprobs (top_logprobs=5); and 1 worker under a json_schema constraint and with logit_bias and "
+    "penalties, for the per-token cost of constrained decoding and of logit adjustments"
 )
 SIZED = (
     Sized("--rounds", 20, 2, "rounds; each sends one request to every side"),
@@ -46,6 +47,9 @@ SIZED = (
 SIDES = ("bare_mlx_lm", "shoal_1w", "shoal_2w", "shoal_1w_logprobs")
 LOGPROBS = {"logprobs": True, "top_logprobs": 5}
 JSON_SCHEMA_SIDE = "shoal_1w_json_schema"
+ADJUSTED_SIDE = "shoal_1w_adjusted"
+# Small enough not to change how many tokens a request writes (the plain side's run to max_tokens).
+ADJUSTMENTS = {"logit_bias": {"42": 0.5, "7": -0.5}, "frequency_penalty": 0.2, "presence_penalty": 0.1}
 # One string longer than any run's max_tokens can write, so every constrained answer runs to
 # max_tokens as the unconstrained ones do, each token masked by the grammar.
 STORY_FORMAT = {
@@ -94,6 +98,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             _one_request, clusters[0].client(timeout=120), settings["max_tokens"], **LOGPROBS
         )
         sides[JSON_SCHEMA_SIDE] = _json_schema_side(clusters[0], settings["max_tokens"])
+        sides[ADJUSTED_SIDE] = partial(
+            _one_request, clusters[0].client(timeout=120), settings["max_tokens"], **ADJUSTMENTS
+        )
         for side in sides.values():
             for _ in range(settings["warmup"]):
                 side()
@@ -166,9 +173,10 @@ def _report(settings: dict[str, Any], samples: dict[str, list[Sample]], quick: b
         "decode_ratio_1w": target(comparisons["decode_ratio_1w"]["median"], ">=", DECODE_RATIO_MIN),
         "ttft_overhead_ms_1w": target(comparisons["ttft_overhead_ms_1w"]["median"], "<=", TTFT_OVERHEAD_MAX_MS, "ms"),
     }
-    constrained_measures, constrained_comparisons = _constrained_cost(samples)
-    measures |= constrained_measures
-    comparisons |= constrained_comparisons
+    for side, name in ((JSON_SCHEMA_SIDE, "json_schema"), (ADJUSTED_SIDE, "adjusted")):
+        side_measures, side_comparisons = _cost_on_1w(samples, side, name)
+        measures |= side_measures
+        comparisons |= side_comparisons
     tokens = {side: statistics.median(s.tokens for s in samples[side]) for side in SIDES}
     return bench_result(
         "e2e",
@@ -184,19 +192,18 @@ def _report(settings: dict[str, Any], samples: dict[str, list[Sample]], quick: b
     )
 
 
-def _constrained_cost(samples: dict[str, list[Sample]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """What a json_schema grammar costs per token on 1 worker: the decode rate under it, and the
-    difference in milliseconds per token against the same cluster unconstrained, per round."""
-    constrained = [s.decode_tps for s in samples[JSON_SCHEMA_SIDE]]
+def _cost_on_1w(samples: dict[str, list[Sample]], side: str, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What `side`'s extra (a json_schema grammar, logit adjustments) costs per token on 1 worker:
+    its decode rate, and the difference in milliseconds per token against the same cluster's plain
+    request, per round."""
+    extra = [s.decode_tps for s in samples[side]]
     plain = [s.decode_tps for s in samples["shoal_1w"]]
-    per_token = [1000 / c - 1000 / p for c, p in zip(constrained, plain, strict=True) if c > 0 and p > 0]
+    per_token = [1000 / c - 1000 / p for c, p in zip(extra, plain, strict=True) if c > 0 and p > 0]
     measures = {
-        f"{JSON_SCHEMA_SIDE}_decode_tps": summarize(constrained, "tok/s"),
-        "json_schema_cost_ms_per_token_1w": summarize(per_token, "ms"),
+        f"{side}_decode_tps": summarize(extra, "tok/s"),
+        f"{name}_cost_ms_per_token_1w": summarize(per_token, "ms"),
     }
     comparisons = {
-        "json_schema_decode_ratio_1w": compare(
-            constrained, plain, "ratio", f"{JSON_SCHEMA_SIDE}_decode_tps / shoal_1w_decode_tps"
-        )
+        f"{name}_decode_ratio_1w": compare(extra, plain, "ratio", f"{side}_decode_tps / shoal_1w_decode_tps")
     }
     return measures, comparisons

@@ -93,6 +93,12 @@ class TaskParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     logprobs: int | None = None
     tools: list[ToolFunction] = msgspec.field(default_factory=list)
     constraint: Constraint | None = None
+    # OpenAI's logit adjustments, on the sampling rank: each token already generated has its
+    # logit lowered by frequency_penalty x its count + presence_penalty; logit_bias adds to the
+    # logits of the tokens it names, (token id, bias) in the order given.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: list[tuple[int, float]] = msgspec.field(default_factory=list)
 
 
 # A raw prompt (`/v1/completions`): text, encoded as the tokenizer does without a chat template, or

@@ -74,6 +74,13 @@ CancelReason = Literal[
     "client_disconnect", "api", "deadline", "shutdown", "server_error"
 ]  # server_error: a bug in the API ended the request
 
+# --- sampling: OpenAI's bounds on a request's logit adjustments (the API refuses past them, and
+# the sampling rank checks them again) ---------------------------------------------------------
+
+PENALTY_BOUND = 2.0  # presence_penalty and frequency_penalty: [-2, 2]
+BIAS_BOUND = 100.0  # a logit_bias value: [-100, 100]
+MAX_BIASED_TOKENS = 300  # tokens one request may bias: its task's event stays small
+
 # --- the log's two streams -----------------------------------------------------------------------
 
 StreamKey = Literal["events", "telemetry"]  # SHOAL_EVENTS and SHOAL_TELEMETRY

@@ -66,8 +66,13 @@ class _Speculated:
 
 
 def _is_plain_greedy(spec: DecodeSpec) -> bool:
-    """Argmax of the logits, no logprobs, no grammar: the same token as the row's own sampler."""
-    return spec.sampler is greedy_sampler and spec.top_logprobs is None and spec.token_mask is None
+    """Argmax of the logits, no logprobs, no grammar, no adjustments: the same token as the row's own sampler."""
+    return (
+        spec.sampler is greedy_sampler
+        and spec.top_logprobs is None
+        and spec.token_mask is None
+        and spec.adjustments is None
+    )
 
 
 class RowDecoder:

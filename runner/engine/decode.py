@@ -18,6 +18,7 @@ from events.logprobs import TokenLogprob
 from events.vocabulary import FinishReason
 from runner.engine.constraints import TokenMask
 from runner.engine.logprobs import LazyLogprobs, as_token_logprob, token_logprobs
+from runner.engine.sampling import LogitAdjustments
 from runner.engine.stops import TextAssembler
 from runner.engine.task_run import TaskRun
 
@@ -34,6 +35,7 @@ class DecodeSpec:
     prefill_iterations: int
     top_logprobs: int | None = None  # logprobs with this many alternatives; None: not computed
     token_mask: TokenMask | None = None  # the request's grammar, on the sampling rank only
+    adjustments: LogitAdjustments | None = None  # its penalties and logit_bias, on the sampling rank only
 
 
 @dataclass(slots=True)
@@ -171,13 +173,18 @@ def _sample_lazily(run: TaskRun, tokens: Any, spec: DecodeSpec) -> tuple[Any, La
 
 
 def sample_token(logits: Any, spec: DecodeSpec) -> tuple[Any, LazyLogprobs | None]:
-    """The sampled token and, when the request asks, its logprobs (lazily). Under a grammar they
-    are of the distribution the sampler drew from: the model's, with the tokens the grammar refuses
-    at -inf, renormalized over the ones it allows (so a forced token has logprob 0)."""
+    """The sampled token and, when the request asks, its logprobs (lazily). They are of the
+    distribution the sampler drew from: the model's, adjusted by the request's penalties and
+    logit_bias, and under a grammar with the tokens it refuses at -inf, renormalized over the ones
+    it allows (so a forced token has logprob 0)."""
+    if spec.adjustments is not None:
+        logits = spec.adjustments.apply(logits)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     if spec.token_mask is not None:
         logprobs = spec.token_mask.apply(logprobs)
     sampled = spec.sampler(logprobs)
+    if spec.adjustments is not None:
+        spec.adjustments.advance(sampled)
     if spec.top_logprobs is None:
         return sampled, None
     if spec.token_mask is not None:

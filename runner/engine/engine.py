@@ -31,7 +31,7 @@ from runner.engine.plan import (
 )
 from runner.engine.prefill import run_prefill
 from runner.engine.protocols import CancelSource, NeverCancelled, NullSink, PhaseTracker, RunnerSink
-from runner.engine.sampling import request_sampler
+from runner.engine.sampling import check_adjustments, logit_adjustments, request_sampler
 from runner.engine.task_run import TaskRun
 from runner.errors import CallbackError, RequestError
 from runner.models.chat import encode_chat
@@ -53,6 +53,9 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     prefill_path: PathChoice = "auto"  # benchmarks and tests force a path; services leave auto
     constraint: Constraint | None = None  # a grammar the output must follow (structured output, forced tool call)
     tools: list[ToolFunction] = msgspec.field(default_factory=list)  # what a tool-call constraint may name
+    frequency_penalty: float = 0.0  # OpenAI's adjustments of the logits (`sampling.LogitAdjustments`)
+    presence_penalty: float = 0.0
+    logit_bias: list[tuple[int, float]] = msgspec.field(default_factory=list)  # (token id, bias)
 
 
 class GenerationOutcome(msgspec.Struct, kw_only=True):
@@ -93,6 +96,12 @@ class Engine:
         return self.shard.placement.is_last
 
     @functools.cached_property
+    def vocab_size(self) -> int | None:
+        """The rows of the model's logits (None: its config does not say, as no family here does)."""
+        size = getattr(getattr(self.shard.model, "args", None), "vocab_size", None)
+        return int(size) if isinstance(size, int) else None
+
+    @functools.cached_property
     def prefill_keys_per_token(self) -> float | None:
         """The model's exchange rate between a token's matmuls and attended keys (`plan.balanced_chunk_sizes`)."""
         return model_keys_per_token(vars(self.shard.model.args))  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
@@ -119,6 +128,7 @@ class Engine:
 
     def validate(self, request: GenerationRequest) -> None:
         check_request(request, self.shard.context_length)
+        check_adjustments(request.frequency_penalty, request.presence_penalty, request.logit_bias, self.vocab_size)
         if request.constraint is not None:
             self._grammar(request.constraint, request.tools)
 
@@ -196,6 +206,7 @@ class Engine:
             prefill_iterations=prefill_iterations,
             top_logprobs=request.top_logprobs,
             token_mask=self.token_mask(request),
+            adjustments=logit_adjustments(request) if self.is_sampling_rank else None,
         )
 
     def task_run(self, task_id: str, cancel: CancelSource, sink: RunnerSink, phases: PhaseTracker) -> TaskRun:

@@ -102,6 +102,9 @@ def make_request_factory() -> Any:
             top_logprobs=p.logprobs,
             constraint=p.constraint,
             tools=list(p.tools),
+            frequency_penalty=p.frequency_penalty,
+            presence_penalty=p.presence_penalty,
+            logit_bias=list(p.logit_bias),
         )
 
     return make

@@ -82,6 +82,18 @@ def _check_token_ids(model: PromptModel | None, ids: list[int]) -> None:
         )
 
 
+def check_logit_bias(model: PromptModel | None, bias: Sequence[tuple[int, float]]) -> None:
+    """A bias on a token the model does not have is refused here, as a prompt's token id is."""
+    vocabulary = len(model.tokenizer) if model is not None else None
+    outside = [token for token, _ in bias if vocabulary is not None and token >= vocabulary]
+    if outside:
+        raise RequestProblem(
+            400,
+            f"logit_bias names token ids outside the model's vocabulary of {vocabulary}: {', '.join(map(str, outside[:5]))}",
+            param="logit_bias",
+        )
+
+
 def stop_tokens(model: PromptModel | None, stop: Sequence[str]) -> int:
     """The stop strings' size: the sampling rank holds and matches them, so they count against the
     prompt limit as the prompt does."""

@@ -17,6 +17,7 @@ from typing import Annotated, Literal, TypeVar
 import msgspec
 
 from events.catalogue import DEFAULT_MAX_TOKENS, ChatMessage, TaskParams
+from events.vocabulary import BIAS_BOUND, MAX_BIASED_TOKENS, PENALTY_BOUND
 from services.api.tools import (
     RequestToolCall,
     ResponseFormat,
@@ -39,9 +40,6 @@ UNSUPPORTED_PARAMS: Mapping[str, tuple[object, ...]] = {
     "n": (1,),
     "functions": ([],),
     "function_call": ("none",),
-    "logit_bias": ({},),
-    "frequency_penalty": (0, 0.0),
-    "presence_penalty": (0, 0.0),
     "modalities": (["text"],),
     "audio": (),
     "prediction": (),
@@ -55,15 +53,15 @@ UNSUPPORTED_COMPLETION_PARAMS: Mapping[str, tuple[object, ...]] = {
     "n": (1,),
     "best_of": (1,),
     "suffix": ("",),
-    "logit_bias": ({},),
-    "frequency_penalty": (0, 0.0),
-    "presence_penalty": (0, 0.0),
 }
 
 MAX_TOP_LOGPROBS = 20  # chat's bound in OpenAI's API
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' bound
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+Penalty = Annotated[float, msgspec.Meta(ge=-PENALTY_BOUND, le=PENALTY_BOUND)]
+Bias = Annotated[float, msgspec.Meta(ge=-BIAS_BOUND, le=BIAS_BOUND)]
+BiasedToken = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}$")]  # a token id, as JSON keys are strings
 StopString = Annotated[str, msgspec.Meta(min_length=1)]
 
 
@@ -102,6 +100,9 @@ class SamplingRequest(msgspec.Struct, frozen=True, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty = 0.0
+    logit_bias: Annotated[dict[BiasedToken, Bias], msgspec.Meta(max_length=MAX_BIASED_TOKENS)] | None = None
 
     @property
     def wants_progress(self) -> bool:
@@ -215,13 +216,20 @@ TEXT_ONLY_HINT = (
 )
 
 
+LOGIT_BIAS_HINT = '; logit_bias maps token ids, as decimal strings, to a bias from -100 to 100: {"1234": -100}'
+
+
 def _hint_for(param: str | None) -> str:
+    if param is not None and param.startswith("logit_bias"):
+        return LOGIT_BIAS_HINT
     return TEXT_ONLY_HINT if param is not None and _CONTENT_PART_TYPE.match(param) else ""
 
 
 def _field_of(exc: msgspec.ValidationError) -> str | None:
-    """`messages[0].role` from msgspec's "... - at `$.messages[0].role`" (None at the top level)."""
+    """`messages[0].role` from msgspec's "... - at `$.messages[0].role`" (None at the top level); a
+    mapping's key is named by its mapping (`key` in `$.logit_bias`)."""
     _, at, path = str(exc).rpartition(" - at ")
+    _, _, path = path.rpartition(" in ")
     return path.strip("`").removeprefix("$.") if at else None
 
 
@@ -303,4 +311,20 @@ def _task_params(
         stop=stop,
         stream_progress=request.wants_progress,
         logprobs=logprobs,
+        frequency_penalty=request.frequency_penalty,
+        presence_penalty=request.presence_penalty,
+        logit_bias=_logit_bias(request.logit_bias or {}),
     )
+
+
+def _logit_bias(bias: Mapping[str, float]) -> list[tuple[int, float]]:
+    """OpenAI's map of token ids (as JSON keys: decimal strings) to biases, as (id, bias) pairs.
+    Whether an id is in the model's vocabulary is checked with its tokenizer (`prompts`)."""
+    pairs: list[tuple[int, float]] = []
+    for key, value in bias.items():
+        if not key.isascii() or not key.isdigit() or len(key) > 9:
+            raise RequestProblem(
+                400, f'logit_bias keys are token ids (decimal strings such as "1234"), got {key!r}', param="logit_bias"
+            )
+        pairs.append((int(key), value))
+    return pairs

@@ -39,7 +39,7 @@ from services.api.context import ApiContext
 from services.api.errors import error_body, error_for, error_response, internal_error_message, log_refused
 from services.api.hub import TaskEvents
 from services.api.openai_format import DONE, sse
-from services.api.prompts import check_prompt_size, prompt_tokens, stop_tokens
+from services.api.prompts import check_logit_bias, check_prompt_size, prompt_tokens, stop_tokens
 from services.api.responses import json_response
 from services.api.schemas import RequestProblem
 
@@ -79,6 +79,7 @@ async def admit(
         prompt_tokens, model, messages, params.tools, raw_prompt
     )  # long prompts take a while
     check_prompt_size(model, size, param)
+    check_logit_bias(model, params.logit_bias)
     size += stop_tokens(model, params.stop)
     if size > config.max_prompt_tokens:
         raise RequestProblem(

@@ -88,6 +88,38 @@ def test_stop_cuts_the_completion(cluster: Cluster) -> None:
     assert cut.choices[0].finish_reason == "stop"
 
 
+def test_logit_bias_and_penalties_through_the_client(cluster: Cluster) -> None:
+    """A +100 bias makes the greedy output one token repeated, with logprob 0 (the logprobs are of
+    the adjusted distribution); a frequency penalty then breaks the repetition, streamed or not."""
+    client = cluster.client()
+    plain = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, logprobs=1)
+    assert plain.choices[0].logprobs is not None and plain.choices[0].logprobs.tokens
+    forced = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, logprobs=1, logit_bias={"42": 100})
+    forced_logprobs = forced.choices[0].logprobs
+    assert forced_logprobs is not None and forced_logprobs.tokens is not None
+    assert len(set(forced_logprobs.tokens)) == 1 and forced.usage is not None and forced.usage.completion_tokens == 8
+    assert forced_logprobs.token_logprobs == pytest.approx([0.0] * 8, abs=1e-3)
+    assert forced.choices[0].text != plain.choices[0].text
+    varied = client.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        max_tokens=8,
+        logprobs=1,
+        logit_bias={"42": 5},
+        frequency_penalty=2,
+        presence_penalty=2,
+    )
+    assert varied.choices[0].logprobs is not None and len(set(varied.choices[0].logprobs.tokens or [])) > 1
+    streamed, _, _ = _streamed_text(
+        client, prompt=PROMPT, max_tokens=8, logit_bias={"42": 5}, frequency_penalty=2, presence_penalty=2
+    )
+    assert streamed == varied.choices[0].text
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": PROMPT}], max_tokens=4, logit_bias={"42": 100}
+    )
+    assert chat.usage is not None and chat.usage.completion_tokens == 4
+
+
 def test_completion_logprobs_in_the_legacy_shape(cluster: Cluster) -> None:
     client = cluster.client()
     completion = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, logprobs=3)

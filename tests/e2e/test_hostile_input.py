@@ -96,6 +96,9 @@ def hostile_requests(model: str) -> dict[str, dict[str, Any]]:
         },
         "body over the limit": {"content": b" " * 1_100_000, "headers": {"content-type": "application/json"}},
         "schema nested past the grammar's limit": {"json": {**ok, "response_format": _deep_schema_format(150)}},
+        "logit_bias on a token the model lacks": {"json": {**ok, "logit_bias": {"1000000": 5}}},
+        "logit_bias key not a token id": {"json": {**ok, "logit_bias": {"river": 5}}},
+        "frequency_penalty 3": {"json": {**ok, "frequency_penalty": 3}},
         **{f"unsupported {name}": {"json": {**ok, name: {"not": "default"}}} for name in UNSUPPORTED_PARAMS},
     }
     return {name: {"method": "POST", "url": "/v1/chat/completions", **kw} for name, kw in requests.items()} | {

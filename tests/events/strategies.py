@@ -44,6 +44,8 @@ def strategy_for(info: msgspec.inspect.Type) -> st.SearchStrategy[Any]:
             return st.sampled_from(info.values)
         case msgspec.inspect.ListType() | msgspec.inspect.VarTupleType():
             return st.lists(strategy_for(info.item_type), max_size=4)
+        case msgspec.inspect.TupleType():
+            return st.tuples(*(strategy_for(t) for t in info.item_types))
         case msgspec.inspect.UnionType():
             return st.one_of(*(strategy_for(t) for t in info.types))
         case msgspec.inspect.Metadata():  # Annotated[..., Meta(...)]: its constraints are on the inner type

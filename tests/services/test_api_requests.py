@@ -116,7 +116,38 @@ def test_the_value_that_asks_for_nothing_more_is_taken(name: str, value: object)
     accepted(body(**{name: value}))
 
 
-def test_n_above_one_and_a_penalty_are_refused_although_they_look_like_defaults() -> None:
+def test_n_above_one_is_refused_although_it_looks_like_a_default() -> None:
     assert refused(body(n=2)).param == "n"
     assert refused(body(n=True)).param == "n"  # JSON true is not 1
-    assert refused(body(frequency_penalty=0.5)).param == "frequency_penalty"
+
+
+def test_penalties_and_logit_bias_reach_the_task() -> None:
+    request = decode_chat_request(
+        body(frequency_penalty=0.5, presence_penalty=-2, logit_bias={"42": 100, "7": -1.5, "0": 0})
+    )
+    _messages, params = to_task(request, max_tokens_limit=LIMIT)
+    assert (params.frequency_penalty, params.presence_penalty) == (0.5, -2.0)
+    assert params.logit_bias == [(42, 100.0), (7, -1.5), (0, 0.0)]
+    _messages, params = to_task(decode_chat_request(body()), max_tokens_limit=LIMIT)
+    assert (params.frequency_penalty, params.presence_penalty, params.logit_bias) == (0.0, 0.0, [])
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"frequency_penalty": 2.01}, "frequency_penalty"),
+        ({"presence_penalty": -3}, "presence_penalty"),
+        ({"presence_penalty": "high"}, "presence_penalty"),
+        ({"logit_bias": {"42": 101}}, "logit_bias"),
+        ({"logit_bias": {"42": "up"}}, "logit_bias"),
+        ({"logit_bias": {"the": 1}}, "logit_bias"),  # a word, not a token id
+        ({"logit_bias": {"-1": 1}}, "logit_bias"),
+        ({"logit_bias": {"1e3": 1}}, "logit_bias"),
+        ({"logit_bias": {"\u0661": 1}}, "logit_bias"),  # a digit, but not an ASCII one
+        ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
+        ({"logit_bias": [[42, 1]]}, "logit_bias"),
+    ],
+)
+def test_penalties_and_logit_bias_out_of_range_are_refused_naming_them(fields: dict[str, Any], param: str) -> None:
+    problem = refused(body(**fields))
+    assert problem.param is not None and problem.param.startswith(param), problem.message
