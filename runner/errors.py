@@ -27,6 +27,11 @@ class CallbackError(RunnerError):
     with every rank, because a local failure must never change the sequence of collectives."""
 
 
+class RingMismatch(RunnerError):
+    """The ring group joined a rank of another instance: its ports were taken by another cluster's
+    ranks on the same host, whose connections mlx's ring backend accepts without asking who calls."""
+
+
 class RankFailedError(RunnerError):
     """A rank of a local group died, stalled past the deadline, or reported an error."""
 

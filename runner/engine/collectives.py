@@ -16,12 +16,23 @@ sent before the agreement (`sends.py`): the bytes on each socket come in the ord
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import cast
 
 import mlx.core as mx
 
 from runner.engine.protocols import PeerWait
+from runner.errors import RingMismatch
+
+DIGEST_BITS = 24  # per part of a member check: world x 2**24 stays an int32 up to 127 ranks
+DIGEST_PARTS = 3
+
+
+def member_digests(identity: str) -> list[int]:
+    digest = hashlib.sha256(identity.encode()).digest()
+    size = DIGEST_BITS // 8
+    return [int.from_bytes(digest[i * size : (i + 1) * size], "big") for i in range(DIGEST_PARTS)]
 
 
 class Collectives:
@@ -71,6 +82,24 @@ class Collectives:
         mx.async_eval(total)  # first, on its own: the work then starts from received bytes
         mx.async_eval(*work)
         return [int(v) for v in cast(list[int], total.tolist())]
+
+    def check_members(self, identity: str) -> None:
+        """The group's first collective: every rank must belong to the instance named by `identity`
+        (the same string on every rank of it). Each adds three 24-bit digests of its own; the sums
+        are world x its own on every rank iff all are alike, else every rank of the mixed ring raises
+        `RingMismatch`, before it computes anything for a group that is not its instance's (ranks of
+        two clusters on one host that took the same ring ports connect to each other: mlx's ring
+        backend accepts whoever calls, and they then agree on nonsense or wait for ever)."""
+        if self.group is None or self.world == 1:
+            return
+        mine = member_digests(identity)
+        summed = self.agree(mine)
+        if summed != [self.world * part for part in mine]:
+            raise RingMismatch(
+                f"rank {self.rank}'s ring group holds a rank of another instance (a ring port of this placement "
+                "is held by another cluster's runner on the same host): give each cluster on a host its own "
+                "ring_base_port range"
+            )
 
     def any(self, flag: bool) -> bool:
         """True on every rank if any rank passed True."""

@@ -73,6 +73,7 @@ class CancelAtPoll:
 def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[str, Any]]:
     import mlx.core as mx
 
+    from runner.engine.collectives import Collectives
     from runner.engine.engine import Engine
     from runner.models.shard import ShardPlacement, load_shard
 
@@ -83,6 +84,7 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
     faults.loading()
     group = mx.distributed.init(backend="ring", strict=True) if world > 1 else None
     inbound = None if group is None else _inbound(rank)
+    Collectives(group, inbound).check_members(os.environ.get("MLX_HOSTFILE", ""))  # the group's own hostfile
     shard = load_shard(Path(job["model_dir"]), ShardPlacement(rank, world, ranges), group, inbound)
     engines: dict[str, Engine] = {}
 

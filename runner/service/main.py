@@ -75,6 +75,13 @@ def join_group(placed: InstancePlaced, rank: int) -> Any:
         hostfile.unlink(missing_ok=True)
 
 
+def placement_identity(placed: InstancePlaced) -> str:
+    """What every rank of this placement, and no rank of another cluster's, knows: an instance id
+    and ring ports repeat across clusters (a second `shoal up` on the host), the master's clock at
+    the placement does not."""
+    return f"{placed.instance_id}@{placed.env.wall_time}:{','.join(placed.ring_hosts)}"
+
+
 def ring_failure(error: str, ring_hosts: list[str], rank: int) -> str:
     """mlx's ring error, with what to do when it is this rank's own port that is taken."""
     if "Couldn't bind socket" not in error:
@@ -128,6 +135,7 @@ def run(
     stop: threading.Event,
     running: RunningTasks,
 ) -> None:
+    from runner.engine.collectives import Collectives
     from runner.engine.engine import Engine
     from runner.models.resolve import resolve_model
     from runner.models.shard import ShardPlacement, load_shard
@@ -149,6 +157,7 @@ def run(
         logger.warning(
             "the inbound ring socket was not found among the process's descriptors: waits for a peer will spin"
         )
+    Collectives(group, inbound).check_members(placement_identity(placed))  # before loading: fail fast
     shard = load_shard(model_dir, ShardPlacement(args.rank, len(ranges), ranges), group, inbound)
     engine = Engine(group, shard, placed.settings)
     server_status("warming_up")
