@@ -93,15 +93,16 @@ class SamplingRequest(msgspec.Struct, frozen=True, kw_only=True):
 
     model: str
     max_tokens: PositiveInt | None = None
-    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.0
-    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 1.0
+    # OpenAI's nullable parameters take null as "left out" (clients that serialize every field send it)
+    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None  # None: 0, greedy
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None  # None: 1
     seed: Annotated[int, msgspec.Meta(ge=0, le=SEED_MAX)] | None = None
     stop: StopString | Annotated[list[StopString], msgspec.Meta(max_length=MAX_STOP_STRINGS)] | None = None
-    stream: bool = False
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
-    frequency_penalty: Penalty = 0.0
-    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
     logit_bias: Annotated[dict[BiasedToken, Bias], msgspec.Meta(max_length=MAX_BIASED_TOKENS)] | None = None
 
     @property
@@ -121,7 +122,7 @@ class ChatCompletionRequest(SamplingRequest, frozen=True, kw_only=True):
     messages: Annotated[list[RequestMessage], msgspec.Meta(min_length=1)]
     max_completion_tokens: PositiveInt | None = None
     shoal_progress: bool = False
-    logprobs: bool = False
+    logprobs: bool | None = None
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None  # none given: "auto" with tools, "none" without
@@ -140,7 +141,7 @@ class CompletionRequest(SamplingRequest, frozen=True, kw_only=True):
     (so the 400 can say why) and is refused in `single_prompt`."""
 
     prompt: str | Annotated[list[TokenId | str | list[TokenId]], msgspec.Meta(min_length=1)]
-    echo: bool = False
+    echo: bool | None = None
     logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
 
     def single_prompt(self) -> str | list[int]:
@@ -305,14 +306,14 @@ def _task_params(
         )
     return TaskParams(
         max_tokens=max_tokens,
-        temperature=request.temperature,
-        top_p=request.top_p,
+        temperature=request.temperature if request.temperature is not None else 0.0,
+        top_p=request.top_p if request.top_p is not None else 1.0,
         seed=request.seed,
         stop=stop,
         stream_progress=request.wants_progress,
         logprobs=logprobs,
-        frequency_penalty=request.frequency_penalty,
-        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty or 0.0,
+        presence_penalty=request.presence_penalty or 0.0,
         logit_bias=_logit_bias(request.logit_bias or {}),
     )
 

@@ -15,7 +15,9 @@ from services.api.schemas import (
     UNSUPPORTED_PARAMS,
     ChatCompletionRequest,
     RequestProblem,
+    completion_params,
     decode_chat_request,
+    decode_completion_request,
     to_task,
 )
 
@@ -151,3 +153,26 @@ def test_penalties_and_logit_bias_reach_the_task() -> None:
 def test_penalties_and_logit_bias_out_of_range_are_refused_naming_them(fields: dict[str, Any], param: str) -> None:
     problem = refused(body(**fields))
     assert problem.param is not None and problem.param.startswith(param), problem.message
+
+
+NULLABLE = [
+    "temperature", "top_p", "stream", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
+    "top_logprobs", "seed", "stop", "max_tokens", "max_completion_tokens", "user", "tools", "tool_choice",
+    "response_format", "stream_options", "n",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", NULLABLE)
+def test_null_for_a_nullable_openai_parameter_means_left_out(name: str) -> None:
+    """OpenAI's schema makes these `... or null`; clients that serialize every field send null."""
+    left_out = to_task(decode_chat_request(body()), max_tokens_limit=LIMIT)
+    assert to_task(decode_chat_request(body(**{name: None})), max_tokens_limit=LIMIT) == left_out
+    assert decode_chat_request(body(**{name: None})).stream in (None, False)
+
+
+@pytest.mark.parametrize("name", ["temperature", "top_p", "stream", "frequency_penalty", "presence_penalty", "echo"])
+def test_null_is_left_out_for_completions_too(name: str) -> None:
+    raw = json.dumps({"model": "tiny", "prompt": "hi", name: None}).encode()
+    left_out = json.dumps({"model": "tiny", "prompt": "hi"}).encode()
+    params = completion_params(decode_completion_request(raw), max_tokens_limit=LIMIT)
+    assert params == completion_params(decode_completion_request(left_out), max_tokens_limit=LIMIT)
