@@ -206,7 +206,11 @@ class Engine:
             prefill_iterations=prefill_iterations,
             top_logprobs=request.top_logprobs,
             token_mask=self.token_mask(request),
-            adjustments=logit_adjustments(request) if self.is_sampling_rank else None,
+            adjustments=(
+                logit_adjustments(request.frequency_penalty, request.presence_penalty, request.logit_bias)
+                if self.is_sampling_rank
+                else None
+            ),
         )
 
     def task_run(self, task_id: str, cancel: CancelSource, sink: RunnerSink, phases: PhaseTracker) -> TaskRun:

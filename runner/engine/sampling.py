@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_p, make_sampler
@@ -38,15 +38,6 @@ def request_sampler(temperature: float, top_p: float, seed: int | None) -> Sampl
     if seed is None or temperature == 0:
         return make_sampler(temp=temperature, top_p=top_p)
     return SeededSampler(temperature, top_p, seed)
-
-
-class AdjustedRequest(Protocol):
-    @property
-    def frequency_penalty(self) -> float: ...
-    @property
-    def presence_penalty(self) -> float: ...
-    @property
-    def logit_bias(self) -> list[tuple[int, float]]: ...
 
 
 class LogitAdjustments:
@@ -93,11 +84,13 @@ class LogitAdjustments:
             self._counts = self._counts.at[sampled.reshape(-1)].add(1.0)
 
 
-def logit_adjustments(request: AdjustedRequest) -> LogitAdjustments | None:
-    """The request's adjustments; None when it asks for none (its sampling is mlx-lm's, untouched)."""
-    if not (request.frequency_penalty or request.presence_penalty or request.logit_bias):
+def logit_adjustments(
+    frequency_penalty: float, presence_penalty: float, logit_bias: Sequence[tuple[int, float]]
+) -> LogitAdjustments | None:
+    """A request's adjustments; None when it asks for none (its sampling is mlx-lm's, untouched)."""
+    if not (frequency_penalty or presence_penalty or logit_bias):
         return None
-    return LogitAdjustments(request.frequency_penalty, request.presence_penalty, request.logit_bias)
+    return LogitAdjustments(frequency_penalty, presence_penalty, logit_bias)
 
 
 def check_adjustments(

@@ -314,18 +314,6 @@ def _task_params(
         logprobs=logprobs,
         frequency_penalty=request.frequency_penalty or 0.0,
         presence_penalty=request.presence_penalty or 0.0,
-        logit_bias=_logit_bias(request.logit_bias or {}),
+        # (token id, bias): the key pattern made each key a token id; the tokenizer checks the vocabulary (`prompts`)
+        logit_bias=[(int(token), bias) for token, bias in (request.logit_bias or {}).items()],
     )
-
-
-def _logit_bias(bias: Mapping[str, float]) -> list[tuple[int, float]]:
-    """OpenAI's map of token ids (as JSON keys: decimal strings) to biases, as (id, bias) pairs.
-    Whether an id is in the model's vocabulary is checked with its tokenizer (`prompts`)."""
-    pairs: list[tuple[int, float]] = []
-    for key, value in bias.items():
-        if not key.isascii() or not key.isdigit() or len(key) > 9:
-            raise RequestProblem(
-                400, f'logit_bias keys are token ids (decimal strings such as "1234"), got {key!r}', param="logit_bias"
-            )
-        pairs.append((int(key), value))
-    return pairs

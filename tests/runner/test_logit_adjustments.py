@@ -43,11 +43,8 @@ def test_the_formula_on_a_few_logits() -> None:
 
 
 def test_a_request_without_adjustments_gets_none() -> None:
-    class Plain:
-        frequency_penalty = presence_penalty = 0.0
-        logit_bias: tuple[tuple[int, float], ...] = ()
-
-    assert logit_adjustments(Plain()) is None  # pyright: ignore[reportArgumentType]
+    assert logit_adjustments(0.0, 0.0, []) is None
+    assert logit_adjustments(0.0, 0.0, [(1, 0.5)]) is not None
 
 
 @pytest.mark.parametrize(
