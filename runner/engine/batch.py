@@ -15,7 +15,8 @@ rank holds. The next batch follows from that vector alone (`batch_plan.next_comp
 to the boundary micro-batch and the prefilling streams: the prefilled ones join the rows together),
 so every rank runs the same forwards and the same collective at every step (docs/ARCHITECTURE.md
 §6). A stream's prefill chunks each cost what the first chunk of the instance's step does
-(`plan.balanced_chunk_sizes`: a late chunk attends to more keys, so it is shorter), and its
+(`plan.balanced_chunk_sizes`: a late chunk attends to more keys, so it is shorter), less what the
+rows' decode step costs when it is admitted beside them (`pace.py`: rank 0's measure, agreed), and its
 sampler, stop rules, logprobs and grammar are its own; a cancelled, finished or failing stream leaves without
 touching the others' rows.
 A decoding row that leaves is copied into the rank's prefix cache (`prefix_cache`), and a newcomer
@@ -46,6 +47,7 @@ from runner.engine.decode import Emitter
 from runner.engine.engine import Engine, outcome_of
 from runner.engine.logprobs import LazyLogprobs
 from runner.engine.micro_batches import MicroBatch, MicroBatches
+from runner.engine.pace import chunk_room
 from runner.engine.plan import (
     balanced_chunk_sizes,
     choose_path,
@@ -78,6 +80,7 @@ class ContinuousBatch:
         # What `world` fresh first chunks cost: a chunk group is pipelined (`batch_chunks`), so each
         # rank computes only its own layers of it, about what one chunk costs a rank alone.
         self.prefill_budget = prefill_cost(step * world, 0, engine.prefill_keys_per_token)
+        self._agreed_at: float | None = None  # this rank's clock at the last step's agreement
         self.composition = Composition()  # the admitted streams not decoding yet (its rows are in `micro`)
         self.streams: dict[str, Stream] = {}
         self.micro = MicroBatches(engine.collectives.world)
@@ -117,15 +120,19 @@ class ContinuousBatch:
         rows = boundary.rows if boundary is not None else ()
         current = Composition(rows, self.composition.prefilling, self.composition.admitted)
         self.phases.enter("decode", members[0] if members else None, self.steps)
-        chunked = self._prefill_chunks()  # before the rows: a chunk sent after the last agreement is read first
+        # the chunks before the rows: a chunk sent after the last agreement is read first
+        chunked, chunk_cost = self._prefill_chunks()
+        working = self.micro.working(self.engine.rank)
         tokens, logprobs = self._decode_rows()  # the boundary's, on the sampling rank; none elsewhere
         logprobs = logprobs or [None] * len(current.rows)
         votes = [self._vote(self.streams[t]) for t in current.members]
         self.phases.enter("agree_cancel", members[0] if members else None, self.steps)
         pending = read_pending()
         received = current.admitted + len(pending)
-        vector = self.layout.encode(self.engine.rank, received, votes, tokens, self._propose(pending))
+        share = self.engine.pace.decode_share()
+        vector = self.layout.encode(self.engine.rank, received, votes, tokens, self._propose(pending), share)
         agreed = self.layout.decode(self._agree(vector), len(votes), len(pending))
+        self._observe(chunk_cost, 0 if working is None else len(working.rows))
         outbox = self.engine.shard.outbox
         outbox.complete()  # received before the peer's vote we just agreed with
         outbox.flush()  # the next rank computes this micro-batch at the next step
@@ -136,7 +143,17 @@ class ContinuousBatch:
         self.row_decoder.settle(self.micro)
         members = self.members
         self.phases.enter("decode" if members else "idle", members[0] if members else None, self.steps)
+        if not self.busy:
+            self._agreed_at = None  # the next step's period would count the wait for an assignment
         return ended
+
+    def _observe(self, chunk_cost: float | None, rows: int) -> None:
+        """This step's period on this rank's clock, from the previous step's agreement (only rank 0's
+        pace is agreed: `pace.py`); none after an idle wait or a lone prompt's whole prefill."""
+        now = time.perf_counter()
+        if self._agreed_at is not None and chunk_cost is not None:
+            self.engine.pace.observe(now - self._agreed_at, rows, chunk_cost)
+        self._agreed_at = now
 
     def _agree(self, vector: list[int]) -> list[int]:
         """The step's all-reduce; in lockstep rank 0 of several computes the rows' next step on its
@@ -163,21 +180,21 @@ class ContinuousBatch:
         inputs = [s.next_input for s in rows]
         return self.row_decoder.step(inputs, specs, part.cache, look_ahead, send_now=self.micro.lockstep)
 
-    def _prefill_chunks(self) -> list[Stream]:
+    def _prefill_chunks(self) -> tuple[list[Stream], float | None]:
         """The prefilling streams that take a chunk at this step (`batch_plan.chunk_takers`, from
         agreed data: the composition and each stream's chunks), in slot order, first chunks of one
         length in one forward (`batch_prefill`), pipelined through the ranks (`batch_chunks`: this
         rank computes the group taken `rank` steps ago); or, for a stream admitted alone on the
-        pipeline path, its whole prefill (the GPipe schedule)."""
+        pipeline path, its whole prefill (the GPipe schedule). With them, the cost of the chunks this
+        rank computed (None for a whole prefill)."""
         waiting = [self.streams[t] for t in self.composition.prefilling]
         costs = [s.next_chunk_cost(self.engine.prefill_keys_per_token) for s in waiting]
         takers = [waiting[i] for i in chunk_takers(costs, self.prefill_budget)]
         if takers and takers[0].path == "pipeline":  # admitted alone: nothing else prefills with it
             self._pipeline_prefill(takers[0])
-            return takers[:1]
-        self.chunks.take(self.steps, takers)
-        self.chunks.compute(self.steps)
-        return takers
+            return takers[:1], None
+        self.chunks.take(self.steps, takers, self.engine.prefill_keys_per_token)
+        return takers, self.chunks.compute(self.steps)
 
     def _pipeline_prefill(self, head: Stream) -> None:
         """Nothing else runs (agreed at admission): every rank overlaps the chunks as a task alone
@@ -241,7 +258,8 @@ class ContinuousBatch:
         ended += [self._finished(t) for t in transition.finished]
         alone = not micro.rows and len(transition.composition.prefilling) == 1 and not self.chunks.busy()
         newcomers = pending[: len(transition.newcomers)]
-        failed = [self._admit(a, agreed.cached[i], agreed.runnable[i], alone) for i, a in enumerate(newcomers)]
+        room = chunk_room(agreed.decode_share) if micro.rows else 1.0  # agreed: rank 0's pace, the rows
+        failed = [self._admit(a, agreed.cached[i], agreed.runnable[i], alone, room) for i, a in enumerate(newcomers)]
         ended += [f for f in failed if f is not None]
         waiting = Composition((), transition.composition.prefilling, transition.composition.admitted)
         self.composition = waiting.without([f.task_id for f in failed if f is not None])
@@ -329,13 +347,14 @@ class ContinuousBatch:
         )  # fmt: skip
         return Ended(run.task_id, outcome)
 
-    def _admit(self, admission: Admission, cached: int, runnable: bool, alone: bool) -> Ended | None:
+    def _admit(self, admission: Admission, cached: int, runnable: bool, alone: bool, room: float) -> Ended | None:
         """A newcomer's stream, or why it fails alone (the same verdict on every rank: `runnable` is
         agreed, and a request every rank built is validated alike). It reuses the
         agreed `cached` prompt tokens, cut from the entry this rank held for it. One admitted into an
         empty batch with nothing cached takes the path a task alone would (`plan.choose_path`): on
         several ranks a long prompt overlaps its chunks through the pipeline; otherwise chunks are
-        sequential, so they interleave with the rows' decode."""
+        sequential, so they interleave with the rows' decode, each leaving `room` for the rows' decode
+        step (`pace.chunk_room`)."""
         match = self.held.pop(admission.task_id, None)
         if cached > (0 if match is None else match.length):
             raise RuntimeError(f"internal error: agreed to reuse {cached} tokens, this rank proposed fewer")
@@ -354,8 +373,8 @@ class ContinuousBatch:
         path = path if alone and not cached else "sequential"
         if path == "pipeline":  # nothing runs beside it: the chunks a task alone takes
             chunks = chunk_sizes(prompt_len, step)
-        else:  # its chunks ride the rows' steps: each one costs what a first chunk does
-            chunks = balanced_chunk_sizes(prompt_len, step, cached, engine.prefill_keys_per_token)
+        else:  # its chunks ride the rows' steps: each one with the rows' decode costs what a first chunk does
+            chunks = balanced_chunk_sizes(prompt_len, step, cached, engine.prefill_keys_per_token, room)
         iterations = len(rank_schedule(engine.rank, world, len(chunks), path))
         run = engine.task_run(request.task_id, admission.cancel, admission.sink, self.phases)
         if match is not None and cached:

@@ -30,6 +30,7 @@ class ChunkGroup:
 
     runs: tuple[TaskRun, ...]
     work: tuple[ChunkWork, ...]
+    cost: float  # what its chunks cost (`plan.prefill_cost`), for the pace (`pace.StepPace`)
 
 
 class PipelinedChunks:
@@ -37,24 +38,28 @@ class PipelinedChunks:
         self.rank = rank
         self.ring: ChunkRing[ChunkGroup] = ChunkRing(world)
 
-    def take(self, step: int, takers: Sequence[Stream]) -> None:
+    def take(self, step: int, takers: Sequence[Stream], keys: float | None) -> None:
         """The takers' next chunks become the group of `step` (agreed data: every rank alike)."""
         if not takers:
             return
         work = []
+        cost = sum(stream.next_chunk_cost(keys) or 0.0 for stream in takers)
         for stream in takers:
             start = stream.prompt_done
             tokens = stream.request.prompt_token_ids[start : start + stream.chunks[stream.next_chunk]]
             work.append(ChunkWork(tokens, starts_fresh(stream.run, stream.cached, stream.next_chunk)))
             stream.next_chunk += 1
             stream.lands_at = self.ring.lands_at(step)
-        self.ring.take(step, ChunkGroup(tuple(s.run for s in takers), tuple(work)))
+        self.ring.take(step, ChunkGroup(tuple(s.run for s in takers), tuple(work), cost))
 
-    def compute(self, step: int) -> None:
-        """This rank's part of the group the ring gives it at `step`, its send left queued."""
+    def compute(self, step: int) -> float:
+        """This rank's part of the group the ring gives it at `step`, its send left queued; what
+        that group costs (0: none here)."""
         group = self.ring.work(self.rank, step)
-        if group is not None:
-            compute_chunks(group.runs, group.work)
+        if group is None:
+            return 0.0
+        compute_chunks(group.runs, group.work)
+        return group.cost
 
     def retire(self, step: int) -> None:
         self.ring.retire(step)

@@ -5,7 +5,7 @@ hold the same batch at every step. Each step ends in one all-reduce of one integ
 by `StepLayout`:
 
     [ assignments read, one entry per rank | cancel vote per slot | sampled token per slot
-      | cached-prefix proposal per rank, per pending assignment (the first `max_batch`) ]
+      | cached-prefix proposal per rank, per pending assignment (the first `max_batch`) | pace ]
 
 A rank writes its own count of assignments read from the log in its own entry (0 in the others),
 so the sum hands every rank every count, and their minimum is how many assignments *all* ranks
@@ -16,7 +16,8 @@ pending list starts with the same ids). A proposal is written as its length plus
 rank that could not build that assignment's request (its `TaskCreated` could not be read): the
 minimum then says no rank may run it (`AgreedStep.runnable`), so every rank fails it alike rather
 than one rank leaving it out of the batch the others run. Cancel votes add up (any rank's vote stops that stream); the sampling rank alone writes the
-tokens. `next_composition` turns that vector, plus what every rank derives alike from it (which
+tokens, and rank 0 alone the pace: what its decode steps cost against a prompt chunk, measured on
+its clock (`pace.StepPace`), which sizes the chunks of the newcomers admitted at this step. `next_composition` turns that vector, plus what every rank derives alike from it (which
 streams hit a stop rule, which prefills are done), into the next batch: cancelled and finished
 streams leave, prefilled streams join the decoding rows (in order, as many as the micro-batches
 take), and the first assignments not yet admitted join in log order while there is room
@@ -46,6 +47,7 @@ class AgreedStep:
     tokens: tuple[int, ...]  # per slot; meaningful for decoding rows only
     cached: tuple[int, ...] = ()  # per pending assignment: prompt tokens it reuses if admitted now
     runnable: tuple[bool, ...] = ()  # per pending assignment: every rank could build its request
+    decode_share: int = 0  # rank 0's `pace.StepPace.decode_share`, in thousandths (0: not measured yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +57,7 @@ class StepLayout:
 
     @property
     def size(self) -> int:
-        return self.world + 2 * self.max_batch + self.world * self.max_batch
+        return self.world + 2 * self.max_batch + self.world * self.max_batch + 1  # the last: pace
 
     def encode(
         self,
@@ -64,8 +66,10 @@ class StepLayout:
         cancel_votes: Sequence[bool],
         tokens: Sequence[int],
         cached: Sequence[int | None] = (),
+        decode_share: int = 0,
     ) -> list[int]:
-        """`cached`: this rank's proposal per pending assignment; None where it cannot run it."""
+        """`cached`: this rank's proposal per pending assignment; None where it cannot run it.
+        `decode_share`: rank 0's pace (the other ranks' is not written)."""
         if max(len(cancel_votes), len(tokens), len(cached)) > self.max_batch:
             raise ValueError(f"more than max_batch={self.max_batch} slots in one step")
         vector = [0] * self.size
@@ -79,6 +83,8 @@ class StepLayout:
         base += self.max_batch + rank * self.max_batch
         for index, length in enumerate(cached):
             vector[base + index] = 0 if length is None else length + 1
+        if rank == 0:
+            vector[-1] = max(0, decode_share)
         return vector
 
     def token_slots(self, rows: int) -> slice:
@@ -104,6 +110,7 @@ class StepLayout:
             tokens=tuple(summed[self.token_slots(slots)]),
             cached=tuple(max(0, low - 1) for low in lowest),
             runnable=tuple(low > 0 for low in lowest),
+            decode_share=summed[-1],
         )
 
 

@@ -21,12 +21,14 @@ from events.vocabulary import FinishReason, PrefillPath
 from runner.engine.collectives import Collectives
 from runner.engine.constraints import GrammarCompiler, TokenMask
 from runner.engine.decode import DecodeSpec, run_decode
+from runner.engine.pace import StepPace
 from runner.engine.plan import (
     PathChoice,
     choose_path,
     chunk_sizes,
     effective_step,
     model_keys_per_token,
+    prefill_cost,
     rank_schedule,
 )
 from runner.engine.prefill import run_prefill
@@ -105,6 +107,12 @@ class Engine:
     def prefill_keys_per_token(self) -> float | None:
         """The model's exchange rate between a token's matmuls and attended keys (`plan.balanced_chunk_sizes`)."""
         return model_keys_per_token(vars(self.shard.model.args))  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
+
+    @functools.cached_property
+    def pace(self) -> StepPace:
+        """This rank's batch step periods against a full first chunk; only rank 0's is agreed (`pace.py`)."""
+        step = effective_step(self.settings.prefill_step_size, self.collectives.world)
+        return StepPace(prefill_cost(step, 0, self.prefill_keys_per_token))
 
     @property
     def tokenizer(self):  # mlx_lm TokenizerWrapper

@@ -86,14 +86,17 @@ def prefill_cost(size: int, offset: int, keys: float | None) -> float:
     return float(size) if keys is None else chunk_cost(size, offset, keys)
 
 
-def balanced_chunk_sizes(prompt_len: int, step: int, cached: int, keys: float | None) -> list[int]:
-    """Chunks of prompt tokens [cached, prompt_len - 1) that each cost at most what a fresh prompt's
-    first chunk of `step` tokens costs: a late chunk attends to everything before it, so equal token
-    counts would make the step that carries it slower than one chunk's time (a batch interleaves
-    these chunks with its rows' decode). `keys` None (the model's shape is not known): `chunk_sizes`."""
+def balanced_chunk_sizes(prompt_len: int, step: int, cached: int, keys: float | None, room: float = 1.0) -> list[int]:
+    """Chunks of prompt tokens [cached, prompt_len - 1) that each cost at most `room` times what a
+    fresh prompt's first chunk of `step` tokens costs: a late chunk attends to everything before it,
+    so equal token counts would make the step that carries it slower than one chunk's time (a batch
+    interleaves these chunks with its rows' decode, and leaves `room` for them: `pace.chunk_room`).
+    `keys` None (the model's shape is not known): `chunk_sizes` of `room` times `step` tokens."""
+    if not 0.0 < room <= 1.0:
+        raise ValueError(f"room must be in (0, 1], got {room}")
     if keys is None:
-        return chunk_sizes(prompt_len - cached, step)
-    budget = chunk_cost(step, 0, keys)
+        return chunk_sizes(prompt_len - cached, max(1, int(step * room)))
+    budget = chunk_cost(step, 0, keys) * room
     smallest = max(1, step // SMALLEST_CHUNK_DIVISOR)
     sizes: list[int] = []
     offset, end = cached, max(cached, prompt_len - 1)

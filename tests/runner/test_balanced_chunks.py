@@ -27,14 +27,16 @@ TINY = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, 
     step=st.integers(1, 4096),
     cached_fraction=st.floats(0, 1),
     keys=st.floats(1, 50_000),
+    room=st.sampled_from([1.0, 0.9, 0.5]),
 )
 def test_chunks_cover_the_prompt_within_one_first_chunks_cost(
-    prompt_len: int, step: int, cached_fraction: float, keys: float
+    prompt_len: int, step: int, cached_fraction: float, keys: float, room: float
 ) -> None:
+    """`room` < 1: what a chunk may cost beside a decode step (`pace.chunk_room`)."""
     cached = int((prompt_len - 1) * cached_fraction)
-    sizes = balanced_chunk_sizes(prompt_len, step, cached, keys)
+    sizes = balanced_chunk_sizes(prompt_len, step, cached, keys, room)
     assert sum(sizes) == prompt_len - 1 - cached  # the last token goes through the first decode step
-    budget, smallest = chunk_cost(step, 0, keys), max(1, step // SMALLEST_CHUNK_DIVISOR)
+    budget, smallest = chunk_cost(step, 0, keys) * room, max(1, step // SMALLEST_CHUNK_DIVISOR)
     offset = cached
     for index, size in enumerate(sizes):
         assert 1 <= size <= step
@@ -53,6 +55,18 @@ def test_a_long_prompt_is_cut_shorter_as_it_goes_and_never_below_the_smallest_ch
     assert len(sizes) == 18  # 8 chunks of 256 would make the last cost about 3 first chunks
     assert min(balanced_chunk_sizes(100_000, 256, 0, keys)[:-1]) == 256 // SMALLEST_CHUNK_DIVISOR
     assert balanced_chunk_sizes(2000, 256, 1500, keys)[0] < 256  # a cached prefix is attended to as well
+
+
+def test_a_chunk_beside_a_decode_step_leaves_it_room() -> None:
+    keys = model_keys_per_token(TINY)
+    assert keys is not None
+    full, half = balanced_chunk_sizes(2000, 256, 0, keys), balanced_chunk_sizes(2000, 256, 0, keys, 0.5)
+    assert 128 <= half[0] <= 140 < full[0]  # half the cost: a little over half the tokens (attention is quadratic)
+    assert len(half) > len(full)
+    assert balanced_chunk_sizes(2000, 256, 500, None, 0.5) == chunk_sizes(1500, 128)
+    for room in (0.0, 1.5):
+        with pytest.raises(ValueError, match="room"):
+            balanced_chunk_sizes(2000, 256, 0, keys, room)
 
 
 def test_matmul_bound_models_and_unknown_shapes_take_even_chunks() -> None:

@@ -39,8 +39,19 @@ def test_layout_refuses_more_slots_than_max_batch_and_a_wrong_length() -> None:
     layout = StepLayout(world=1, max_batch=2)
     with pytest.raises(ValueError, match="max_batch=2"):
         layout.encode(0, 0, [False] * 3, [])
-    with pytest.raises(ValueError, match="expected 7"):
+    with pytest.raises(ValueError, match="expected 8"):
         layout.decode([0, 0])
+
+
+def test_layout_agrees_on_rank_0s_pace_alone() -> None:
+    """Every rank measures its own pace; only rank 0's reaches the agreement, so every rank sizes a
+    newcomer's chunks from the same number."""
+    layout = StepLayout(world=3, max_batch=2)
+    vectors = [layout.encode(rank, 1, [False], [], decode_share=100 * (rank + 1)) for rank in range(3)]
+    summed = [sum(column) for column in zip(*vectors, strict=True)]
+    assert layout.decode(summed, 1).decode_share == 100
+    silent = [layout.encode(rank, 1, [], []) for rank in range(3)]  # rank 0 has measured nothing yet
+    assert layout.decode([sum(column) for column in zip(*silent, strict=True)]).decode_share == 0
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from runner.engine.batch_streams import CREATED_MISSING, UNRUNNABLE_ELSEWHERE
+from runner.engine.pace import MAX_DECODE_SHARE, SHARE_SCALE, chunk_room
 from runner.engine.plan import balanced_chunk_sizes, even_split, model_keys_per_token
 from runner.local.launch import run_group
 from runner.local.local_run import synthetic_prompt
@@ -175,8 +176,35 @@ def test_every_stream_equals_the_request_served_alone(world: int) -> None:
                     assert got["progress"] == expected["progress"], where
                 else:  # chunks of equal cost from the prefix the cache served (if the prompt extends an earlier one)
                     cached, total = got["cached_tokens"], got["prompt_tokens"]
-                    chunked = accumulate([cached, *balanced_chunk_sizes(total, CHUNK, cached, tiny_keys_per_token())])
-                    assert got["progress"] == [*([done, total] for done in chunked), [total, total]], where
+                    assert tuple(map(tuple, got["progress"])) in cuts(total, cached), where
+
+
+@functools.cache
+def cuts(total: int, cached: int) -> set[tuple[tuple[int, int], ...]]:
+    """The progress of a prompt cut into chunks of equal cost, each leaving the room that some pace
+    rank 0 may have measured gives it (`pace.chunk_room`; every rank's is the same:
+    `test_every_rank_cuts_every_prompt_alike`)."""
+    found = set()
+    for share in range(round(MAX_DECODE_SHARE * SHARE_SCALE) + 1):
+        sizes = balanced_chunk_sizes(total, CHUNK, cached, tiny_keys_per_token(), chunk_room(share))
+        found.add((*((done, total) for done in accumulate([cached, *sizes])), (total, total)))
+    return found
+
+
+@pytest.mark.parametrize("world", (2, 3))
+def test_every_rank_cuts_every_prompt_alike(world: int) -> None:
+    """The chunks are cut from rank 0's pace, agreed: never from what a rank measured itself."""
+    runs = batch_runs(world)
+    for index, schedule in enumerate(schedules(world)):
+        progress = [  # a cancel reaches each rank's part of a pipelined prefill at its own iteration
+            {
+                t: e.get("progress")
+                for t, e in rank_runs[index]["ended"].items()
+                if e.get("finish_reason") != "cancelled"
+            }
+            for rank_runs in runs
+        ]
+        assert all(view == progress[0] for view in progress), schedule["name"]
 
 
 @pytest.mark.parametrize("world", (2, 3))
