@@ -48,14 +48,7 @@ from runner.engine.engine import Engine, outcome_of
 from runner.engine.logprobs import LazyLogprobs
 from runner.engine.micro_batches import MicroBatch, MicroBatches
 from runner.engine.pace import chunk_room
-from runner.engine.plan import (
-    balanced_chunk_sizes,
-    choose_path,
-    chunk_sizes,
-    effective_step,
-    prefill_cost,
-    rank_schedule,
-)
+from runner.engine.plan import effective_step, newcomer_prefill, prefill_cost, rank_schedule
 from runner.engine.prefill import run_prefill
 from runner.engine.prefix_cache import PrefixIndex, PrefixMatch
 from runner.engine.protocols import PhaseTracker
@@ -351,10 +344,8 @@ class ContinuousBatch:
         """A newcomer's stream, or why it fails alone (the same verdict on every rank: `runnable` is
         agreed, and a request every rank built is validated alike). It reuses the
         agreed `cached` prompt tokens, cut from the entry this rank held for it. One admitted into an
-        empty batch with nothing cached takes the path a task alone would (`plan.choose_path`): on
-        several ranks a long prompt overlaps its chunks through the pipeline; otherwise chunks are
-        sequential, so they interleave with the rows' decode, each leaving `room` for the rows' decode
-        step (`pace.chunk_room`)."""
+        empty batch with nothing cached takes the path a task alone would; otherwise its chunks ride
+        the rows' steps, each leaving `room` for the rows' decode (`plan.newcomer_prefill`)."""
         match = self.held.pop(admission.task_id, None)
         if cached > (0 if match is None else match.length):
             raise RuntimeError(f"internal error: agreed to reuse {cached} tokens, this rank proposed fewer")
@@ -365,16 +356,12 @@ class ContinuousBatch:
             self.engine.validate(request)
         except RequestError as exc:
             return Ended(admission.task_id, None, str(exc))
-        engine = self.engine
-        prompt_len = len(request.prompt_token_ids)
-        step = effective_step(engine.settings.prefill_step_size, engine.collectives.world)
-        world = engine.collectives.world
-        path = choose_path(prompt_len, engine.settings.prefill_step_size, world, request.prefill_path)
-        path = path if alone and not cached else "sequential"
-        if path == "pipeline":  # nothing runs beside it: the chunks a task alone takes
-            chunks = chunk_sizes(prompt_len, step)
-        else:  # its chunks ride the rows' steps: each one with the rows' decode costs what a first chunk does
-            chunks = balanced_chunk_sizes(prompt_len, step, cached, engine.prefill_keys_per_token, room)
+        engine, world = self.engine, self.engine.collectives.world
+        prompt_len, step = len(request.prompt_token_ids), engine.settings.prefill_step_size
+        path, chunks = newcomer_prefill(
+            prompt_len, step, world, request.prefill_path,
+            alone=alone, cached=cached, keys=engine.prefill_keys_per_token, room=room,
+        )  # fmt: skip
         iterations = len(rank_schedule(engine.rank, world, len(chunks), path))
         run = engine.task_run(request.task_id, admission.cancel, admission.sink, self.phases)
         if match is not None and cached:
@@ -383,7 +370,8 @@ class ContinuousBatch:
         emitter = Emitter(run, spec, engine.tokenizer)
         stream = Stream(request, run, spec, emitter, chunks, time.perf_counter(), path, cached=cached)
         self.streams[request.task_id] = stream
-        run.notify(admission.sink.prefill_started, request.task_id, path, prompt_len, len(chunks), step, cached)
+        chunk = effective_step(step, world)
+        run.notify(admission.sink.prefill_started, request.task_id, path, prompt_len, len(chunks), chunk, cached)
         if path == "sequential":  # the pipeline prefill reports its own start
             run.report_progress(cached, prompt_len, 0)
         return None

@@ -129,6 +129,29 @@ def choose_path(prompt_len: int, prefill_step_size: int, world: int, choice: Pat
     return "pipeline" if n_chunks >= 2 else "sequential"
 
 
+def newcomer_prefill(
+    prompt_len: int,
+    prefill_step_size: int,
+    world: int,
+    choice: PathChoice,
+    *,
+    alone: bool,
+    cached: int,
+    keys: float | None,
+    room: float,
+) -> tuple[PrefillPath, list[int]]:
+    """How a continuous batch prefills a newcomer, from agreed data only: admitted into an empty batch
+    (`alone`) with nothing cached, the path a task alone would take (`choose_path`: on several ranks
+    a long prompt overlaps its chunks through the pipeline, in the chunks a task alone takes);
+    otherwise sequential chunks of equal cost from the cached prefix, riding the rows' steps, each
+    leaving `room` for the rows' decode (`balanced_chunk_sizes`, `pace.chunk_room`)."""
+    step = effective_step(prefill_step_size, world)
+    path = choose_path(prompt_len, prefill_step_size, world, choice) if alone and not cached else "sequential"
+    if path == "pipeline":
+        return path, chunk_sizes(prompt_len, step)
+    return path, balanced_chunk_sizes(prompt_len, step, cached, keys, room)
+
+
 def rank_schedule(rank: int, world: int, n_chunks: int, path: PrefillPath) -> list[int | None]:
     """What `rank` does at each prefill iteration: a chunk index, or None for an idle iteration.
 

@@ -10,11 +10,14 @@ from hypothesis import strategies as st
 
 from runner.engine.plan import (
     SMALLEST_CHUNK_DIVISOR,
+    PathChoice,
     balanced_chunk_sizes,
     chunk_cost,
     chunk_sizes,
+    effective_step,
     keys_per_token,
     model_keys_per_token,
+    newcomer_prefill,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -83,3 +86,26 @@ def test_keys_per_token_from_a_config() -> None:
     )
     assert model_keys_per_token({k: v for k, v in TINY.items() if k != "intermediate_size"}) is None  # MoE shapes
     assert model_keys_per_token({}) is None
+
+
+@pytest.mark.parametrize(
+    ("case", "world", "choice", "alone", "cached", "room", "expected_path"),
+    [
+        ("alone on several ranks: overlapped, in a lone task's chunks", 2, "auto", True, 0, 1.0, "pipeline"),
+        ("alone on one rank", 1, "auto", True, 0, 1.0, "sequential"),
+        ("beside others: its chunks ride their steps", 2, "auto", False, 0, 0.8, "sequential"),
+        ("a cached prefix: the rest rides the steps", 2, "auto", True, 500, 1.0, "sequential"),
+        ("forced sequential alone", 2, "sequential", True, 0, 1.0, "sequential"),
+    ],
+)
+def test_a_newcomer_takes_a_lone_tasks_path_only_alone(
+    case: str, world: int, choice: PathChoice, alone: bool, cached: int, room: float, expected_path: str
+) -> None:
+    keys = model_keys_per_token(TINY)
+    path, sizes = newcomer_prefill(2000, 256, world, choice, alone=alone, cached=cached, keys=keys, room=room)
+    step = effective_step(256, world)
+    assert path == expected_path, case
+    if path == "pipeline":
+        assert sizes == chunk_sizes(2000, step), case
+    else:
+        assert sizes == balanced_chunk_sizes(2000, step, cached, keys, room), case
