@@ -116,7 +116,7 @@ class ContinuousBatch:
         # the chunks before the rows: a chunk sent after the last agreement is read first
         chunked, chunk_cost = self._prefill_chunks()
         working = self.micro.working(self.engine.rank)
-        tokens, logprobs = self._decode_rows()  # the boundary's, on the sampling rank; none elsewhere
+        tokens, logprobs = self._decode_rows(working)  # the boundary's, on the sampling rank; none elsewhere
         logprobs = logprobs or [None] * len(current.rows)
         votes = [self._vote(self.streams[t]) for t in current.members]
         self.phases.enter("agree_cancel", members[0] if members else None, self.steps)
@@ -161,9 +161,8 @@ class ContinuousBatch:
         tokens = self.layout.token_slots(len(first.rows))  # the lockstep rows are the first slots
         return collectives.agree_ahead(vector, lambda total: self.row_decoder.speculate(first, total[tokens]))
 
-    def _decode_rows(self) -> tuple[list[int], list[LazyLogprobs | None]]:
-        """This rank's micro-batch of the step: on the sampling rank, the boundary one."""
-        part = self.micro.working(self.engine.rank)
+    def _decode_rows(self, part: MicroBatch | None) -> tuple[list[int], list[LazyLogprobs | None]]:
+        """This rank's micro-batch of the step (`MicroBatches.working`): on the sampling rank, the boundary one."""
         if part is None or part.cache is None:
             return [], []
         rows = [self.streams[t] for t in part.rows]
@@ -182,11 +181,12 @@ class ContinuousBatch:
         rank computed (None for a whole prefill)."""
         waiting = [self.streams[t] for t in self.composition.prefilling]
         costs = [s.next_chunk_cost(self.engine.prefill_keys_per_token) for s in waiting]
-        takers = [waiting[i] for i in chunk_takers(costs, self.prefill_budget)]
+        taking = chunk_takers(costs, self.prefill_budget)
+        takers = [waiting[i] for i in taking]
         if takers and takers[0].path == "pipeline":  # admitted alone: nothing else prefills with it
             self._pipeline_prefill(takers[0])
             return takers[:1], None
-        self.chunks.take(self.steps, takers, self.engine.prefill_keys_per_token)
+        self.chunks.take(self.steps, takers, sum(costs[i] or 0.0 for i in taking))
         return takers, self.chunks.compute(self.steps)
 
     def _pipeline_prefill(self, head: Stream) -> None:

@@ -38,12 +38,12 @@ class PipelinedChunks:
         self.rank = rank
         self.ring: ChunkRing[ChunkGroup] = ChunkRing(world)
 
-    def take(self, step: int, takers: Sequence[Stream], keys: float | None) -> None:
-        """The takers' next chunks become the group of `step` (agreed data: every rank alike)."""
+    def take(self, step: int, takers: Sequence[Stream], cost: float) -> None:
+        """The takers' next chunks become the group of `step` (agreed data: every rank alike); `cost`:
+        what those chunks cost (`Stream.next_chunk_cost`)."""
         if not takers:
             return
         work = []
-        cost = sum(stream.next_chunk_cost(keys) or 0.0 for stream in takers)
         for stream in takers:
             start = stream.prompt_done
             tokens = stream.request.prompt_token_ids[start : start + stream.chunks[stream.next_chunk]]

@@ -15,13 +15,14 @@ reuses the minimum over ranks (`AgreedStep.cached`, by its index among the newco
 pending list starts with the same ids). A proposal is written as its length plus one, and 0 by a
 rank that could not build that assignment's request (its `TaskCreated` could not be read): the
 minimum then says no rank may run it (`AgreedStep.runnable`), so every rank fails it alike rather
-than one rank leaving it out of the batch the others run. Cancel votes add up (any rank's vote stops that stream); the sampling rank alone writes the
-tokens, and rank 0 alone the pace: what its decode steps cost against a prompt chunk, measured on
-its clock (`pace.StepPace`), which sizes the chunks of the newcomers admitted at this step. `next_composition` turns that vector, plus what every rank derives alike from it (which
-streams hit a stop rule, which prefills are done), into the next batch: cancelled and finished
-streams leave, prefilled streams join the decoding rows (in order, as many as the micro-batches
-take), and the first assignments not yet admitted join in log order while there is room
-(`max_batch`).
+than one rank leaving it out of the batch the others run. Cancel votes add up (any rank's vote
+stops that stream); the sampling rank alone writes the tokens, and rank 0 alone the pace: what its
+decode steps cost against a prompt chunk, measured on its clock (`pace.StepPace`), which sizes the
+chunks of the newcomers admitted at this step. `next_composition` turns that vector, plus what
+every rank derives alike from it (which streams hit a stop rule, which prefills are done), into the
+next batch: cancelled and finished streams leave, prefilled streams join the decoding rows (in
+order, as many as the micro-batches take), and the first assignments not yet admitted join in log
+order while there is room (`max_batch`).
 
 Slots are `Composition.members` in order: the decoding rows (in the batch cache's row order),
 then the streams waiting for or in prefill. Which of those take a prompt chunk at a step is

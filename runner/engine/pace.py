@@ -47,7 +47,7 @@ class StepPace:
             return
         if chunk_cost < SMALLEST_MEASURED_CHUNK * self.chunk_cost or (rows and self.decode_s is None):
             return  # mostly overhead, or the chunk's part of this step cannot be told from the rows' yet
-        decode = self.decode_s if rows and self.decode_s is not None else 0.0
+        decode = (self.decode_s or 0.0) if rows else 0.0
         self.per_cost_s = _average(self.per_cost_s, max(0.0, period_s - decode) / chunk_cost)
 
     def decode_share(self) -> int:
