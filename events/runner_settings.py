@@ -75,6 +75,16 @@ PrefixCacheBytes = Annotated[
         "starts with the same tokens (least recently used goes first); 0 = off",
     ),
 ]
+KvCacheBytes = Annotated[
+    int,
+    msgspec.Meta(
+        ge=0,
+        description="bytes of KV cache the running batch may reserve on each rank (its own layers): a request "
+        "is admitted once its prompt plus max_tokens fit beside the running ones, waiting in the queue until "
+        "then, and fails with an error if it cannot fit alone; 0 = half the memory available to the rank "
+        "once its shard is loaded",
+    ),
+]
 HeartbeatIntervalSeconds = Annotated[
     float, POSITIVE_SECONDS, msgspec.Meta(description="seconds between two heartbeats of a node, and of a rank")
 ]
@@ -123,6 +133,9 @@ class RunnerSettings(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # 1 GiB per rank: ~8 conversations of 2,000 tokens of a 7B model (128 KiB of KV per token, fp16)
     # if one rank held every layer; more on a split model, thousands on a small one.
     prefix_cache_bytes: PrefixCacheBytes = 1 << 30
+    # 0: half of what is available once the weights are in, the other half left to activations, the
+    # prefix cache and the rest of the machine; a rank killed for memory would fail every task it runs.
+    kv_cache_bytes: KvCacheBytes = 0
     heartbeat_interval_seconds: HeartbeatIntervalSeconds = 1.0
     stall_stack_seconds: StallStackSeconds = 5.0
     model_download: ModelDownload = True

@@ -36,6 +36,7 @@ from events.runner_settings import (
     DecodeCancelPollTokens,
     HeartbeatIntervalSeconds,
     KvBits,
+    KvCacheBytes,
     KvGroupSize,
     MaxBatch,
     ModelDownload,
@@ -185,6 +186,7 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     batch_chunk_events_per_round: BatchChunkEventsPerRound = RUNNER_DEFAULTS.batch_chunk_events_per_round
     stream_chunk_min_interval_seconds: StreamChunkMinIntervalSeconds = RUNNER_DEFAULTS.stream_chunk_min_interval_seconds
     prefix_cache_bytes: PrefixCacheBytes = RUNNER_DEFAULTS.prefix_cache_bytes
+    kv_cache_bytes: KvCacheBytes = RUNNER_DEFAULTS.kv_cache_bytes
     events_max_age_seconds: Annotated[float, POSITIVE_SECONDS, Meta(description="how long events are kept")] = (
         7 * 86400.0
     )
@@ -244,8 +246,7 @@ class ResolvedConfig(msgspec.Struct, frozen=True, kw_only=True):
     yaml_path: str | None = None
 
     def items(self) -> list[tuple[str, object, str]]:
-        """(key, effective value, source) for every setting, in declaration order, secrets redacted:
-        this is what people see (`shoal config show`, `GET /v1/config`); services read `config`."""
+        """(key, value, source) per setting, in order, secrets redacted: what `shoal config show` shows."""
         return [(key, _shown(key, getattr(self.config, key)), self.sources[key]) for key in KEYS]
 
     def to_dict(self) -> dict[str, dict[str, object]]:

@@ -42,9 +42,10 @@ from runner.engine.batch_plan import (
     next_composition,
 )
 from runner.engine.batch_rows import RowDecoder
-from runner.engine.batch_streams import UNRUNNABLE_ELSEWHERE, Admission, Ended, StepResult, Stream
+from runner.engine.batch_streams import UNRUNNABLE_ELSEWHERE, Admission, Ended, StepResult, Stream, reservations
 from runner.engine.decode import Emitter
 from runner.engine.engine import Engine, outcome_of
+from runner.engine.kv_budget import too_large
 from runner.engine.logprobs import LazyLogprobs
 from runner.engine.micro_batches import MicroBatch, MicroBatches
 from runner.engine.pace import chunk_room
@@ -74,6 +75,7 @@ class ContinuousBatch:
         # rank computes only its own layers of it, about what one chunk costs a rank alone.
         self.prefill_budget = prefill_cost(step * world, 0, engine.prefill_keys_per_token)
         self._agreed_at: float | None = None  # this rank's clock at the last step's agreement
+        self.kv_capacity = engine.kv_capacity  # this rank's; the batch admits within the least (`kv_budget`)
         self.composition = Composition()  # the admitted streams not decoding yet (its rows are in `micro`)
         self.streams: dict[str, Stream] = {}
         self.micro = MicroBatches(engine.collectives.world)
@@ -123,7 +125,8 @@ class ContinuousBatch:
         pending = read_pending()
         received = current.admitted + len(pending)
         share = self.engine.pace.decode_share()
-        vector = self.layout.encode(self.engine.rank, received, votes, tokens, self._propose(pending), share)
+        proposals = self._propose(pending)
+        vector = self.layout.encode(self.engine.rank, received, votes, tokens, proposals, share, self.kv_capacity)
         agreed = self.layout.decode(self._agree(vector), len(votes), len(pending))
         self._observe(chunk_cost, 0 if working is None else len(working.rows))
         outbox = self.engine.shard.outbox
@@ -235,10 +238,12 @@ class ContinuousBatch:
         micro = self.micro
         boundary, target = micro.boundary(), micro.join_target()
         prefilled = frozenset(t for t in current.prefilling if self.streams[t].landed(self.steps))
+        kv = reservations(self.engine, self.streams, pending, agreed.runnable) if pending else None
         transition = next_composition(
             current, agreed, stopped_rows=frozenset(stopped), prefilled=prefilled,
             join_room=0 if target is None else micro.join_room(len(prefilled)),
             pending=[a.task_id for a in pending], max_batch=self.max_batch - micro.rows_elsewhere(),
+            reservations=kv, reserved_elsewhere=[kv[t] for t in micro.rows_in_flight()] if kv else (),
         )  # fmt: skip
         if boundary is not None:
             self._remember(boundary, transition.kept_rows)
@@ -252,7 +257,10 @@ class ContinuousBatch:
         alone = not micro.rows and len(transition.composition.prefilling) == 1 and not self.chunks.busy()
         newcomers = pending[: len(transition.newcomers)]
         room = chunk_room(agreed.decode_share) if micro.rows else 1.0  # agreed: rank 0's pace, the rows
-        failed = [self._admit(a, agreed.cached[i], agreed.runnable[i], alone, room) for i, a in enumerate(newcomers)]
+        capacity = agreed.kv_capacity
+        failed = [
+            self._admit(a, agreed.cached[i], agreed.runnable[i], alone, room, capacity) for i, a in enumerate(newcomers)
+        ]
         ended += [f for f in failed if f is not None]
         waiting = Composition((), transition.composition.prefilling, transition.composition.admitted)
         self.composition = waiting.without([f.task_id for f in failed if f is not None])
@@ -340,7 +348,9 @@ class ContinuousBatch:
         )  # fmt: skip
         return Ended(run.task_id, outcome)
 
-    def _admit(self, admission: Admission, cached: int, runnable: bool, alone: bool, room: float) -> Ended | None:
+    def _admit(
+        self, admission: Admission, cached: int, runnable: bool, alone: bool, room: float, capacity: int
+    ) -> Ended | None:
         """A newcomer's stream, or why it fails alone (the same verdict on every rank: `runnable` is
         agreed, and a request every rank built is validated alike). It reuses the
         agreed `cached` prompt tokens, cut from the entry this rank held for it. One admitted into an
@@ -356,6 +366,8 @@ class ContinuousBatch:
             self.engine.validate(request)
         except RequestError as exc:
             return Ended(admission.task_id, None, str(exc))
+        if (error := too_large(self.engine.kv_reservation(request), capacity)) is not None:
+            return Ended(admission.task_id, None, error)
         engine, world = self.engine, self.engine.collectives.world
         prompt_len, step = len(request.prompt_token_ids), engine.settings.prefill_step_size
         path, chunks = newcomer_prefill(

@@ -5,7 +5,8 @@ hold the same batch at every step. Each step ends in one all-reduce of one integ
 by `StepLayout`:
 
     [ assignments read, one entry per rank | cancel vote per slot | sampled token per slot
-      | cached-prefix proposal per rank, per pending assignment (the first `max_batch`) | pace ]
+      | cached-prefix proposal per rank, per pending assignment (the first `max_batch`)
+      | KV capacity, one entry per rank | pace ]
 
 A rank writes its own count of assignments read from the log in its own entry (0 in the others),
 so the sum hands every rank every count, and their minimum is how many assignments *all* ranks
@@ -15,7 +16,9 @@ reuses the minimum over ranks (`AgreedStep.cached`, by its index among the newco
 pending list starts with the same ids). A proposal is written as its length plus one, and 0 by a
 rank that could not build that assignment's request (its `TaskCreated` could not be read): the
 minimum then says no rank may run it (`AgreedStep.runnable`), so every rank fails it alike rather
-than one rank leaving it out of the batch the others run. Cancel votes add up (any rank's vote
+than one rank leaving it out of the batch the others run. Each rank writes its KV capacity in
+tokens of its own layers (`kv_budget.token_capacity`) in its own entry; the batch admits within
+the least (`AgreedStep.kv_capacity`). Cancel votes add up (any rank's vote
 stops that stream); the sampling rank alone writes the tokens, and rank 0 alone the pace: what its
 decode steps cost against a prompt chunk, measured on its clock (`pace.StepPace`), which sizes the
 chunks of the newcomers admitted at this step. `next_composition` turns that vector, plus what
@@ -34,10 +37,11 @@ the ranks, so on N ranks the budget is N first chunks: `batch_chunks`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 
+from runner.engine.kv_budget import MAX_CAPACITY_TOKENS, admissible
 from runner.engine.prefix_cache import agreed_prefix
 
 
@@ -49,6 +53,7 @@ class AgreedStep:
     cached: tuple[int, ...] = ()  # per pending assignment: prompt tokens it reuses if admitted now
     runnable: tuple[bool, ...] = ()  # per pending assignment: every rank could build its request
     decode_share: int = 0  # rank 0's `pace.StepPace.decode_share`, in thousandths (0: not measured yet)
+    kv_capacity: int = MAX_CAPACITY_TOKENS  # KV positions the batch may hold: the least over ranks (`kv_budget`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +63,7 @@ class StepLayout:
 
     @property
     def size(self) -> int:
-        return self.world + 2 * self.max_batch + self.world * self.max_batch + 1  # the last: pace
+        return self.world + 2 * self.max_batch + self.world * self.max_batch + self.world + 1  # the last: pace
 
     def encode(
         self,
@@ -68,9 +73,10 @@ class StepLayout:
         tokens: Sequence[int],
         cached: Sequence[int | None] = (),
         decode_share: int = 0,
+        kv_capacity: int = MAX_CAPACITY_TOKENS,
     ) -> list[int]:
         """`cached`: this rank's proposal per pending assignment; None where it cannot run it.
-        `decode_share`: rank 0's pace (the other ranks' is not written)."""
+        `decode_share`: rank 0's pace (the other ranks' is not written). `kv_capacity`: this rank's."""
         if max(len(cancel_votes), len(tokens), len(cached)) > self.max_batch:
             raise ValueError(f"more than max_batch={self.max_batch} slots in one step")
         vector = [0] * self.size
@@ -84,9 +90,15 @@ class StepLayout:
         base += self.max_batch + rank * self.max_batch
         for index, length in enumerate(cached):
             vector[base + index] = 0 if length is None else length + 1
+        vector[self._capacities.start + rank] = min(max(0, kv_capacity), MAX_CAPACITY_TOKENS)
         if rank == 0:
             vector[-1] = max(0, decode_share)
         return vector
+
+    @property
+    def _capacities(self) -> slice:
+        start = self.world + 2 * self.max_batch + self.world * self.max_batch
+        return slice(start, start + self.world)
 
     def token_slots(self, rows: int) -> slice:
         """Where the vector holds the first `rows` slots' tokens (the decoding rows' are first)."""
@@ -112,6 +124,7 @@ class StepLayout:
             cached=tuple(max(0, low - 1) for low in lowest),
             runnable=tuple(low > 0 for low in lowest),
             decode_share=summed[-1],
+            kv_capacity=min(summed[self._capacities]),
         )
 
 
@@ -154,12 +167,17 @@ def next_composition(
     join_room: int,
     pending: Sequence[str],
     max_batch: int,
+    reservations: Mapping[str, int] | None = None,
+    reserved_elsewhere: Sequence[int] = (),
 ) -> Transition:
     """The batch of the next step. `stopped_rows`: rows whose agreed token hit a stop rule (every rank
     applies the same rules to the same tokens); `prefilled`: prefilling streams with no prompt chunk
     left; `join_room`: how many of them the decoding rows take now (`MicroBatches.join_room`);
     `pending`: this rank's assignments not yet admitted, in log order (every rank's list starts with
-    the same `agreed.received - current.admitted` ids)."""
+    the same `agreed.received - current.admitted` ids); `reservations`: the KV positions each member
+    and pending assignment may come to hold (`kv_budget.reservation`; 0 for one every rank fails),
+    within the agreed `kv_capacity` (None: not bounded), beside `reserved_elsewhere`: the reservations
+    of the rows in the other micro-batches (mid-ring, they stay)."""
     quiet = not (any(agreed.cancelled) or stopped_rows or current.prefilling or pending)
     if quiet and agreed.received == current.admitted:  # the common step: nobody leaves, joins or waits
         return Transition(current, tuple(range(len(current.rows))), (), (), (), ())
@@ -178,7 +196,12 @@ def next_composition(
     available = agreed.received - current.admitted
     if available > len(pending):
         raise ValueError(f"agreed {agreed.received} assignments but this rank holds {current.admitted + len(pending)}")
-    newcomers = tuple(pending[: max(0, min(room, available))])
+    taking = max(0, min(room, available))
+    if reservations is not None:
+        held = [*reserved_elsewhere, *(reservations.get(t, 0) for t in (*rows, *prefilling))]
+        wanted = [reservations.get(t, 0) for t in pending[:taking]]
+        taking = admissible(held, wanted, agreed.kv_capacity)
+    newcomers = tuple(pending[:taking])
     composition = Composition(
         rows=tuple(rows), prefilling=(*prefilling, *newcomers), admitted=current.admitted + len(newcomers)
     )

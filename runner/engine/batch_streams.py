@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from events.vocabulary import PrefillPath
 from runner.engine.decode import DecodeSpec, Emitter
-from runner.engine.engine import GenerationOutcome, GenerationRequest
+from runner.engine.engine import Engine, GenerationOutcome, GenerationRequest
 from runner.engine.plan import prefill_cost
 from runner.engine.protocols import CancelSource, RunnerSink
 from runner.engine.task_run import TaskRun
@@ -81,3 +82,16 @@ class Stream:
         if self.prefilled:
             return None
         return prefill_cost(self.chunks[self.next_chunk], self.prompt_done, keys)
+
+
+def reservations(
+    engine: Engine, streams: Mapping[str, Stream], pending: Sequence[Admission], runnable: Sequence[bool]
+) -> dict[str, int]:
+    """The KV positions every member and the first pending assignments may come to hold
+    (`kv_budget.reservation`): 0 for one no rank can run (it fails at admission). From requests
+    every rank holds alike, so every rank admits alike (`batch_plan.next_composition`)."""
+    held = {task_id: engine.kv_reservation(stream.request) for task_id, stream in streams.items()}
+    for admission, can_run in zip(pending, runnable, strict=False):
+        request = admission.request
+        held[admission.task_id] = engine.kv_reservation(request) if can_run and request is not None else 0
+    return held

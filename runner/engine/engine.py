@@ -21,6 +21,7 @@ from events.vocabulary import FinishReason, PrefillPath
 from runner.engine.collectives import Collectives
 from runner.engine.constraints import GrammarCompiler, TokenMask
 from runner.engine.decode import DecodeSpec, run_decode
+from runner.engine.kv_budget import budget_bytes, reservation, token_capacity
 from runner.engine.pace import StepPace
 from runner.engine.plan import (
     PathChoice,
@@ -36,9 +37,11 @@ from runner.engine.protocols import CancelSource, NeverCancelled, NullSink, Phas
 from runner.engine.sampling import check_adjustments, logit_adjustments, request_sampler
 from runner.engine.task_run import TaskRun
 from runner.errors import CallbackError, RequestError
+from runner.memory import memory_available_bytes
 from runner.models.chat import encode_chat
 from runner.models.grammar import TOOL_CALL_PARSER, GrammarError, check_grammar, grammar_for
-from runner.models.shard import LoadedShard, ShardCache
+from runner.models.kv_size import kv_bytes_per_token
+from runner.models.shard import LoadedShard, ShardCache, model_layers
 
 __all__ = ["Engine", "GenerationOutcome", "GenerationRequest", "encode_chat"]
 
@@ -113,6 +116,21 @@ class Engine:
         """This rank's batch step periods against a full first chunk; only rank 0's is agreed (`pace.py`)."""
         step = effective_step(self.settings.prefill_step_size, self.collectives.world)
         return StepPace(prefill_cost(step, 0, self.prefill_keys_per_token))
+
+    @functools.cached_property
+    def kv_capacity(self) -> int:
+        """KV positions of this rank's layers its `kv_cache_bytes` holds (0: half the memory available
+        at the first call; the batch reads it once built, after the warm-up); a batch admits within
+        the least over ranks (`kv_budget.py`)."""
+        placement = self.shard.placement
+        layers = model_layers(self.shard.model)[placement.start : placement.end]
+        budget = budget_bytes(self.settings.kv_cache_bytes, memory_available_bytes())
+        return token_capacity(budget, kv_bytes_per_token(layers))
+
+    def kv_reservation(self, request: GenerationRequest) -> int:
+        """The KV positions `request` may come to hold: its prompt and completion room (alike on every rank)."""
+        prompt_len = len(request.prompt_token_ids)
+        return reservation(prompt_len, completion_room(request.max_tokens, prompt_len, self.shard.context_length))
 
     @property
     def tokenizer(self):  # mlx_lm TokenizerWrapper

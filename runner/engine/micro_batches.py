@@ -82,8 +82,12 @@ class MicroBatches:
         return min(waiting, max(1, room) if self.iteration is None else max(0, room))
 
     def rows_elsewhere(self) -> int:
+        return len(self.rows_in_flight())
+
+    def rows_in_flight(self) -> tuple[str, ...]:
+        """The rows of every micro-batch but the boundary one: mid-ring, they stay this step."""
         boundary = self.boundary()
-        return sum(len(part.rows) for part in self.parts if part is not boundary)
+        return tuple(t for part in self.parts if part is not boundary for t in part.rows)
 
     def advance(self) -> None:
         """After the step's membership changes: the next step's mode and iteration."""

@@ -37,6 +37,7 @@ from events.state import FINISHED_TASKS_KEPT, State
 from events.subjects import event_subjects_without
 from events.vocabulary import JoinCause
 from runner.blas import blas_env
+from runner.memory import memory_available_bytes
 from runner.service.exit_codes import exit_cause
 from services.worker.plan import RunnerKey, plan_runners, ranks_sharing_host, rejoin_cause
 from services.worker.procs import RunnerProcesses, child_env, describe_exit, runner_argv
@@ -59,17 +60,6 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
 
 def default_node_id() -> str:
     return socket.gethostname().split(".")[0] or "node"
-
-
-def memory_available_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class Worker:

@@ -39,7 +39,7 @@ def test_layout_refuses_more_slots_than_max_batch_and_a_wrong_length() -> None:
     layout = StepLayout(world=1, max_batch=2)
     with pytest.raises(ValueError, match="max_batch=2"):
         layout.encode(0, 0, [False] * 3, [])
-    with pytest.raises(ValueError, match="expected 8"):
+    with pytest.raises(ValueError, match="expected 9"):
         layout.decode([0, 0])
 
 
@@ -52,6 +52,15 @@ def test_layout_agrees_on_rank_0s_pace_alone() -> None:
     assert layout.decode(summed, 1).decode_share == 100
     silent = [layout.encode(rank, 1, [], []) for rank in range(3)]  # rank 0 has measured nothing yet
     assert layout.decode([sum(column) for column in zip(*silent, strict=True)]).decode_share == 0
+
+
+def test_layout_agrees_on_the_least_kv_capacity() -> None:
+    """Ranks hold different layers and memory: each writes its own capacity, the batch takes the
+    least, the same number on every rank (and the slot never overflows, whatever a rank says)."""
+    layout = StepLayout(world=3, max_batch=2)
+    vectors = [layout.encode(r, 1, [], [], kv_capacity=c) for r, c in enumerate([9000, 4000, 1 << 40])]
+    assert layout.decode([sum(column) for column in zip(*vectors, strict=True)]).kv_capacity == 4000
+    assert max(layout.encode(0, 1, [], [], kv_capacity=1 << 40)) < 1 << 31
 
 
 @pytest.mark.parametrize(
