@@ -321,6 +321,7 @@ class ContinuousBatch:
             part.cache = BatchShardCache(stream.run.caches)
         else:
             part.cache.join(stream.run.caches)
+        stream.run.caches.release()  # the batch's cache holds its KV now
         part.rows = (*part.rows, task_id)
 
     def _cancelled(self, task_id: str, rows: tuple[str, ...]) -> Ended:

@@ -166,6 +166,11 @@ class ShardCache:
     def states(self) -> list[Any]:
         return [self.slots[index].state for index in self.owned]
 
+    def release(self) -> None:
+        """Drop this task's references to its KV: a batch's cache holds it now (or a copy of it),
+        and a decoding row would otherwise keep its prompt's KV twice for its whole life."""
+        self.slots, self.owned = [], []
+
     def replace_owned(self, caches: list[Any]) -> None:
         """Start from these caches of the owned layers, in order (a prefix the prefix cache reuses)."""
         for index, cache in zip(self.owned, caches, strict=True):

@@ -82,3 +82,29 @@ def test_tasks_share_the_batch_and_bad_ones_fail_alone() -> None:
     statuses = [(e.status, e.detail) for e in inbox.published if isinstance(e, RunnerStatusChanged)]
     assert statuses[:-1] == [("running", "t1"), ("running", "t2"), ("running", "t3")]
     assert statuses[-1] == ("ready", "") and server.running == ()
+
+
+def test_a_row_that_joins_the_batch_keeps_its_kv_only_in_the_batchs_cache() -> None:
+    """A stream prefills into caches of its own; once it joins the rows, the batch's cache holds its
+    KV (a copy, for a second row) and the stream lets go of its own, so no decoding row keeps its
+    prompt's KV twice for its whole life."""
+    from runner.engine.batch_streams import Admission
+
+    shard = load_shard(cached_tiny(), ShardPlacement(0, 1, ((0, 8),)), None)
+    engine = Engine(None, shard, RunnerSettings(prefill_step_size=32))
+    batch = ContinuousBatch(engine, PhaseTracker(), max_batch=4)
+    pending = [
+        Admission(t, GenerationRequest(task_id=t, prompt_token_ids=synthetic_prompt(n), max_tokens=50),
+                  NeverCancelled(), NullSink())
+        for t, n in (("first", 40), ("second", 70))
+    ]  # fmt: skip
+    for _ in range(20):
+        result = batch.step(lambda: list(pending))
+        del pending[: result.admitted]
+        if len(batch.micro.rows) == 2:
+            break
+    assert set(batch.micro.rows) == {"first", "second"}
+    for task_id in batch.micro.rows:
+        assert batch.streams[task_id].run.caches.states() == []  # its KV lives in the batch's cache only
+    part = next(p for p in batch.micro.parts if p.rows)
+    assert part.cache is not None and part.cache.rows == 2
