@@ -263,6 +263,7 @@ class TaskFailed(Event, tag="task_failed", frozen=True, kw_only=True):
     error: str
     rank: int | None = None
     deadline: bool = False  # the master ended it at its request deadline (request_timeout_seconds)
+    invalid_request: bool = False  # the runners refused the request itself (the client's to change, not retry)
 
 
 class TaskStalled(Event, tag="task_stalled", frozen=True, kw_only=True):

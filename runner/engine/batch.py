@@ -366,9 +366,9 @@ class ContinuousBatch:
         try:
             self.engine.validate(request)
         except RequestError as exc:
-            return Ended(admission.task_id, None, str(exc))
+            return Ended(admission.task_id, None, str(exc), invalid_request=True)
         if (error := too_large(self.engine.kv_reservation(request), capacity)) is not None:
-            return Ended(admission.task_id, None, error)
+            return Ended(admission.task_id, None, error, invalid_request=True)
         engine, world = self.engine, self.engine.collectives.world
         prompt_len, step = len(request.prompt_token_ids), engine.settings.prefill_step_size
         path, chunks = newcomer_prefill(

@@ -32,6 +32,7 @@ class Ended:
     task_id: str
     outcome: GenerationOutcome | None  # None: failed, `error` says why
     error: str | None = None
+    invalid_request: bool = False  # failed for the request itself (every rank refused it alike)
 
 
 @dataclass(frozen=True, slots=True)

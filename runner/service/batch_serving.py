@@ -75,7 +75,11 @@ class BatchServing:
         for ended in result.ended:
             task_id = TaskId(ended.task_id)
             if ended.outcome is None:
-                server.terminal(TaskFailed(env=server.stamper.stamp(), task_id=task_id, error=ended.error or ""))
+                failed = TaskFailed(
+                    env=server.stamper.stamp(), task_id=task_id, error=ended.error or "",
+                    invalid_request=ended.invalid_request,
+                )  # fmt: skip
+                server.terminal(failed)
             else:
                 server.completed(task_id, ended.outcome)
         if not was_idle and not server.running:

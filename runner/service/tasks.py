@@ -138,7 +138,8 @@ class TaskServer:
         try:
             self.engine.validate(request)
         except RequestError as exc:
-            self.terminal(TaskFailed(env=self.stamper.stamp(), task_id=task_id, error=str(exc)))
+            refused = TaskFailed(env=self.stamper.stamp(), task_id=task_id, error=str(exc), invalid_request=True)
+            self.terminal(refused)
             return
         self.status("running", task_id)
         outcome = self.engine.generate(request, self.cancel, self.sink, self.phases)

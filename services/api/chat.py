@@ -13,7 +13,7 @@ from events.ids import TaskId
 from events.logprobs import TokenLogprob
 from services.api.auth import caller_of
 from services.api.context import ApiContext
-from services.api.errors import error_body
+from services.api.errors import error_body, failure_status
 from services.api.openai_format import DONE, ChunkMaker, completion, sse
 from services.api.responses import ChatCompletion
 from services.api.schemas import ChatCompletionRequest, decode_chat_request, to_task
@@ -92,8 +92,8 @@ def _tool_call_splitter(task: TaskCreated) -> ToolCallSplitter | None:
 
 def failed_chunk(event: TaskFailed) -> bytes:
     """A failed task's error as the stream's last event, then [DONE]."""
-    code = "request_timeout" if event.deadline else "task_failed"
-    return sse(msgspec.to_builtins(error_body(event.error, kind="task_failed", code=code))) + DONE
+    _, kind, code = failure_status(event)
+    return sse(msgspec.to_builtins(error_body(event.error, kind=kind, code=code))) + DONE
 
 
 def _is_last_rank(ctx: ApiContext, task_id: TaskId, rank: int) -> bool:

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from eventlog.publish import LogError
+from events.catalogue import TaskFailed
 from services.api.responses import ErrorDetail, ErrorKind, ErrorResponse, json_response
 from services.api.schemas import RequestProblem
 
@@ -73,3 +74,13 @@ async def _handle(request: Request, exc: Exception) -> Response:
 # For Starlette(exception_handlers=...): `Exception` is answered by its outermost middleware,
 # which sends this response and re-raises so that the server logs the bug.
 EXCEPTION_HANDLERS = {RequestProblem: _handle, LogError: _handle, HTTPException: _handle, Exception: _handle}
+
+
+def failure_status(event: TaskFailed) -> tuple[int, ErrorKind, str]:
+    """A failed task's HTTP status, error type and code: 504 past its deadline, 400 for a request
+    the runners refused (its size against the KV, a grammar, ...: not worth a retry), else 500."""
+    if event.deadline:
+        return 504, "task_failed", "request_timeout"
+    if event.invalid_request:
+        return 400, "invalid_request_error", "invalid_request"
+    return 500, "task_failed", "task_failed"

@@ -36,7 +36,14 @@ from events.logprobs import TokenLogprob
 from events.vocabulary import CancelReason
 from services.api.connections import BODY_DEADLINE_SECONDS
 from services.api.context import ApiContext
-from services.api.errors import error_body, error_for, error_response, internal_error_message, log_refused
+from services.api.errors import (
+    error_body,
+    error_for,
+    error_response,
+    failure_status,
+    internal_error_message,
+    log_refused,
+)
 from services.api.hub import TaskEvents
 from services.api.openai_format import DONE, sse
 from services.api.prompts import check_logit_bias, check_prompt_size, prompt_tokens, stop_tokens
@@ -200,14 +207,15 @@ async def run_to_end(
     answer: Callable[[Collected, TaskCompleted], msgspec.Struct],
 ) -> Response:
     """The JSON response of a task not streamed: `answer`'s body once it completed, a 504 if it
-    ran past its deadline, a 500 if it failed otherwise, 499 (nobody reads it) if the client went away."""
+    ran past its deadline, a 400 if the runners refused the request itself (`TaskFailed.invalid_request`:
+    its size against the KV, a grammar), a 500 if it failed otherwise, 499 (nobody reads it) if the client went away."""
     outcome = await run_task(ctx, task, request.receive, collect)
     if outcome is None:
         return Response(status_code=499)
     terminal = outcome.terminal
     if isinstance(terminal, TaskFailed):
-        status, code = (504, "request_timeout") if terminal.deadline else (500, "task_failed")
-        return error_response(status, terminal.error, kind="task_failed", code=code, headers=headers)
+        status, kind, code = failure_status(terminal)
+        return error_response(status, terminal.error, kind=kind, code=code, headers=headers)
     return json_response(answer(outcome, terminal), headers=headers)
 
 

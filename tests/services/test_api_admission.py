@@ -18,6 +18,7 @@ from events.ids import TaskId
 from services.api.app import build_app
 from services.api.auth import ApiAccess
 from services.api.context import ApiContext
+from services.api.errors import failure_status
 from services.config import ResolvedConfig, ShoalConfig
 from tests.events.builders import Events
 from tests.services.test_api import Client, chat
@@ -104,3 +105,20 @@ async def test_a_task_failed_at_its_deadline_answers_504_or_an_error_chunk(event
         error_chunk = next(text for text in streamed.texts if "error" in text)
         assert json.loads(error_chunk.removeprefix("data: ").split("\n")[0])["error"]["code"] == "request_timeout"
         assert streamed.texts[-1].endswith("data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize(
+    ("deadline", "invalid_request", "expected"),
+    [
+        (True, False, (504, "task_failed", "request_timeout")),
+        (False, True, (400, "invalid_request_error", "invalid_request")),  # refused by the runners: not retried
+        (False, False, (500, "task_failed", "task_failed")),
+    ],
+)
+def test_a_failed_task_answers_the_status_its_cause_deserves(
+    deadline: bool, invalid_request: bool, expected: tuple[int, str, str]
+) -> None:
+    failed = TaskFailed(
+        env=Events().master.stamp(), task_id=TaskId("t"), error="x", deadline=deadline, invalid_request=invalid_request
+    )
+    assert failure_status(failed) == expected
