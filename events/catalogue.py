@@ -283,6 +283,10 @@ class RunnerHeartbeat(Event, tag="runner_heartbeat", frozen=True, kw_only=True):
     phase_age_ms: int = 0
     stack: str | None = None
     batch: list[TaskIdField] = msgspec.field(default_factory=list)  # every task the rank is running
+    # Its batch's KV: positions the members reserve (prompt + max_tokens, padded to the longest) and
+    # what the instance holds (the least over its ranks); None when it does not batch.
+    kv_reserved_tokens: int | None = None
+    kv_capacity_tokens: int | None = None
 
     @property
     def tasks(self) -> tuple[TaskId, ...]:

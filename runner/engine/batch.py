@@ -42,7 +42,15 @@ from runner.engine.batch_plan import (
     next_composition,
 )
 from runner.engine.batch_rows import RowDecoder
-from runner.engine.batch_streams import UNRUNNABLE_ELSEWHERE, Admission, Ended, StepResult, Stream, reservations
+from runner.engine.batch_streams import (
+    UNRUNNABLE_ELSEWHERE,
+    Admission,
+    Ended,
+    StepResult,
+    Stream,
+    kv_reserved,
+    reservations,
+)
 from runner.engine.decode import Emitter
 from runner.engine.engine import Engine, outcome_of
 from runner.engine.kv_budget import too_large
@@ -264,7 +272,8 @@ class ContinuousBatch:
         ended += [f for f in failed if f is not None]
         waiting = Composition((), transition.composition.prefilling, transition.composition.admitted)
         self.composition = waiting.without([f.task_id for f in failed if f is not None])
-        return StepResult(len(transition.newcomers), ended)
+        kv = (kv_reserved(self.engine, self.streams), capacity) if newcomers or ended else None
+        return StepResult(len(transition.newcomers), ended, kv)
 
     def _chunks_done(self, current: Composition, agreed: AgreedStep, chunked: list[Stream]) -> None:
         """The streams that took a chunk (moved past it already) and were not cancelled report it."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from events.vocabulary import PrefillPath
 from runner.engine.decode import DecodeSpec, Emitter
 from runner.engine.engine import Engine, GenerationOutcome, GenerationRequest
+from runner.engine.kv_budget import batch_need
 from runner.engine.plan import prefill_cost
 from runner.engine.protocols import CancelSource, RunnerSink
 from runner.engine.task_run import TaskRun
@@ -39,6 +40,7 @@ class Ended:
 class StepResult:
     admitted: int  # how many of the pending admissions joined (the first ones, in log order)
     ended: list[Ended]
+    kv: tuple[int, int] | None = None  # when members came or went: KV positions reserved, and held (agreed)
 
 
 @dataclass(slots=True)
@@ -96,3 +98,8 @@ def reservations(
         request = admission.request
         held[admission.task_id] = engine.kv_reservation(request) if can_run and request is not None else 0
     return held
+
+
+def kv_reserved(engine: Engine, streams: Mapping[str, Stream]) -> int:
+    """KV positions the admitted streams reserve together (`kv_budget.batch_need`)."""
+    return batch_need([engine.kv_reservation(stream.request) for stream in streams.values()])

@@ -69,6 +69,8 @@ class BatchServing:
         was_idle = not server.running
         admitted = [self.pending.popleft() for _ in range(result.admitted)]
         server.running = tuple(TaskId(t) for t in self.batch.members)
+        if result.kv is not None:
+            server.batch_kv(*result.kv)
         for admission in admitted:
             if admission.task_id in self.batch.members:
                 server.status("running", admission.task_id)

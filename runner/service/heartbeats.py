@@ -22,6 +22,7 @@ class RunningTasks:
 
     def __init__(self) -> None:
         self.tasks: tuple[TaskId, ...] = ()
+        self.kv: tuple[int, int] | None = None  # the batch's KV positions (reserved, capacity), when it batches
 
 
 class LogHeartbeats:
@@ -52,6 +53,8 @@ class LogHeartbeats:
             phase_age_ms=reading.age_ns // 1_000_000,
             stack=reading.stack,
             batch=list(self._running.tasks),
+            kv_reserved_tokens=kv[0] if (kv := self._running.kv) is not None else None,
+            kv_capacity_tokens=kv[1] if kv is not None else None,
         )
 
     def record(self, reading: FlightReading) -> None:

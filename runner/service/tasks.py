@@ -113,6 +113,10 @@ class TaskServer:
     def running(self, tasks: tuple[TaskId, ...]) -> None:
         self._running.tasks = tasks
 
+    def batch_kv(self, reserved: int, capacity: int) -> None:
+        """The batch's KV positions, reserved and held (the heartbeats carry them)."""
+        self._running.kv = (reserved, capacity)
+
     def serve(self, stop: threading.Event, poll_seconds: float = 0.2) -> None:
         """Run assignments until `stop` is set. Engine errors propagate (the group is broken), and so
         does `LogBridgeDown` (no assignment can come any more)."""

@@ -52,6 +52,7 @@ class InstanceLane(msgspec.Struct, frozen=True, kw_only=True):
     rows: int = 0
     last_heartbeat: HeartbeatMark | None = None
     batch: tuple[TaskId, ...] = ()  # the tasks its newest heartbeat named
+    kv: tuple[int, int] | None = None  # its newest heartbeat's batch KV positions: reserved, held by the instance
     first_stack: HeartbeatMark | None = None
 
 
@@ -186,8 +187,15 @@ class InstanceTimelineBuilder(EventWindow):
             rows=len(row_ends),
             last_heartbeat=beat_mark(beat, ms),
             batch=beat.tasks if beat is not None else (),
+            kv=_kv_of(beat),
             first_stack=beat_mark(self._first_stacks.get(rank), ms),
         )
+
+
+def _kv_of(beat: RunnerHeartbeat | None) -> tuple[int, int] | None:
+    if beat is None or beat.kv_reserved_tokens is None or beat.kv_capacity_tokens is None:
+        return None
+    return beat.kv_reserved_tokens, beat.kv_capacity_tokens
 
 
 def build_instance_timeline(

@@ -41,7 +41,8 @@ def instance_timeline_text(timeline: InstanceTimeline) -> str:
         beat = lane.last_heartbeat
         where = f"; last heartbeat {beat.at_ms / 1000:+.3f}s in {beat.phase}" if beat is not None else ""
         batch = f", batch {', '.join(lane.batch)}" if lane.batch else ""
-        lines.append(f"rank {lane.rank}: {len(lane.bars)} tasks in {lane.rows} rows{where}{batch}")
+        kv = f", KV {lane.kv[0]:,} of {lane.kv[1]:,} tokens reserved" if lane.kv is not None else ""
+        lines.append(f"rank {lane.rank}: {len(lane.bars)} tasks in {lane.rows} rows{where}{batch}{kv}")
         lines.extend(f"  row {bar.row:>2}  {_bar_text(bar)}" for bar in lane.bars)
     lines.extend(
         f"{m.at_ms / 1000:+10.3f}s  {'rank ' + str(m.rank) if m.rank is not None else '':<7} {m.text}"

@@ -231,6 +231,7 @@ class LogBuilder:
         phase_age_s: float = 0.0,
         stack: str | None = None,
         batch: Sequence[str] = (),
+        kv: tuple[int, int] | None = None,
     ) -> None:
         env = self._rank_env(instance_id, rank)
         tid = TaskId(task_id) if task_id is not None else None
@@ -244,6 +245,8 @@ class LogBuilder:
             phase_age_ms=int(phase_age_s * 1000),
             stack=stack,
             batch=[TaskId(t) for t in batch],
+            kv_reserved_tokens=kv[0] if kv is not None else None,
+            kv_capacity_tokens=kv[1] if kv is not None else None,
         )
         self._emit(event)
 

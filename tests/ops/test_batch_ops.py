@@ -94,3 +94,13 @@ def test_replay_prints_an_instances_timeline_and_its_findings(
     assert len(json.loads(capsys.readouterr().out)["timeline"]["lanes"]) == 2
     assert main(["replay", "--file", path, "--instance", "i9"]) == 2
     assert "nearest: i1" in capsys.readouterr().err
+
+
+def test_the_instance_timeline_says_how_much_of_the_kv_its_batch_reserves() -> None:
+    """An operator asking why queued tasks wait sees each rank's newest word on its batch's KV."""
+    log = batch_scenarios.batch_completed()
+    log.heartbeat("i1", 1, "decode", "t1", 11, 0.01, batch=batch_scenarios.BATCH, kv=(1200, 4096))
+    timeline = build_instance_timeline("i1", [(r.seq, r.event) for r in log.records])
+    assert [lane.kv for lane in timeline.lanes] == [None, (1200, 4096)]
+    assert "rank 1: 2 tasks in 2 rows" in (text := instance_timeline_text(timeline))
+    assert "KV 1,200 of 4,096 tokens reserved" in text

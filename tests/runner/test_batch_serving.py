@@ -98,11 +98,14 @@ def test_a_row_that_joins_the_batch_keeps_its_kv_only_in_the_batchs_cache() -> N
                   NeverCancelled(), NullSink())
         for t, n in (("first", 40), ("second", 70))
     ]  # fmt: skip
+    reported = []
     for _ in range(20):
         result = batch.step(lambda: list(pending))
         del pending[: result.admitted]
+        reported += [result.kv] if result.kv is not None else []
         if len(batch.micro.rows) == 2:
             break
+    assert reported == [(2 * (70 + 50), engine.kv_capacity)]  # both admitted at once: padded to the longer
     assert set(batch.micro.rows) == {"first", "second"}
     for task_id in batch.micro.rows:
         assert batch.streams[task_id].run.caches.states() == []  # its KV lives in the batch's cache only

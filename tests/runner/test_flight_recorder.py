@@ -154,6 +154,10 @@ def test_a_heartbeat_names_every_task_of_the_ranks_batch() -> None:
     running.tasks = (TaskId("t1"), TaskId("t2"))
     beat = heartbeats.heartbeat(recorder.read())
     assert beat.batch == ["t1", "t2"] and beat.tasks == ("t1", "t2") and beat.task_id == "t1"
+    assert (beat.kv_reserved_tokens, beat.kv_capacity_tokens) == (None, None)  # not known yet
+    running.kv = (1200, 4096)  # the batch's KV positions: reserved, held
+    beat = heartbeats.heartbeat(recorder.read())
+    assert (beat.kv_reserved_tokens, beat.kv_capacity_tokens) == (1200, 4096)
 
 
 def test_a_heartbeat_from_before_batching_still_decodes() -> None:
