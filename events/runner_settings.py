@@ -81,8 +81,8 @@ KvCacheBytes = Annotated[
         ge=0,
         description="bytes of KV cache the running batch may reserve on each rank (its own layers): a request "
         "is admitted once its prompt plus max_tokens fit beside the running ones, waiting in the queue until "
-        "then, and fails with an error if it cannot fit alone; 0 = half the memory available to the rank "
-        "once its shard is loaded",
+        "then, and fails with an error if it cannot fit alone; 0 = half the memory available once the shard is "
+        "loaded, split between the instance's ranks on that machine",
     ),
 ]
 HeartbeatIntervalSeconds = Annotated[

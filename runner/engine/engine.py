@@ -84,9 +84,17 @@ class Engine:
     """One rank's engine. `settings` are the instance's (`InstancePlaced.settings`), the same on every
     rank; the engine uses the prefill step, the KV-cache quantization and the cancel poll interval."""
 
-    def __init__(self, group: mx.distributed.Group | None, shard: LoadedShard, settings: RunnerSettings) -> None:
+    def __init__(
+        self,
+        group: mx.distributed.Group | None,
+        shard: LoadedShard,
+        settings: RunnerSettings,
+        ranks_on_host: int = 1,
+    ) -> None:
+        """`ranks_on_host`: the instance's ranks on this rank's machine (they share its memory)."""
         self.shard = shard
         self.settings = settings
+        self.ranks_on_host = ranks_on_host
         self.collectives = Collectives(group, shard.peer_wait)
         self.grammars: GrammarCompiler | None = None  # built on the sampling rank at its first grammar
         if self.collectives.world != shard.placement.world:
@@ -119,12 +127,12 @@ class Engine:
 
     @functools.cached_property
     def kv_capacity(self) -> int:
-        """KV positions of this rank's layers its `kv_cache_bytes` holds (0: half the memory available
-        at the first call; the batch reads it once built, after the warm-up); a batch admits within
-        the least over ranks (`kv_budget.py`)."""
+        """KV positions of this rank's layers its `kv_cache_bytes` holds (0: its share of half the
+        memory available at the first call; the batch reads it once built, after the warm-up); a
+        batch admits within the least over ranks (`kv_budget.py`)."""
         placement = self.shard.placement
         layers = model_layers(self.shard.model)[placement.start : placement.end]
-        budget = budget_bytes(self.settings.kv_cache_bytes, memory_available_bytes())
+        budget = budget_bytes(self.settings.kv_cache_bytes, memory_available_bytes(), self.ranks_on_host)
         return token_capacity(budget, kv_bytes_per_token(layers))
 
     def kv_reservation(self, request: GenerationRequest) -> int:

@@ -3,7 +3,8 @@
 `max_batch` bounds how many sequences decode at once, not what their KV weighs: sixteen users
 each sending a long prompt with a large `max_tokens` can hold more KV than a machine has, and a
 rank killed for memory takes every task of its instance down with it. So each rank has a budget,
-`kv_cache_bytes` (0: half the memory available once its shard is loaded), and turns it into a
+`kv_cache_bytes` (0: half the memory available once its shard is loaded, split between the
+instance's ranks on that machine), and turns it into a
 capacity in tokens of its own layers' KV (`token_capacity`).
 
 What a stream may come to hold is known when it is admitted: its prompt plus what it may generate
@@ -31,11 +32,14 @@ MAX_CAPACITY_TOKENS = (1 << 31) - 1
 AUTO_SHARE_OF_AVAILABLE = 0.5
 
 
-def budget_bytes(setting: int, available_bytes: int) -> int:
-    """The rank's KV budget: the setting, or (0) a share of the memory available to it."""
+def budget_bytes(setting: int, available_bytes: int, ranks_on_host: int = 1) -> int:
+    """The rank's KV budget: the setting, or (0) its share of half the memory available: the
+    instance's ranks on one machine (`shoal up --workers 2`) split it."""
     if setting < 0:
         raise ValueError(f"kv_cache_bytes must be >= 0, got {setting}")
-    return setting if setting > 0 else int(max(0, available_bytes) * AUTO_SHARE_OF_AVAILABLE)
+    if setting > 0:
+        return setting
+    return int(max(0, available_bytes) * AUTO_SHARE_OF_AVAILABLE) // max(1, ranks_on_host)
 
 
 def token_capacity(budget: int, bytes_per_token: int | None) -> int:

@@ -93,7 +93,7 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
         settings = msgspec.convert({**job.get("settings", {}), **overrides}, RunnerSettings)
         key = msgspec.json.encode(settings).decode()
         if key not in engines:
-            engines[key] = Engine(group, shard, settings)
+            engines[key] = Engine(group, shard, settings, ranks_on_host=world)  # a local group: one machine
         return engines[key]
 
     if job.get("warmup", True):

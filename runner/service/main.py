@@ -159,7 +159,7 @@ def run(
         )
     Collectives(group, inbound).check_members(placement_identity(placed))  # before loading: fail fast
     shard = load_shard(model_dir, ShardPlacement(args.rank, len(ranges), ranges), group, inbound)
-    engine = Engine(group, shard, placed.settings)
+    engine = Engine(group, shard, placed.settings, ranks_on_host(list(placed.ring_hosts), args.rank))
     server_status("warming_up")
     engine.warm_up(phases)
     bridge.watch(args.instance, placed_seq + 1)
@@ -187,6 +187,12 @@ def run(
             for task_id in server.running:
                 bridge.publish(TaskFailed(env=stamper.stamp(), task_id=task_id, error=error, rank=args.rank))
         raise
+
+
+def ranks_on_host(ring_hosts: list[str], rank: int) -> int:
+    """How many of the instance's ranks run on `rank`'s machine (its ring address's host)."""
+    host = ring_hosts[rank].rsplit(":", 1)[0]
+    return sum(1 for address in ring_hosts if address.rsplit(":", 1)[0] == host)
 
 
 def continuous_batch(engine: Any, phases: PhaseTracker) -> Any:

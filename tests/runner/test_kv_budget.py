@@ -21,6 +21,8 @@ from runner.engine.kv_budget import (
 def test_budget_is_the_setting_or_half_the_available_memory() -> None:
     assert budget_bytes(1 << 30, available_bytes=64 << 30) == 1 << 30
     assert budget_bytes(0, available_bytes=8 << 30) == 4 << 30
+    assert budget_bytes(0, available_bytes=8 << 30, ranks_on_host=2) == 2 << 30  # two ranks on one machine
+    assert budget_bytes(1 << 30, available_bytes=8 << 30, ranks_on_host=2) == 1 << 30  # a setting is per rank
     with pytest.raises(ValueError, match="kv_cache_bytes"):
         budget_bytes(-1, 0)
 
@@ -111,3 +113,11 @@ def test_a_ranks_kv_per_token_is_its_layers_key_and_value_widths() -> None:
     assert kv_bytes_per_token(layers) == len(layers) * per_layer
     assert kv_bytes_per_token(layers[2:5]) == 3 * per_layer
     assert kv_bytes_per_token([*layers[:1], nn.Linear(4, 4)]) is None
+
+
+def test_the_ranks_on_a_machine_are_those_with_its_ring_host() -> None:
+    from runner.service.main import ranks_on_host
+
+    hosts = ["127.0.0.1:5000", "127.0.0.1:5001", "10.0.0.2:5000"]
+    assert [ranks_on_host(hosts, rank) for rank in range(3)] == [2, 2, 1]
+    assert ranks_on_host(["[::1]:5000", "[::1]:5001"], 1) == 2  # an IPv6 address keeps its colons
