@@ -9,7 +9,7 @@ cancel read from the log would, whenever the engine polls it; `unreadable_rank`:
 read of the task's TaskCreated fails), and conversations (`after`: the
 request continues that task, so its prompt is that task's prompt, its generated tokens, then its
 own tokens; it reaches the rank once that task ended). `prefix_cache_bytes` may set a bound per
-rank. The rank drives `ContinuousBatch` the way the service's task loop does: it steps while the
+rank; `warm_pace` teaches the batch its pace first, as the service does. The rank drives `ContinuousBatch` the way the service's task loop does: it steps while the
 batch is busy and, while it is empty, waits (jumps its clock) to its next arrival. Each ended task
 is recorded with its sink (with `token_times`) and `timing`; the run with its `step_times`: the
 benches' timestamps, monotonic seconds (one clock for every local rank), never read by the engine.
@@ -42,6 +42,10 @@ def run_schedule(
 
     bound = schedule.get("prefix_cache_bytes", {}).get(str(rank))  # a rank-specific bound (None: the setting)
     batch = ContinuousBatch(engine, phases, schedule["max_batch"], bound)
+    if schedule.get("warm_pace"):  # as the service does before serving (`batch_warmup`)
+        from runner.engine.batch_warmup import warm_pace
+
+        warm_pace(batch)
     arrivals: list[tuple[int, dict[str, Any]]] = []
     for entry in schedule["tasks"]:  # listed in log order: a rank never reads one before an earlier one
         at = entry["at"] + entry.get("lag", {}).get(str(rank), 0)

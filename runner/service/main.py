@@ -203,7 +203,11 @@ def continuous_batch(engine: Any, phases: PhaseTracker) -> Any:
     settings = engine.settings
     if settings.max_batch <= 1 or settings.kv_bits is not None:
         return None
-    return ContinuousBatch(engine, phases, settings.max_batch, settings.prefix_cache_bytes)
+    from runner.engine.batch_warmup import warm_pace
+
+    batch = ContinuousBatch(engine, phases, settings.max_batch, settings.prefix_cache_bytes)
+    warm_pace(batch)  # every rank, before serving: the first long prompt beside streams leaves them room
+    return batch
 
 
 # Seconds between two download reports of a rank: often enough for a progress line, rare

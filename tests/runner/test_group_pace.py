@@ -26,30 +26,38 @@ def req(task_id: str, length: int, max_tokens: int, **extra: Any) -> dict[str, A
     return {"task_id": task_id, "prompt_token_ids": synthetic_prompt(length), "max_tokens": max_tokens, **extra}
 
 
+def beside_rows(warm_pace: bool = False) -> dict[str, Any]:
+    """Three rows decode (their steps teach the decode's cost), then the newcomer joins."""
+    return {
+        "kind": "batch", "max_batch": 4, "warm_pace": warm_pace,
+        "tasks": [
+            *({"request": req(f"row{k}", 5 + k, 40), "at": 0} for k in range(3)),
+            {"request": req("newcomer", NEWCOMER, 4), "at": 8},
+        ],
+    }  # fmt: skip
+
+
+def run_job(world: int, tasks: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    job = {
+        "model_dir": str(cached_tiny()),
+        "layer_ranges": even_split(8, world),
+        "settings": {"prefill_step_size": STEP},
+        "warmup": True,
+        "tasks": tasks,
+    }
+    ranks = run_group(job, world, deadline_s=200)
+    for rank in ranks:
+        assert "results" in rank, rank
+    return [rank["results"] for rank in ranks]
+
+
 @functools.cache
 def results(world: int) -> list[list[dict[str, Any]]]:
     teach = {  # a long prompt alone: its chunks' steps teach rank 0 what a unit of chunk cost takes
         "kind": "batch", "max_batch": 4,
         "tasks": [{"request": req("teach", NEWCOMER + 7, 2, prefill_path="sequential"), "at": 0}],
     }  # fmt: skip
-    beside = {  # three rows decode (their steps teach the decode's cost), then the newcomer joins
-        "kind": "batch", "max_batch": 4,
-        "tasks": [
-            *({"request": req(f"row{k}", 5 + k, 40), "at": 0} for k in range(3)),
-            {"request": req("newcomer", NEWCOMER, 4), "at": 8},
-        ],
-    }  # fmt: skip
-    job = {
-        "model_dir": str(cached_tiny()),
-        "layer_ranges": even_split(8, world),
-        "settings": {"prefill_step_size": STEP},
-        "warmup": True,
-        "tasks": [teach, beside, {"request": req("newcomer", NEWCOMER, 4)}],  # the last: alone, one task
-    }
-    ranks = run_group(job, world, deadline_s=200)
-    for rank in ranks:
-        assert "results" in rank, rank
-    return [rank["results"] for rank in ranks]
+    return run_job(world, [teach, beside_rows(), {"request": req("newcomer", NEWCOMER, 4)}])  # the last: alone
 
 
 def chunks(progress: list[list[int]]) -> list[int]:
@@ -75,3 +83,26 @@ def test_a_prompt_alone_takes_full_chunks(world: int) -> None:
     keys = model_keys_per_token(json.loads((cached_tiny() / "config.json").read_text()))
     teach = results(world)[0][0]["ended"]["teach"]
     assert chunks(teach["progress"]) == balanced_chunk_sizes(NEWCOMER + 7, effective_step(STEP, world), 0, keys)
+
+
+@pytest.mark.parametrize("world", (1, 2))
+def test_a_batch_warmed_before_serving_leaves_room_for_its_first_newcomer(world: int) -> None:
+    """The service teaches a batch its pace before the first user (`batch_warmup.warm_pace`): the
+    first long prompt beside decoding rows, with no long prompt seen before, is already cut
+    shorter, alike on every rank, and its tokens are the request's alone; the warm-up's own
+    requests leave nothing behind. Without it the same schedule's newcomer takes full chunks."""
+    keys = model_keys_per_token(json.loads((cached_tiny() / "config.json").read_text()))
+    full = balanced_chunk_sizes(NEWCOMER, effective_step(STEP, world), 0, keys)
+    views = [rank_results[0]["ended"]["newcomer"] for rank_results in warmed_results(world, warm=True)]
+    assert all(view["progress"] == views[0]["progress"] for view in views)
+    sizes = chunks(views[0]["progress"])
+    assert sum(sizes) == NEWCOMER - 1 and len(sizes) > len(full), (sizes, full)
+    assert views[-1]["token_ids"] == results(world)[-1][2]["token_ids"]
+    cold = warmed_results(world, warm=False)[0][0]["ended"]["newcomer"]
+    assert chunks(cold["progress"]) == full
+
+
+@functools.cache
+def warmed_results(world: int, warm: bool) -> list[list[dict[str, Any]]]:
+    """A fresh instance (its pace unlearned), the newcomer beside rows, its batch warmed or not."""
+    return run_job(world, [beside_rows(warm_pace=warm)])
