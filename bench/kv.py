@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -65,7 +64,7 @@ def _burst(home: Path, model: str, kv_bytes: int, settings: dict[str, Any], read
         )
         stack.callback(cluster.stop)
         cluster.wait_ready(ready_timeout)
-        runners = _runner_pids()
+        runners = list(cluster.runner_pids().values())
         ready = sum(_status_bytes(pid, "VmRSS") for pid in runners)
         started = time.monotonic()
         answers = asyncio.run(_requests(cluster.base_url, model, settings))
@@ -91,11 +90,6 @@ async def _requests(base_url: str, model: str, settings: dict[str, Any]) -> list
             return response.status_code, int(usage.get("prompt_tokens") or 0)
 
         return await asyncio.gather(*(one(k) for k in range(int(settings["requests"]))))
-
-
-def _runner_pids() -> list[int]:
-    found = subprocess.run(["pgrep", "-f", "runner.service.main"], capture_output=True, text=True).stdout
-    return [int(pid) for pid in found.split()]
 
 
 def _status_bytes(pid: int, key: str) -> int:

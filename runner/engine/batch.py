@@ -42,18 +42,10 @@ from runner.engine.batch_plan import (
     next_composition,
 )
 from runner.engine.batch_rows import RowDecoder
-from runner.engine.batch_streams import (
-    UNRUNNABLE_ELSEWHERE,
-    Admission,
-    Ended,
-    StepResult,
-    Stream,
-    kv_reserved,
-    reservations,
-)
+from runner.engine.batch_streams import UNRUNNABLE_ELSEWHERE, Admission, Ended, StepResult, Stream, reservations
 from runner.engine.decode import Emitter
 from runner.engine.engine import Engine, outcome_of
-from runner.engine.kv_budget import too_large
+from runner.engine.kv_budget import batch_need, too_large
 from runner.engine.logprobs import LazyLogprobs
 from runner.engine.micro_batches import MicroBatch, MicroBatches
 from runner.engine.pace import chunk_room
@@ -246,12 +238,12 @@ class ContinuousBatch:
         micro = self.micro
         boundary, target = micro.boundary(), micro.join_target()
         prefilled = frozenset(t for t in current.prefilling if self.streams[t].landed(self.steps))
-        kv = reservations(self.engine, self.streams, pending, agreed.runnable) if pending else None
+        needs = reservations(self.engine, self.streams, pending, agreed.runnable) if pending else None
         transition = next_composition(
             current, agreed, stopped_rows=frozenset(stopped), prefilled=prefilled,
             join_room=0 if target is None else micro.join_room(len(prefilled)),
             pending=[a.task_id for a in pending], max_batch=self.max_batch - micro.rows_elsewhere(),
-            reservations=kv, reserved_elsewhere=[kv[t] for t in micro.rows_in_flight()] if kv else (),
+            reservations=needs, reserved_elsewhere=[needs[t] for t in micro.rows_in_flight()] if needs else (),
         )  # fmt: skip
         if boundary is not None:
             self._remember(boundary, transition.kept_rows)
@@ -272,7 +264,7 @@ class ContinuousBatch:
         ended += [f for f in failed if f is not None]
         waiting = Composition((), transition.composition.prefilling, transition.composition.admitted)
         self.composition = waiting.without([f.task_id for f in failed if f is not None])
-        kv = (kv_reserved(self.engine, self.streams), capacity) if newcomers or ended else None
+        kv = (batch_need([s.reserved for s in self.streams.values()]), capacity) if newcomers or ended else None
         return StepResult(len(transition.newcomers), ended, kv)
 
     def _chunks_done(self, current: Composition, agreed: AgreedStep, chunked: list[Stream]) -> None:
@@ -376,7 +368,8 @@ class ContinuousBatch:
             self.engine.validate(request)
         except RequestError as exc:
             return Ended(admission.task_id, None, str(exc), invalid_request=True)
-        if (error := too_large(self.engine.kv_reservation(request), capacity)) is not None:
+        reserved = self.engine.kv_reservation(request)
+        if (error := too_large(reserved, capacity)) is not None:
             return Ended(admission.task_id, None, error, invalid_request=True)
         engine, world = self.engine, self.engine.collectives.world
         prompt_len, step = len(request.prompt_token_ids), engine.settings.prefill_step_size
@@ -390,7 +383,9 @@ class ContinuousBatch:
             run.caches.replace_owned(prefix_caches(match.value, cached))
         spec = engine.decode_spec(request, iterations)
         emitter = Emitter(run, spec, engine.tokenizer)
-        stream = Stream(request, run, spec, emitter, chunks, time.perf_counter(), path, cached=cached)
+        stream = Stream(
+            request, run, spec, emitter, chunks, time.perf_counter(), path, cached=cached, reserved=reserved
+        )
         self.streams[request.task_id] = stream
         chunk = effective_step(step, world)
         run.notify(admission.sink.prefill_started, request.task_id, path, prompt_len, len(chunks), chunk, cached)

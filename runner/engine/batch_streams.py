@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from events.vocabulary import PrefillPath
 from runner.engine.decode import DecodeSpec, Emitter
 from runner.engine.engine import Engine, GenerationOutcome, GenerationRequest
-from runner.engine.kv_budget import batch_need
 from runner.engine.plan import prefill_cost
 from runner.engine.protocols import CancelSource, RunnerSink
 from runner.engine.task_run import TaskRun
@@ -61,6 +60,7 @@ class Stream:
     cached: int = 0  # prompt tokens reused from the prefix cache (agreed); the chunks cover the rest
     fed: list[int] = field(default_factory=list)  # agreed tokens, in order: the row holds KV up to the last but one
     lands_at: int = -1  # the step whose agreement sees its last chunk taken past the last rank (`chunk_ring`)
+    reserved: int = 0  # KV positions it may come to hold (`kv_budget.reservation`), from its request
 
     @property
     def prefilled(self) -> bool:
@@ -93,13 +93,8 @@ def reservations(
     """The KV positions every member and the first pending assignments may come to hold
     (`kv_budget.reservation`): 0 for one no rank can run (it fails at admission). From requests
     every rank holds alike, so every rank admits alike (`batch_plan.next_composition`)."""
-    held = {task_id: engine.kv_reservation(stream.request) for task_id, stream in streams.items()}
+    held = {task_id: stream.reserved for task_id, stream in streams.items()}
     for admission, can_run in zip(pending, runnable, strict=False):
         request = admission.request
         held[admission.task_id] = engine.kv_reservation(request) if can_run and request is not None else 0
     return held
-
-
-def kv_reserved(engine: Engine, streams: Mapping[str, Stream]) -> int:
-    """KV positions the admitted streams reserve together (`kv_budget.batch_need`)."""
-    return batch_need([engine.kv_reservation(stream.request) for stream in streams.values()])

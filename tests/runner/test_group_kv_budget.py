@@ -34,6 +34,14 @@ def kv_bytes_per_layer_token() -> int:
     return 2 * config["num_key_value_heads"] * head_dim * 4  # keys and values, float32
 
 
+def group_results(job: dict[str, Any], world: int, deadline_s: float) -> list[list[dict[str, Any]]]:
+    """Each rank's results of `job` (every rank must have finished it)."""
+    ranks = run_group(job, world, deadline_s)
+    for rank in ranks:
+        assert "results" in rank, rank
+    return [rank["results"] for rank in ranks]
+
+
 @functools.cache
 def results(world: int) -> list[list[dict[str, Any]]]:
     ranges = even_split(8, world)
@@ -51,10 +59,7 @@ def results(world: int) -> list[list[dict[str, Any]]]:
         "warmup": True,
         "tasks": [batch, *({"request": requests[t]} for t in FITTING)],  # then each alone
     }
-    ranks = run_group(job, world, deadline_s=200)
-    for rank in ranks:
-        assert "results" in rank, rank
-    return [rank["results"] for rank in ranks]
+    return group_results(job, world, deadline_s=200)
 
 
 @pytest.mark.parametrize("world", (1, 2))
@@ -124,10 +129,7 @@ def random_results(world: int) -> list[list[dict[str, Any]]]:
         "warmup": True,
         "tasks": tasks,
     }
-    ranks = run_group(job, world, deadline_s=250)
-    for rank in ranks:
-        assert "results" in rank, rank
-    return [rank["results"] for rank in ranks]
+    return group_results(job, world, deadline_s=250)
 
 
 @pytest.mark.parametrize("world", (1, 2, 3))
