@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -99,29 +100,55 @@ def local_command(name: str, service: dict[str, object], nodes: dict[str, Node],
     return out
 
 
+def start_nodes(
+    services: dict[str, dict[str, object]], tmp: Path
+) -> tuple[dict[str, Node], list[subprocess.Popen[bytes]]]:
+    """Start the three nodes on ports free a moment ago; ([], ...) when one exits first.
+
+    A free port can be taken between the check and nats-server's bind (other tests' connections
+    draw from the same range), so a node that exits while starting is retried on new ports; its
+    log says why it exited.
+    """
+    for leftover in (tmp / "nats-credentials", *(tmp / f"{name}-data" for name in services)):
+        shutil.rmtree(leftover, ignore_errors=True)  # a retry starts as fresh as the first try
+    nodes = {name: Node(name, free_port(), free_port(), free_port()) for name in sorted(services)}
+    write_bundle(tmp / "nats-credentials", ["node-a"], [f"127.0.0.1:{n.cluster}" for n in nodes.values()])
+    processes = []
+    for name, service in services.items():
+        with (tmp / f"{name}.log").open("ab") as log:
+            command = [*local_command(name, service, nodes, tmp), "--log", str(tmp / f"{name}.log")]
+            processes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log))
+    deadline = time.monotonic() + 20
+    while not all(read_info("127.0.0.1", n.client) for n in nodes.values()):
+        assert time.monotonic() < deadline, "cluster nodes did not start"
+        if any(p.poll() is not None for p in processes):
+            stop(processes)
+            return {}, []
+        time.sleep(0.05)
+    return nodes, processes
+
+
+def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.wait(timeout=15)
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[dict[str, Node]]:
     services = load_services()
-    nodes = {name: Node(name, free_port(), free_port(), free_port()) for name in sorted(services)}
-    write_bundle(tmp_path / "nats-credentials", ["node-a"], [f"127.0.0.1:{n.cluster}" for n in nodes.values()])
-    processes = [
-        subprocess.Popen(
-            local_command(name, service, nodes, tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        for name, service in services.items()
-    ]
+    for _attempt in range(3):
+        nodes, processes = start_nodes(services, tmp_path)
+        if nodes:
+            break
+    else:
+        logs = "\n".join(f"{log.name}: {log.read_text()[-800:]}" for log in sorted(tmp_path.glob("*.log")))
+        pytest.fail(f"a node exited while starting, three times:\n{logs}")
     try:
-        deadline = time.monotonic() + 20
-        while not all(read_info("127.0.0.1", n.client) for n in nodes.values()):
-            assert time.monotonic() < deadline, "cluster nodes did not start"
-            assert all(p.poll() is None for p in processes), "a node exited"
-            time.sleep(0.05)
         yield nodes
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(timeout=15)
+        stop(processes)
 
 
 def endpoint_as(url: str, tmp: Path, identity: Identity) -> NatsEndpoint:
