@@ -2,7 +2,9 @@
 
 Engine level, on local ring groups of 1 and 2 ranks (no NATS, no HTTP: the least noise), one
 group per world size running every schedule one after another (`runner.local.batch_job`, whose
-ranks timestamp each token, step, cancel and departure on one monotonic clock):
+ranks timestamp each token, step, cancel and departure on one monotonic clock). The group's first
+batch teaches the engine its pace before it runs, as `shoal up` does before it is ready
+(`runner.engine.batch_warmup`); the pace carries over from schedule to schedule:
 - interference: K streams decode; a newcomer with a long prompt joins at step `ARRIVAL`. In
   rotating rounds the same schedule runs with and without the newcomer, and a prompt of one
   prefill chunk runs alone (its time to first token: one chunk through every rank), and so does
@@ -112,6 +114,8 @@ def _plan(settings: dict[str, Any], world: int, rng: random.Random) -> list[dict
         "alone": {"kind": "batch", "max_batch": 1, "tasks": [_sequential(newcomer)]},
     }
     plan = [{**sides[side], "role": side} for r in range(settings["rounds"]) for side in rotated(list(sides), r)]
+    first = next(i for i, task in enumerate(plan) if task.get("kind") == "batch")
+    plan[first] = {**plan[first], "warm_pace": True}  # as the service does once, before it is ready
     streams = [
         {"request": _request(f"c{i}", _prompt(PROMPT, 1 + i), CANCEL_STREAMS + CANCEL_STEPS[1] + 16), "at": 0}
         for i in range(CANCEL_STREAMS)

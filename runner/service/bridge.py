@@ -63,6 +63,7 @@ ASSIGNED = task_subject("*", "assigned")
 CREATED = task_subject("*", "created")
 CREATED_CACHE_SIZE = 4096  # tasks created but not yet assigned that we remember
 STOPPING_SUBJECTS = (task_subject("*", "cancelled"), task_subject("*", "failed"))
+PIPELINED_APPENDS = 64  # events of distinct tasks sent in one write (each at most a merged chunk's size)
 TELEMETRY_QUEUE = 8  # unsent heartbeats kept while NATS is away; the newest matter, older are dropped
 
 
@@ -262,8 +263,8 @@ class LogBridge:
         self._flushed.clear()
         self._queued.set()
 
-    async def _next_pending(self) -> Pending:
-        while (pending := self._outbox.pop()) is None:
+    async def _next_pending(self) -> list[Pending]:
+        while not (pending := self._outbox.pop_distinct(PIPELINED_APPENDS)):
             self._flushed.set()
             self._queued.clear()
             await self._queued.wait()
@@ -272,17 +273,23 @@ class LogBridge:
     async def _publisher(self, log: EventLog, appender: Appender) -> None:
         """Append the outbox in order; the oldest event is resent (same id) until the log takes it.
         Through an `Appender`: a single stream appends a chunk per token, and nats-py's request
-        path costs the runner twice the CPU (and GIL) per append."""
+        path costs the runner twice the CPU (and GIL) per append. The events waiting together (at
+        most one per task, `PendingEvents.pop_distinct`) go out in one write; what that one try
+        did not store goes one by one, in order, resent until stored or refused."""
         while True:
-            event, made = await self._next_pending()
+            pending = await self._next_pending()
             try:
                 with self._backlog_lock:
-                    wanted = self._backlog.still_wanted(event)
-                if wanted:
-                    await self._append_until_stored(log, appender, event)
+                    wanted = [p.event for p in pending if self._backlog.still_wanted(p.event)]
+                seqs = await appender.append_pipelined(wanted) if len(wanted) > 1 else [None] * len(wanted)
+                for event, seq in zip(wanted, seqs, strict=True):
+                    with self._backlog_lock:  # an earlier one's resend may have outlived the backlog
+                        resend = seq is None and self._backlog.still_wanted(event)
+                    if resend:
+                        await self._append_until_stored(log, appender, event)
             finally:
                 with self._backlog_lock:
-                    self._backlog.stored(made)
+                    self._backlog.stored(sum(p.made for p in pending))
 
     async def _append_until_stored(self, log: EventLog, appender: Appender, event: LogEvent) -> None:
         """After a long outage the duplicate window may be over: if the first send was stored but

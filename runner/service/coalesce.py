@@ -89,6 +89,25 @@ class PendingEvents:
             self._newest_of_task[task_id] = slot
         return False
 
+    def pop_distinct(self, limit: int) -> list[Pending]:
+        """The oldest waiting events, at most `limit`, at most one per task, handed to the log
+        together (`Appender.append_pipelined`): the first one always; then each next one while it
+        belongs to a task not taken yet. An event of no task goes alone. So if one of them is
+        refused, no later event of its task was sent beside it."""
+        taken: list[Pending] = []
+        tasks: set[TaskId] = set()
+        while self._waiting and len(taken) < max(1, limit):
+            task_id = task_of(next(iter(self._waiting.values())).event)
+            if taken and (task_id is None or task_id in tasks):
+                break
+            popped = self.pop()
+            assert popped is not None
+            taken.append(popped)
+            if task_id is None:
+                break
+            tasks.add(task_id)
+        return taken
+
     def pop(self) -> Pending | None:
         """The oldest waiting event, handed to the log: from now on nothing merges into it."""
         if not self._waiting:

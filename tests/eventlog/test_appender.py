@@ -36,6 +36,46 @@ async def test_appends_are_stored_in_order_and_a_resend_is_stored_once(event_log
     assert [e.env.event_id for e in replayed] == [c.env.event_id for c in chunks]
 
 
+async def test_pipelined_appends_are_stored_in_order_once_each(event_log: EventLog, nats_url: str) -> None:
+    ev = Events()
+    chunks = [ev.chunk(f"t{i}", index=0, text=f"w{i} ") for i in range(40)]
+    appender = Appender(NatsEndpoint(url=nats_url), retry_seconds=5.0)
+    try:
+        first = await appender.append_pipelined(chunks[:25])
+        again = await appender.append_pipelined(chunks[20:])  # 20-24 were stored: the originals' seqs
+        single = await appender.append(chunks[3])
+    finally:
+        appender.close()
+    assert first == list(range(first[0] or 0, (first[0] or 0) + 25))
+    assert again[:5] == first[20:] and again[5:] == list(range((first[-1] or 0) + 1, (first[-1] or 0) + 16))
+    assert single == first[3]
+    replayed = [event async for _seq, event in event_log.replay(from_seq=1)]
+    assert [e.env.event_id for e in replayed] == [c.env.event_id for c in chunks]
+
+
+async def test_pipelined_appends_to_a_stopped_server_are_none_and_the_next_try_stores_them(
+    make_nats: Callable[..., EmbeddedNats],
+) -> None:
+    """No resend inside: what was not acknowledged comes back None, for the caller to resend."""
+    server = await anyio.to_thread.run_sync(make_nats("pipelined").start)
+    log = await EventLog.connect(server.url)
+    ev = Events()
+    chunks = [ev.chunk(f"t{i}", index=0) for i in range(5)]
+    appender = Appender(NatsEndpoint(url=server.url), retry_seconds=0.5)
+    try:
+        assert None not in await appender.append_pipelined(chunks[:2])
+        await anyio.to_thread.run_sync(server.stop)
+        assert await appender.append_pipelined(chunks[2:]) == [None, None, None]
+        await anyio.to_thread.run_sync(server.start)
+        async with asyncio.timeout(30):
+            while None in (seqs := await appender.append_pipelined(chunks)):  # JetStream answers a little later
+                await asyncio.sleep(0.1)
+        assert seqs == list(range(1, 6))  # the first two once, the rest after them
+    finally:
+        appender.close()
+        await log.close()
+
+
 async def test_a_stopped_server_is_unreachable_then_appends_resume(make_nats: Callable[..., EmbeddedNats]) -> None:
     server = await anyio.to_thread.run_sync(make_nats("appender").start)
     log = await EventLog.connect(server.url)

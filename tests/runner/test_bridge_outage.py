@@ -180,3 +180,48 @@ async def test_chunks_queued_while_the_log_is_paused_go_out_coalesced_with_the_s
     finally:
         await asyncio.to_thread(bridge.close)
         await log.close()
+
+
+async def test_a_refused_event_sent_beside_other_tasks_fails_only_its_own_task(
+    make_nats: Callable[..., EmbeddedNats],
+) -> None:
+    """Events of several tasks that waited together leave in one write (`append_pipelined`). One
+    of them is over the server's max payload, and the server drops the connection at it: the
+    others, and every later event, are resent one by one; only that task fails."""
+    server, ev = make_nats("refused-beside"), Events()
+    await asyncio.to_thread(server.start)
+    log = await EventLog.connect(server.url)
+    tasks = ["t1", "t2", "t3"]
+    setup = [ev.node("n1"), ev.node("n2"), ev.placed("i1")]
+    await log.append_many([*setup, *(e for t in tasks for e in (ev.created(t), ev.assigned(t, "i1")))])
+    bridge = await _bridge(server.url, ev, limit=1000)
+    assert server.pid is not None
+
+    def completed(task_id: str) -> TaskCompleted:
+        return TaskCompleted(env=ev.task_rank(task_id).stamp(), task_id=TaskId(task_id), finish_reason="stop")
+
+    try:
+        freeze(server.pid)  # what follows the first event waits behind it, then leaves together
+        try:
+            bridge.publish(ev.chunk("t1", index=0, text="one "))
+            bridge.publish(ev.chunk("t2", index=0, text="x" * (2 << 20)))
+            bridge.publish(ev.chunk("t3", index=0, text="three "))
+            bridge.publish(ev.chunk("t1", index=1, text="more"))
+            bridge.publish(completed("t3"))
+            bridge.publish(ev.chunk("t2", index=1, text="after the hole"))
+            bridge.publish(completed("t1"))
+            bridge.publish(completed("t2"))
+            await asyncio.sleep(RETRY_S / 2)
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        ends = {t: await _end_of(log, t) for t in tasks}
+    finally:
+        await asyncio.to_thread(bridge.close)
+    try:
+        assert isinstance(ends["t1"], TaskCompleted) and isinstance(ends["t3"], TaskCompleted)
+        assert isinstance(ends["t2"], TaskFailed) and "refused its ChunkGenerated" in ends["t2"].error
+        state = await log.fold()
+        assert [state.tasks[TaskId(t)].text for t in tasks] == ["one more", "", "three "]
+        assert await log.get_last(task_subject("t2", "completed")) is None
+    finally:
+        await log.close()

@@ -55,13 +55,14 @@ def _trace(events: list[LogEvent], task_id: str | None) -> list[object]:
 
 
 # A step: a task makes a chunk of 1-3 tokens, or completes (once), or the runner changes status
-# (an event of no task), or the log takes the oldest waiting event.
+# (an event of no task), or the log takes the oldest waiting event (0) or up to N of them together
+# (`pop_distinct`).
 steps = st.lists(
     st.one_of(
         st.tuples(st.just("chunk"), st.sampled_from(TASKS), st.integers(1, 3)),
         st.tuples(st.just("complete"), st.sampled_from(TASKS), st.just(0)),
         st.tuples(st.just("status"), st.just(""), st.just(0)),
-        st.tuples(st.just("pop"), st.just(""), st.just(0)),
+        st.tuples(st.just("pop"), st.just(""), st.integers(0, 4)),
     ),
     max_size=60,
 )
@@ -77,10 +78,10 @@ def test_coalescing_keeps_each_tasks_events_text_tokens_and_order(script: list[t
     ended: set[str] = set()
     for kind, task_id, tokens in script:
         if kind == "pop":
-            taken = pending.pop()
-            if taken is not None:
-                popped.append(taken.event)
-                made += taken.made
+            together = [p for p in [pending.pop()] if p is not None] if tokens == 0 else pending.pop_distinct(tokens)
+            _assert_sent_together_safely([p.event for p in together], max(1, tokens))
+            popped += [p.event for p in together]
+            made += sum(p.made for p in together)
             continue
         if task_id in ended:
             continue
@@ -108,6 +109,15 @@ def test_coalescing_keeps_each_tasks_events_text_tokens_and_order(script: list[t
             assert len(event.token_ids) <= MERGED_TOKENS_MAX
             assert event.logprobs is None or len(event.logprobs) == len(event.token_ids)
     _assert_no_chunk_crosses_a_status_change(pushed, popped)
+
+
+def _assert_sent_together_safely(together: list[LogEvent], limit: int) -> None:
+    """At most `limit`, at most one per task, and an event of no task only alone: a refusal of one
+    of them never leaves a later event of its task stored."""
+    tasks = [getattr(event, "task_id", None) for event in together]
+    assert len(together) <= limit
+    assert None not in tasks or len(tasks) == 1
+    assert len(set(tasks)) == len(tasks)
 
 
 def _assert_no_chunk_crosses_a_status_change(pushed: list[LogEvent], popped: list[LogEvent]) -> None:
@@ -160,3 +170,17 @@ def test_a_completion_never_overtakes_its_tasks_chunks() -> None:
     out = [taken.event for taken in iter(pending.pop, None)]
     assert [type(event).__name__ for event in out] == ["ChunkGenerated", "TaskCompleted", "ChunkGenerated"]
     assert len(pending) == 0
+
+
+def test_events_of_distinct_tasks_leave_together_up_to_the_next_of_a_task_taken() -> None:
+    pending = PendingEvents()
+    for event in [_chunk("t1", 0, 1), _chunk("t2", 0, 1), _completed("t3"), _completed("t1"), _chunk("t4", 0, 1)]:
+        pending.push(event)
+    first = [p.event for p in pending.pop_distinct(8)]
+    assert [(type(e).__name__, getattr(e, "task_id", None)) for e in first] == [
+        ("ChunkGenerated", "t1"), ("ChunkGenerated", "t2"), ("TaskCompleted", "t3"),
+    ]  # fmt: skip
+    pending.push(ev.runner(1, "running"))
+    assert [getattr(p.event, "task_id", None) for p in pending.pop_distinct(8)] == ["t1", "t4"]
+    assert [getattr(p.event, "task_id", None) for p in pending.pop_distinct(8)] == [None]  # alone
+    assert pending.pop_distinct(8) == []
