@@ -10,8 +10,9 @@ from collections.abc import Callable
 from contextlib import aclosing
 
 import anyio.to_thread
+import pytest
 
-from eventlog.client import CLOSE_FLUSH_SECONDS
+from eventlog.client import CLOSE_FLUSH_SECONDS, DRAIN_SECONDS
 from eventlog.log import EventLog
 from events.synthetic import synthetic_history
 from services.nats import EmbeddedNats
@@ -78,3 +79,32 @@ async def test_close_does_not_wait_on_a_frozen_server(make_nats: Callable[..., E
         assert time.monotonic() - started < CLOSE_FLUSH_SECONDS + 2
     finally:
         os.kill(server.pid, signal.SIGCONT)
+
+
+async def test_close_does_not_wait_on_a_server_that_stops_answering_mid_drain(
+    make_nats: Callable[..., EmbeddedNats], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server answers the close's first flush, then stops (one Ctrl-C stopping `shoal nats`
+    and `shoal events tail` together): nats-py's drain would wait its timeout, then 10 s for a
+    flush (15 s: a CI run's `events tail` outlived its test that way); now at most DRAIN_SECONDS."""
+    server = await anyio.to_thread.run_sync(make_nats("mid-drain").start)
+    log = await EventLog.connect(server.url)
+    assert server.pid is not None
+    pid = server.pid
+    client = log._client  # pyright: ignore[reportPrivateUsage]
+    answered = client._answers  # pyright: ignore[reportPrivateUsage]
+
+    async def answers_then_freezes() -> bool:
+        result = await answered()
+        freeze(pid)
+        return result
+
+    monkeypatch.setattr(client, "_answers", answers_then_freezes)
+    await client.nc.subscribe("mid-drain.>")  # something to drain
+    try:
+        started = time.monotonic()
+        await asyncio.wait_for(log.close(), 30)
+        assert time.monotonic() - started < DRAIN_SECONDS + 2
+        assert client.nc.is_closed
+    finally:
+        os.kill(pid, signal.SIGCONT)
