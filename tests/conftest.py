@@ -5,6 +5,8 @@
 - `event_log`: an `EventLog` on that server with both streams deleted and recreated, closed after.
 - `make_nats`: a factory for extra servers a test owns (stopped at the end), e.g. to restart one.
 - `compiled_bytecode` (autouse): every module's bytecode written once, where Python writes none.
+- `pytest_configure`: Ctrl-C (SIGINT) reaches the suite's processes even when it was started where
+  SIGINT is ignored.
 
 Every test has a timeout (pyproject: pytest-timeout, 120 s by default).
 """
@@ -12,6 +14,7 @@ Every test has a timeout (pyproject: pytest-timeout, 120 s by default).
 from __future__ import annotations
 
 import compileall
+import signal
 import site
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -24,6 +27,17 @@ from services.nats import EmbeddedNats
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("events", "eventlog", "services", "runner", "bench", "tests")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A suite started as a background job of a non-interactive shell (`pytest &` in a script, CI
+    wrappers, nohup) inherits SIGINT ignored, and every process it starts would too: `shoal up`,
+    `shoal nats` and `shoal events tail` then shrug off the Ctrl-C that the tests stop them with,
+    each teardown waits for its timeout, and the nats-servers outlive the suite. The handler Python
+    installs by default makes the children's SIGINT default again (an exec keeps only "ignored")."""
+    del config
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
