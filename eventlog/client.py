@@ -102,11 +102,11 @@ class NatsClient:
         to 10 s follows, and it ignores a cancel), so past them it is left to end by itself (its
         outcome read, never raised) and the connection is closed without it."""
         drain = asyncio.ensure_future(self.nc.drain())
+        drain.add_done_callback(_outcome_read)  # also if this close is cancelled while it waits
         done, _ = await asyncio.wait({drain}, timeout=seconds)
         if drain not in done:
             logger.debug("drain on close did not end within {}s; closing without it", seconds)
-            drain.add_done_callback(_outcome_read)  # it ends once the connection is closed, or in 10 s
-            return
+            return  # it ends once the connection is closed, or after its own flush's 10 s
         failure = drain.exception()
         if isinstance(failure, nats.errors.Error | TimeoutError):
             logger.debug("drain on close failed ({!r}); closing", failure)

@@ -103,7 +103,7 @@ def local_command(name: str, service: dict[str, object], nodes: dict[str, Node],
 def start_nodes(
     services: dict[str, dict[str, object]], tmp: Path
 ) -> tuple[dict[str, Node], list[subprocess.Popen[bytes]]]:
-    """Start the three nodes on ports free a moment ago; ([], ...) when one exits first.
+    """Start the three nodes on ports free a moment ago; ({}, []) when one exits first.
 
     A free port can be taken between the check and nats-server's bind (other tests' connections
     draw from the same range), so a node that exits while starting is retried on new ports; its
@@ -120,7 +120,9 @@ def start_nodes(
             processes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log))
     deadline = time.monotonic() + 20
     while not all(read_info("127.0.0.1", n.client) for n in nodes.values()):
-        assert time.monotonic() < deadline, "cluster nodes did not start"
+        if time.monotonic() > deadline:
+            stop(processes)  # none outlives the failure
+            raise AssertionError("cluster nodes did not start")
         if any(p.poll() is not None for p in processes):
             stop(processes)
             return {}, []
