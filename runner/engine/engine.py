@@ -18,6 +18,8 @@ import msgspec
 from events.constraints import Constraint, ToolCallRequired, ToolFunction
 from events.runner_settings import RunnerSettings
 from events.vocabulary import FinishReason, PrefillPath
+from runner.engine.calibration import agreed_keys, fit_keys_per_token, proposal, time_probes
+from runner.engine.calibration_probe import owned_layers_forward
 from runner.engine.collectives import Collectives
 from runner.engine.constraints import GrammarCompiler, TokenMask
 from runner.engine.decode import DecodeSpec, run_decode
@@ -97,6 +99,7 @@ class Engine:
         self.ranks_on_host = ranks_on_host
         self.collectives = Collectives(group, shard.peer_wait)
         self.grammars: GrammarCompiler | None = None  # built on the sampling rank at its first grammar
+        self._measured_keys: float | None = None  # `calibrate_prefill`'s agreed rate
         if self.collectives.world != shard.placement.world:
             raise ValueError(f"group has {self.collectives.world} ranks, placement {shard.placement.world}")
 
@@ -115,9 +118,33 @@ class Engine:
         return int(size) if isinstance(size, int) else None
 
     @functools.cached_property
-    def prefill_keys_per_token(self) -> float | None:
-        """The model's exchange rate between a token's matmuls and attended keys (`plan.balanced_chunk_sizes`)."""
+    def priced_keys_per_token(self) -> float | None:
+        """The model's exchange rate between a token's matmuls and attended keys, from its shape's flops."""
         return model_keys_per_token(vars(self.shard.model.args))  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
+
+    @property
+    def prefill_keys_per_token(self) -> float | None:
+        """The rate `plan.balanced_chunk_sizes` cuts chunks at: the ranks' measured one once
+        `calibrate_prefill` ran, else the priced one (alike on every rank either way)."""
+        return self.priced_keys_per_token if self._measured_keys is None else self._measured_keys
+
+    def calibrate_prefill(self) -> float | None:
+        """Every rank, at the same point, before any batch is built (its budget and pace are priced
+        in this rate): time this rank's own layers (`calibration`), then one all-reduce of the
+        proposals, whatever each rank measured. Returns the rate every rank uses from now on."""
+        if "pace" in self.__dict__:
+            raise RuntimeError("calibrate_prefill runs before the pace is learnt: it is priced in this rate")
+        priced = self.priced_keys_per_token
+        measured: float | None = None
+        if priced is not None:
+            try:
+                step = effective_step(self.settings.prefill_step_size, self.collectives.world)
+                measured = fit_keys_per_token(*time_probes(owned_layers_forward(self.shard), step))
+            except Exception:  # a family whose layers are called otherwise: this rank proposes nothing
+                measured = None
+        total = self.collectives.agree(proposal(measured, priced))
+        self._measured_keys = agreed_keys(total, self.collectives.world, priced)
+        return self.prefill_keys_per_token
 
     @functools.cached_property
     def pace(self) -> StepPace:

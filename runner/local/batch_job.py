@@ -9,7 +9,7 @@ cancel read from the log would, whenever the engine polls it; `unreadable_rank`:
 read of the task's TaskCreated fails), and conversations (`after`: the
 request continues that task, so its prompt is that task's prompt, its generated tokens, then its
 own tokens; it reaches the rank once that task ended). `prefix_cache_bytes` may set a bound per
-rank; `warm_pace` teaches the batch its pace first, as the service does. The rank drives `ContinuousBatch` the way the service's task loop does: it steps while the
+rank; `warm_pace` measures the chunks' rate (`Engine.calibrate_prefill`) and teaches the batch its pace first, as the service does. The rank drives `ContinuousBatch` the way the service's task loop does: it steps while the
 batch is busy and, while it is empty, waits (jumps its clock) to its next arrival. Each ended task
 is recorded with its sink (with `token_times`) and `timing`; the run with its `step_times`: the
 benches' timestamps, monotonic seconds (one clock for every local rank), never read by the engine.
@@ -41,6 +41,8 @@ def run_schedule(
     from runner.engine.batch import ContinuousBatch
 
     bound = schedule.get("prefix_cache_bytes", {}).get(str(rank))  # a rank-specific bound (None: the setting)
+    if schedule.get("warm_pace"):  # as the service does before serving: the chunks' rate is measured first
+        engine.calibrate_prefill()
     batch = ContinuousBatch(engine, phases, schedule["max_batch"], bound)
     if schedule.get("warm_pace"):  # as the service does before serving (`batch_warmup`)
         from runner.engine.batch_warmup import warm_pace
@@ -97,7 +99,8 @@ def run_schedule(
     prefixes = {"nbytes": batch.prefixes.nbytes, "bound": batch.prefixes.max_bytes, "entries": len(batch.prefixes)}
     return {"kind": "batch", "ended": ended, "steps": steps, "prefix_cache": prefixes, "overlapped_steps": overlapped,
             "speculated_steps": batch.row_decoder.speculated_steps,
-            "taken_back_steps": batch.row_decoder.taken_back_steps, "step_times": steps_at}  # fmt: skip
+            "taken_back_steps": batch.row_decoder.taken_back_steps, "step_times": steps_at,
+            "keys_per_token": engine.prefill_keys_per_token}  # fmt: skip
 
 
 @dataclass(slots=True)

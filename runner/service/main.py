@@ -205,6 +205,7 @@ def continuous_batch(engine: Any, phases: PhaseTracker) -> Any:
         return None
     from runner.engine.batch_warmup import warm_pace
 
+    engine.calibrate_prefill()  # every rank: the chunks' exchange rate, measured (`calibration`)
     batch = ContinuousBatch(engine, phases, settings.max_batch, settings.prefix_cache_bytes)
     warm_pace(batch)  # every rank, before serving: the first long prompt beside streams leaves them room
     return batch

@@ -102,6 +102,33 @@ def test_a_batch_warmed_before_serving_leaves_room_for_its_first_newcomer(world:
     assert chunks(cold["progress"]) == full
 
 
+@pytest.mark.parametrize("world", (1, 2))
+def test_the_ranks_measure_the_chunks_rate_before_serving_and_agree_on_it(world: int) -> None:
+    """Warmed as the service warms it, a batch cuts prompts at the rate its ranks measured on their
+    own layers (`Engine.calibrate_prefill`): one value on every rank, near the priced one, and a
+    prompt alone then takes exactly the chunks that rate balances; unwarmed, the priced rate."""
+    priced = model_keys_per_token(json.loads((cached_tiny() / "config.json").read_text()))
+    assert priced is not None
+    rates = {rank_results[0]["keys_per_token"] for rank_results in warmed_results(world, warm=True)}
+    assert len(rates) == 1, rates
+    (measured,) = rates
+    assert measured != priced and priced / 8 <= measured <= priced * 8
+    assert {rank_results[0]["keys_per_token"] for rank_results in warmed_results(world, warm=False)} == {priced}
+    alone = run_job(
+        world,
+        [
+            {
+                **beside_rows(warm_pace=True),
+                "tasks": [{"request": req("alone", NEWCOMER, 2, prefill_path="sequential"), "at": 0}],
+            }
+        ],
+    )
+    view = alone[0][0]
+    assert chunks(view["ended"]["alone"]["progress"]) == balanced_chunk_sizes(
+        NEWCOMER, effective_step(STEP, world), 0, view["keys_per_token"]
+    )
+
+
 @functools.cache
 def warmed_results(world: int, warm: bool) -> list[list[dict[str, Any]]]:
     """A fresh instance (its pace unlearned), the newcomer beside rows, its batch warmed or not."""
