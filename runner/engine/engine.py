@@ -142,6 +142,7 @@ class Engine:
                 measured = fit_keys_per_token(*time_probes(owned_layers_forward(self.shard), step))
             except Exception:  # a family whose layers are called otherwise: this rank proposes nothing
                 measured = None
+            mx.clear_cache()  # the probes' buffers: the KV budget read next counts that memory as free
         total = self.collectives.agree(proposal(measured, priced))
         self._measured_keys = agreed_keys(total, self.collectives.world, priced)
         return self.prefill_keys_per_token
