@@ -76,13 +76,10 @@ def fit_keys_per_token(full: Timing, small: Timing, late: Timing) -> float | Non
     return per_token / per_key
 
 
-def plausible(measured: float | None, priced: float) -> bool:
-    return measured is not None and priced / PLAUSIBLE_FACTOR <= measured <= priced * PLAUSIBLE_FACTOR
-
-
 def proposal(measured: float | None, priced: float | None) -> list[int]:
-    """This rank's slots of the agreement: [its rate, rounded; 1] when it measured a plausible one, else [0, 0]."""
-    if priced is None or measured is None or not plausible(measured, priced):
+    """This rank's slots of the agreement: [its rate, rounded; 1] when it measured one within
+    PLAUSIBLE_FACTOR of the priced rate, else [0, 0]."""
+    if priced is None or measured is None or not priced / PLAUSIBLE_FACTOR <= measured <= priced * PLAUSIBLE_FACTOR:
         return [0, 0]
     return [max(1, round(measured)), 1]
 

@@ -41,10 +41,11 @@ def run_schedule(
     from runner.engine.batch import ContinuousBatch
 
     bound = schedule.get("prefix_cache_bytes", {}).get(str(rank))  # a rank-specific bound (None: the setting)
-    if schedule.get("warm_pace"):  # as the service does before serving: the chunks' rate is measured first
+    warm = bool(schedule.get("warm_pace"))  # as the service does before serving: the chunks' rate, then the pace
+    if warm:
         engine.calibrate_prefill()
     batch = ContinuousBatch(engine, phases, schedule["max_batch"], bound)
-    if schedule.get("warm_pace"):  # as the service does before serving (`batch_warmup`)
+    if warm:
         from runner.engine.batch_warmup import warm_pace
 
         warm_pace(batch)
