@@ -57,7 +57,10 @@ def run_decode(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResult:
 
 class Emitter:
     """What a rank does with each agreed token: stop rules, text assembly, delivery. A token taken
-    with `deliver=False` is held and goes out with the next delivered one (or at `finish`)."""
+    with `deliver=False` is held and goes out with the next delivered one (or at `finish`). Only
+    the sampling rank streams text, so another rank detokenizes only a request with stop strings
+    (every rank must see them alike to stop at the same token); else it keeps the token ids and
+    their EOS and `max_tokens` rules, and its outcome's text is empty."""
 
     def __init__(self, run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> None:
         self.run, self.spec = run, spec
@@ -66,6 +69,8 @@ class Emitter:
         self.detokenizer = tokenizer.detokenizer
         self.detokenizer.reset()
         self.sampling = run.placement.is_last
+        # the text: the sampling rank's to stream; a stop string's, every rank's to stop alike
+        self.reads_text = self.sampling or bool(spec.stop)
         self.tokenizer = tokenizer
         self.logprobs: list[TokenLogprob] = []  # the sampling rank's, one per entry of result.token_ids
         self.held: tuple[str, list[int]] = ("", [])  # released by the assembler, not delivered yet
@@ -91,16 +96,19 @@ class Emitter:
         result.token_ids.append(token)
         if logprobs is not None:
             self.logprobs.append(as_token_logprob(self.tokenizer, token, logprobs))
-        self.detokenizer.add_token(token)
-        self._deliver(self.assembler.add(token, self.detokenizer.last_segment), deliver)
-        if self.assembler.stopped:
-            result.finish_reason = "stop"
-            return True
+        if self.reads_text:
+            self.detokenizer.add_token(token)
+            self._deliver(self.assembler.add(token, self.detokenizer.last_segment), deliver)
+            if self.assembler.stopped:
+                result.finish_reason = "stop"
+                return True
         if step % 256 == 255:
             mx.clear_cache()
         return False
 
     def finish(self) -> DecodeResult:
+        if not self.reads_text:
+            return self.result
         self.detokenizer.finalize()
         flushed_text, flushed_ids = self.assembler.add(None, self.detokenizer.last_segment)  # bytes it still held
         rest_text, rest_ids = self.assembler.finish()

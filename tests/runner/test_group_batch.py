@@ -92,6 +92,17 @@ def many_short_schedule(world: int) -> dict[str, Any]:
     return {"kind": "batch", "name": "many-short", "max_batch": 12, "tasks": tasks}
 
 
+def stops_schedule(world: int) -> dict[str, Any]:
+    """Stop strings beside rows without: the tiny model's text is numbers, so "1" stops a stream a
+    few tokens in, at the same token on every rank (each detokenizes a request with stop strings)."""
+    tasks = [
+        {"request": req("stop-alone", 5, 12, stop=["1"]), "at": 0},
+        {"request": req("plain", 13, 12), "at": 4},
+        {"request": req("stop-beside", 23, 12, stop=["1"]), "at": 5},
+    ]
+    return {"kind": "batch", "name": "stops", "max_batch": 4, "tasks": tasks}
+
+
 def random_schedule(seed: int, world: int) -> dict[str, Any]:
     rng = random.Random(seed)
     tasks, at = [], 0
@@ -115,6 +126,7 @@ def schedules(world: int) -> list[dict[str, Any]]:
         burst_schedule(world),
         in_flight_schedule(world),
         many_short_schedule(world),
+        stops_schedule(world),
         *(random_schedule(seed, world) for seed in range(RANDOM_SCHEDULES)),
     ]
 
@@ -240,6 +252,20 @@ def test_tokens_reach_the_sampling_ranks_sink_in_order(world: int) -> None:
         assert "".join(text for _, text, _ in chunks) == outcome["text"], task_id
     if world > 1:
         assert all(not o["sink"]["chunks"] for o in runs[0][0]["ended"].values() if "error" not in o)
+
+
+@pytest.mark.parametrize("world", (2, 3))
+def test_only_requests_with_stop_strings_are_detokenized_off_the_sampling_rank(world: int) -> None:
+    runs = batch_runs(world)
+    stops = [schedule["name"] for schedule in schedules(world)].index("stops")
+    sampled = runs[-1][stops]["ended"]
+    assert sampled["stop-alone"]["finish_reason"] == sampled["stop-beside"]["finish_reason"] == "stop"
+    assert "1" not in sampled["stop-alone"]["text"] and sampled["plain"]["text"]
+    for rank_runs in runs[:-1]:
+        ended = rank_runs[stops]["ended"]
+        assert ended["plain"]["text"] == ""  # its tokens alone decide its stop: EOS, max_tokens
+        assert ended["stop-alone"]["text"] == sampled["stop-alone"]["text"]
+        assert ended["stop-beside"]["text"] == sampled["stop-beside"]["text"]
 
 
 @pytest.mark.parametrize("world", (1, 3))
