@@ -52,9 +52,8 @@ COLLECTIVE_STACK = (
     'File "runner/engine/task_run.py", line 56, in agree_to_stop\n'
     "    stop = self.collectives.any(poll and self.wants_stop())\n"
     'File "runner/engine/collectives.py", line 53, in any\n    return self.agree([int(flag)])[0] > 0\n'
-    'File "runner/engine/collectives.py", line 46, in agree\n'
-    "    total = self._receive(group, mine)  # rank 0: from the last rank; the others: passed on by rank-1\n"
-    'File "runner/engine/collectives.py", line 62, in _receive\n    mx.eval(received)\n'
+    'File "runner/engine/collectives.py", line 61, in agree\n'
+    "    return [int(v) for v in cast(list[int], total.tolist())]\n"
 )
 COMPUTE_STACK = (
     'File "runner/engine/prefill.py", line 56, in compute_chunk\n    run.forward(piece if piece.ndim == 2 else piece[None])\n'

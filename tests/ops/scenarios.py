@@ -224,9 +224,8 @@ AGREE_STACK = (  # rank 0 of the same: waiting for rank 1 in the cancel agreemen
     'File "runner/engine/task_run.py", line 56, in agree_to_stop\n'
     "    stop = self.collectives.any(poll and self.wants_stop())\n"
     'File "runner/engine/collectives.py", line 53, in any\n    return self.agree([int(flag)])[0] > 0\n'
-    'File "runner/engine/collectives.py", line 46, in agree\n'
-    "    total = self._receive(group, mine)  # rank 0: from the last rank; the others: passed on by rank-1\n"
-    'File "runner/engine/collectives.py", line 62, in _receive\n    mx.eval(received)\n'
+    'File "runner/engine/collectives.py", line 61, in agree\n'
+    "    return [int(v) for v in cast(list[int], total.tolist())]\n"
 )
 
 
