@@ -13,6 +13,11 @@ batch teaches the engine its pace before it runs, as `shoal up` does before it i
   whole prompt). The running streams' inter-token p99 (the gaps that
   end after step `ARRIVAL`, on the sampling rank) with and without the newcomer; target: the
   increase is at most one prefill chunk's time (the lone first chunk; and the slowest chunk).
+- a slow grammar: the same K streams, and at step `ARRIVAL` a newcomer whose JSON schema takes its
+  ranks about half a second to check and compile (`runner.engine.preparation`), prepared off the
+  step loop as a runner does, and on it (as before: the step that admits it does the work). The
+  running streams' longest inter-token gap after `ARRIVAL` against the same without a newcomer;
+  target: at most one prefill chunk's time more.
 - cancel 1 of 16: 16 streams decode; in each schedule one of them (a random one, at a random
   step) is cancelled: its cancel source flips before that step on every rank, as a cancel read
   from the log would, and the batch polls it at every step. The other 15 streams' tokens
@@ -36,7 +41,8 @@ from bench.stats import compare, percentile, summarize, tail, target
 
 ABOUT = (
     "continuous batch on 1 and 2 local ranks (tiny model): running streams' inter-token p99 with a long newcomer's "
-    "prefill vs without, against one prefill chunk; cancelling 1 of 16 streams: others unchanged, slot free time"
+    "prefill vs without, against one prefill chunk; a newcomer's slow grammar prepared off the step loop vs on it; "
+    "cancelling 1 of 16 streams: others unchanged, slot free time"
 )
 SIZED = (
     Sized("--rounds", 4, 1, "interference rounds; each runs the schedule with and without the newcomer"),
@@ -49,6 +55,21 @@ PROMPT = 8  # the running streams' prompt length
 CANCEL_STREAMS = 16
 CANCEL_STEPS = (4, 16)  # the cancel flips this many steps after the last stream's prefill (inclusive)
 SLACK_MS = 50.0
+GRAMMAR_ALTERNATIVES = 400  # the slow schema's size: ~0.35 s of checks on every rank, ~0.2 s more to compile
+NEWCOMERS = ("newcomer", "grammar")
+
+
+def _slow_constraint() -> dict[str, Any]:
+    """A JSON schema llguidance takes long to turn into a grammar (object alternatives of bounded integers)."""
+    import json
+
+    alternative = [{"type": "integer", "minimum": j} for j in range(30)]
+    schema = {
+        "anyOf": [
+            {"type": "object", "properties": {f"k{i}": {"anyOf": alternative}}} for i in range(GRAMMAR_ALTERNATIVES)
+        ]
+    }
+    return {"kind": "json_schema", "name": "slow", "schema": json.dumps(schema)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,9 +128,16 @@ def _plan(settings: dict[str, Any], world: int, rng: random.Random) -> list[dict
         for i in range(settings["streams"])
     ]
     newcomer = {"request": _request("newcomer", _prompt(settings["newcomer_tokens"], 100), 4), "at": ARRIVAL}
+    grammar = {
+        "request": {**_request("grammar", _prompt(PROMPT, 200), 4), "constraint": _slow_constraint()},
+        "at": ARRIVAL,
+    }
+    width = settings["streams"] + 1
     sides = {
-        "with": {"kind": "batch", "max_batch": settings["streams"] + 1, "tasks": [*running, newcomer]},
-        "without": {"kind": "batch", "max_batch": settings["streams"] + 1, "tasks": running},
+        "with": {"kind": "batch", "max_batch": width, "tasks": [*running, newcomer]},
+        "without": {"kind": "batch", "max_batch": width, "tasks": running},
+        "grammar": {"kind": "batch", "max_batch": width, "tasks": [*running, grammar]},
+        "grammar_on_loop": {"kind": "batch", "max_batch": width, "tasks": [*running, grammar], "prepare_on_loop": True},
         "chunk": {"request": {**_request("chunk", _prompt(chunk, 150), 1), "prefill_path": "sequential"}},
         "alone": {"kind": "batch", "max_batch": 1, "tasks": [_sequential(newcomer)]},
     }
@@ -160,26 +188,41 @@ def _measure(plan: list[dict[str, Any]], ranks: list[list[dict[str, Any]]]) -> d
     for index, task in enumerate(plan):
         by_role.setdefault(task["role"], []).append((task, [results[index] for results in ranks]))
     sampling = -1  # the last rank samples: its sinks get the tokens
-    itl = {side: [_window_p99(views[sampling], task) for task, views in by_role[side]] for side in ("with", "without")}
+    itl = {
+        side: [_window_gap(views[sampling], task, 0.99) for task, views in by_role[side]]
+        for side in ("with", "without")
+    }
+    longest = {
+        side: [_window_gap(views[sampling], task, 1.0) for task, views in by_role[side]]
+        for side in ("without", "grammar", "grammar_on_loop")
+    }
     chunk_ms = [max(view["ttft_ms"] for view in views) for _, views in by_role["chunk"]]
     slowest_ms = [_slowest_chunk_ms(views[sampling]["step_times"], len(ranks)) for _, views in by_role["alone"]]
     reference = by_role["reference"][0][1]
     step_ms = _decode_step_ms(reference[sampling])
     cancels = [_cancel(task, views, reference) for task, views in by_role["cancel"]]
-    return {"itl": itl, "chunk_ms": chunk_ms, "slowest_chunk_ms": slowest_ms, "step_ms": step_ms, "cancels": cancels}
+    return {
+        "itl": itl,
+        "longest_gap": longest,
+        "chunk_ms": chunk_ms,
+        "slowest_chunk_ms": slowest_ms,
+        "step_ms": step_ms,
+        "cancels": cancels,
+    }
 
 
-def _window_p99(run: dict[str, Any], task: dict[str, Any]) -> float:
-    """p99 of the running streams' inter-token gaps (ms) that end after step ARRIVAL started."""
+def _window_gap(run: dict[str, Any], task: dict[str, Any], q: float) -> float:
+    """The q-quantile (1.0: the longest) of the running streams' inter-token gaps (ms) that end after
+    step ARRIVAL started."""
     since = run["step_times"][ARRIVAL][0]
     gaps = []
     for entry in task["tasks"]:
         task_id = entry["request"]["task_id"]
-        if task_id == "newcomer":
+        if task_id in NEWCOMERS:
             continue
         times = run["ended"][task_id]["sink"]["token_times"]
         gaps += [(b - a) * 1000 for a, b in itertools.pairwise(times) if b >= since]
-    return percentile(gaps, 0.99)
+    return max(gaps) if q >= 1.0 else percentile(gaps, q)
 
 
 def _decode_step_ms(run: dict[str, Any]) -> float:
@@ -224,6 +267,14 @@ def _report(settings: dict[str, Any], per_world: dict[int, dict[str, Any]], mode
         targets[f"itl_p99_increase_{w}"] = target(increase, "<=", round(chunk, 2), "ms")
         slowest = statistics.median(got["slowest_chunk_ms"])
         targets[f"itl_p99_increase_vs_slowest_chunk_{w}"] = target(increase, "<=", round(slowest, 2), "ms")
+        longest = got["longest_gap"]
+        for side in ("without", "grammar", "grammar_on_loop"):
+            measures[f"{side}_itl_max_ms_{w}"] = summarize(longest[side], "ms")
+        for side in ("grammar", "grammar_on_loop"):
+            comparisons[f"{side}_itl_max_increase_ms_{w}"] = compare(longest[side], longest["without"], "difference",
+                                                                     f"{side} - without", "ms")  # fmt: skip
+        grammar_increase = comparisons[f"grammar_itl_max_increase_ms_{w}"]["median"]
+        targets[f"grammar_itl_max_increase_{w}"] = target(grammar_increase, "<=", round(chunk, 2), "ms")
         landed = [c for c in cancels if c["cancelled"]]
         free = [c["flip_to_free_ms"] for c in landed]
         measures[f"cancel_to_free_ms_{w}"] = summarize(free, "ms") | {"p99": tail(free, 0.99)}
@@ -245,7 +296,8 @@ def _report(settings: dict[str, Any], per_world: dict[int, dict[str, Any]], mode
         targets=targets,
         headline=[name for world in per_world for name in (
             f"itl_p99_without_ms_{world}r", f"itl_p99_with_ms_{world}r", f"itl_p99_increase_ms_{world}r",
-            f"chunk_ms_{world}r", f"slowest_chunk_ms_{world}r", f"cancel_to_free_ms_{world}r", f"decode_step_ms_{world}r")],
+            f"chunk_ms_{world}r", f"slowest_chunk_ms_{world}r", f"grammar_itl_max_increase_ms_{world}r",
+            f"grammar_on_loop_itl_max_increase_ms_{world}r", f"cancel_to_free_ms_{world}r", f"decode_step_ms_{world}r")],
         notes=_notes(measures, comparisons, per_world, settings),
         checks=checks,
         details={"model": model, "arrival_step": ARRIVAL, "cancel_streams": CANCEL_STREAMS,
@@ -272,6 +324,12 @@ def _notes(
             f"ms (+{median(f'itl_p99_increase_ms_{w}')} ms per round, median) against one prefill chunk's "
             f"{median(f'chunk_ms_{w}')} ms alone (the newcomer's slowest chunk alone: "
             f"{median(f'slowest_chunk_ms_{w}')} ms).",
+            f"{world} rank(s): a newcomer with a slow grammar ({GRAMMAR_ALTERNATIVES} schema alternatives) raises the "
+            f"running streams' longest inter-token gap from {median(f'without_itl_max_ms_{w}')} ms to "
+            f"{median(f'grammar_itl_max_ms_{w}')} ms prepared off the step loop "
+            f"(+{median(f'grammar_itl_max_increase_ms_{w}')} ms per round), and to "
+            f"{median(f'grammar_on_loop_itl_max_ms_{w}')} ms prepared on it "
+            f"(+{median(f'grammar_on_loop_itl_max_increase_ms_{w}')} ms).",
             f"{world} rank(s): cancelling 1 of {CANCEL_STREAMS} frees its slot {median(f'cancel_to_free_ms_{w}')} ms "
             f"(p99 {p99['value']}{' = the max' if p99['is_max'] else ''}) after the cancel flips, polled at every "
             f"step ({median(f'steps_to_free_{w}')} steps, a step "

@@ -51,9 +51,9 @@ from runner.engine.micro_batches import MicroBatch, MicroBatches
 from runner.engine.pace import chunk_room
 from runner.engine.plan import effective_step, newcomer_prefill, prefill_cost, rank_schedule
 from runner.engine.prefill import run_prefill
-from runner.engine.prefix_cache import PrefixIndex, PrefixMatch
-from runner.engine.protocols import PhaseTracker
-from runner.errors import RequestError
+from runner.engine.prefix_cache import PrefixIndex
+from runner.engine.preparation import Newcomers, PrepareInline
+from runner.engine.protocols import PhaseTracker, Preparer
 
 
 class ContinuousBatch:
@@ -61,9 +61,15 @@ class ContinuousBatch:
     `busy` (agreed), and otherwise once it holds an admission not yet admitted (every rank will)."""
 
     def __init__(
-        self, engine: Engine, phases: PhaseTracker, max_batch: int, prefix_cache_bytes: int | None = None
+        self,
+        engine: Engine,
+        phases: PhaseTracker,
+        max_batch: int,
+        prefix_cache_bytes: int | None = None,
+        preparer: Preparer | None = None,
     ) -> None:
-        """`prefix_cache_bytes`: None takes the instance's setting (tests give ranks different bounds)."""
+        """`prefix_cache_bytes`: None takes the instance's setting (tests give ranks different bounds).
+        `preparer`: who prepares newcomers (`preparation.py`; None: at once, on the step loop)."""
         if engine.settings.kv_bits is not None:
             raise ValueError("continuous batching needs an unquantized KV cache (kv_bits is set)")
         self.engine, self.phases = engine, phases
@@ -84,7 +90,7 @@ class ContinuousBatch:
         self.steps = 0
         bound = engine.settings.prefix_cache_bytes if prefix_cache_bytes is None else prefix_cache_bytes
         self.prefixes: PrefixIndex[list[Any]] = PrefixIndex(bound)
-        self.held: dict[str, PrefixMatch[list[Any]] | None] = {}  # pending task -> its proposal, until admitted
+        self.newcomers = Newcomers(self.prefixes, preparer or PrepareInline(engine.prepare))
 
     @property
     def busy(self) -> bool:
@@ -125,7 +131,7 @@ class ContinuousBatch:
         pending = read_pending()
         received = current.admitted + len(pending)
         share = self.engine.pace.decode_share()
-        proposals = self._propose(pending)
+        proposals = self.newcomers.propose(pending[: self.max_batch], idle=not members)
         vector = self.layout.encode(self.engine.rank, received, votes, tokens, proposals, share, self.kv_capacity)
         agreed = self.layout.decode(self._agree(vector), len(votes), len(pending))
         self._observe(chunk_cost, 0 if working is None else len(working.rows))
@@ -275,20 +281,6 @@ class ContinuousBatch:
                 continue
             stream.run.report_progress(stream.prompt_done, len(stream.request.prompt_token_ids), stream.next_chunk)
 
-    def _propose(self, pending: Sequence[Admission]) -> list[int | None]:
-        """This rank's cached-prefix length for each of the first pending assignments (None: this
-        rank has no request for it). Looked up once and held until admission, so what this rank
-        proposed is still there when the batch agrees."""
-        proposals = []
-        for admission in pending[: self.max_batch]:
-            if admission.task_id not in self.held:
-                request = admission.request
-                found = None if request is None else self.prefixes.longest(request.prompt_token_ids)
-                self.held[admission.task_id] = found
-            match = self.held[admission.task_id]
-            proposals.append(None if admission.request is None else 0 if match is None else match.length)
-        return proposals
-
     def _remember(self, part: MicroBatch, kept_rows: tuple[int, ...]) -> None:
         """Copy every decoding row of the boundary micro-batch that leaves (finished or cancelled)
         into the prefix cache, keyed by the tokens it holds KV for: the prompt, then the agreed tokens
@@ -358,16 +350,14 @@ class ContinuousBatch:
         agreed `cached` prompt tokens, cut from the entry this rank held for it. One admitted into an
         empty batch with nothing cached takes the path a task alone would; otherwise its chunks ride
         the rows' steps, each leaving `room` for the rows' decode (`plan.newcomer_prefill`)."""
-        match = self.held.pop(admission.task_id, None)
+        request = admission.request
+        match, prepared = self.newcomers.admit(admission.task_id, runs=request is not None and runnable)
         if cached > (0 if match is None else match.length):
             raise RuntimeError(f"internal error: agreed to reuse {cached} tokens, this rank proposed fewer")
-        request = admission.request
-        if request is None or not runnable:
+        if request is None or prepared is None:
             return Ended(admission.task_id, None, admission.error or UNRUNNABLE_ELSEWHERE)
-        try:
-            self.engine.validate(request)
-        except RequestError as exc:
-            return Ended(admission.task_id, None, str(exc), invalid_request=True)
+        if prepared.error is not None:  # the same verdict on every rank
+            return Ended(admission.task_id, None, prepared.error, invalid_request=True)
         reserved = self.engine.kv_reservation(request)
         if (error := too_large(reserved, capacity)) is not None:
             return Ended(admission.task_id, None, error, invalid_request=True)
@@ -381,7 +371,7 @@ class ContinuousBatch:
         run = engine.task_run(request.task_id, admission.cancel, admission.sink, self.phases)
         if match is not None and cached:
             run.caches.replace_owned(prefix_caches(match.value, cached))
-        spec = engine.decode_spec(request, iterations)
+        spec = engine.decode_spec(request, iterations, prepared)
         emitter = Emitter(run, spec, engine.tokenizer)
         stream = Stream(
             request, run, spec, emitter, chunks, time.perf_counter(), path, cached=cached, reserved=reserved

@@ -13,10 +13,12 @@ so the sum hands every rank every count, and their minimum is how many assignmen
 hold. The proposals work alike: rank r writes, for each of its first pending assignments, how
 many prompt tokens its prefix cache can serve (`prefix_cache.PrefixIndex.longest`); a newcomer
 reuses the minimum over ranks (`AgreedStep.cached`, by its index among the newcomers: every rank's
-pending list starts with the same ids). A proposal is written as its length plus one, and 0 by a
-rank that could not build that assignment's request (its `TaskCreated` could not be read): the
-minimum then says no rank may run it (`AgreedStep.runnable`), so every rank fails it alike rather
-than one rank leaving it out of the batch the others run. Each rank writes its KV capacity in
+pending list starts with the same ids). A proposal is written as its length plus two, 1 by a rank
+still preparing that assignment (its grammar compiling off the step loop: `preparation.py`), and 0
+by a rank that could not build its request (its `TaskCreated` could not be read): a 0 says no rank
+may run it (`AgreedStep.runnable`), so every rank fails it alike rather than one rank leaving it
+out of the batch the others run, and a 1 that it waits, with those after it in the log, until
+every rank has it ready (`AgreedStep.prepared`). Each rank writes its KV capacity in
 tokens of its own layers (`kv_budget.token_capacity`) in its own entry; the batch admits within
 the least (`AgreedStep.kv_capacity`). Cancel votes add up (any rank's vote
 stops that stream); the sampling rank alone writes the tokens, and rank 0 alone the pace: what its
@@ -40,9 +42,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
+from typing import Literal
 
 from runner.engine.kv_budget import MAX_CAPACITY_TOKENS, admissible
 from runner.engine.prefix_cache import agreed_prefix
+
+PREPARING: Literal["preparing"] = "preparing"
+Proposal = int | None | Literal["preparing"]  # cached prefix length; None: cannot run it; or PREPARING
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +58,7 @@ class AgreedStep:
     tokens: tuple[int, ...]  # per slot; meaningful for decoding rows only
     cached: tuple[int, ...] = ()  # per pending assignment: prompt tokens it reuses if admitted now
     runnable: tuple[bool, ...] = ()  # per pending assignment: every rank could build its request
+    prepared: tuple[bool, ...] = ()  # per pending assignment: no rank still prepares it (empty: all are)
     decode_share: int = 0  # rank 0's `pace.StepPace.decode_share`, in thousandths (0: not measured yet)
     kv_capacity: int = MAX_CAPACITY_TOKENS  # KV positions the batch may hold: the least over ranks (`kv_budget`)
 
@@ -71,11 +78,12 @@ class StepLayout:
         received: int,
         cancel_votes: Sequence[bool],
         tokens: Sequence[int],
-        cached: Sequence[int | None] = (),
+        cached: Sequence[Proposal] = (),
         decode_share: int = 0,
         kv_capacity: int = MAX_CAPACITY_TOKENS,
     ) -> list[int]:
-        """`cached`: this rank's proposal per pending assignment; None where it cannot run it.
+        """`cached`: this rank's proposal per pending assignment: the prompt tokens its prefix cache
+        serves, None where it cannot run it, PREPARING while it prepares it.
         `decode_share`: rank 0's pace (the other ranks' is not written). `kv_capacity`: this rank's."""
         if max(len(cancel_votes), len(tokens), len(cached)) > self.max_batch:
             raise ValueError(f"more than max_batch={self.max_batch} slots in one step")
@@ -88,8 +96,8 @@ class StepLayout:
         for slot, token in enumerate(tokens):
             vector[base + slot] = token
         base += self.max_batch + rank * self.max_batch
-        for index, length in enumerate(cached):
-            vector[base + index] = 0 if length is None else length + 1
+        for index, proposal in enumerate(cached):
+            vector[base + index] = _proposal_code(proposal)
         vector[self._capacities.start + rank] = min(max(0, kv_capacity), MAX_CAPACITY_TOKENS)
         if rank == 0:
             vector[-1] = max(0, decode_share)
@@ -116,16 +124,28 @@ class StepLayout:
         pending = width if pending is None else min(pending, width)
         proposals = world + 2 * width
         per_rank = [summed[proposals + r * width : proposals + r * width + pending] for r in range(world)]
-        lowest = [agreed_prefix(column) for column in zip(*per_rank, strict=True)]
+        columns = list(zip(*per_rank, strict=True))
         return AgreedStep(
             received=min(summed[:world]),
             cancelled=tuple(v > 0 for v in summed[world : world + slots]),
             tokens=tuple(summed[self.token_slots(slots)]),
-            cached=tuple(max(0, low - 1) for low in lowest),
-            runnable=tuple(low > 0 for low in lowest),
+            cached=tuple(max(0, agreed_prefix(column) - 2) for column in columns),
+            runnable=tuple(min(column) > 0 for column in columns),
+            prepared=tuple(_PREPARING_CODE not in column for column in columns),
             decode_share=summed[-1],
             kv_capacity=min(summed[self._capacities]),
         )
+
+
+_PREPARING_CODE = 1
+
+
+def _proposal_code(proposal: Proposal) -> int:
+    if proposal is None:
+        return 0
+    if proposal == PREPARING:
+        return _PREPARING_CODE
+    return max(0, proposal) + 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +194,8 @@ def next_composition(
     applies the same rules to the same tokens); `prefilled`: prefilling streams with no prompt chunk
     left; `join_room`: how many of them the decoding rows take now (`MicroBatches.join_room`);
     `pending`: this rank's assignments not yet admitted, in log order (every rank's list starts with
-    the same `agreed.received - current.admitted` ids); `reservations`: the KV positions each member
+    the same `agreed.received - current.admitted` ids), admitted in log order up to the first one a
+    rank still prepares (`agreed.prepared`); `reservations`: the KV positions each member
     and pending assignment may come to hold (`kv_budget.reservation`; 0 for one every rank fails),
     within the agreed `kv_capacity` (None: not bounded), beside `reserved_elsewhere`: the reservations
     of the rows in the other micro-batches (mid-ring, they stay)."""
@@ -197,6 +218,8 @@ def next_composition(
     if available > len(pending):
         raise ValueError(f"agreed {agreed.received} assignments but this rank holds {current.admitted + len(pending)}")
     taking = max(0, min(room, available))
+    if agreed.prepared:  # in log order: none joins past one a rank still prepares
+        taking = min(taking, next((i for i, ready in enumerate(agreed.prepared) if not ready), taking))
     if reservations is not None:
         held = [*reserved_elsewhere, *(reservations.get(t, 0) for t in (*rows, *prefilling))]
         wanted = [reservations.get(t, 0) for t in pending[:taking]]

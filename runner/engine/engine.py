@@ -35,6 +35,7 @@ from runner.engine.plan import (
     rank_schedule,
 )
 from runner.engine.prefill import run_prefill
+from runner.engine.preparation import Prepared
 from runner.engine.protocols import CancelSource, NeverCancelled, NullSink, PhaseTracker, RunnerSink
 from runner.engine.sampling import check_adjustments, logit_adjustments, request_sampler
 from runner.engine.task_run import TaskRun
@@ -189,10 +190,24 @@ class Engine:
         self.generate(request, NeverCancelled(), NullSink(), phases)
 
     def validate(self, request: GenerationRequest) -> None:
+        self._checked_grammar(request)
+
+    def prepare(self, request: GenerationRequest) -> Prepared:
+        """`validate`'s verdict and, on the sampling rank, the compiled grammar: what admitting
+        `request` into a batch takes, prepared off the step loop (`preparation.py`)."""
+        try:
+            grammar = self._checked_grammar(request)
+        except RequestError as exc:
+            return Prepared(error=str(exc))
+        if grammar is None or not self.is_sampling_rank:
+            return Prepared()
+        return Prepared(token_mask=self._grammar_compiler().mask(grammar))
+
+    def _checked_grammar(self, request: GenerationRequest) -> str | None:
+        """Raise `RequestError` unless every rank can run `request`; its grammar, if constrained."""
         check_request(request, self.shard.context_length)
         check_adjustments(request.frequency_penalty, request.presence_penalty, request.logit_bias, self.vocab_size)
-        if request.constraint is not None:
-            self._grammar(request.constraint, request.tools)
+        return None if request.constraint is None else self._grammar(request.constraint, request.tools)
 
     def _grammar(self, constraint: Constraint, tools: list[ToolFunction]) -> str:
         """The constraint's grammar, checked on every rank (the same verdict everywhere)."""
@@ -210,10 +225,15 @@ class Engine:
     def token_mask(self, request: GenerationRequest) -> TokenMask | None:
         if request.constraint is None or not self.is_sampling_rank:
             return None
+        return self._grammar_compiler().mask(self._grammar(request.constraint, request.tools))
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        """Built once; a shell's preparer thread and the step loop racing to build it would each
+        build a valid one (the last kept), never a broken one."""
         if self.grammars is None:
             vocab_size = int(self.shard.model.args.vocab_size)  # pyright: ignore[reportAttributeAccessIssue, reportOptionalMemberAccess]
             self.grammars = GrammarCompiler(self.tokenizer._tokenizer, self.tokenizer.eos_token_id, vocab_size)
-        return self.grammars.mask(self._grammar(request.constraint, request.tools))
+        return self.grammars
 
     def generate(
         self, request: GenerationRequest, cancel: CancelSource, sink: RunnerSink, phases: PhaseTracker
@@ -254,9 +274,11 @@ class Engine:
             prefill.iterations, started, decoded.first_token_at,
         )  # fmt: skip
 
-    def decode_spec(self, request: GenerationRequest, prefill_iterations: int) -> DecodeSpec:
+    def decode_spec(
+        self, request: GenerationRequest, prefill_iterations: int, prepared: Prepared | None = None
+    ) -> DecodeSpec:
         """How `request` decodes on this rank: its sampler (its own PRNG key when seeded), stop rules
-        and, on the sampling rank, its grammar mask."""
+        and, on the sampling rank, its grammar mask (`prepared`'s, or compiled now)."""
         return DecodeSpec(
             first_input=request.prompt_token_ids[-1],
             prompt_len=len(request.prompt_token_ids),
@@ -267,7 +289,7 @@ class Engine:
             cancel_interval=self.settings.decode_cancel_poll_tokens,
             prefill_iterations=prefill_iterations,
             top_logprobs=request.top_logprobs,
-            token_mask=self.token_mask(request),
+            token_mask=self.token_mask(request) if prepared is None else prepared.token_mask,
             adjustments=(
                 logit_adjustments(request.frequency_penalty, request.presence_penalty, request.logit_bias)
                 if self.is_sampling_rank

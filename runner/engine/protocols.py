@@ -1,4 +1,5 @@
-"""The runner's seams: where cancels come from, where results go, and what phase it is in.
+"""The runner's seams: where cancels come from, where results go, what phase it is in, and who
+prepares a batch's newcomers.
 
 The services issue plugs NATS into `CancelSource` and `RunnerSink`; tests plug in lists.
 """
@@ -7,10 +8,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from events.logprobs import TokenLogprob
 from events.vocabulary import Phase, PrefillPath
+
+if TYPE_CHECKING:
+    from runner.engine.engine import GenerationRequest
+    from runner.engine.preparation import Prepared
 
 
 class CancelSource(Protocol):
@@ -43,6 +48,26 @@ class PeerWait(Protocol):
         without waiting on this rank (an activation, a message of the agreement), so it always
         ends; it reads nothing, so it cannot change what the receive gets."""
         ...
+
+
+class Preparer(Protocol):
+    """Prepares a batch's pending requests (`Engine.prepare`), perhaps off the step loop (`preparation.py`)."""
+
+    def start(self, request: GenerationRequest) -> None:
+        """Begin preparing `request`; once per task id (again: nothing)."""
+        ...
+
+    def ready(self, task_id: str) -> bool: ...
+
+    def wait(self, task_id: str, timeout_seconds: float) -> None:
+        """Until `task_id` is ready or the timeout passed."""
+        ...
+
+    def take(self, task_id: str) -> Prepared:
+        """A ready preparation, forgotten here; an error the preparation raised is raised here."""
+        ...
+
+    def discard(self, task_id: str) -> None: ...
 
 
 class NeverCancelled:

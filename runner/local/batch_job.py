@@ -39,12 +39,16 @@ def run_schedule(
     engine: Engine, schedule: dict[str, Any], rank: int, faults: FaultInjector, phases: PhaseTracker
 ) -> dict[str, Any]:
     from runner.engine.batch import ContinuousBatch
+    from runner.preparer import ThreadedPreparer
 
     bound = schedule.get("prefix_cache_bytes", {}).get(str(rank))  # a rank-specific bound (None: the setting)
     warm = bool(schedule.get("warm_pace"))  # as the service does before serving: the chunks' rate, then the pace
     if warm:
         engine.calibrate_prefill()
-    batch = ContinuousBatch(engine, phases, schedule["max_batch"], bound)
+    on_loop = bool(schedule.get("prepare_on_loop"))  # the benches' contrast: grammars compiled on the step loop
+    batch = ContinuousBatch(
+        engine, phases, schedule["max_batch"], bound, None if on_loop else ThreadedPreparer(engine.prepare)
+    )
     if warm:
         from runner.engine.batch_warmup import warm_pace
 

@@ -199,6 +199,7 @@ def continuous_batch(engine: Any, phases: PhaseTracker) -> Any:
     """The instance's batch when it batches: `max_batch` > 1 on an unquantized KV cache (mlx-lm has
     no batched quantized cache). The settings are the instance's, so every rank decides alike."""
     from runner.engine.batch import ContinuousBatch
+    from runner.preparer import ThreadedPreparer
 
     settings = engine.settings
     if settings.max_batch <= 1 or settings.kv_bits is not None:
@@ -206,7 +207,9 @@ def continuous_batch(engine: Any, phases: PhaseTracker) -> Any:
     from runner.engine.batch_warmup import warm_pace
 
     engine.calibrate_prefill()  # every rank: the chunks' exchange rate, measured (`calibration`)
-    batch = ContinuousBatch(engine, phases, settings.max_batch, settings.prefix_cache_bytes)
+    batch = ContinuousBatch(
+        engine, phases, settings.max_batch, settings.prefix_cache_bytes, ThreadedPreparer(engine.prepare)
+    )
     warm_pace(batch)  # every rank, before serving: the first long prompt beside streams leaves them room
     return batch
 

@@ -16,7 +16,7 @@ from services.api.context import ApiContext
 from services.api.errors import error_body, failure_status
 from services.api.openai_format import DONE, ChunkMaker, completion, sse
 from services.api.responses import ChatCompletion
-from services.api.schemas import ChatCompletionRequest, decode_chat_request, to_task
+from services.api.schemas import ChatCompletionRequest, decode_chat_request, to_task_off_loop
 from services.api.task_stream import Collected, admit, check_model, read_body, respond
 from services.api.tool_calls import Split, ToolCallSplitter, split_text
 
@@ -25,7 +25,7 @@ async def chat_completions(request: Request, ctx: ApiContext) -> Response:
     config = ctx.resolved.config
     chat = decode_chat_request(await read_body(request, config.max_body_bytes))
     check_model(ctx, chat.model)
-    messages, params = to_task(chat, max_tokens_limit=config.max_tokens_limit)
+    messages, params = await to_task_off_loop(chat, max_tokens_limit=config.max_tokens_limit)
     task = await admit(ctx, chat.model, params, caller_of(request).key_id, messages=messages)
 
     def answer(outcome: Collected, terminal: TaskCompleted) -> ChatCompletion:

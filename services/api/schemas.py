@@ -10,10 +10,12 @@ it asked for.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from typing import Annotated, Literal, TypeVar
 
+import anyio
 import msgspec
 
 from events.catalogue import DEFAULT_MAX_TOKENS, ChatMessage, TaskParams
@@ -248,6 +250,17 @@ def _refuse_unsupported(fields: dict[str, msgspec.Raw], unsupported: Mapping[str
             param=name,
             code="unsupported_parameter",
         )
+
+
+async def to_task_off_loop(
+    request: ChatCompletionRequest, *, max_tokens_limit: int
+) -> tuple[list[ChatMessage], TaskParams]:
+    """`to_task`, on a worker thread when the request has tools or a response format: checking a
+    grammar built from a large schema takes llguidance up to a second, which on the event loop
+    would hold every other client's stream for as long."""
+    if not request.tools and request.response_format is None:
+        return to_task(request, max_tokens_limit=max_tokens_limit)
+    return await anyio.to_thread.run_sync(functools.partial(to_task, request, max_tokens_limit=max_tokens_limit))
 
 
 def to_task(request: ChatCompletionRequest, *, max_tokens_limit: int) -> tuple[list[ChatMessage], TaskParams]:

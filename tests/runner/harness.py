@@ -137,3 +137,21 @@ def sweep_results(world: int, ranges: tuple[tuple[int, int], ...] | None = None)
 
 def expected_path(length: int, world: int, path: str, step: int) -> str:
     return choose_path(length, step, world, path)  # type: ignore[arg-type]
+
+
+def run_tiny_group(world: int, tasks: list[dict[str, Any]], settings: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """`tasks` run in order on one warmed-up group of `world` ranks over the tiny model's 8 layers,
+    split evenly; per rank, its results in order (every rank must have finished)."""
+    from runner.engine.plan import even_split
+
+    job = {
+        "model_dir": str(cached_tiny()),
+        "layer_ranges": even_split(8, world),
+        "settings": settings,
+        "warmup": True,
+        "tasks": tasks,
+    }
+    ranks = run_group(job, world, deadline_s=200)
+    for rank in ranks:
+        assert "results" in rank, rank
+    return [rank["results"] for rank in ranks]

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runner.engine.batch_plan import (
+    PREPARING,
     AgreedStep,
     Composition,
     StepLayout,
@@ -31,7 +32,12 @@ def test_layout_sums_to_counts_votes_and_the_sampling_ranks_tokens() -> None:
     ]
     summed = [sum(column) for column in zip(*vectors, strict=True)]
     assert layout.decode(summed) == AgreedStep(
-        received=4, cancelled=(True, True), tokens=(17, 42), cached=(0, 0), runnable=(False, False)
+        received=4,
+        cancelled=(True, True),
+        tokens=(17, 42),
+        cached=(0, 0),
+        runnable=(False, False),
+        prepared=(True, True),
     )  # no rank proposed: nothing pending
 
 
@@ -154,7 +160,13 @@ def test_decoding_only_the_slots_in_use_agrees_with_decoding_them_all(world: int
             data.draw(st.integers(0, 9)),
             data.draw(st.lists(st.booleans(), min_size=slots, max_size=slots)),
             data.draw(st.lists(st.integers(0, 99), min_size=slots, max_size=slots)) if rank == world - 1 else [],
-            data.draw(st.lists(st.none() | st.integers(0, 50), min_size=min(pending, 4), max_size=min(pending, 4))),
+            data.draw(
+                st.lists(
+                    st.none() | st.just(PREPARING) | st.integers(0, 50),
+                    min_size=min(pending, 4),
+                    max_size=min(pending, 4),
+                )
+            ),
         )
         for rank in range(world)
     ]
@@ -163,6 +175,7 @@ def test_decoding_only_the_slots_in_use_agrees_with_decoding_them_all(world: int
     assert cut.received == full.received
     assert (cut.cancelled, cut.tokens) == (full.cancelled[:slots], full.tokens[:slots])
     assert (cut.cached, cut.runnable) == (full.cached[:pending], full.runnable[:pending])
+    assert cut.prepared == full.prepared[:pending]
 
 
 def test_without_drops_newcomers_that_failed_validation() -> None:
@@ -248,3 +261,47 @@ def test_a_fast_stream_sends_its_tokens_a_few_at_a_time() -> None:
     assert all(delivers(step, 1, 4, 0.040, floor) for step in range(9))
     assert [s for s in range(64) if delivers(s, 16, 4, 0.0, 0.0)] == list(range(0, 64, 4))
     assert not delivers(4, 16, 4, 0.001, floor)  # the round's turn, but too soon: held for the next turn
+
+
+def test_an_assignment_a_rank_still_prepares_is_agreed_as_not_prepared_on_every_rank() -> None:
+    """Rank 1 still compiles the second assignment's grammar: every rank reads it as not prepared
+    (and runnable: nothing says it cannot run); a 0 from any rank still makes it unrunnable."""
+    layout = StepLayout(world=2, max_batch=3)
+    vectors = [
+        layout.encode(0, 3, [], [], [4, 0, None]),
+        layout.encode(1, 3, [], [], [4, PREPARING, PREPARING]),
+    ]
+    step = layout.decode([sum(column) for column in zip(*vectors, strict=True)], 0, 3)
+    assert step.cached == (4, 0, 0)
+    assert step.runnable == (True, True, False)
+    assert step.prepared == (True, False, False)
+
+
+@pytest.mark.parametrize(
+    ("prepared", "joining"),
+    [
+        ((True, True, True), ("a", "b", "c")),
+        ((True, False, True), ("a",)),  # log order: "c" waits behind "b", though it is ready
+        ((False, True, True), ()),
+        ((), ("a", "b", "c")),  # a step that carries no preparation (one rank, old callers)
+    ],
+)
+def test_newcomers_join_in_log_order_up_to_one_still_preparing(
+    prepared: tuple[bool, ...], joining: tuple[str, ...]
+) -> None:
+    """A newcomer whose grammar still compiles on some rank holds back itself and those after it;
+    the decoding rows run on untouched."""
+    current = Composition(rows=("x",), admitted=0)
+    step = AgreedStep(3, (False,), (7,), cached=(0, 0, 0), runnable=(True, True, True), prepared=prepared)
+    transition = next_composition(
+        current,
+        step,
+        stopped_rows=frozenset(),
+        prefilled=frozenset(),
+        join_room=0,
+        pending=["a", "b", "c"],
+        max_batch=8,
+    )
+    assert transition.newcomers == joining
+    assert transition.composition.rows == ("x",)
+    assert transition.composition.admitted == len(joining)

@@ -20,7 +20,7 @@ from runner.engine.plan import balanced_chunk_sizes, even_split, model_keys_per_
 from runner.local.launch import run_group
 from runner.local.local_run import synthetic_prompt
 from runner.models.tiny import cached_tiny
-from tests.runner.harness import CHUNK, step_for
+from tests.runner.harness import CHUNK, run_tiny_group, step_for
 
 pytestmark = pytest.mark.timeout(300)
 RANDOM_SCHEDULES = 4
@@ -136,17 +136,7 @@ def group_results(world: int) -> list[list[dict[str, Any]]]:
     tasks: list[dict[str, Any]] = list(schedules(world))
     if world == 1:  # every request of every schedule, alone, through the one-task path
         tasks += [{"request": entry["request"]} for schedule in schedules(3) for entry in schedule["tasks"]]
-    job = {
-        "model_dir": str(cached_tiny()),
-        "layer_ranges": even_split(8, world),
-        "settings": {"prefill_step_size": step_for(world), "decode_cancel_poll_tokens": 1},
-        "warmup": True,
-        "tasks": tasks,
-    }
-    ranks = run_group(job, world, deadline_s=200)
-    for rank in ranks:
-        assert "results" in rank, rank
-    return [rank["results"] for rank in ranks]
+    return run_tiny_group(world, tasks, {"prefill_step_size": step_for(world), "decode_cancel_poll_tokens": 1})
 
 
 @functools.cache

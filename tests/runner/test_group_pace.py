@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from runner.engine.plan import balanced_chunk_sizes, effective_step, even_split, model_keys_per_token
-from runner.local.launch import run_group
+from runner.engine.plan import balanced_chunk_sizes, effective_step, model_keys_per_token
 from runner.local.local_run import synthetic_prompt
 from runner.models.tiny import cached_tiny
+from tests.runner.harness import run_tiny_group
 
 pytestmark = pytest.mark.timeout(300)
 STEP = 64
@@ -38,17 +38,7 @@ def beside_rows(warm_pace: bool = False) -> dict[str, Any]:
 
 
 def run_job(world: int, tasks: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    job = {
-        "model_dir": str(cached_tiny()),
-        "layer_ranges": even_split(8, world),
-        "settings": {"prefill_step_size": STEP},
-        "warmup": True,
-        "tasks": tasks,
-    }
-    ranks = run_group(job, world, deadline_s=200)
-    for rank in ranks:
-        assert "results" in rank, rank
-    return [rank["results"] for rank in ranks]
+    return run_tiny_group(world, tasks, {"prefill_step_size": STEP})
 
 
 @functools.cache

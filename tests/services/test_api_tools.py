@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import msgspec
 import pytest
 
 from events.constraints import JsonObject, JsonSchema, ToolCallRequired
-from services.api.schemas import RequestProblem, decode_chat_request, to_task
+from services.api.schemas import RequestProblem, decode_chat_request, to_task, to_task_off_loop
 from services.api.tool_calls import ToolCallSplitter, split_text
 
 WEATHER = {
@@ -119,3 +121,47 @@ def test_text_that_is_not_a_call_stays_content() -> None:
     )
     cut = split_text(_splitter(), 'x <tool_call>{"name": "f"')
     assert cut.content == 'x <tool_call>{"name": "f"' and cut.calls == []
+
+
+def test_a_large_schema_is_checked_off_the_event_loop() -> None:
+    """Checking the grammar of a large schema takes llguidance a good part of a second: the chat
+    route does it on a worker thread, so the loop keeps serving every other client meanwhile (the
+    same request's task comes out)."""
+    schema = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {f"k{i}": {"anyOf": [{"type": "integer", "minimum": j} for j in range(30)]}},
+            }
+            for i in range(400)
+        ]
+    }
+    response_format = {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "response_format": response_format}
+    request = decode_chat_request(msgspec.json.encode(body))
+    started = time.perf_counter()
+    inline = to_task(request, max_tokens_limit=100)
+    on_the_loop = time.perf_counter() - started
+
+    async def checked_while_ticking() -> tuple[object, float]:
+        gaps: list[float] = []
+        done = False
+
+        async def tick() -> None:
+            last = time.perf_counter()
+            while not done:
+                await asyncio.sleep(0.001)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        ticker = asyncio.create_task(tick())
+        await asyncio.sleep(0.01)
+        task = await to_task_off_loop(request, max_tokens_limit=100)
+        done = True
+        await ticker
+        return task, max(gaps)
+
+    task, longest_gap = asyncio.run(checked_while_ticking())
+    assert task == inline
+    assert longest_gap < on_the_loop / 3, (longest_gap, on_the_loop)

@@ -1,0 +1,92 @@
+"""A newcomer whose grammar takes long to compile never freezes the batch's other streams, on real
+ring groups of 1 and 2 ranks (tiny model): it is prepared off the step loop (`runner.preparer`),
+the rows keep decoding meanwhile, it joins once every rank has it ready (agreed, so every rank
+admits it at the same step), the ones after it in the log wait for it, and every stream still
+equals the same request served alone."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from typing import Any
+
+import pytest
+
+from events.constraints import JsonSchema
+from runner.local.local_run import synthetic_prompt
+from runner.models.grammar import check_grammar, grammar_for
+from tests.runner.harness import run_tiny_group, step_for
+
+pytestmark = pytest.mark.timeout(300)
+
+# ~0.35 s to build and check here (every rank), ~0.2 s more to compile (the sampling rank): dozens
+# of the rows' steps
+SLOW_SCHEMA = {
+    "anyOf": [
+        {"type": "object", "properties": {f"k{i}": {"anyOf": [{"type": "integer", "minimum": j} for j in range(30)]}}}
+        for i in range(400)
+    ]
+}
+GRAMMAR_ARRIVES = 2  # the step whose reads hold the constrained newcomer
+
+
+def req(task_id: str, length: int, max_tokens: int, **extra: Any) -> dict[str, Any]:
+    return {"task_id": task_id, "prompt_token_ids": synthetic_prompt(length), "max_tokens": max_tokens, **extra}
+
+
+def requests() -> list[dict[str, Any]]:
+    constraint = {"kind": "json_schema", "name": "slow", "schema": json.dumps(SLOW_SCHEMA)}
+    return [
+        req("running", 9, 64),
+        req("constrained", 6, 12, constraint=constraint),
+        req("behind", 5, 6),  # after it in the log: waits for it, though it needs no preparation
+    ]
+
+
+def schedule() -> dict[str, Any]:
+    running, constrained, behind = requests()
+    tasks = [
+        {"request": running, "at": 0},
+        {"request": constrained, "at": GRAMMAR_ARRIVES},
+        {"request": behind, "at": GRAMMAR_ARRIVES + 1},
+    ]
+    return {"kind": "batch", "name": "slow-grammar", "max_batch": 4, "tasks": tasks}
+
+
+@functools.cache
+def results(world: int) -> list[list[dict[str, Any]]]:
+    tasks: list[dict[str, Any]] = [schedule()]
+    if world == 1:  # each request alone, through the one-task path
+        tasks += [{"request": r} for r in requests()]
+    return run_tiny_group(world, tasks, {"prefill_step_size": step_for(world), "decode_cancel_poll_tokens": 1})
+
+
+def preparation_seconds() -> float:
+    """What preparing the constrained newcomer costs a rank here (without the matcher: a lower bound)."""
+    started = time.perf_counter()
+    check_grammar(grammar_for(JsonSchema(name="slow", schema=json.dumps(SLOW_SCHEMA)), []))
+    return time.perf_counter() - started
+
+
+@pytest.mark.parametrize("world", (1, 2))
+def test_a_slow_grammar_never_freezes_the_other_streams(world: int) -> None:
+    alone = {r["task_id"]: r for r in results(1)[0] if r.get("kind") != "batch"}
+    slowest_allowed = preparation_seconds()  # what the step that admitted it took more, prepared on the loop
+    admitted = []
+    for rank, ranked in enumerate(results(world)):
+        (run,) = [r for r in ranked if r.get("kind") == "batch"]
+        where = f"world={world} rank={rank}"
+        for task_id, expected in alone.items():
+            got = run["ended"][task_id]
+            assert got["token_ids"] == expected["token_ids"], f"{where} {task_id}"
+            assert got["finish_reason"] == expected["finish_reason"], f"{where} {task_id}"
+        timing = {t: run["ended"][t]["timing"]["admitted_step"] for t in alone}
+        # the rows took steps while it prepared, and the one behind it in the log waited for it
+        assert timing["constrained"] > GRAMMAR_ARRIVES + 2, (where, timing)
+        assert timing["behind"] >= timing["constrained"], (where, timing)
+        while_preparing = run["step_times"][GRAMMAR_ARRIVES : timing["constrained"] + 1]
+        longest_step = max(end - start for start, end in while_preparing)
+        assert longest_step < slowest_allowed, (where, longest_step, slowest_allowed)
+        admitted.append(timing)
+    assert all(view == admitted[0] for view in admitted)  # agreed: every rank admitted each at the same step

@@ -1,0 +1,119 @@
+"""Newcomers' proposals while they prepare, and the runner's threaded preparer (no model needed)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from events.constraints import JsonObject
+from runner.engine.batch_plan import PREPARING
+from runner.engine.batch_streams import Admission
+from runner.engine.engine import GenerationRequest
+from runner.engine.prefix_cache import PrefixIndex
+from runner.engine.preparation import IDLE_WAIT_SECONDS, Newcomers, Prepared, PrepareInline
+from runner.engine.protocols import NeverCancelled, NullSink
+from runner.preparer import ThreadedPreparer
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def request(task_id: str, constrained: bool = False) -> GenerationRequest:
+    constraint = JsonObject() if constrained else None
+    return GenerationRequest(task_id=task_id, prompt_token_ids=[1, 2, 3], max_tokens=4, constraint=constraint)
+
+
+def admission(task_id: str, constrained: bool = False, readable: bool = True) -> Admission:
+    built = request(task_id, constrained) if readable else None
+    return Admission(task_id, built, NeverCancelled(), NullSink())
+
+
+class HeldPreparer:
+    """A preparer whose preparations finish when the test says."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.finished: set[str] = set()
+        self.waits: list[tuple[str, float]] = []
+
+    def start(self, request: GenerationRequest) -> None:
+        if request.task_id not in self.started:
+            self.started.append(request.task_id)
+
+    def ready(self, task_id: str) -> bool:
+        return task_id in self.finished
+
+    def wait(self, task_id: str, timeout_seconds: float) -> None:
+        self.waits.append((task_id, timeout_seconds))
+
+    def take(self, task_id: str) -> Prepared:
+        self.finished.remove(task_id)
+        return Prepared(error=f"verdict on {task_id}")
+
+    def discard(self, task_id: str) -> None:
+        self.finished.discard(task_id)
+
+
+def test_a_newcomer_is_proposed_as_preparing_until_its_preparation_is_done() -> None:
+    held = HeldPreparer()
+    prefixes: PrefixIndex[list[object]] = PrefixIndex(1 << 20)
+    newcomers = Newcomers(prefixes, held)  # pyright: ignore[reportArgumentType]
+    pending = [admission("a", constrained=True), admission("unread", readable=False), admission("b")]
+    assert newcomers.propose(pending, idle=False) == [PREPARING, None, PREPARING]
+    assert held.started == ["a", "b"] and held.waits == []  # started once each; a busy batch never waits
+    held.finished.add("b")
+    assert newcomers.propose(pending, idle=True) == [PREPARING, None, 0]
+    assert held.started == ["a", "b"]
+    assert held.waits == [("a", IDLE_WAIT_SECONDS)]  # an idle batch waits for the first alone
+    held.finished.add("a")
+    assert newcomers.propose(pending, idle=True) == [0, None, 0]
+    assert newcomers.admit("a", runs=True) == (None, Prepared(error="verdict on a"))
+    assert newcomers.admit("unread", runs=False) == (None, None)
+    assert newcomers.admit("b", runs=False) == (None, None) and "b" not in held.finished  # discarded
+
+
+def test_inline_preparation_is_ready_at_once() -> None:
+    calls: list[str] = []
+    inline = PrepareInline(lambda r: calls.append(r.task_id) or Prepared())
+    inline.start(request("a", constrained=True))
+    inline.start(request("a", constrained=True))
+    assert inline.ready("a") and calls == ["a"]
+    assert inline.take("a") == Prepared() and not inline.ready("a")
+
+
+def test_the_threaded_preparer_compiles_grammars_off_the_calling_thread() -> None:
+    threads: dict[str, str] = {}
+    release = threading.Event()
+
+    def prepare(r: GenerationRequest) -> Prepared:
+        threads[r.task_id] = threading.current_thread().name
+        if r.constraint is not None:
+            assert release.wait(5)
+        return Prepared()
+
+    preparer = ThreadedPreparer(prepare)
+    preparer.start(request("plain"))
+    assert preparer.ready("plain") and threads["plain"] == threading.current_thread().name  # at once, here
+    preparer.start(request("grammar", constrained=True))
+    preparer.start(request("grammar", constrained=True))  # once per task
+    preparer.wait("grammar", 0.05)
+    assert not preparer.ready("grammar")  # still compiling: the caller went on
+    release.set()
+    preparer.wait("grammar", 5)
+    assert preparer.ready("grammar") and threads["grammar"] != threading.current_thread().name
+    assert preparer.take("grammar") == Prepared()
+
+
+def test_an_unexpected_error_of_a_preparation_is_raised_where_it_is_taken() -> None:
+    def prepare(r: GenerationRequest) -> Prepared:
+        raise RuntimeError(f"broken {r.task_id}")
+
+    preparer = ThreadedPreparer(prepare)
+    preparer.start(request("g", constrained=True))
+    preparer.wait("g", 5)
+    assert preparer.ready("g")
+    with pytest.raises(RuntimeError, match="broken g"):
+        preparer.take("g")
+    preparer.start(request("h", constrained=True))
+    preparer.discard("h")
+    assert not preparer.ready("h")
