@@ -17,7 +17,6 @@ from runner.engine.batch import ContinuousBatch
 from runner.engine.batch_streams import Admission
 from runner.engine.engine import GenerationRequest
 from runner.engine.plan import effective_step
-from runner.engine.prefix_cache import PrefixIndex
 from runner.engine.protocols import NeverCancelled, NullSink
 
 ROW_PROMPT = [1, 2, 3, 4]  # small ids: within every vocabulary
@@ -48,4 +47,4 @@ def warm_pace(batch: ContinuousBatch) -> None:
             continue
         result = batch.step(lambda: list(pending))
         del pending[: result.admitted]
-    batch.prefixes = PrefixIndex(batch.prefixes.max_bytes)
+    batch.prefixes.clear()  # in place: the batch's newcomers look their prefixes up in this very index

@@ -108,6 +108,11 @@ class PrefixIndex(Generic[V]):
         while self.nbytes > self.max_bytes:
             self._drop(next(iter(self._entries)))
 
+    def clear(self) -> None:
+        """Forget every entry, in place: whoever holds this index sees it empty."""
+        self._entries.clear()
+        self.nbytes = 0
+
     def _drop(self, key: tuple[int, ...]) -> None:
         self.nbytes -= self._entries.pop(key).nbytes
 

@@ -107,3 +107,13 @@ def test_an_assignment_one_rank_cannot_build_is_unrunnable_on_every_rank() -> No
     vectors = [layout.encode(0, 2, [], [], [0, 12]), layout.encode(1, 2, [], [], [None, 12])]
     agreed = layout.decode([sum(column) for column in zip(*vectors, strict=True)])
     assert agreed.runnable == (False, True) and agreed.cached == (0, 12)
+
+
+def test_clear_forgets_everything_in_place() -> None:
+    index: PrefixIndex[str] = PrefixIndex(100)
+    index.insert([1, 2, 3], "kv", 10)
+    held = index  # a holder of the index (the batch's newcomers) sees the same, emptied one
+    index.clear()
+    assert held.longest([1, 2, 3, 4]) is None and len(held) == 0 and held.nbytes == 0
+    held.insert([1, 2], "kv2", 10)
+    assert index.longest([1, 2, 5]) is not None
