@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import random
 import statistics
 from pathlib import Path
@@ -60,16 +61,10 @@ NEWCOMERS = ("newcomer", "grammar")
 
 
 def _slow_constraint() -> dict[str, Any]:
-    """A JSON schema llguidance takes long to turn into a grammar (object alternatives of bounded integers)."""
-    import json
+    """The newcomer's constraint: a JSON schema llguidance takes long to turn into a grammar."""
+    from runner.local.testing import slow_json_schema
 
-    alternative = [{"type": "integer", "minimum": j} for j in range(30)]
-    schema = {
-        "anyOf": [
-            {"type": "object", "properties": {f"k{i}": {"anyOf": alternative}}} for i in range(GRAMMAR_ALTERNATIVES)
-        ]
-    }
-    return {"kind": "json_schema", "name": "slow", "schema": json.dumps(schema)}
+    return {"kind": "json_schema", "name": "slow", "schema": json.dumps(slow_json_schema(GRAMMAR_ALTERNATIVES))}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -222,7 +217,7 @@ def _window_gap(run: dict[str, Any], task: dict[str, Any], q: float) -> float:
             continue
         times = run["ended"][task_id]["sink"]["token_times"]
         gaps += [(b - a) * 1000 for a, b in itertools.pairwise(times) if b >= since]
-    return max(gaps) if q >= 1.0 else percentile(gaps, q)
+    return percentile(gaps, q)
 
 
 def _decode_step_ms(run: dict[str, Any]) -> float:

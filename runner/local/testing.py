@@ -79,3 +79,11 @@ def mlx_reference(shard: Any, task: dict[str, Any]) -> dict[str, Any]:
             break
         tokens.append(response.token)
     return {"kind": "mlx_reference", "ref_id": task.get("ref_id"), "token_ids": tokens, "progress": callbacks}
+
+
+def slow_json_schema(alternatives: int) -> dict[str, Any]:
+    """A JSON schema llguidance takes long to turn into a grammar, about linearly in `alternatives`
+    (objects of bounded-integer alternatives; 400 here: ~0.35 s of checks, ~0.2 s more to compile a
+    matcher): the slow grammar of the preparation tests and of `shoal bench batch`."""
+    alternative = [{"type": "integer", "minimum": j} for j in range(30)]
+    return {"anyOf": [{"type": "object", "properties": {f"k{i}": {"anyOf": alternative}}} for i in range(alternatives)]}

@@ -15,6 +15,7 @@ import pytest
 
 from events.constraints import JsonSchema
 from runner.local.local_run import synthetic_prompt
+from runner.local.testing import slow_json_schema
 from runner.models.grammar import check_grammar, grammar_for
 from tests.runner.harness import run_tiny_group, step_for
 
@@ -22,12 +23,7 @@ pytestmark = pytest.mark.timeout(300)
 
 # ~0.35 s to build and check here (every rank), ~0.2 s more to compile (the sampling rank): dozens
 # of the rows' steps
-SLOW_SCHEMA = {
-    "anyOf": [
-        {"type": "object", "properties": {f"k{i}": {"anyOf": [{"type": "integer", "minimum": j} for j in range(30)]}}}
-        for i in range(400)
-    ]
-}
+SLOW_SCHEMA = slow_json_schema(400)
 GRAMMAR_ARRIVES = 2  # the step whose reads hold the constrained newcomer
 
 

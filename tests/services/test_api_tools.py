@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from events.constraints import JsonObject, JsonSchema, ToolCallRequired
+from runner.local.testing import slow_json_schema
 from services.api.schemas import RequestProblem, decode_chat_request, to_task, to_task_off_loop
 from services.api.tool_calls import ToolCallSplitter, split_text
 
@@ -127,15 +128,7 @@ def test_a_large_schema_is_checked_off_the_event_loop() -> None:
     """Checking the grammar of a large schema takes llguidance a good part of a second: the chat
     route does it on a worker thread, so the loop keeps serving every other client meanwhile (the
     same request's task comes out)."""
-    schema = {
-        "anyOf": [
-            {
-                "type": "object",
-                "properties": {f"k{i}": {"anyOf": [{"type": "integer", "minimum": j} for j in range(30)]}},
-            }
-            for i in range(400)
-        ]
-    }
+    schema = slow_json_schema(400)
     response_format = {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}}
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "response_format": response_format}
     request = decode_chat_request(msgspec.json.encode(body))
