@@ -9,12 +9,13 @@ hop. One worker, in log order: the batch admits in log order anyway.
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import Future
+from functools import partial
 from typing import TYPE_CHECKING
+
+from runner.serial_worker import SerialWorker, settled
 
 if TYPE_CHECKING:
     from runner.engine.engine import GenerationRequest
@@ -25,21 +26,13 @@ class ThreadedPreparer:
     def __init__(self, prepare: Callable[[GenerationRequest], Prepared]) -> None:
         self._prepare = prepare
         self._futures: dict[str, Future[Prepared]] = {}
-        self._work: queue.SimpleQueue[tuple[GenerationRequest, Future[Prepared]]] = queue.SimpleQueue()
-        self._worker: threading.Thread | None = None
+        self._worker = SerialWorker("prepare-newcomers")
 
     def start(self, request: GenerationRequest) -> None:
         if request.task_id in self._futures:
             return
-        future: Future[Prepared] = Future()
-        self._futures[request.task_id] = future
-        if request.constraint is None:
-            _run(self._prepare, request, future)
-            return
-        if self._worker is None:  # a daemon: a runner that exits mid-compile does not wait for it
-            self._worker = threading.Thread(target=self._serve, name="prepare-newcomers", daemon=True)
-            self._worker.start()
-        self._work.put((request, future))
+        call = partial(self._prepare, request)
+        self._futures[request.task_id] = settled(call) if request.constraint is None else self._worker.submit(call)
 
     def ready(self, task_id: str) -> bool:
         future = self._futures.get(task_id)
@@ -55,17 +48,3 @@ class ThreadedPreparer:
 
     def discard(self, task_id: str) -> None:
         self._futures.pop(task_id, None)  # one still queued is prepared and dropped
-
-    def _serve(self) -> None:
-        while True:
-            request, future = self._work.get()
-            _run(self._prepare, request, future)
-
-
-def _run(
-    prepare: Callable[[GenerationRequest], Prepared], request: GenerationRequest, future: Future[Prepared]
-) -> None:
-    try:
-        future.set_result(prepare(request))
-    except Exception as exc:  # raised on the step loop by `take`, as if prepared there
-        future.set_exception(exc)

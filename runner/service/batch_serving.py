@@ -1,7 +1,8 @@
 """The task loop under continuous batching: assignments join the running batch at step boundaries.
 
 Every rank reads its instance's assignments from the log in the same order, builds each request
-alike (`TaskServer.request_for`) and hands the ones not yet admitted to `ContinuousBatch.step`,
+alike (`TaskServer.request_for`; a large prompt's off the step loop while the batch runs:
+`pending.py`) and hands the ones built and not yet admitted to `ContinuousBatch.step`,
 which admits the first of them once every rank holds them (the step's all-reduce carries each
 rank's count, read after the rank's forward, so an assignment read meanwhile counts at once). While the batch is busy every rank steps; while it is empty a rank waits for an
 assignment first, and every rank gets the same one, so all of them enter the step's collective.
@@ -11,7 +12,6 @@ The sampling rank publishes each task's terminal event when the task leaves the 
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -19,6 +19,7 @@ from events.catalogue import TaskFailed
 from events.ids import TaskId
 from runner.engine.batch_streams import CREATED_MISSING, Admission, StepResult
 from runner.service.bridge import Assignment
+from runner.service.pending import PendingAdmissions, is_large
 
 if TYPE_CHECKING:
     from runner.service.tasks import TaskServer
@@ -35,7 +36,7 @@ class BatchLike(Protocol):
 class BatchServing:
     def __init__(self, server: TaskServer, batch: BatchLike) -> None:
         self.server, self.batch = server, batch
-        self.pending: deque[Admission] = deque()  # read from the log, not admitted yet, in log order
+        self.pending = PendingAdmissions(self._admission)  # read from the log, not admitted yet, in log order
 
     def serve(self, stop: threading.Event, poll_seconds: float) -> None:
         """Until `stop` is set with the batch empty (the flag is read between batches, as between tasks)."""
@@ -44,30 +45,36 @@ class BatchServing:
                 if stop.is_set():
                     return
                 if not self.pending:
-                    self._receive(self.server.inbox.next_assignment(poll_seconds))
+                    self._receive(self.server.inbox.next_assignment(poll_seconds), idle=True)
+                    continue
+                if not self.pending.built():  # read while the batch ran: its prompt is still being built
+                    self.pending.wait_first(poll_seconds)
                     continue
             self._handle(self.batch.step(self._read_pending))
 
     def _read_pending(self) -> list[Admission]:
-        """Every assignment read so far, in log order (the batch asks after its forward)."""
-        while self._receive(self.server.inbox.next_assignment(0)):
+        """Every assignment read and built so far, in log order (the batch asks after its forward)."""
+        while self._receive(self.server.inbox.next_assignment(0), idle=False):
             pass
-        return list(self.pending)
+        return self.pending.built()
 
-    def _receive(self, assignment: Assignment | None) -> bool:
+    def _receive(self, assignment: Assignment | None, idle: bool) -> bool:
         if assignment is None:
             return False
+        self.pending.add(assignment, at_once=idle or not is_large(assignment.created))
+        return True
+
+    def _admission(self, assignment: Assignment) -> Admission:
         task_id = assignment.assigned.task_id
         request = self.server.request_for(task_id, assignment.created)
         server = self.server
         error = CREATED_MISSING if request is None else None
-        self.pending.append(Admission(task_id, request, server.cancel, server.sink, error))
-        return True
+        return Admission(task_id, request, server.cancel, server.sink, error)
 
     def _handle(self, result: StepResult) -> None:
         server = self.server
         was_idle = not server.running
-        admitted = [self.pending.popleft() for _ in range(result.admitted)]
+        admitted = self.pending.pop(result.admitted)
         server.running = tuple(TaskId(t) for t in self.batch.members)
         if result.kv is not None:
             server.batch_kv(*result.kv)
