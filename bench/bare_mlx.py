@@ -53,32 +53,27 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-class BareMlx:
-    """The bare mlx-lm process, kept up for the whole bench: one `generate()` per request."""
+class StdioSide:
+    """A bench side in a process of its own that speaks `main`'s protocol (`ready`, then one JSON
+    line per `go`), kept up for the whole bench: one `generate()` per request."""
 
-    def __init__(
-        self, env: dict[str, str], model_dir: str, prompt: str, max_tokens: int, step: int, log_dir: Path
-    ) -> None:
-        from runner.blas import blas_env
-
-        child_env = {**env, **blas_env(env.get("SHOAL_BLAS"), 1, os.cpu_count() or 1, env)}
-        argv = [sys.executable, "-m", "bench.bare_mlx", model_dir, prompt, str(max_tokens), str(step)]
-        self._stderr_path = log_dir / "bare_mlx.err"
+    def __init__(self, argv: list[str], env: dict[str, str], stderr_path: Path) -> None:
+        self._stderr_path = stderr_path
         with self._stderr_path.open("wb") as stderr:
             self._process = subprocess.Popen(
-                argv, env=child_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True
+                argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True
             )
         stdin, stdout = self._process.stdin, self._process.stdout
         if stdin is None or stdout is None:  # never with PIPE: this keeps the types honest
-            raise RuntimeError("bare mlx-lm: no pipes")
+            raise RuntimeError(f"{argv[2]}: no pipes")
         self._stdin: IO[str] = stdin
         self._stdout: IO[str] = stdout
 
-    def __enter__(self) -> BareMlx:
+    def __enter__(self) -> StdioSide:
         if self._line(lambda line: line == "ready") is None:
             self._process.kill()
             self._process.wait()
-            raise RuntimeError(f"bare mlx-lm did not start: {self._stderr_tail()}")
+            raise RuntimeError(f"{self._stderr_path.stem} did not start: {self._stderr_tail()}")
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -94,7 +89,7 @@ class BareMlx:
         self._stdin.flush()
         line = self._line(lambda line: line.startswith("{"))
         if line is None:
-            raise RuntimeError(f"bare mlx-lm exited: {self._stderr_tail()}")
+            raise RuntimeError(f"{self._stderr_path.stem} exited: {self._stderr_tail()}")
         return json.loads(line)
 
     def _line(self, wanted: Callable[[str], bool]) -> str | None:
@@ -106,6 +101,15 @@ class BareMlx:
 
     def _stderr_tail(self) -> str:
         return self._stderr_path.read_text(errors="replace")[-2000:]
+
+
+def bare_mlx(env: dict[str, str], model_dir: str, prompt: str, max_tokens: int, step: int, log_dir: Path) -> StdioSide:
+    """The bare mlx-lm process, with a 1-rank runner's BLAS environment."""
+    from runner.blas import blas_env
+
+    child_env = {**env, **blas_env(env.get("SHOAL_BLAS"), 1, os.cpu_count() or 1, env)}
+    argv = [sys.executable, "-m", "bench.bare_mlx", model_dir, prompt, str(max_tokens), str(step)]
+    return StdioSide(argv, child_env, log_dir / "bare_mlx.err")
 
 
 if __name__ == "__main__":

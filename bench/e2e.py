@@ -7,7 +7,11 @@ round sends one request to every side (the order rotates per round), so a neighb
 lands on all three; the ratios and differences are taken per round and their medians judged.
 A fourth side sends the 1-worker request with `logprobs` and `top_logprobs=5`: its decode rate
 over the plain request's, per round, is what logprobs cost per token; two more, under a json_schema
-constraint and with logit adjustments (`logit_bias`, both penalties), what those cost.
+constraint and with logit adjustments (`logit_bias`, both penalties), what those cost. And the
+least a pipeline of two processes costs (`bench.bare_pipeline`: the model's two halves on a
+2-rank mlx ring, nothing but the forward, the hop and the argmax): the 2-worker side's decode
+rate over it is what shoal adds to a 2-rank pipeline, and its rate over bare mlx-lm's what the
+split itself costs on this machine.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from bench.bare_mlx import BareMlx
+from bench.bare_mlx import bare_mlx
+from bench.bare_pipeline import BarePipeline
 from bench.cluster import Cluster
 from bench.options import Sized, add_sized, resolve
 from bench.result import bench_result
@@ -37,14 +42,16 @@ ABOUT = (
     "streamed chat requests after warm-up, interleaved per round: bare mlx-lm `stream_generate` vs "
     "`shoal up --workers 1` and `--workers 2` through the openai client (tiny model); 1 worker with "
     "logprobs (top_logprobs=5); and 1 worker under a json_schema constraint and with logit_bias and "
-    "penalties, for the per-token cost of constrained decoding and of logit adjustments"
+    "penalties, for the per-token cost of constrained decoding and of logit adjustments; and bare mlx "
+    "on a 2-rank ring (the model's halves, one hop each way per token), what a 2-rank pipeline costs "
+    "before shoal adds anything"
 )
 SIZED = (
     Sized("--rounds", 20, 2, "rounds; each sends one request to every side"),
     Sized("--max-tokens", 64, 16, "tokens to generate per request"),
     Sized("--warmup", 2, 1, "unmeasured requests per side before the rounds"),
 )
-SIDES = ("bare_mlx_lm", "shoal_1w", "shoal_2w", "shoal_1w_logprobs")
+SIDES = ("bare_mlx_lm", "bare_mlx_pipeline_2r", "shoal_1w", "shoal_2w", "shoal_1w_logprobs")
 LOGPROBS = {"logprobs": True, "top_logprobs": 5}
 JSON_SCHEMA_SIDE = "shoal_1w_json_schema"
 ADJUSTED_SIDE = "shoal_1w_adjusted"
@@ -87,11 +94,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for cluster in clusters:
             stack.callback(cluster.stop)
         bare = stack.enter_context(
-            BareMlx(env, model_dir, PROMPT, settings["max_tokens"], args.prefill_step, Path(root))
+            bare_mlx(env, model_dir, PROMPT, settings["max_tokens"], args.prefill_step, Path(root))
         )
+        pipeline = stack.enter_context(BarePipeline(env, model_dir, PROMPT, settings["max_tokens"], Path(root)))
         for cluster in clusters:
             cluster.wait_ready(timeout=300)
-        sides: dict[str, Callable[[], Sample]] = {"bare_mlx_lm": lambda: Sample(**bare.generate())}
+        sides: dict[str, Callable[[], Sample]] = {
+            "bare_mlx_lm": lambda: Sample(**bare.generate()),
+            "bare_mlx_pipeline_2r": lambda: Sample(**pipeline.generate()),
+        }
         for workers, cluster in zip((1, 2), clusters, strict=True):
             sides[f"shoal_{workers}w"] = partial(_one_request, cluster.client(timeout=120), settings["max_tokens"])
         sides["shoal_1w_logprobs"] = partial(
@@ -166,6 +177,18 @@ def _report(settings: dict[str, Any], samples: dict[str, list[Sample]], quick: b
         comparisons[f"ttft_overhead_ms_{workers}w"] = compare(
             ttft[side], ttft["bare_mlx_lm"], "difference", f"{side}_ttft_ms - bare_mlx_lm_ttft_ms", "ms"
         )
+    comparisons["decode_ratio_2w_over_bare_pipeline"] = compare(
+        decode["shoal_2w"],
+        decode["bare_mlx_pipeline_2r"],
+        "ratio",
+        "shoal_2w_decode_tps / bare_mlx_pipeline_2r_decode_tps",
+    )
+    comparisons["bare_pipeline_decode_ratio"] = compare(
+        decode["bare_mlx_pipeline_2r"],
+        decode["bare_mlx_lm"],
+        "ratio",
+        "bare_mlx_pipeline_2r_decode_tps / bare_mlx_lm_decode_tps",
+    )
     comparisons["logprobs_decode_ratio_1w"] = compare(
         decode["shoal_1w_logprobs"], decode["shoal_1w"], "ratio", "shoal_1w_logprobs_decode_tps / shoal_1w_decode_tps"
     )

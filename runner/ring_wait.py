@@ -91,8 +91,12 @@ class RingInbound:
     def wait(self) -> None:
         """Until bytes (or the peer's hang-up) are readable, or the limit passed; at once when
         there is no socket to watch."""
-        if self._sockets:
-            self._poll.poll(self._limit_ms)
+        self.readable(self._limit_ms / 1000)
+
+    def readable(self, timeout_seconds: float) -> bool:
+        """Whether bytes (or the peer's hang-up) became readable within `timeout_seconds`; True at
+        once when there is no socket to watch."""
+        return not self._sockets or bool(self._poll.poll(int(timeout_seconds * 1000)))
 
     def close(self) -> None:
         for sock in self._sockets:
