@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -23,6 +25,29 @@ def test_common_prefix_equals_the_plain_loop(a: list[int], b: list[int]) -> None
     while expected < min(len(a), len(b)) and a[expected] == b[expected]:
         expected += 1
     assert common_prefix(a, b) == expected
+
+
+class CountingTuple(tuple[int, ...]):
+    """A tuple that counts the elements its slices copy."""
+
+    copied = 0
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            CountingTuple.copied += len(range(*index.indices(len(self))))
+        return tuple.__getitem__(self, index)
+
+
+@pytest.mark.parametrize("shared", [0, 10, 1000])
+def test_common_prefix_work_grows_with_the_shared_part_not_the_length(shared: int) -> None:
+    """A newcomer's lookup runs on the step loop against every cached conversation: one that shares
+    only a chat template's header with a 100k-token prompt must not cost a copy of it."""
+    length = 100_000
+    a = CountingTuple([*range(shared), -1, *range(length)])
+    b = CountingTuple([*range(shared), -2, *range(length)])
+    CountingTuple.copied = 0
+    assert common_prefix(a, b) == shared
+    assert CountingTuple.copied <= 8 * (shared + 1) + 64
 
 
 def test_the_longest_match_never_covers_the_last_prompt_token() -> None:
