@@ -1,4 +1,5 @@
-"""CPU time per generated token, per process, of a `shoal up --workers 1` cluster (single stream).
+"""CPU time per generated token, per process, of a `shoal up --workers 1` cluster (one stream, or
+`--concurrency` streams at once).
 
 On a small machine every process that wakes per token takes its CPU out of the model's forward,
 so this reads utime + stime (/proc/<pid>/stat) of `shoal up` (master, worker service, API),
@@ -6,11 +7,13 @@ nats-server and each runner around N streamed tokens, plus this client's own CPU
 CPU time are steadier than wall-clock rates on a shared machine.
 
     uv run python -m bench.cpu_per_token --tokens 400 --rounds 3
+    uv run python -m bench.cpu_per_token --tokens 64 --concurrency 16
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import tempfile
@@ -20,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from bench.cluster import Cluster
+from bench.serve_load import run_level
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -57,7 +61,13 @@ def stream_tokens(http: httpx.Client, tokens: int) -> int:
     return generated
 
 
-def measure(tokens: int, rounds: int) -> dict[str, object]:
+def concurrent_tokens(base_url: str, tokens: int, concurrency: int) -> int:
+    """`concurrency` streamed chat completions at once, `tokens` each; how many they generated."""
+    served = asyncio.run(run_level(base_url, "tiny", concurrency, 1, tokens))
+    return sum(s.tokens for s in served)
+
+
+def measure(tokens: int, rounds: int, concurrency: int = 1) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as root:
         cluster = Cluster(Path(root), workers=1).wait_ready(180)
         try:
@@ -69,11 +79,14 @@ def measure(tokens: int, rounds: int) -> dict[str, object]:
             for _ in range(rounds):
                 before = {name: cpu_seconds(pid) for name, pid in pids.items()}
                 client_before = time.process_time()
-                generated = stream_tokens(http, tokens)
+                if concurrency == 1:
+                    generated = stream_tokens(http, tokens)
+                else:
+                    generated = concurrent_tokens(str(http.base_url), tokens, concurrency)
                 spent = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
                 spent["client"] = time.process_time() - client_before
                 per_round.append({name: round(1000 * s / max(generated, 1), 3) for name, s in spent.items()})
-            return {"tokens": tokens, "ms_cpu_per_token": per_round}
+            return {"tokens": tokens, "concurrency": concurrency, "ms_cpu_per_token": per_round}
         finally:
             cluster.stop()
 
@@ -82,8 +95,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="CPU time per generated token, per process, of shoal up --workers 1")
     parser.add_argument("--tokens", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=1, help="streams at once, each of --tokens")
     args = parser.parse_args()
-    print(json.dumps(measure(args.tokens, args.rounds), indent=1))
+    print(json.dumps(measure(args.tokens, args.rounds, args.concurrency), indent=1))
 
 
 if __name__ == "__main__":
