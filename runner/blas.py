@@ -3,22 +3,12 @@
 On Linux CPU `mlx[cpu]` links a reference BLAS (~6 GFLOPS here); a system OpenBLAS preloaded
 with LD_PRELOAD gives ~220 GFLOPS. Ranks on one node share its cores, so each gets an equal
 share of OpenBLAS threads, otherwise they oversubscribe and the overlap is lost.
-
-OpenBLAS's worker threads spin after each call (2^28 cycles, ~0.1 s, by default) before they
-sleep. A rank calls it for every matmul of every step, so with two threads its second one spun
-through the whole decode: at 16 streams on 2 cores the runner of `shoal up --workers 1` took
-2.2 ms of CPU per token, time the API, NATS and the clients on the same cores wanted. Spinning
-2^4 cycles it takes 1.7 ms (`bench.cpu_per_token --concurrency 16`), and alone on the machine the
-forwards are no slower (a qwen3 of 100M: decode 40-41 ms against 44-49, a 256-token chunk 763-766 against
-736-749; the tiny model alike).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-
-SPIN_EXPONENT = "4"  # OPENBLAS_THREAD_TIMEOUT: a worker spins 2^4 cycles before it sleeps (the least it takes)
 
 SYSTEM_OPENBLAS_PATHS: tuple[str, ...] = (
     "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
@@ -61,8 +51,6 @@ def blas_env(
         env["LD_PRELOAD"] = ":".join(parts)
     if "OPENBLAS_NUM_THREADS" not in base_env:
         env["OPENBLAS_NUM_THREADS"] = str(threads_per_rank(ranks_on_node, cpu_count))
-    if "OPENBLAS_THREAD_TIMEOUT" not in base_env:
-        env["OPENBLAS_THREAD_TIMEOUT"] = SPIN_EXPONENT
     return env
 
 

@@ -19,21 +19,18 @@ OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 
 def test_blas_auto_preloads_and_splits_threads() -> None:
     env = blas_env("auto", ranks_on_node=2, cpu_count=2, base_env={}, exists=lambda p: p == OPENBLAS)
-    assert env == {"LD_PRELOAD": OPENBLAS, "OPENBLAS_NUM_THREADS": "1", "OPENBLAS_THREAD_TIMEOUT": "4"}
+    assert env == {"LD_PRELOAD": OPENBLAS, "OPENBLAS_NUM_THREADS": "1"}
 
 
 def test_blas_keeps_existing_preload_and_pinned_threads() -> None:
-    base = {"LD_PRELOAD": "/x.so", "OPENBLAS_NUM_THREADS": "3", "OPENBLAS_THREAD_TIMEOUT": "20"}
+    base = {"LD_PRELOAD": "/x.so", "OPENBLAS_NUM_THREADS": "3"}
     env = blas_env(None, ranks_on_node=4, cpu_count=2, base_env=base, exists=lambda p: p == OPENBLAS)
     assert env == {"LD_PRELOAD": f"{OPENBLAS}:/x.so"}
 
 
 def test_blas_off_and_missing_library() -> None:
     assert blas_env("off", 2, 2, {}, exists=lambda p: True) == {}
-    assert blas_env("auto", 3, 2, {}, exists=lambda p: False) == {
-        "OPENBLAS_NUM_THREADS": "1",
-        "OPENBLAS_THREAD_TIMEOUT": "4",
-    }
+    assert blas_env("auto", 3, 2, {}, exists=lambda p: False) == {"OPENBLAS_NUM_THREADS": "1"}
     with pytest.raises(BlasSettingError, match="no such file"):
         blas_env("/nope.so", 1, 2, {}, exists=lambda p: False)
     assert blas_env("/mine.so", 1, 8, {}, exists=lambda p: True)["LD_PRELOAD"] == "/mine.so"
