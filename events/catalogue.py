@@ -85,6 +85,10 @@ class TaskParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.0
     top_p: float = 1.0
+    # mlx-lm's (and vLLM's) other truncations of the draw, after top_p: a token under min_p times
+    # the likeliest one's probability is out, then all but the top_k likeliest; 0 = off
+    min_p: float = 0.0
+    top_k: int = 0
     seed: int | None = None
     stop: list[str] = msgspec.field(default_factory=list)
     stream_progress: bool = False

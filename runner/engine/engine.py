@@ -37,7 +37,13 @@ from runner.engine.plan import (
 from runner.engine.prefill import run_prefill
 from runner.engine.preparation import Prepared
 from runner.engine.protocols import CancelSource, NeverCancelled, NullSink, PhaseTracker, RunnerSink
-from runner.engine.sampling import check_adjustments, logit_adjustments, request_sampler
+from runner.engine.sampling import (
+    Truncation,
+    check_adjustments,
+    check_truncation,
+    logit_adjustments,
+    request_sampler,
+)
 from runner.engine.task_run import TaskRun
 from runner.errors import CallbackError, RequestError
 from runner.memory import memory_available_bytes
@@ -55,6 +61,8 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     max_tokens: int  # always said by the caller: the API's default is `events.catalogue.DEFAULT_MAX_TOKENS`
     temperature: float = 0.0
     top_p: float = 1.0
+    min_p: float = 0.0  # the draw's other truncations (`sampling.Truncation`): 0 = off
+    top_k: int = 0
     seed: int | None = None
     stop: list[str] = msgspec.field(default_factory=list)
     top_logprobs: int | None = None  # logprobs with this many alternatives per token; None: none
@@ -206,6 +214,7 @@ class Engine:
     def _checked_grammar(self, request: GenerationRequest) -> str | None:
         """Raise `RequestError` unless every rank can run `request`; its grammar, if constrained."""
         check_request(request, self.shard.context_length)
+        check_truncation(truncation_of(request))
         check_adjustments(request.frequency_penalty, request.presence_penalty, request.logit_bias, self.vocab_size)
         return None if request.constraint is None else self._grammar(request.constraint, request.tools)
 
@@ -284,7 +293,7 @@ class Engine:
             prompt_len=len(request.prompt_token_ids),
             max_tokens=completion_room(request.max_tokens, len(request.prompt_token_ids), self.shard.context_length),
             stop=list(request.stop),
-            sampler=request_sampler(request.temperature, request.top_p, request.seed),
+            sampler=request_sampler(request.temperature, truncation_of(request), request.seed),
             eos_ids=frozenset(int(i) for i in self.tokenizer.eos_token_ids),
             cancel_interval=self.settings.decode_cancel_poll_tokens,
             prefill_iterations=prefill_iterations,
@@ -334,6 +343,10 @@ def check_request(request: GenerationRequest, context_length: int | None) -> Non
         raise RequestError(
             f"prompt has {len(request.prompt_token_ids)} tokens but the model's context is {context_length}"
         )
+
+
+def truncation_of(request: GenerationRequest) -> Truncation:
+    return Truncation(top_p=request.top_p, min_p=request.min_p, top_k=request.top_k)
 
 
 def _tool_parser_name(tokenizer: Any) -> str | None:

@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.sample_utils import apply_top_p, make_sampler
+import msgspec
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, greedy_sampler
 
 from events.vocabulary import BIAS_BOUND, MAX_BIASED_TOKENS, PENALTY_BOUND
 from runner.errors import RequestError
@@ -18,26 +19,59 @@ from runner.errors import RequestError
 Sampler = Callable[[mx.array], mx.array]
 
 
-class SeededSampler:
-    """mlx-lm's temperature + top-p sampling, with the request's own key instead of the global one."""
+class Truncation(msgspec.Struct, frozen=True, kw_only=True):
+    """Which tokens a request's draw may pick, as mlx-lm's sampler chains them: top-p's nucleus,
+    then min-p's floor (a token under `min_p` times the likeliest's probability is out), then the
+    `top_k` likeliest. 1.0 / 0.0 / 0: off. A top_k of the vocabulary or more keeps every token."""
 
-    def __init__(self, temperature: float, top_p: float, seed: int) -> None:
-        self.temperature = temperature
-        self.top_p = top_p
-        self.key = mx.random.key(seed)
+    top_p: float = 1.0
+    min_p: float = 0.0
+    top_k: int = 0
 
     def __call__(self, logprobs: mx.array) -> mx.array:
-        self.key, draw = mx.random.split(self.key)
         if 0 < self.top_p < 1.0:
             logprobs = apply_top_p(logprobs, self.top_p)
-        return mx.random.categorical(logprobs * (1 / self.temperature), key=draw)
+        if self.min_p > 0:
+            logprobs = apply_min_p(logprobs, self.min_p)
+        if 0 < self.top_k < logprobs.shape[-1]:
+            logprobs = apply_top_k(logprobs, self.top_k)
+        return logprobs
 
 
-def request_sampler(temperature: float, top_p: float, seed: int | None) -> Sampler:
-    """Greedy at temperature 0 (a seed changes nothing); unseeded draws use the global state."""
-    if seed is None or temperature == 0:
-        return make_sampler(temp=temperature, top_p=top_p)
-    return SeededSampler(temperature, top_p, seed)
+class TemperatureSampler:
+    """A draw at `temperature` from the truncated distribution: from the request's own PRNG key,
+    split once per token, when seeded; from the process's global state when not."""
+
+    def __init__(self, temperature: float, truncation: Truncation, seed: int | None) -> None:
+        self.temperature = temperature
+        self.truncation = truncation
+        self.key = None if seed is None else mx.random.key(seed)
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        logits = self.truncation(logprobs) * (1 / self.temperature)
+        if self.key is None:
+            return mx.random.categorical(logits)
+        self.key, draw = mx.random.split(self.key)
+        return mx.random.categorical(logits, key=draw)
+
+
+def request_sampler(temperature: float, truncation: Truncation, seed: int | None) -> Sampler:
+    """Greedy at temperature 0 (a seed or a truncation changes nothing: the likeliest token is
+    always kept); otherwise a draw from the truncated distribution."""
+    if temperature == 0:
+        return greedy_sampler
+    return TemperatureSampler(temperature, truncation, seed)
+
+
+def check_truncation(truncation: Truncation) -> None:
+    """The ranges the API checks already, checked again where the logits are (same verdict on
+    every rank): a request that reaches a runner some other way fails alone, never a batch."""
+    if not (math.isfinite(truncation.top_p) and 0 < truncation.top_p <= 1):
+        raise RequestError(f"top_p must be in (0, 1], got {truncation.top_p}")
+    if not (math.isfinite(truncation.min_p) and 0 <= truncation.min_p <= 1):
+        raise RequestError(f"min_p must be between 0 and 1, got {truncation.min_p}")
+    if truncation.top_k < 0:
+        raise RequestError(f"top_k must be 0 (off) or more, got {truncation.top_k}")
 
 
 class LogitAdjustments:

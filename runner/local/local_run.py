@@ -31,6 +31,8 @@ class LocalRunSpec:
     max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.0
     top_p: float = 1.0
+    min_p: float = 0.0
+    top_k: int = 0
     seed: int | None = None
     prefill_step: int = RUNNER_DEFAULTS.prefill_step_size
     kv_bits: int | None = RUNNER_DEFAULTS.kv_bits
@@ -92,6 +94,8 @@ def build_job(spec: LocalRunSpec, model_dir: Path) -> dict[str, Any]:
         "max_tokens": spec.max_tokens,
         "temperature": spec.temperature,
         "top_p": spec.top_p,
+        "min_p": spec.min_p,
+        "top_k": spec.top_k,
         "seed": spec.seed,
         "stop": spec.stop,
     }

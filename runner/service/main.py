@@ -104,6 +104,8 @@ def make_request_factory() -> Any:
             max_tokens=p.max_tokens,
             temperature=p.temperature,
             top_p=p.top_p,
+            min_p=p.min_p,
+            top_k=p.top_k,
             seed=p.seed,
             stop=list(p.stop),
             top_logprobs=p.logprobs,

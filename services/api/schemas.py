@@ -34,6 +34,18 @@ MAX_STOP_STRINGS = 4  # OpenAI's own bound
 MAX_STOP_BYTES = 1024  # all stop strings together: the sampling rank matches them on every token
 SEED_MAX = 2**63 - 1  # OpenAI's seed is an int64; the runner's RNG (mlx.random.seed) refuses negative ones
 
+# Sampling extensions other servers take (mlx-lm's server, vLLM, llama.cpp) that shoal does not
+# implement, on both routes: a client that sends them expects them honoured. (`top_k` and `min_p`
+# are implemented: `SamplingRequest`.)
+UNSUPPORTED_SAMPLING_EXTENSIONS: Mapping[str, tuple[object, ...]] = {
+    "repetition_penalty": (1.0,),
+    "repetition_context_size": (),
+    "min_tokens": (0,),
+    "ignore_eos": (False,),
+    "typical_p": (1.0,),
+    "xtc_probability": (0.0,),
+}
+
 # OpenAI chat parameters shoal does not implement, each with the values that ask for nothing more
 # than OpenAI does when it is left out (so clients that send defaults still work); JSON null
 # always means "left out". Any other value is a 400 naming the parameter. An issue that implements
@@ -48,15 +60,19 @@ UNSUPPORTED_PARAMS: Mapping[str, tuple[object, ...]] = {
     "reasoning_effort": (),
     "web_search_options": (),
     "store": (False,),
+    **UNSUPPORTED_SAMPLING_EXTENSIONS,
 }
+
 
 # The same for `/v1/completions`: its own legacy parameters, and the chat ones it shares.
 UNSUPPORTED_COMPLETION_PARAMS: Mapping[str, tuple[object, ...]] = {
     "n": (1,),
     "best_of": (1,),
     "suffix": ("",),
+    **UNSUPPORTED_SAMPLING_EXTENSIONS,
 }
 
+MAX_TOP_K = 1 << 31  # past any vocabulary: a top_k of the vocabulary or more keeps every token
 MAX_TOP_LOGPROBS = 20  # chat's bound in OpenAI's API
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' bound
 
@@ -98,6 +114,9 @@ class SamplingRequest(msgspec.Struct, frozen=True, kw_only=True):
     # OpenAI's nullable parameters take null as "left out" (clients that serialize every field send it)
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None  # None: 0, greedy
     top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None  # None: 1
+    # mlx-lm's server's and vLLM's extensions: None or 0 is off (`events.catalogue.TaskParams`)
+    min_p: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_K)] | None = None
     seed: Annotated[int, msgspec.Meta(ge=0, le=SEED_MAX)] | None = None
     stop: StopString | Annotated[list[StopString], msgspec.Meta(max_length=MAX_STOP_STRINGS)] | None = None
     stream: bool | None = None
@@ -270,6 +289,14 @@ def to_task(request: ChatCompletionRequest, *, max_tokens_limit: int) -> tuple[l
     asked = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
     logprobs = (request.top_logprobs or 0) if request.logprobs else None
     params = _task_params(request, asked, max_tokens_limit=max_tokens_limit, logprobs=logprobs)
+    for index, message in enumerate(request.messages):
+        if message.content is None and not (message.role == "assistant" and message.tool_calls):
+            raise RequestProblem(
+                400,
+                f"messages[{index}] ({message.role}) has no content: give it a string or text parts "
+                "(only an assistant message that calls tools may leave its content out)",
+                param=f"messages[{index}].content",
+            )
     try:
         messages = [_task_message(m, f"messages[{i}].tool_calls") for i, m in enumerate(request.messages)]
         tools, constraint = task_tools_and_constraint(request.tools or [], request.tool_choice, request.response_format)
@@ -321,6 +348,8 @@ def _task_params(
         max_tokens=max_tokens,
         temperature=request.temperature if request.temperature is not None else 0.0,
         top_p=request.top_p if request.top_p is not None else 1.0,
+        min_p=request.min_p or 0.0,
+        top_k=request.top_k or 0,
         seed=request.seed,
         stop=stop,
         stream_progress=request.wants_progress,

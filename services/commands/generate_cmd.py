@@ -22,6 +22,8 @@ def register(subparsers: Any) -> None:
     gen.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--min-p", type=float, default=0.0, help="drop tokens under MIN_P x the likeliest's probability")
+    gen.add_argument("--top-k", type=int, default=0, help="draw from the TOP_K likeliest tokens only (0: all)")
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--prefill-step", type=int, default=RUNNER_DEFAULTS.prefill_step_size)
@@ -50,7 +52,8 @@ def generate_command(args: argparse.Namespace) -> int:
     spec = LocalRunSpec(
         model=args.model, ranks=args.ranks, split=args.split, prompt=args.prompt,
         prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, temperature=args.temperature,
-        top_p=args.top_p, seed=args.seed, prefill_step=args.prefill_step, kv_bits=args.kv_bits,
+        top_p=args.top_p, min_p=args.min_p, top_k=args.top_k, seed=args.seed,
+        prefill_step=args.prefill_step, kv_bits=args.kv_bits,
         stop=args.stop, cancel_at_iteration=args.cancel_at_iteration, cancel_rank=args.cancel_rank,
         warmup=not args.no_warmup,
     )  # fmt: skip

@@ -120,6 +120,24 @@ def test_logit_bias_and_penalties_through_the_client(cluster: Cluster) -> None:
     assert chat.usage is not None and chat.usage.completion_tokens == 4
 
 
+def test_top_k_and_min_p_reach_the_sampler(cluster: Cluster) -> None:
+    """A hot draw (temperature 2) truncated to the likeliest token by top_k=1, or by min_p=1, is
+    the greedy text, on chat and completions; the same seeded draw untruncated is not."""
+    client = cluster.client()
+    greedy = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0)
+    hot = {"model": "tiny", "prompt": PROMPT, "max_tokens": 16, "temperature": 2.0, "seed": 1}
+    assert client.completions.create(**hot).choices[0].text != greedy.choices[0].text  # pyright: ignore[reportCallIssue, reportArgumentType]
+    for extra in ({"top_k": 1}, {"min_p": 1.0}, {"top_k": 1, "min_p": 0.5}):
+        truncated = client.completions.create(**hot, extra_body=extra)  # pyright: ignore[reportCallIssue, reportArgumentType]
+        assert truncated.choices[0].text == greedy.choices[0].text, extra
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": PROMPT}]
+    chat_greedy = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12)
+    chat_top1 = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=12, temperature=2.0, extra_body={"top_k": 1}
+    )
+    assert chat_top1.choices[0].message.content == chat_greedy.choices[0].message.content
+
+
 def test_completion_logprobs_in_the_legacy_shape(cluster: Cluster) -> None:
     client = cluster.client()
     completion = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, logprobs=3)

@@ -94,11 +94,14 @@ def many_short_schedule(world: int) -> dict[str, Any]:
 
 def stops_schedule(world: int) -> dict[str, Any]:
     """Stop strings beside rows without: the tiny model's text is numbers, so "1" stops a stream a
-    few tokens in, at the same token on every rank (each detokenizes a request with stop strings)."""
+    few tokens in, at the same token on every rank (each detokenizes a request with stop strings);
+    and a truncated seeded draw beside them."""
     tasks = [
         {"request": req("stop-alone", 5, 12, stop=["1"]), "at": 0},
         {"request": req("plain", 13, 12), "at": 4},
         {"request": req("stop-beside", 23, 12, stop=["1"]), "at": 5},
+        # a seeded draw truncated by min_p and top_k, hot enough to leave the greedy path
+        {"request": req("truncated", 11, 12, temperature=1.5, min_p=0.02, top_k=5, seed=3), "at": 6},
     ]
     return {"kind": "batch", "name": "stops", "max_batch": 4, "tasks": tasks}
 

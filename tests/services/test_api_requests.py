@@ -77,7 +77,18 @@ def test_stop_strings_within_the_bounds_are_taken() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("temperature", 2.5), ("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("temperature", 1e400)],
+    [
+        ("temperature", 2.5),
+        ("temperature", -0.1),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("temperature", 1e400),
+        ("min_p", -0.1),
+        ("min_p", 1.5),
+        ("top_k", -1),
+        ("top_k", 2**40),
+        ("top_k", 2.5),
+    ],
 )
 def test_sampling_values_out_of_range_are_refused(field: str, value: float) -> None:
     assert refused(body(**{field: value}).replace(b"Infinity", b"1e400")).param == field
@@ -176,3 +187,34 @@ def test_null_is_left_out_for_completions_too(name: str) -> None:
     left_out = json.dumps({"model": "tiny", "prompt": "hi"}).encode()
     params = completion_params(decode_completion_request(raw), max_tokens_limit=LIMIT)
     assert params == completion_params(decode_completion_request(left_out), max_tokens_limit=LIMIT)
+
+
+def test_top_k_and_min_p_reach_the_task_and_null_leaves_them_off() -> None:
+    _, params = to_task(decode_chat_request(body(top_k=40, min_p=0.05)), max_tokens_limit=LIMIT)
+    assert (params.top_k, params.min_p) == (40, 0.05)
+    _, params = to_task(decode_chat_request(body(top_k=None, min_p=None)), max_tokens_limit=LIMIT)
+    assert (params.top_k, params.min_p) == (0, 0.0)
+    params = completion_params(
+        decode_completion_request(json.dumps({"model": "tiny", "prompt": "hi", "top_k": 3, "min_p": 1}).encode()),
+        max_tokens_limit=LIMIT,
+    )
+    assert (params.top_k, params.min_p) == (3, 1.0)
+
+
+@pytest.mark.parametrize("name", ["repetition_penalty", "min_tokens", "ignore_eos", "typical_p"])
+def test_another_servers_sampling_extension_is_refused_by_name_not_ignored(name: str) -> None:
+    problem = refused(body(**{name: 7}))
+    assert problem.param == name and f"`{name}`" in problem.message
+    with pytest.raises(RequestProblem):
+        decode_completion_request(json.dumps({"model": "tiny", "prompt": "hi", name: 7}).encode())
+
+
+@pytest.mark.parametrize("role", ["user", "system", "tool", "assistant"])
+def test_a_message_without_content_is_refused_unless_an_assistant_calls_tools(role: str) -> None:
+    for message in ({"role": role, "content": None}, {"role": role}):
+        problem = refused(body(messages=[{"role": "user", "content": "hi"}, message]))
+        assert problem.param == "messages[1].content" and "no content" in problem.message
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    accepted(
+        body(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]}])
+    )
