@@ -31,6 +31,10 @@ from services.api.timeline import timeline_page
 from services.config import ConfigError, ResolvedConfig, ShoalConfig, log_settings
 from services.supervise import supervise
 
+# How long a stopping API waits for its requests in flight to cancel their tasks and tell their
+# clients, before it closes their connections and its log: each needs one publish.
+DRAIN_SECONDS = 3.0
+
 Handler = Callable[[Request, ApiContext], Awaitable[Response]]
 
 
@@ -166,8 +170,23 @@ async def _serve_on(
             follower.cancel()
             preloader.cancel()
     finally:
-        server.stop_listening()
-        await log.close()
+        try:
+            await stop_requests(ctx, server)
+        finally:
+            server.stop_listening()
+            await log.close()
+
+
+async def stop_requests(ctx: ApiContext, server: _Server, drain_seconds: float = DRAIN_SECONDS) -> None:
+    """The API's first step out: take no new connection, tell each request in flight that the API
+    is stopping (`ApiContext.stopping`: it cancels its task and ends its client's stream or answer
+    with a 503's message), and give them `drain_seconds` at most to do it while the log is still open."""
+    server.stop_accepting()
+    ctx.stopping.set()
+    clock = asyncio.get_running_loop().time
+    deadline = clock() + drain_seconds
+    while ctx.hub.listening and clock() < deadline:
+        await asyncio.sleep(0.02)
 
 
 def listen_socket(resolved: ResolvedConfig) -> socket.socket:
@@ -212,7 +231,11 @@ class _Server(uvicorn.Server):
         a stopped test) left the socket's key in the loop's selector after `listen_socket` closed
         it, and a socket the loop opened later with the same number (the restarted API's NATS
         connection, say) was never read: asyncio only updated the stale key."""
-        for listening in getattr(self, "servers", []):  # set by `startup`, which a cancel may precede
-            listening.close()
+        self.stop_accepting()
         for connection in list(self.server_state.connections):
             connection.shutdown()
+
+    def stop_accepting(self) -> None:
+        """Close the listening sockets; the connections open stay."""
+        for listening in getattr(self, "servers", []):  # set by `startup`, which a cancel may precede
+            listening.close()

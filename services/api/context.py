@@ -31,6 +31,9 @@ class ApiContext:
     metrics: Metrics
     registry: CollectorRegistry  # what /metrics exposes: `metrics`, the State's gauges, the process
     served: list[str]
+    # set when the API begins to stop: each request in flight cancels its task and tells its client
+    # (`task_stream.run_task`), and a new one is refused with a 503, before the log closes
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _prompt_models: dict[str, PromptModel | None] = field(default_factory=dict)  # by model, once loaded
     _prompt_loading: anyio.Lock = field(default_factory=anyio.Lock)  # one load at a time: see prompt_model
 

@@ -83,6 +83,11 @@ class LogHub:
         self.feed.folded(before, self.state, event)
         return True
 
+    @property
+    def listening(self) -> int:
+        """How many tasks some request is following now."""
+        return len(self._listeners)
+
     @contextmanager
     def listen(self, task_id: TaskId) -> Generator[TaskEvents]:
         """The task's events stored while the block runs: `with hub.listen(task_id) as events:`."""

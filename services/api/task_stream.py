@@ -9,6 +9,7 @@ nothing outlives the request. A client that goes away cancels its task.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -51,6 +52,7 @@ from services.api.responses import json_response
 from services.api.schemas import RequestProblem
 
 T = TypeVar("T")
+STOPPING_RETRY_AFTER_SECONDS = 5  # a 503's Retry-After while the API stops: a restart takes seconds
 KEEPALIVE = b": keepalive\n\n"  # an SSE comment: clients skip it, proxies see a live connection
 
 
@@ -138,6 +140,8 @@ async def run_task(
 ) -> T | None:
     """Publish `task` and hand its events to `consume`: what it returns, or None if the client went
     away first. A task not followed to its end is cancelled: nobody is waiting for it any more."""
+    if ctx.stopping.is_set():
+        raise server_stopping()
     outcome: T | None = None
     reason: CancelReason = "client_disconnect"
     with ctx.hub.listen(task.task_id) as events:  # before publishing: no event of the task can be missed
@@ -150,8 +154,11 @@ async def run_task(
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(_stop_on_disconnect, receive, group.cancel_scope)
+                group.start_soon(_stop_on_shutdown, ctx.stopping, group.cancel_scope)
                 outcome = await consume(events)
                 group.cancel_scope.cancel()
+            if outcome is None and ctx.stopping.is_set():
+                reason = "shutdown"
         except Exception as exc:
             reason = "server_error"  # a bug while following it: nobody will read the rest
             sole = _sole(exc)  # not the task group's wrapping: the route's answer names the bug
@@ -161,8 +168,34 @@ async def run_task(
         finally:
             if outcome is None:
                 with anyio.CancelScope(shield=True):  # the client is gone; its cancel must still be published
-                    await ctx.cancel(task.task_id, reason)
+                    await _publish_cancel(ctx, task, reason)
+    if outcome is None and reason == "shutdown":
+        raise server_stopping()
     return outcome
+
+
+async def _publish_cancel(ctx: ApiContext, task: TaskCreated, reason: CancelReason) -> None:
+    """The task's cancel; while the API stops, one that cannot be published any more (the log
+    closed under a drain that ran out) is logged, not raised: the client is told why either way."""
+    if reason != "shutdown":
+        await ctx.cancel(task.task_id, reason)
+        return
+    try:
+        await ctx.cancel(task.task_id, reason)
+    except Exception as exc:
+        logger.warning("api stopping: cannot publish the cancel of task {}: {}", task.task_id, exc)
+
+
+def server_stopping() -> RequestProblem:
+    """What a request gets when the API stops before its task ends (a 503 before its stream started,
+    its stream's last event after)."""
+    return RequestProblem(
+        503,
+        "the server is shutting down: this request was stopped before it finished (its task is cancelled); "
+        "send it again when the server is back",
+        code="server_shutting_down",
+        headers={"Retry-After": str(STOPPING_RETRY_AFTER_SECONDS)},
+    )
 
 
 def _sole(exc: Exception) -> Exception:
@@ -174,6 +207,12 @@ def _sole(exc: Exception) -> Exception:
             break
         found = inner[0]
     return found if isinstance(found, Exception) else exc
+
+
+async def _stop_on_shutdown(stopping: asyncio.Event, scope: anyio.CancelScope) -> None:
+    """Wait for the API to begin stopping (`ApiContext.stopping`), then stop the request's work."""
+    await stopping.wait()
+    scope.cancel()
 
 
 async def _stop_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
@@ -281,8 +320,12 @@ class TaskStream(Response):
 
         try:
             await run_task(self._ctx, self._task, receive, stream)
-        except RequestProblem as problem:  # raised before the stream starts: the task was not taken
-            await error_for(problem)(scope, receive, send)
+        except RequestProblem as problem:
+            if not self._started:  # the task was not taken (or the API stopped before its first event)
+                await error_for(problem)(scope, receive, send)
+                return
+            await self._send(send, problem_chunk(problem))  # the API stopped mid-stream
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         except Exception as exc:
             if not self._started:
                 raise  # answered as a 500 by the server's outermost layer
@@ -321,6 +364,13 @@ class TaskStream(Response):
                 return await events.next()
             await self._send(send, KEEPALIVE)
         return await events.next()
+
+
+def problem_chunk(problem: RequestProblem) -> bytes:
+    """A refusal met after the stream started, as its last event, then [DONE]."""
+    kind = "server_error" if problem.status >= 500 else "invalid_request_error"
+    body = error_body(problem.message, kind=kind, param=problem.param, code=problem.code)
+    return sse(msgspec.to_builtins(body)) + DONE
 
 
 def internal_error_chunk(exc: BaseException) -> bytes:
