@@ -79,16 +79,16 @@ async def admit(
     """The task of a request that passed every check a runner would otherwise fail it on (the
     model's name is checked first, by `check_model`, before the request's values)."""
     config = ctx.resolved.config
+    model = await ctx.prompt_model(model_name)  # loaded once (`preload_prompt_models`), then at hand
+    check_logit_bias(model, params.logit_bias)  # cheap: a request that can never run is not told to retry
     full = ctx.hub.queues.refusal(model_name, config.max_queued_tasks)
     if full is not None:  # before the prompt is tokenized: a refusal in a burst must cost little
         raise full
     param = "messages" if raw_prompt is None else "prompt"
-    model = await ctx.prompt_model(model_name)
     size = await anyio.to_thread.run_sync(
         prompt_tokens, model, messages, params.tools, raw_prompt
     )  # long prompts take a while
     check_prompt_size(model, size, param)
-    check_logit_bias(model, params.logit_bias)
     size += stop_tokens(model, params.stop)
     if size > config.max_prompt_tokens:
         raise RequestProblem(

@@ -56,6 +56,11 @@ async def test_the_request_beyond_the_queue_bound_gets_429_saying_how_full_it_is
             error = json.loads(refused.texts[0])["error"]
             assert error["code"] == "queue_full"
             assert error["message"] == "model 'tiny' has 2 of 2 queued tasks (max_queued_tasks); retry after 1 s"
+        # a request that can never run is told so, not told to retry: its logit_bias is checked first
+        hopeless = Client("POST", "/v1/chat/completions", {**chat(stream=False), "logit_bias": {"5000": 1}})
+        with anyio.fail_after(10):
+            await app(hopeless.scope, hopeless.receive, hopeless.send)
+        assert hopeless.status == 400 and "outside the model's vocabulary" in hopeless.texts[0]
         with anyio.fail_after(10):
             while len(ctx.hub.state.tasks) < 2:
                 await anyio.sleep(0.01)
