@@ -34,6 +34,7 @@ from events.catalogue import (
 )
 from events.culprit import STALLED_TASK_BOUNDS, Culprit, Evidence, name_culprit
 from events.retention import live_tasks_of
+from events.runner_detail import detail_headline
 from events.runner_settings import RunnerSettings
 from events.stamp import Stamper
 from events.state import InstanceInfo, State, TaskInfo
@@ -305,7 +306,7 @@ def _runner_failure(instance: InstanceInfo, culprit: Culprit | None) -> str:
     blamed = [instance.runners[rank] for rank in culprit.ranks] if culprit else []
     for runner in [*blamed, *instance.runners]:
         if runner.down:
-            detail = f": {runner.detail}" if runner.detail else ""
+            detail = f": {detail_headline(runner.detail)}" if runner.detail else ""  # a client reads it
             return f"rank {runner.rank} on node {runner.node_id} {runner.status}{detail}"
     return "a runner failed"
 

@@ -32,6 +32,7 @@ from events.catalogue import (
 )
 from events.fold import apply_live
 from events.ids import InstanceId, NodeId
+from events.runner_detail import exit_detail
 from events.stamp import Stamper
 from events.state import FINISHED_TASKS_KEPT, State
 from events.subjects import event_subjects_without
@@ -130,7 +131,7 @@ class Worker:
             if cause == "peer_lost"
             else describe_exit(code)
         )
-        detail = f"runner process {what}; stderr tail:\n{stderr_tail[-1500:]}"
+        detail = exit_detail(f"runner process {what}", stderr_tail[-1500:])
         event = RunnerStatusChanged(
             env=self.stamper.stamp(),
             instance_id=InstanceId(key[0]),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from events.catalogue import LogEvent, Origin, RunnerHeartbeat
 from events.codec import ExportRecord
 from events.fold import fold
+from events.runner_detail import exit_detail
 from events.stamp import Stamper
 from events.state import State
 from events.vocabulary import RunnerStatus
@@ -209,7 +210,7 @@ def node_gone_idle() -> LogBuilder:
 
 # --- shapes seen in real clusters (tests/e2e/test_hang_catalogue.py): what happens after the end ---
 
-KILLED = "runner process killed by SIGKILL; stderr tail:\n"
+KILLED = exit_detail("runner process killed by SIGKILL", "Traceback (most recent call last): ...")
 PEER_LOST = "RuntimeError: [ring] connection to a peer was lost"
 SLEEP_STACK = (  # rank 1 under SHOAL_TEST_FAULT=sleep:1:...: asleep inside its cancel poll
     'File "runner/engine/task_run.py", line 56, in agree_to_stop\n'

@@ -21,6 +21,7 @@ from events.catalogue import (
 )
 from events.fold import fold
 from events.ids import InstanceId, TaskId
+from events.runner_detail import exit_detail
 from events.runner_settings import RunnerSettings
 from events.state import State
 from events.vocabulary import RunnerStatusCause
@@ -276,6 +277,20 @@ def test_a_casualty_of_a_lost_peer_waits_for_the_rank_that_died() -> None:
     retired = [e for e in out if isinstance(e, InstanceRetired)]
     assert retired and "rank 1" in retired[0].reason and "SIGKILL" in retired[0].reason
     assert {e.rank for e in out if isinstance(e, TaskFailed)} == {1}
+
+
+def test_a_failed_task_names_the_rank_and_the_exit_but_not_the_runners_stderr() -> None:
+    """What a runner last logged (other tasks' ids, a traceback) is for operators (`shoal diagnose`
+    reads the runner's own event); the tasks' errors, which the API's clients read, stop before it."""
+    c = Cluster()
+    instance = c.ready_instance()
+    c.feed(c.ev.created("t1"))
+    stderr = "INFO task task_of_someone_else ended\nTraceback (most recent call last): ..."
+    out = c.feed(_failed(c, instance, 1, exit_detail("runner process killed by SIGKILL", stderr), "killed"))
+    errors = [e.error for e in out if isinstance(e, TaskFailed)]
+    assert errors and all(e.endswith("rank 1 on node n2 failed: runner process killed by SIGKILL") for e in errors)
+    assert not any("task_of_someone_else" in e or "Traceback" in e for e in errors)
+    assert c.state.instances[instance].runners[1].detail.endswith(stderr)  # kept for the operators
 
 
 def test_only_casualties_are_retired_after_the_grace() -> None:
