@@ -295,7 +295,7 @@ class ContinuousBatch:
             known = [*stream.request.prompt_token_ids, *stream.fed]
             snapshot = part.cache.snapshot(row)
             if snapshot is not None and len(known) - 1 <= snapshot[0][0].offset <= len(known):
-                self.prefixes.insert(known[: snapshot[0][0].offset], *snapshot)
+                self.prefixes.insert(known[: snapshot[0][0].offset], *snapshot, scope=stream.request.cache_scope)
 
     def _keep_rows(self, part: MicroBatch, kept_rows: tuple[int, ...]) -> None:
         """The boundary micro-batch's cache: no rank holds an activation of it now."""

@@ -72,6 +72,7 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     frequency_penalty: float = 0.0  # OpenAI's adjustments of the logits (`sampling.LogitAdjustments`)
     presence_penalty: float = 0.0
     logit_bias: list[tuple[int, float]] = msgspec.field(default_factory=list)  # (token id, bias)
+    cache_scope: str = ""  # whose prefix-cache entries it may reuse and adds to: its owner's (`prefix_cache`)
 
 
 class GenerationOutcome(msgspec.Struct, kw_only=True):

@@ -15,6 +15,11 @@ an eviction in between cannot take it away; so at most `max_batch` held entries 
 bound for a few steps) and cuts its copy to exactly that length. A proposal
 never covers the whole prompt: the last prompt token always goes through the model, for logits.
 
+Scopes: an entry reuses only for requests of its own scope (`GenerationRequest.cache_scope`: the
+API key's id that owns the task, the same on every rank since it is in the log). Shared across keys,
+the cache would be a side channel: a request's `cached_tokens` (and its time to first token) would
+say how much of its prompt another user had sent, token by token. The byte bound is shared.
+
 Why not mlx-lm's `LRUPromptCache`: it bounds entries by count as well as bytes, refreshes no entry
 on a hit, hands back a deep copy already cut to its own choice of length, and an exact hit leaves
 no token to run; here the length is agreed first and the copy is cut after. Like it, an entry
@@ -74,7 +79,7 @@ class PrefixIndex(Generic[V]):
             raise ValueError(f"prefix cache bound must be >= 0 bytes, got {max_bytes}")
         self.max_bytes = max_bytes
         self.nbytes = 0
-        self._entries: OrderedDict[tuple[int, ...], _Entry[V]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, tuple[int, ...]], _Entry[V]] = OrderedDict()  # (scope, tokens)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -83,18 +88,20 @@ class PrefixIndex(Generic[V]):
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
-    def lru_order(self) -> list[tuple[int, ...]]:
-        """Least recently used first."""
-        return list(self._entries)
+    def lru_order(self, scope: str = "") -> list[tuple[int, ...]]:
+        """The tokens of `scope`'s entries, least recently used first."""
+        return [tokens for owner, tokens in self._entries if owner == scope]
 
-    def longest(self, prompt: Sequence[int]) -> PrefixMatch[V] | None:
-        """The entry sharing the longest prefix with `prompt`, at most `len(prompt) - 1` tokens (the
-        last token must go through the model); the most recently used one among equals. A hit counts
-        as a use."""
+    def longest(self, prompt: Sequence[int], scope: str = "") -> PrefixMatch[V] | None:
+        """The entry of `scope` sharing the longest prefix with `prompt`, at most `len(prompt) - 1`
+        tokens (the last token must go through the model); the most recently used one among equals.
+        A hit counts as a use."""
         limit, prompt = len(prompt) - 1, tuple(prompt)  # a tuple, as the keys: a list never equals a tuple
-        best: tuple[int, tuple[int, ...]] | None = None
+        best: tuple[int, tuple[str, tuple[int, ...]]] | None = None
         for key in reversed(self._entries):  # most recent first: it wins a tie
-            length = min(limit, common_prefix(prompt, key))
+            if key[0] != scope:
+                continue
+            length = min(limit, common_prefix(prompt, key[1]))
             if length > 0 and (best is None or length > best[0]):
                 best = (length, key)
         if best is None:
@@ -103,14 +110,17 @@ class PrefixIndex(Generic[V]):
         self._entries.move_to_end(key)
         return PrefixMatch(length, self._entries[key].value)
 
-    def insert(self, tokens: Sequence[int], value: V, nbytes: int) -> None:
-        """Store `value` (KV for exactly `tokens`) as the most recent entry, drop the entries it
-        extends, then evict the least recently used until the bound holds (an entry larger than the
-        bound is not kept at all)."""
+    def insert(self, tokens: Sequence[int], value: V, nbytes: int, scope: str = "") -> None:
+        """Store `value` (KV for exactly `tokens`) as `scope`'s most recent entry, drop the entries of
+        `scope` it extends, then evict the least recently used of any scope until the bound holds
+        (an entry larger than the bound is not kept at all)."""
         if not self.enabled or nbytes > self.max_bytes:
             return
-        key = tuple(tokens)
-        for old in [k for k in self._entries if len(k) <= len(key) and key[: len(k)] == k]:
+        key = (scope, tuple(tokens))
+        extended = [
+            k for k in self._entries if k[0] == scope and len(k[1]) <= len(key[1]) and key[1][: len(k[1])] == k[1]
+        ]
+        for old in extended:
             self._drop(old)
         self._entries[key] = _Entry(value, nbytes)
         self.nbytes += nbytes
@@ -122,7 +132,7 @@ class PrefixIndex(Generic[V]):
         self._entries.clear()
         self.nbytes = 0
 
-    def _drop(self, key: tuple[int, ...]) -> None:
+    def _drop(self, key: tuple[str, tuple[int, ...]]) -> None:
         self.nbytes -= self._entries.pop(key).nbytes
 
 

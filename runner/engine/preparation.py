@@ -59,7 +59,7 @@ class Newcomers:
             request = admission.request
             if admission.task_id not in self._held:
                 self._held[admission.task_id] = (
-                    None if request is None else self.prefixes.longest(request.prompt_token_ids)
+                    None if request is None else self.prefixes.longest(request.prompt_token_ids, request.cache_scope)
                 )
                 if request is not None:
                     self.preparations.start(request)

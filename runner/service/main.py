@@ -114,6 +114,7 @@ def make_request_factory() -> Any:
             frequency_penalty=p.frequency_penalty,
             presence_penalty=p.presence_penalty,
             logit_bias=list(p.logit_bias),
+            cache_scope=created.owner,  # one API key's KV is never another's (`prefix_cache`)
         )
 
     return make

@@ -1,7 +1,8 @@
 """The prefix cache on real ring groups of 1-3 ranks (tiny model): a conversation's next turn and a
 branch of it reuse the KV of the earlier turn — fewer tokens prefilled, exactly the same greedy
-tokens as with the cache off and as on one rank — and ranks whose caches differ (one rank's small
-bound evicted the entry) agree on the prefix and still produce the same tokens."""
+tokens as with the cache off and as on one rank; the same turn from another API key reuses nothing
+— and ranks whose caches differ (one rank's small bound evicted the entry) agree on the prefix and
+still produce the same tokens."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def conversation(cache_on: bool) -> dict[str, Any]:
         {"request": req("bystander", OTHER_PROMPT[:17], 30), "at": 2},  # rows of other lengths: padding
         {"request": req("second", OTHER_PROMPT[:5]), "at": 0, "after": "first"},
         {"request": req("branch", BRANCH), "at": 70},
+        # the same next turn from another API key: it must not reuse (nor learn about) the history
+        {"request": {**req("stranger", OTHER_PROMPT[:5]), "cache_scope": "another key"}, "at": 75, "after": "first"},
     ]
     bounds = {} if cache_on else {str(r): 0 for r in range(3)}
     # the first schedule of the group (cache on) is warmed as the service warms its batch before the
@@ -96,6 +99,7 @@ def test_the_next_turn_reuses_the_history_and_generates_the_same_tokens(world: i
         assert second["sink"]["started"][0]["cached"] == history, where
         assert second["prefill_iterations"] < cold["ended"]["second"]["prefill_iterations"], where
         assert branch["cached_tokens"] == 30, where  # cut from a longer entry
+        assert warm["ended"]["stranger"]["cached_tokens"] == 0, where  # another key's history
         assert cold["ended"]["second"]["cached_tokens"] == 0, where
         assert warm["prefix_cache"]["entries"] >= 1 and cold["prefix_cache"]["entries"] == 0, where
 

@@ -142,3 +142,20 @@ def test_clear_forgets_everything_in_place() -> None:
     assert held.longest([1, 2, 3, 4]) is None and len(held) == 0 and held.nbytes == 0
     held.insert([1, 2], "kv2", 10)
     assert index.longest([1, 2, 5]) is not None
+
+
+def test_a_scope_reuses_only_its_own_entries_within_one_shared_bound() -> None:
+    """Two API keys' requests (scopes) never reuse each other's KV, even for the same tokens: a
+    shared cache would tell one user, by `cached_tokens`, how much of a prompt another one sent."""
+    cache: PrefixIndex[str] = PrefixIndex(100)
+    cache.insert([1, 2, 3, 4], "alice's", 10, scope="alice")
+    assert cache.longest([1, 2, 3, 4, 5], scope="bob") is None
+    assert cache.longest([1, 2, 3, 4, 5]) is None  # nor the keyless scope
+    assert cache.longest([1, 2, 3, 4, 5], scope="alice").value == "alice's"  # pyright: ignore[reportOptionalMemberAccess]
+    cache.insert([1, 2, 3, 4, 5, 6], "bob's", 10, scope="bob")  # extends alice's tokens: hers stays
+    assert cache.lru_order("alice") == [(1, 2, 3, 4)] and cache.lru_order("bob") == [(1, 2, 3, 4, 5, 6)]
+    assert cache.longest([1, 2, 3, 4, 5, 6, 7], scope="alice").length == 4  # pyright: ignore[reportOptionalMemberAccess]
+    cache.insert([1, 2, 3, 4, 5, 6, 7], "alice's longer", 10, scope="alice")  # extends her own: it goes
+    assert cache.lru_order("alice") == [(1, 2, 3, 4, 5, 6, 7)]
+    cache.insert([9] * 5, "carol's", 85, scope="carol")  # the bound is shared: the least recent go first
+    assert cache.nbytes <= 100 and cache.lru_order("bob") == [] and cache.lru_order("carol") == [(9,) * 5]

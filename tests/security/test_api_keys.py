@@ -110,6 +110,22 @@ def test_a_second_key_cannot_read_or_cancel_the_first_keys_task(cluster: Cluster
         assert admin.get(f"/v1/tasks/{finished_id}").json()["owner"] == key_id(ALICE)
 
 
+def test_one_keys_prompt_is_never_served_from_another_keys_cache(cluster: Cluster) -> None:
+    """The prefix cache is per key: Bob sending Alice's prompt reuses none of her KV, so neither his
+    `cached_tokens` nor his time to first token says what she sent; Alice's own next request does."""
+    history = " ".join(["quietly the river remembers every stone it has carried"] * 12)  # a raw prompt:
+    # no chat template's head, which every chat request of a key shares with its earlier ones
+
+    def cached(key: str) -> int:
+        completion = _client(cluster, key).completions.create(model="tiny", prompt=history, max_tokens=4)
+        assert completion.usage is not None and completion.usage.prompt_tokens_details is not None
+        return completion.usage.prompt_tokens_details.cached_tokens or 0
+
+    assert cached(ALICE) == 0
+    assert cached(BOB) == 0
+    assert cached(ALICE) > 100
+
+
 def test_debug_and_config_need_an_admin_key(cluster: Cluster) -> None:
     task_id = (
         _client(cluster, ALICE)
