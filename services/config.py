@@ -63,6 +63,7 @@ _SEE_NATS_URLS = "empty (run an embedded server) or nats://host:port or tls://ho
 _PEM_FILE = "the path of a PEM file, or empty for none"
 _MAX_BYTES = "a byte count of at least 1024, or -1 for unlimited"
 _BLAS = "auto, off, or the path of a BLAS library"
+LogLevel = Literal["TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"]
 # Bearer tokens as RFC 6750 writes them (no ":"), long enough not to be guessed; ":admin" marks an admin key.
 _API_KEY = Annotated[str, Meta(pattern=r"^[A-Za-z0-9._~+/=-]{16,512}(:admin)?$")]
 _API_KEYS = "keys of 16-512 characters from A-Z a-z 0-9 . _ ~ + / = -, comma-separated, each may end in :admin"
@@ -156,6 +157,9 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_queued_tasks: Annotated[
         int, Meta(ge=1, description="tasks of one model waiting or running at once; beyond it the API answers 429")
     ] = 64
+    max_queued_tasks_per_key: Annotated[
+        int, Meta(ge=0, description="one API key's share of max_queued_tasks (no keys: one key), then 429; 0 = none")
+    ] = 0
     request_timeout_seconds: Annotated[
         float,
         _SECONDS_OR_ZERO,
@@ -198,8 +202,7 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     )
     stream_replicas: Annotated[int, Meta(ge=1, le=5, description="copies of each stream in a NATS cluster")] = 1
     finished_tasks_kept: Annotated[
-        int,
-        Meta(ge=0, description="ended tasks each service holds whole in memory (older: read from the log); 0 = all"),
+        int, Meta(ge=0, description="ended tasks each service holds whole in memory (older: from the log); 0 = all")
     ] = FINISHED_TASKS_KEPT
     snapshot_every_events: Annotated[
         int, Meta(ge=0, description="events between the master's snapshots of the State (start-ups); 0 = none")
@@ -207,10 +210,7 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     blas: Annotated[str, Meta(pattern=r"\S", extra={"allowed": _BLAS}, description="BLAS of the runners on CPU")] = (
         "auto"
     )
-    log_level: Annotated[
-        Literal["TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"],
-        Meta(description="the least severe log message printed"),
-    ] = "INFO"
+    log_level: Annotated[LogLevel, Meta(description="the least severe log message printed")] = "INFO"
 
     @property
     def data_path(self) -> Path:

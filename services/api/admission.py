@@ -7,6 +7,9 @@ the tasks this API has admitted whose `TaskCreated` it has not folded yet: in a 
 requests pass the check before the first of their events comes back from the log, and without
 those the bound would hold only after the burst.
 
+`max_queued_tasks_per_key` bounds one API key's share of a model's queue (the API without keys is
+one key), so a client that floods it is refused while other keys' requests are still taken.
+
 `Retry-After` is when the model's queue is expected to free a slot: the mean interval between its
 tasks' ends while it had tasks queued, taken from the events' own times (so replicas agree too).
 """
@@ -17,13 +20,14 @@ import math
 from collections import Counter
 
 from events.catalogue import LogEvent, TaskCreated
-from events.ids import TaskId
+from events.ids import KeyId, TaskId
 from events.state import State
 from services.api.schemas import RequestProblem
 
 RETRY_AFTER_BOUNDS = (1, 60)  # seconds: a client never told "now", nor to wait longer than a minute
 _SMOOTHING = 0.2  # weight of the newest interval in the running mean
 NS = 1_000_000_000
+NO_KEY = KeyId("")  # the owner of every task of an API without keys
 
 
 def _is_live(state: State, task_id: TaskId) -> bool:
@@ -36,7 +40,8 @@ class QueueBook:
 
     def __init__(self) -> None:
         self._live: Counter[str] = Counter()  # by model: created, not ended, in the folded State
-        self._admitted: dict[TaskId, str] = {}  # published (or about to be) by this API, not yet folded
+        self._live_by_key: Counter[tuple[str, KeyId]] = Counter()  # the same by (model, owner)
+        self._admitted: dict[TaskId, tuple[str, KeyId]] = {}  # (model, owner) published by this API, not yet folded
         self._last_end: dict[str, int] = {}  # by model: wall ns of the newest end while tasks stayed queued
         self._end_interval: dict[str, float] = {}  # by model: running mean of the seconds between ends
 
@@ -44,11 +49,17 @@ class QueueBook:
     def of(cls, state: State) -> QueueBook:
         """The book of a State folded in one go (the hub's start)."""
         book = cls()
-        book._live.update(state.tasks[task_id].model for task_id in state.live_tasks)  # not ended
+        live = [state.tasks[task_id] for task_id in state.live_tasks]  # not ended
+        book._live.update(task.model for task in live)
+        book._live_by_key.update((task.model, task.owner) for task in live)
         return book
 
     def queued(self, model: str) -> int:
-        return self._live[model] + sum(1 for m in self._admitted.values() if m == model)
+        return self._live[model] + sum(1 for m, _ in self._admitted.values() if m == model)
+
+    def queued_by(self, model: str, owner: KeyId) -> int:
+        """`owner`'s share of `queued(model)`."""
+        return self._live_by_key[model, owner] + sum(1 for key in self._admitted.values() if key == (model, owner))
 
     def folded(self, before: State, after: State, event: LogEvent) -> None:
         """The State moved from `before` to `after` by `event` (`after is before` if refused)."""
@@ -60,8 +71,10 @@ class QueueBook:
         change = _is_live(after, task_id) - _is_live(before, task_id)
         if change == 0:
             return
-        model = (after.tasks.get(task_id) or before.tasks[task_id]).model
+        task = after.tasks.get(task_id) or before.tasks[task_id]
+        model = task.model
         self._live[model] += change
+        self._live_by_key[model, task.owner] += change
         if change < 0:
             self._ended(model, event.env.wall_time)
 
@@ -78,25 +91,30 @@ class QueueBook:
         low, high = RETRY_AFTER_BOUNDS
         return min(high, max(low, math.ceil(self._end_interval.get(model, low))))
 
-    def refusal(self, model: str, limit: int) -> RequestProblem | None:
-        """The 429 for one more task of `model`, or None while its queue has room."""
+    def refusal(self, model: str, limit: int, owner: KeyId = NO_KEY, key_limit: int = 0) -> RequestProblem | None:
+        """The 429 for one more task of `model` from `owner`, or None while the model's queue has
+        room (`limit`) and so has the key's share of it (`key_limit`; 0: no share of its own)."""
         queued = self.queued(model)
-        if queued < limit:
-            return None
+        if queued >= limit:
+            return self._full(model, f"model {model!r} has {queued} of {limit} queued tasks (max_queued_tasks)")
+        mine = self.queued_by(model, owner) if key_limit > 0 else 0
+        if key_limit > 0 and mine >= key_limit:
+            said = f"model {model!r} has {mine} of this API key's {key_limit} queued tasks (max_queued_tasks_per_key)"
+            return self._full(model, said)
+        return None
+
+    def _full(self, model: str, said: str) -> RequestProblem:
         retry = self.retry_after_seconds(model)
         return RequestProblem(
-            429,
-            f"model {model!r} has {queued} of {limit} queued tasks (max_queued_tasks); retry after {retry} s",
-            code="queue_full",
-            headers={"Retry-After": str(retry)},
+            429, f"{said}; retry after {retry} s", code="queue_full", headers={"Retry-After": str(retry)}
         )
 
-    def admit(self, task: TaskCreated, limit: int) -> None:
+    def admit(self, task: TaskCreated, limit: int, key_limit: int = 0) -> None:
         """Count `task` in its model's queue before it is published; raises the 429 if full."""
-        problem = self.refusal(task.model, limit)
+        problem = self.refusal(task.model, limit, task.owner, key_limit)
         if problem is not None:
             raise problem
-        self._admitted[task.task_id] = task.model
+        self._admitted[task.task_id] = (task.model, task.owner)
 
     def withdraw(self, task_id: TaskId) -> None:
         """A task admitted but never published (the log refused the write)."""

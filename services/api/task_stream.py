@@ -81,7 +81,7 @@ async def admit(
     config = ctx.resolved.config
     model = await ctx.prompt_model(model_name)  # loaded once (`preload_prompt_models`), then at hand
     check_logit_bias(model, params.logit_bias)  # cheap: a request that can never run is not told to retry
-    full = ctx.hub.queues.refusal(model_name, config.max_queued_tasks)
+    full = ctx.hub.queues.refusal(model_name, config.max_queued_tasks, owner, config.max_queued_tasks_per_key)
     if full is not None:  # before the prompt is tokenized: a refusal in a burst must cost little
         raise full
     param = "messages" if raw_prompt is None else "prompt"
@@ -145,7 +145,8 @@ async def run_task(
     outcome: T | None = None
     reason: CancelReason = "client_disconnect"
     with ctx.hub.listen(task.task_id) as events:  # before publishing: no event of the task can be missed
-        ctx.hub.queues.admit(task, ctx.resolved.config.max_queued_tasks)  # counted from here on, or a 429
+        config = ctx.resolved.config
+        ctx.hub.queues.admit(task, config.max_queued_tasks, config.max_queued_tasks_per_key)  # counted, or a 429
         try:
             await ctx.publish(task)
         except LogError as exc:

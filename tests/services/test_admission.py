@@ -1,19 +1,22 @@
 """Admission's pure core (`services/api/admission.py`): each model's queue as the hub folds the
-log, the tasks this API admitted but has not folded yet, and the 429 beyond `max_queued_tasks`."""
+log, the tasks this API admitted but has not folded yet, and the 429 beyond `max_queued_tasks` or
+beyond one key's share (`max_queued_tasks_per_key`)."""
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from events.catalogue import LogEvent, TaskCancelled, TaskCompleted, TaskCreated, TaskFailed
 from events.fold import apply_live
-from events.ids import TaskId
+from events.ids import KeyId, TaskId
 from events.state import State
 from services.api.admission import RETRY_AFTER_BOUNDS, QueueBook
 from tests.events.builders import Events, FakeClock
 
 MODELS = ("tiny", "big")
+KEYS = ("alice", "bob")
 
 
 class Folding:
@@ -37,6 +40,10 @@ class Folding:
     def counted(self, model: str) -> int:
         return sum(1 for t in self.state.tasks.values() if t.model == model and not t.ended)
 
+    def counted_by_key(self) -> list[int]:
+        live = [t for t in self.state.tasks.values() if not t.ended]
+        return [sum(1 for t in live if t.model == m and t.owner == k) for m in MODELS for k in KEYS]
+
     def end(self, task_id: str) -> None:
         self.feed(TaskCompleted(env=self.ev.master.stamp(), task_id=TaskId(task_id), finish_reason="stop"))
 
@@ -59,7 +66,7 @@ def test_the_books_count_equals_a_recount_of_the_state_after_every_event(steps: 
         known = task_id in f.state.tasks
         match action:
             case "create" if not known:
-                f.feed(f.ev.created(task_id, model=model))
+                f.feed(owned(f.ev.created(task_id, model=model), KEYS[n % 2]))
             case "assign" if known:
                 f.feed(f.ev.assigned(task_id, "i1"))
             case "complete" if known:
@@ -71,7 +78,10 @@ def test_the_books_count_equals_a_recount_of_the_state_after_every_event(steps: 
             case _:
                 continue
         assert [f.book.queued(m) for m in MODELS] == [f.counted(m) for m in MODELS]
-    assert [QueueBook.of(f.state).queued(m) for m in MODELS] == [f.counted(m) for m in MODELS]
+        assert [f.book.queued_by(m, KeyId(k)) for m in MODELS for k in KEYS] == f.counted_by_key()
+    rebuilt = QueueBook.of(f.state)
+    assert [rebuilt.queued(m) for m in MODELS] == [f.counted(m) for m in MODELS]
+    assert [rebuilt.queued_by(m, KeyId(k)) for m in MODELS for k in KEYS] == f.counted_by_key()
 
 
 def test_tasks_admitted_but_not_yet_folded_count_so_a_burst_meets_the_bound() -> None:
@@ -123,3 +133,37 @@ def test_created_events_refused_by_the_fold_release_their_admission() -> None:
     f.book.admit(again, limit=5)
     f.feed(again)  # a duplicate id: quarantined, never a second queued task
     assert f.book.queued("tiny") == 1
+
+
+def owned(task: TaskCreated, owner: str) -> TaskCreated:
+    return msgspec.structs.replace(task, owner=KeyId(owner))
+
+
+def test_one_keys_flood_is_refused_while_another_key_is_still_taken() -> None:
+    f = Folding()
+    alice = [owned(f.ev.created(f"a{i}"), "alice") for i in range(3)]
+    f.book.admit(alice[0], limit=10, key_limit=2)
+    f.feed(alice[0])  # folded: counted by the State, by owner
+    f.book.admit(alice[1], limit=10, key_limit=2)  # admitted, not folded yet
+    problem = f.book.refusal("tiny", 10, KeyId("alice"), key_limit=2)
+    assert problem is not None and problem.status == 429 and problem.code == "queue_full"
+    assert problem.message == (
+        "model 'tiny' has 2 of this API key's 2 queued tasks (max_queued_tasks_per_key); retry after 1 s"
+    )
+    assert f.book.refusal("tiny", 10, KeyId("bob"), key_limit=2) is None  # the queue has room for others
+    assert f.book.refusal("big", 10, KeyId("alice"), key_limit=2) is None  # a share is per model
+    assert f.book.refusal("tiny", 10, KeyId("alice")) is None  # no share: only the model's bound
+    f.book.admit(owned(f.ev.created("b0"), "bob"), limit=10, key_limit=2)
+    f.feed(alice[1])
+    f.end("a0")  # one of alice's ends: her share has room again
+    assert f.book.queued_by("tiny", KeyId("alice")) == 1 and f.book.queued_by("tiny", KeyId("bob")) == 1
+    assert f.book.refusal("tiny", 10, KeyId("alice"), key_limit=2) is None
+    rebuilt = QueueBook.of(f.state)  # the hub's start: the shares from the State alone (bob's not folded)
+    assert rebuilt.queued_by("tiny", KeyId("alice")) == 1 and rebuilt.queued_by("tiny", KeyId("bob")) == 0
+
+
+def test_the_models_bound_comes_first() -> None:
+    f = Folding()
+    f.book.admit(owned(f.ev.created("a0"), "alice"), limit=1, key_limit=5)
+    problem = f.book.refusal("tiny", 1, KeyId("bob"), key_limit=5)
+    assert problem is not None and "(max_queued_tasks)" in problem.message

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import pytest
@@ -16,7 +17,7 @@ from eventlog.log import EventLog
 from events.catalogue import TaskFailed
 from events.ids import TaskId
 from services.api.app import build_app
-from services.api.auth import ApiAccess
+from services.api.auth import ApiAccess, parse_entries
 from services.api.context import ApiContext
 from services.api.errors import failure_status
 from services.config import ResolvedConfig, ShoalConfig
@@ -24,12 +25,16 @@ from tests.events.builders import Events
 from tests.services.test_api import Client, chat
 
 pytestmark = pytest.mark.timeout(60)
+ALICE = "alice-key-0123456789abcdef"
+BOB = "bob-key-0123456789abcdef01"
 DEADLINE_ERROR = "request timed out after 5 s (request_timeout_seconds)"
 
 
 @asynccontextmanager
-async def api_with(log: EventLog, config: ShoalConfig) -> AsyncIterator[tuple[ApiContext, Starlette]]:
-    ctx = ApiContext.on(log, ResolvedConfig(config=config, sources={}), ["tiny"], access=ApiAccess())
+async def api_with(
+    log: EventLog, config: ShoalConfig, access: ApiAccess | None = None
+) -> AsyncIterator[tuple[ApiContext, Starlette]]:
+    ctx = ApiContext.on(log, ResolvedConfig(config=config, sources={}), ["tiny"], access=access or ApiAccess())
     async with anyio.create_task_group() as group:
         group.start_soon(ctx.hub.run)
         await ctx.hub.caught_up.wait()
@@ -66,6 +71,40 @@ async def test_the_request_beyond_the_queue_bound_gets_429_saying_how_full_it_is
                 await anyio.sleep(0.01)
         assert len(ctx.hub.state.tasks) == 2  # the refused ones were never published
         for client in waiting:
+            client.disconnect()
+
+
+def keyed(key: str, body: dict[str, Any]) -> Client:
+    client = Client("POST", "/v1/chat/completions", body)
+    client.scope["headers"].append((b"authorization", f"Bearer {key}".encode()))
+    return client
+
+
+async def test_one_keys_share_of_the_queue_is_bounded_while_another_key_is_still_taken(event_log: EventLog) -> None:
+    ev = Events()
+    await event_log.append(ev.node("n1"))
+    config = ShoalConfig(max_queued_tasks=10, max_queued_tasks_per_key=1)
+    access = ApiAccess(parse_entries([ALICE, BOB]))
+    async with api_with(event_log, config, access) as (ctx, app), anyio.create_task_group() as group:
+        first = keyed(ALICE, chat(stream=True))
+        group.start_soon(app, first.scope, first.receive, first.send)
+        with anyio.fail_after(40):  # the first request loads the tokenizer (transformers: seconds)
+            while ctx.hub.queues.queued("tiny") < 1:
+                await anyio.sleep(0.01)
+        again = keyed(ALICE, chat(stream=False))
+        with anyio.fail_after(10):
+            await app(again.scope, again.receive, again.send)
+        assert again.status == 429
+        assert (
+            "1 of this API key's 1 queued tasks (max_queued_tasks_per_key)"
+            in json.loads(again.texts[0])["error"]["message"]
+        )
+        other = keyed(BOB, chat(stream=True))
+        group.start_soon(app, other.scope, other.receive, other.send)
+        with anyio.fail_after(10):
+            while ctx.hub.queues.queued("tiny") < 2:  # bob's was taken
+                await anyio.sleep(0.01)
+        for client in (first, other):
             client.disconnect()
 
 
