@@ -97,8 +97,7 @@ class QueueBook:
         queued = self.queued(model)
         if queued >= limit:
             return self._full(model, f"model {model!r} has {queued} of {limit} queued tasks (max_queued_tasks)")
-        mine = self.queued_by(model, owner) if key_limit > 0 else 0
-        if key_limit > 0 and mine >= key_limit:
+        if key_limit > 0 and (mine := self.queued_by(model, owner)) >= key_limit:
             said = f"model {model!r} has {mine} of this API key's {key_limit} queued tasks (max_queued_tasks_per_key)"
             return self._full(model, said)
         return None

@@ -63,7 +63,6 @@ UNSUPPORTED_PARAMS: Mapping[str, tuple[object, ...]] = {
     **UNSUPPORTED_SAMPLING_EXTENSIONS,
 }
 
-
 # The same for `/v1/completions`: its own legacy parameters, and the chat ones it shares.
 UNSUPPORTED_COMPLETION_PARAMS: Mapping[str, tuple[object, ...]] = {
     "n": (1,),

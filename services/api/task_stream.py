@@ -79,12 +79,13 @@ async def admit(
     """The task of a request that passed every check a runner would otherwise fail it on (the
     model's name is checked first, by `check_model`, before the request's values)."""
     config = ctx.resolved.config
-    model = await ctx.prompt_model(model_name)  # loaded once (`preload_prompt_models`), then at hand
-    check_logit_bias(model, params.logit_bias)  # cheap: a request that can never run is not told to retry
+    if params.logit_bias:  # a request that can never run is told so, not to retry (no tokenizing: cheap)
+        check_logit_bias(await ctx.prompt_model(model_name), params.logit_bias)
     full = ctx.hub.queues.refusal(model_name, config.max_queued_tasks, owner, config.max_queued_tasks_per_key)
     if full is not None:  # before the prompt is tokenized: a refusal in a burst must cost little
         raise full
     param = "messages" if raw_prompt is None else "prompt"
+    model = await ctx.prompt_model(model_name)
     size = await anyio.to_thread.run_sync(
         prompt_tokens, model, messages, params.tools, raw_prompt
     )  # long prompts take a while
@@ -178,12 +179,11 @@ async def run_task(
 async def _publish_cancel(ctx: ApiContext, task: TaskCreated, reason: CancelReason) -> None:
     """The task's cancel; while the API stops, one that cannot be published any more (the log
     closed under a drain that ran out) is logged, not raised: the client is told why either way."""
-    if reason != "shutdown":
-        await ctx.cancel(task.task_id, reason)
-        return
     try:
         await ctx.cancel(task.task_id, reason)
     except Exception as exc:
+        if reason != "shutdown":
+            raise
         logger.warning("api stopping: cannot publish the cancel of task {}: {}", task.task_id, exc)
 
 
