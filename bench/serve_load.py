@@ -27,27 +27,37 @@ class Served:
     its content chunks (ms), the tokens it got, and an error if it failed."""
 
     status: int = 0
+    sent_at: float = 0.0  # perf_counter when it was sent
     ttft_ms: float | None = None
     gaps_ms: list[float] = field(default_factory=list[float])
     tokens: int = 0
     error: str = ""
+    retries: int = 0  # sent again after its connection was refused or reset before any answer
 
 
 def _percentile(values: list[float], q: float) -> float | None:
     return rounded(percentile(values, q)) if values else None
 
 
-async def _one(client: httpx.AsyncClient, model: str, max_tokens: int) -> Served:
+async def stream_chat(
+    client: httpx.AsyncClient,
+    model: str,
+    max_tokens: int,
+    prompt: str = PROMPT,
+    first_token: asyncio.Event | None = None,
+) -> Served:
+    """One streamed chat request, greedy; what it saw (errors are caught and told in `error`).
+    `first_token` is set when its first token arrives."""
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": PROMPT}],
+        "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    served = Served()
     sent = time.perf_counter()
+    served = Served(sent_at=sent)
     last: float | None = None
     chunks = 0
     try:
@@ -72,6 +82,8 @@ async def _one(client: httpx.AsyncClient, model: str, max_tokens: int) -> Served
                 chunks += 1
                 if last is None:
                     served.ttft_ms = (now - sent) * 1000
+                    if first_token is not None:
+                        first_token.set()
                 else:
                     served.gaps_ms.append((now - last) * 1000)
                 last = now
@@ -87,7 +99,7 @@ async def run_level(base_url: str, model: str, concurrency: int, requests_each: 
     async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(600.0), limits=limits) as client:
 
         async def one_client() -> list[Served]:
-            return [await _one(client, model, max_tokens) for _ in range(requests_each)]
+            return [await stream_chat(client, model, max_tokens) for _ in range(requests_each)]
 
         per_client = await asyncio.gather(*(one_client() for _ in range(concurrency)))
     return [served for done in per_client for served in done]

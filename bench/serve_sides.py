@@ -84,7 +84,9 @@ class Side(Protocol):
 class AnchorServer:
     """`mlx_lm.server` on the model, batching on, with a 1-rank runner's BLAS environment."""
 
-    def __init__(self, model: Path, log_dir: Path, max_tokens: int) -> None:
+    def __init__(
+        self, model: Path, log_dir: Path, max_tokens: int, decode_concurrency: int = ANCHOR_DECODE_CONCURRENCY
+    ) -> None:
         from runner.blas import blas_env  # no mlx import: only the environment it needs
 
         self.name = "mlx_lm_server"
@@ -93,7 +95,7 @@ class AnchorServer:
         env = {**os.environ, **blas_env(os.environ.get("SHOAL_BLAS"), 1, os.cpu_count() or 1, os.environ)}
         server = shutil.which("mlx_lm.server", path=str(Path(sys.executable).parent)) or "mlx_lm.server"
         argv = [server, "--model", str(model), "--port", str(port), "--log-level", "WARNING",
-                "--max-tokens", str(max_tokens), "--decode-concurrency", str(ANCHOR_DECODE_CONCURRENCY),
+                "--max-tokens", str(max_tokens), "--decode-concurrency", str(decode_concurrency),
                 "--prompt-concurrency", str(ANCHOR_PROMPT_CONCURRENCY)]  # fmt: skip
         self._log = (log_dir / "mlx_lm_server.err").open("wb")
         self._process = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT)
@@ -128,12 +130,17 @@ class AnchorServer:
 class ShoalSide:
     """`shoal up --workers N` on the model; its log's length counts the events a level stored."""
 
-    def __init__(self, model: Path, root: Path, workers: int, max_queued_tasks: int) -> None:
+    def __init__(self, model: Path, root: Path, workers: int, max_queued_tasks: int, **settings: str) -> None:
         self.name = f"shoal_{workers}w"
         home = root / self.name
         home.mkdir(parents=True)
         self.cluster = Cluster(
-            home, workers=workers, model=str(model), max_queued_tasks=str(max_queued_tasks), log_level="WARNING"
+            home,
+            workers=workers,
+            env={f"SHOAL_{key.upper()}": value for key, value in settings.items()},
+            model=str(model),
+            max_queued_tasks=str(max_queued_tasks),
+            log_level="WARNING",
         )
         self.base_url = self.cluster.base_url
 

@@ -141,3 +141,14 @@ class RunnerSettings(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     model_download: ModelDownload = True
     # ~20 minutes of one task's chunks (8 tokens each at 100 tokens/s); a few tens of MB at most.
     publish_backlog_events: PublishBacklogEvents = 10_000
+
+    @property
+    def batches(self) -> bool:
+        """Whether the instance runs a continuous batch: `max_batch` > 1 on an unquantized KV cache
+        (mlx-lm has no batched quantized cache); else one task at a time."""
+        return self.max_batch > 1 and self.kv_bits is None
+
+    @property
+    def batch_rows(self) -> int:
+        """How many sequences the instance decodes together."""
+        return self.max_batch if self.batches else 1

@@ -205,7 +205,7 @@ def continuous_batch(engine: Any, phases: PhaseTracker) -> Any:
     from runner.preparer import ThreadedPreparer
 
     settings = engine.settings
-    if settings.max_batch <= 1 or settings.kv_bits is not None:
+    if not settings.batches:
         return None
     from runner.engine.batch_warmup import warm_pace
 

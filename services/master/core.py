@@ -40,6 +40,7 @@ from events.stamp import Stamper
 from events.state import InstanceInfo, State, TaskInfo
 from events.subjects import model_token
 from events.vocabulary import RetireCause
+from services.master.fair_share import fair_assignments
 from services.master.placement import (
     DEFAULT_RING_BASE_PORT,
     PlacementError,
@@ -96,6 +97,8 @@ class MasterCore:
             case TaskCancelled():
                 task = state.tasks.get(event.task_id)  # None: a late cancel of an evicted task
                 return [] if task is None else self._finish_if_waiting(task)
+            case TaskCompleted() | TaskFailed():
+                return self._fill_places(state)
             case RunnerStatusChanged():
                 instance = state.instances[event.instance_id]
                 if instance.retired:
@@ -160,19 +163,33 @@ class MasterCore:
             return []
         ready = [i for i in _live_instances(state, model) if i.ready]
         if ready:
-            return self._assign(waiting, ready)
+            return self._assign(state, waiting, ready)
         if any(not i.failed for i in _live_instances(state, model)):
             return []  # an instance is loading; the tasks are assigned once it is ready
         return self._place(state, model, waiting, now_ns)
 
-    def _assign(self, waiting: Sequence[TaskInfo], ready: Sequence[InstanceInfo]) -> list[LogEvent]:
-        queued = {i.instance_id: len(i.queue) for i in ready}
+    def _assign(self, state: State, waiting: Sequence[TaskInfo], ready: Sequence[InstanceInfo]) -> list[LogEvent]:
+        """Hand waiting tasks to the ready instances while they have room, a fair share per API key
+        (`fair_share.py`); the others wait for a place to free."""
+        held = [task_id for instance in ready for task_id in instance.queue]
+        owners = {task_id: state.tasks[task_id].owner for task_id in held if task_id in state.tasks}
+        return [
+            TaskAssigned(env=self.stamper.stamp(f"assign-{task_id}"), task_id=task_id, instance_id=target)
+            for task_id, target in fair_assignments(waiting, ready, owners)
+        ]
+
+    def _fill_places(self, state: State) -> list[LogEvent]:
+        """A task that ends frees a place on its instance: tasks waiting for a place on a ready
+        instance take them (every model's: the ended task may be evicted from the State already)."""
+        by_model: dict[str, list[TaskInfo]] = {}
+        for task in _waiting_tasks(state, model=None):
+            if task.cancel_reason is None:
+                by_model.setdefault(task.model, []).append(task)
         decisions: list[LogEvent] = []
-        for task in waiting:
-            target = min(ready, key=lambda i: (queued[i.instance_id], i.placed_seq)).instance_id
-            queued[target] += 1
-            env = self.stamper.stamp(f"assign-{task.task_id}")
-            decisions.append(TaskAssigned(env=env, task_id=task.task_id, instance_id=target))
+        for model, waiting in sorted(by_model.items()):
+            ready = [i for i in _live_instances(state, model) if i.ready]
+            if ready:
+                decisions += self._assign(state, waiting, ready)
         return decisions
 
     def _place(self, state: State, model: str, waiting: Sequence[TaskInfo], now_ns: int) -> list[LogEvent]:

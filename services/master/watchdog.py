@@ -193,20 +193,22 @@ def blame(state: State, instance: InstanceInfo, task: TaskInfo, liveness: Livene
 
 
 def _overdue_tasks(state: State, now_ns: int, policy: MasterPolicy, stamper: Stamper) -> list[LogEvent]:
-    """Tasks past their request deadline, or waiting for an instance too long, fail. The ranks of
+    """Tasks past their request deadline, or waiting too long for an instance to be ready, fail (one
+    waiting for a place on a ready instance, `fair_share.py`, waits for its turn). The ranks of
     an assigned one stop it as they stop a cancelled one (a master's `TaskFailed` is a stop for
     them); their own late `TaskCompleted(cancelled)` then finds it ended. Decided here rather than
     by the API that took the request, so the deadline holds when that API restarts or its client
     is gone, and every replica's client sees the same end."""
     failed: list[LogEvent] = []
     deadline_ns = policy.request_timeout_seconds * NS
+    served = {i.model for i in state.instances.values() if i.ready}  # a task of these waits for a place
     for task in live_tasks_of(state):  # not ended, by construction
         age = now_ns - task.created_at
         if deadline_ns and age > deadline_ns:
             error = f"request timed out after {policy.request_timeout_seconds:g} s (request_timeout_seconds)"
             env = stamper.stamp(f"master-fail-{task.task_id}")
             failed.append(TaskFailed(env=env, task_id=task.task_id, error=error, deadline=True))
-        elif task.instance_id is None and age > policy.assign_timeout_seconds * NS:
+        elif task.instance_id is None and task.model not in served and age > policy.assign_timeout_seconds * NS:
             error = f"no ready instance of model {task.model!r} within {policy.assign_timeout_seconds:g}s"
             failed.append(
                 TaskFailed(env=stamper.stamp(f"master-fail-{task.task_id}"), task_id=task.task_id, error=error)

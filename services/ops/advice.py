@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from events.catalogue import RunnerHeartbeat
 from events.evidence import RankView, ago, rank_views
 from events.state import InstanceInfo, NodeInfo, State
+from services.master.fair_share import held_limit
 from services.ops.findings import Cause, Finding
 from services.ops.ranks import top_frame
 
@@ -94,6 +95,12 @@ def unassigned_reasons(state: State, model: str) -> list[str]:
         elif not instance.ready:
             ranks = ", ".join(f"rank {r.rank}: {r.status}" for r in instance.runners)
             reasons.append(f"instance {instance.instance_id} was not ready ({ranks})")
+        elif len(instance.queue) >= held_limit(instance):
+            reasons.append(
+                f"instance {instance.instance_id} was ready and full: it held {len(instance.queue)} tasks, its batch "
+                f"of {instance.settings.batch_rows} and those handed ahead; the task waits at the master for a "
+                "place, other API keys' tasks first while they hold fewer (docs/ARCHITECTURE.md §5)"
+            )
         else:
             reasons.append(f"instance {instance.instance_id} was ready but the master never assigned the task")
     reasons.append(f"{len(up)} node(s) up: {', '.join(sorted(up)) or 'none'}")

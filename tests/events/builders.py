@@ -20,7 +20,7 @@ from events.catalogue import (
     TaskAssigned,
     TaskCreated,
 )
-from events.ids import InstanceId, NodeId, TaskId
+from events.ids import InstanceId, KeyId, NodeId, TaskId
 from events.stamp import Stamper
 from events.vocabulary import Phase, RunnerStatus
 
@@ -145,12 +145,13 @@ class Events:
             iteration=iteration,
         )
 
-    def created(self, task_id: str = "t1", model: str = "tiny") -> TaskCreated:
+    def created(self, task_id: str = "t1", model: str = "tiny", owner: str = "") -> TaskCreated:
         return TaskCreated(
             env=self.api.stamp(),
             task_id=TaskId(task_id),
             model=model,
             messages=[ChatMessage(role="user", content="hello")],
+            owner=KeyId(owner),
         )
 
     def assigned(self, task_id: str = "t1", instance_id: str = "i1") -> TaskAssigned:

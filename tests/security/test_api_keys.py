@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -24,6 +27,7 @@ BOB = "bob-0123456789abcdef01234"
 ADMIN = "admin-0123456789abcdef0123"
 APP_ORIGIN = "http://app.example:3000"
 PROMPT = "Tell me about the river"
+FAIR_BATCH = 2  # the instance holds 2 + handed_ahead(2) = 4 tasks; the others wait at the master
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +36,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     keys_file = root / "api-keys"
     keys_file.write_text(f"# operators\n{ADMIN}:admin\n")
     keys_file.chmod(0o600)
-    running = Cluster(root, workers=1, api_keys=f"{ALICE},{BOB}", api_keys_file=str(keys_file), cors_origins=APP_ORIGIN)
+    running = Cluster(
+        root,
+        workers=1,
+        api_keys=f"{ALICE},{BOB}",
+        api_keys_file=str(keys_file),
+        cors_origins=APP_ORIGIN,
+        max_batch=str(FAIR_BATCH),  # small, so a flood of a few requests fills the instance
+    )
     try:
         yield running.wait_ready()
     finally:
@@ -124,6 +135,37 @@ def test_one_keys_prompt_is_never_served_from_another_keys_cache(cluster: Cluste
     assert cached(ALICE) == 0
     assert cached(BOB) == 0
     assert cached(ALICE) > 100
+
+
+def test_another_keys_request_is_served_beside_a_flood_not_behind_it(cluster: Cluster) -> None:
+    """Alice floods the instance with 10 streams; Bob's one request, sent once all of hers are
+    taken, is handed the next place that frees (`services/master/fair_share.py`) and ends while
+    most of hers still wait. Served in the log's order, it would end after all of them."""
+    flood = 10
+    taken = threading.Barrier(flood + 1, timeout=60)
+    ended: list[tuple[str, float]] = []
+
+    def stream(key: str, who: str, barrier: threading.Barrier | None) -> None:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24, "stream": True}
+        with (
+            _http(cluster, key) as http,
+            http.stream("POST", "/v1/chat/completions", json=body, timeout=120) as response,
+        ):
+            assert response.status_code == 200, response.read()
+            if barrier is not None:
+                barrier.wait()  # the stream's headers come once its task is in the log
+            lines = [line for line in response.iter_lines() if line]
+        assert lines[-1] == "data: [DONE]" and '"finish_reason":"length"' in "".join(lines), lines[-3:]
+        ended.append((who, time.monotonic()))
+
+    with ThreadPoolExecutor(flood + 1) as pool:
+        alices = [pool.submit(stream, ALICE, f"alice-{n}", taken) for n in range(flood)]
+        taken.wait()
+        bobs = pool.submit(stream, BOB, "bob", None)
+        for future in [*alices, bobs]:
+            future.result(timeout=120)
+    order = [who for who, _ in sorted(ended, key=lambda item: item[1])]
+    assert order.index("bob") <= flood - 4, order  # before at least 4 of Alice's
 
 
 def test_debug_and_config_need_an_admin_key(cluster: Cluster) -> None:

@@ -1,0 +1,76 @@
+"""Which waiting tasks the master hands to a model's instances next: a fair share between API keys.
+
+An instance is handed at most `held_limit` tasks at a time: its batch (`max_batch`, or 1 when it
+does not batch: `RunnerSettings.batch_rows`) and a few more (`handed_ahead`), so that a stream that
+ends is replaced at the runner's next step from what it already holds, without waiting for the
+master to hear of it. The other tasks wait at the master. Each free place goes to the key
+(`TaskInfo.owner`) with the fewest tasks on the model's instances (streams running and handed ahead
+alike, and those handed in this round), to its oldest waiting task; between keys holding as many,
+to the one whose oldest waiting task is the oldest. One key's flood thus takes only the places other
+keys leave: another key's request waits for the next place that frees (a stream's length), not
+behind the whole flood. With one key, or none (an API without keys: every owner is ""), the order
+is the log's, as before.
+
+The runner admits what it holds in log order (`runner/engine/batch_plan.py`: agreed from the log on
+every rank); this module only chooses what it holds, and in which order it is handed over, so the
+ranks' agreement is untouched. Pure: a function of the State, so a master that takes over decides
+alike (`core.MasterCore.reconcile`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter, deque
+from collections.abc import Mapping, Sequence
+
+from events.ids import InstanceId, KeyId, TaskId
+from events.state import InstanceInfo, TaskInfo
+
+HANDED_AHEAD_SHARE = 4  # an instance holds max_batch + max_batch / 4 tasks ...
+HANDED_AHEAD_AT_LEAST = 2  # ... and at least 2 beyond its batch
+
+
+def handed_ahead(max_batch: int) -> int:
+    """How many tasks beyond its batch an instance holds: enough to refill the slots that free at
+    one step while the master hears of them, few enough that a newcomer from another key waits
+    behind only these."""
+    return max(HANDED_AHEAD_AT_LEAST, max_batch // HANDED_AHEAD_SHARE)
+
+
+def held_limit(instance: InstanceInfo) -> int:
+    """The most tasks `instance` holds (assigned, not ended) at once."""
+    rows = instance.settings.batch_rows
+    return rows + handed_ahead(rows)
+
+
+def fair_assignments(
+    waiting: Sequence[TaskInfo], instances: Sequence[InstanceInfo], owners: Mapping[TaskId, KeyId]
+) -> list[tuple[TaskId, InstanceId]]:
+    """(task, instance) to hand over now, in order. `waiting`: the model's unassigned tasks, oldest
+    first; `instances`: its ready instances, oldest placement first; `owners`: the owner of every
+    task the instances hold. Each task goes to the instance holding the fewest (the oldest of
+    those), while one has room."""
+    held = {i.instance_id: len(i.queue) for i in instances}
+    room = {i.instance_id: held_limit(i) - len(i.queue) for i in instances}
+    load = Counter(owners.get(task_id, KeyId("")) for i in instances for task_id in i.queue)
+    by_owner: dict[KeyId, deque[TaskInfo]] = {}
+    for task in waiting:
+        by_owner.setdefault(task.owner, deque()).append(task)
+    turns = [(load[owner], tasks[0].created_seq, owner) for owner, tasks in by_owner.items()]
+    heapq.heapify(turns)
+    handed: list[tuple[TaskId, InstanceId]] = []
+    order = {i.instance_id: position for position, i in enumerate(instances)}
+    while turns:
+        open_ = [instance_id for instance_id, free in room.items() if free > 0]
+        if not open_:
+            break
+        target = min(open_, key=lambda instance_id: (held[instance_id], order[instance_id]))
+        count, _, owner = heapq.heappop(turns)
+        queue = by_owner[owner]
+        task = queue.popleft()
+        handed.append((task.task_id, target))
+        held[target] += 1
+        room[target] -= 1
+        if queue:
+            heapq.heappush(turns, (count + 1, queue[0].created_seq, owner))
+    return handed

@@ -1,0 +1,168 @@
+"""The master's fair share between API keys (`services/master/fair_share.py`): what an instance is
+handed, and in which order; pure, then through the core as the log would feed it."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import hypothesis.strategies as st
+from hypothesis import given, settings
+
+from events.catalogue import TaskAssigned, TaskCompleted, TaskFailed, TaskParams
+from events.ids import InstanceId, KeyId, TaskId
+from events.runner_settings import RunnerSettings
+from events.state import InstanceInfo, TaskInfo
+from services.master.core import MasterPolicy
+from services.master.fair_share import fair_assignments, handed_ahead, held_limit
+from services.master.watchdog import Liveness, tick
+from services.ops.advice import unassigned_reasons
+from tests.events.builders import fake_stamper
+from tests.services.master.test_core import Cluster
+
+
+def task(task_id: str, owner: str, seq: int) -> TaskInfo:
+    return TaskInfo(
+        task_id=TaskId(task_id), model="tiny", messages=[], params=TaskParams(), owner=KeyId(owner), created_seq=seq
+    )
+
+
+def instance(instance_id: str, max_batch: int, queue: tuple[str, ...] = (), placed_seq: int = 0) -> InstanceInfo:
+    return InstanceInfo(
+        instance_id=InstanceId(instance_id),
+        model="tiny",
+        shards=(),
+        ring_hosts=(),
+        settings=RunnerSettings(max_batch=max_batch),
+        runners=(),
+        placed_seq=placed_seq,
+        placed_at=0,
+        queue=tuple(TaskId(t) for t in queue),
+    )
+
+
+def test_one_key_is_handed_in_log_order_up_to_the_batch_and_a_few_ahead() -> None:
+    waiting = [task(f"t{n}", "", n) for n in range(20)]
+    handed = fair_assignments(waiting, [instance("i1", 8)], {})
+    assert held_limit(instance("i1", 8)) == 8 + handed_ahead(8) == 10
+    assert [t for t, _ in handed] == [f"t{n}" for n in range(10)]
+
+
+def test_a_key_holding_less_goes_first_whatever_the_log_order() -> None:
+    """alice's flood holds 9 of the 10 places; bob's one request, sent after alice's other 20, takes
+    the place that is left."""
+    held = tuple(f"a{n}" for n in range(9))
+    waiting = [*(task(f"a{n}", "alice", n) for n in range(9, 29)), task("b0", "bob", 30)]
+    owners = {TaskId(t): KeyId("alice") for t in held}
+    assert fair_assignments(waiting, [instance("i1", 8, held)], owners) == [("b0", "i1")]
+
+
+def test_keys_take_turns_oldest_first_between_equals() -> None:
+    waiting = [*(task(f"a{n}", "alice", n) for n in range(6)), *(task(f"b{n}", "bob", 10 + n) for n in range(2))]
+    handed = [t for t, _ in fair_assignments(waiting, [instance("i1", 4)], {})]
+    assert handed == ["a0", "b0", "a1", "b1", "a2", "a3"]
+
+
+def test_tasks_go_to_the_instance_holding_fewest_while_one_has_room() -> None:
+    full = instance("full", 2, ("x", "y", "z", "w"), placed_seq=1)
+    light = instance("light", 2, ("v",), placed_seq=2)
+    handed = fair_assignments([task(f"t{n}", "", n) for n in range(5)], [full, light], {})
+    assert handed == [("t0", "light"), ("t1", "light"), ("t2", "light")]
+
+
+owners_st = st.sampled_from(["", "alice", "bob", "carol"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    waiting_owners=st.lists(owners_st, max_size=40),
+    instances_spec=st.lists(st.tuples(st.integers(1, 8), st.lists(owners_st, max_size=12)), min_size=1, max_size=3),
+)
+def test_every_handing_is_bounded_complete_and_fair(
+    waiting_owners: list[str], instances_spec: list[tuple[int, list[str]]]
+) -> None:
+    """Never past an instance's limit; as many as there is room for; each key's own tasks in log
+    order; and each task goes to a key holding no more than any other key that still waits."""
+    owners: dict[TaskId, KeyId] = {}
+    instances: list[InstanceInfo] = []
+    for index, (max_batch, held_owners) in enumerate(instances_spec):
+        limit = max_batch + handed_ahead(max_batch)
+        queue = tuple(f"h{index}-{n}" for n in range(min(len(held_owners), limit)))
+        owners.update({TaskId(t): KeyId(o) for t, o in zip(queue, held_owners, strict=False)})
+        instances.append(instance(f"i{index}", max_batch, queue, placed_seq=index))
+    waiting = [task(f"w{n}", owner, n) for n, owner in enumerate(waiting_owners)]
+    handed = fair_assignments(waiting, instances, owners)
+
+    room = sum(held_limit(i) - len(i.queue) for i in instances)
+    assert len(handed) == min(room, len(waiting))
+    per_instance = Counter(target for _, target in handed)
+    assert all(len(i.queue) + per_instance[i.instance_id] <= held_limit(i) for i in instances)
+    owner_of = {t.task_id: t.owner for t in waiting}
+    load = Counter(owners.values())
+    remaining = Counter(owner_of.values())
+    for task_id, _ in handed:
+        owner = owner_of[task_id]
+        still_waiting = [o for o, n in remaining.items() if n > 0]
+        assert load[owner] == min(load[o] for o in still_waiting)
+        load[owner] += 1
+        remaining[owner] -= 1
+    for owner in set(owner_of.values()):
+        mine = [t for t, _ in handed if owner_of[t] == owner]
+        assert mine == [t.task_id for t in waiting if t.owner == owner][: len(mine)]
+
+
+def test_a_flood_holds_the_instance_and_another_keys_request_takes_the_next_place() -> None:
+    """Through the core: alice's 30 requests fill the batch and the places ahead, the rest wait at
+    the master; bob's request, sent after all of them, is assigned as soon as one of alice's ends,
+    and alice's next one after it."""
+    c = Cluster(MasterPolicy(runner_settings=RunnerSettings(max_batch=4)))
+    instance_id = c.ready_instance()
+    limit = 4 + handed_ahead(4)
+    out = c.feed(*(c.ev.created(f"a{n}", owner="alice") for n in range(30)))
+    handed = limit - 1  # the cluster's warm-up task holds a place
+    assert [e.task_id for e in out if isinstance(e, TaskAssigned)] == [f"a{n}" for n in range(handed)]
+    assert c.feed(c.ev.created("b0", owner="bob")) == []  # full: bob waits at the master
+    assert len(c.state.instances[InstanceId(instance_id)].queue) == limit
+
+    ended = TaskCompleted(env=c.ev.task_rank("a0").stamp(), task_id=TaskId("a0"), finish_reason="stop")
+    assert [(e.task_id, e.instance_id) for e in c.feed(ended) if isinstance(e, TaskAssigned)] == [("b0", instance_id)]
+    ended = TaskCompleted(env=c.ev.task_rank("a1").stamp(), task_id=TaskId("a1"), finish_reason="stop")
+    assert [e.task_id for e in c.feed(ended) if isinstance(e, TaskAssigned)] == [f"a{handed}"]
+
+
+def test_a_task_waiting_for_a_place_is_not_failed_as_unassigned() -> None:
+    """The assign timeout is for a model with no ready instance; one waiting its turn on a ready,
+    full instance waits (only the request deadline ends it)."""
+    policy = MasterPolicy(
+        runner_settings=RunnerSettings(max_batch=1), assign_timeout_seconds=5, request_timeout_seconds=0
+    )
+    c = Cluster(policy)
+    instance_id = c.ready_instance()
+    c.feed(*(c.ev.created(f"t{n}") for n in range(6)))
+    c.clock.advance(60)
+    held = {t.task_id for t in c.state.tasks.values() if t.instance_id is None}
+    assert len(held) == 6 - (held_limit(c.state.instances[InstanceId(instance_id)]) - 1)
+    out = tick(c.state, c.clock.now_ns, Liveness(), policy, fake_stamper("master", c.clock))
+    assert not [e for e in out if isinstance(e, TaskFailed) and e.task_id in held]  # the running ones may stall
+    policy = MasterPolicy(assign_timeout_seconds=5)  # with no instance ready (this one loads), it holds
+    lone = Cluster(policy)
+    lone.feed(lone.ev.node("n1"), lone.ev.created("t0"))
+    lone.clock.advance(60)
+    out = tick(lone.state, lone.clock.now_ns, Liveness(), policy, fake_stamper("master", lone.clock))
+    assert [type(e).__name__ for e in out] == ["TaskFailed"]
+
+
+def test_an_instance_that_does_not_batch_is_handed_one_task_and_a_few_ahead() -> None:
+    quantized = InstanceInfo(
+        instance_id=InstanceId("q"), model="tiny", shards=(), ring_hosts=(), runners=(), placed_seq=0, placed_at=0,
+        settings=RunnerSettings(max_batch=32, kv_bits=8),
+    )  # fmt: skip
+    assert held_limit(quantized) == 1 + handed_ahead(1) == 3
+    assert held_limit(instance("one", 1)) == 3
+
+
+def test_diagnose_says_a_task_waits_for_a_place_on_a_full_instance() -> None:
+    c = Cluster(MasterPolicy(runner_settings=RunnerSettings(max_batch=1)))
+    instance_id = c.ready_instance()
+    c.feed(*(c.ev.created(f"t{n}") for n in range(5)))
+    reasons = unassigned_reasons(c.state, "tiny")
+    assert reasons[0].startswith(f"instance {instance_id} was ready and full: it held 3 tasks, its batch of 1"), reasons
