@@ -8,7 +8,7 @@ from collections import Counter
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
-from events.catalogue import TaskAssigned, TaskCompleted, TaskFailed, TaskParams
+from events.catalogue import InstancePlaced, TaskAssigned, TaskCompleted, TaskFailed, TaskParams
 from events.ids import InstanceId, KeyId, TaskId
 from events.runner_settings import RunnerSettings
 from events.state import InstanceInfo, TaskInfo
@@ -166,3 +166,18 @@ def test_diagnose_says_a_task_waits_for_a_place_on_a_full_instance() -> None:
     c.feed(*(c.ev.created(f"t{n}") for n in range(5)))
     reasons = unassigned_reasons(c.state, "tiny")
     assert reasons[0].startswith(f"instance {instance_id} was ready and full: it held 3 tasks, its batch of 1"), reasons
+
+
+def test_tasks_waiting_for_a_place_outlive_an_instance_that_fails() -> None:
+    """Only what the instance held fails with it; the tasks still at the master go to its replacement."""
+    c = Cluster(MasterPolicy(runner_settings=RunnerSettings(max_batch=1)))
+    instance_id = c.ready_instance()
+    c.feed(*(c.ev.created(f"t{n}") for n in range(6)))
+    held = set(c.state.instances[InstanceId(instance_id)].queue)
+    out = c.feed(c.ev.runner(1, "failed", instance_id))
+    assert {e.task_id for e in out if isinstance(e, TaskFailed)} == held
+    (replacement,) = [e for e in out if isinstance(e, InstancePlaced)]
+    assigned = c.feed(*(c.ev.runner(r, "ready", replacement.instance_id) for r in range(len(replacement.shards))))
+    handed = [e.task_id for e in assigned if isinstance(e, TaskAssigned)]
+    assert handed == sorted(f"t{n}" for n in range(6) if f"t{n}" not in held)[:3]
+    assert all(c.state.tasks[TaskId(t)].status == "assigned" for t in handed)
