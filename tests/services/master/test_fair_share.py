@@ -8,16 +8,17 @@ from collections import Counter
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
+from events.apply import apply
 from events.catalogue import InstancePlaced, TaskAssigned, TaskCompleted, TaskFailed, TaskParams
 from events.ids import InstanceId, KeyId, TaskId
 from events.runner_settings import RunnerSettings
 from events.state import InstanceInfo, TaskInfo
-from services.master.core import MasterPolicy
+from services.master.core import MasterCore, MasterPolicy
 from services.master.fair_share import fair_assignments, handed_ahead, held_limit
 from services.master.watchdog import Liveness, tick
 from services.ops.advice import unassigned_reasons
 from tests.events.builders import fake_stamper
-from tests.services.master.test_core import Cluster
+from tests.services.master.test_core import Catalog, Cluster
 
 
 def task(task_id: str, owner: str, seq: int) -> TaskInfo:
@@ -181,3 +182,17 @@ def test_tasks_waiting_for_a_place_outlive_an_instance_that_fails() -> None:
     handed = [e.task_id for e in assigned if isinstance(e, TaskAssigned)]
     assert handed == sorted(f"t{n}" for n in range(6) if f"t{n}" not in held)[:3]
     assert all(c.state.tasks[TaskId(t)].status == "assigned" for t in handed)
+
+
+def test_a_master_that_takes_over_hands_the_places_its_predecessor_never_filled() -> None:
+    """A task ends while no master decides (the leader died first): the next master's `reconcile`
+    hands the freed place, so no task waits at the master for an event that already passed."""
+    c = Cluster(MasterPolicy(runner_settings=RunnerSettings(max_batch=1)))
+    instance_id = c.ready_instance()
+    c.feed(*(c.ev.created(f"t{n}") for n in range(6)))
+    head = c.state.instances[InstanceId(instance_id)].queue[0]
+    ended = TaskCompleted(env=c.ev.task_rank(head).stamp(), task_id=head, finish_reason="stop")
+    c.state = apply(c.state, c.state.last_seq + 1, ended)  # folded, never decided on
+    successor = MasterCore(c.policy, Catalog(), fake_stamper("master-2", c.clock))
+    handed = [e.task_id for e in successor.reconcile(c.state) if isinstance(e, TaskAssigned)]
+    assert len(handed) == 1 and c.state.tasks[TaskId(handed[0])].instance_id is None
