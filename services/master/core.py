@@ -25,6 +25,7 @@ from events.catalogue import (
     NodeJoined,
     NodeLeft,
     NodeTimedOut,
+    PrefillStarted,
     RunnerStatusChanged,
     TaskAssigned,
     TaskCancelled,
@@ -97,8 +98,8 @@ class MasterCore:
             case TaskCancelled():
                 task = state.tasks.get(event.task_id)  # None: a late cancel of an evicted task
                 return [] if task is None else self._finish_if_waiting(task)
-            case TaskCompleted() | TaskFailed():
-                return self._fill_places(state)
+            case TaskCompleted() | TaskFailed() | PrefillStarted():
+                return self._fill_places(state)  # a place freed, or a task handed ahead joined the batch
             case RunnerStatusChanged():
                 instance = state.instances[event.instance_id]
                 if instance.retired:
@@ -171,16 +172,16 @@ class MasterCore:
     def _assign(self, state: State, waiting: Sequence[TaskInfo], ready: Sequence[InstanceInfo]) -> list[LogEvent]:
         """Hand waiting tasks to the ready instances while they have room, a fair share per API key
         (`fair_share.py`); the others wait for a place to free."""
-        held = [task_id for instance in ready for task_id in instance.queue]
-        owners = {task_id: state.tasks[task_id].owner for task_id in held if task_id in state.tasks}
+        held = {t: state.tasks[t] for instance in ready for t in instance.queue if t in state.tasks}
         return [
             TaskAssigned(env=self.stamper.stamp(f"assign-{task_id}"), task_id=task_id, instance_id=target)
-            for task_id, target in fair_assignments(waiting, ready, owners)
+            for task_id, target in fair_assignments(waiting, ready, held)
         ]
 
     def _fill_places(self, state: State) -> list[LogEvent]:
-        """A task that ends frees a place on its instance: tasks waiting for a place on a ready
-        instance take them (every model's: the ended task may be evicted from the State already)."""
+        """A task that ends, or one handed ahead that joins its batch, frees a place on its
+        instance: tasks waiting for a place on a ready instance take them (every model's: the ended
+        task may be evicted from the State already)."""
         by_model: dict[str, list[TaskInfo]] = {}
         for task in _waiting_tasks(state, model=None):
             if task.cancel_reason is None:

@@ -1,15 +1,17 @@
 """Which waiting tasks the master hands to a model's instances next: a fair share between API keys.
 
-An instance is handed at most `held_limit` tasks at a time: its batch (`max_batch`, or 1 when it
-does not batch: `RunnerSettings.batch_rows`) and a few more (`handed_ahead`), so that a stream that
-ends is replaced at the runner's next step from what it already holds, without waiting for the
-master to hear of it. The other tasks wait at the master. Each free place goes to the key
-(`TaskInfo.owner`) with the fewest tasks on the model's instances (streams running and handed ahead
-alike, and those handed in this round), to its oldest waiting task; between keys holding as many,
-to the one whose oldest waiting task is the oldest. One key's flood thus takes only the places other
-keys leave: another key's request waits for the next place that frees (a stream's length), not
-behind the whole flood. With one key, or none (an API without keys: every owner is ""), the order
-is the log's, as before.
+An instance is handed a task while it holds fewer than `handed_ahead` tasks that have not started
+(joined its batch: a rank's `PrefillStarted`), and fewer than its batch (`max_batch`, or 1 when it
+does not batch: `RunnerSettings.batch_rows`) plus those in all. The ones handed ahead let a stream
+that ends be replaced at the runner's next step from what it already holds, without waiting for
+the master to hear of it; the bound on them holds whatever else limits the batch (its KV budget on
+a large model admits fewer streams than `max_batch`). The other tasks wait at the master. Each free
+place goes to the key (`TaskInfo.owner`) with the fewest tasks on the model's instances (running
+and handed ahead alike, and those handed in this round), to its oldest waiting task; between keys
+holding as many, to the one whose oldest waiting task is the oldest. One key's flood thus takes only
+the places other keys leave: another key's request waits for the next place that frees (a stream's
+length), not behind the whole flood. With one key, or none (an API without keys: every owner is ""),
+the order is the log's, as before.
 
 The runner admits what it holds in log order (`runner/engine/batch_plan.py`: agreed from the log on
 every rank); this module only chooses what it holds, and in which order it is handed over, so the
@@ -43,16 +45,28 @@ def held_limit(instance: InstanceInfo) -> int:
     return rows + handed_ahead(rows)
 
 
+def started(task: TaskInfo) -> bool:
+    """Whether `task` joined its instance's batch (a rank reported its prefill's start)."""
+    return task.status not in ("created", "assigned")
+
+
+def room_of(instance: InstanceInfo, held: Mapping[TaskId, TaskInfo]) -> int:
+    """How many more tasks `instance` may be handed now; `held`: the tasks it holds, by id."""
+    waiting = sum(1 for task_id in instance.queue if (task := held.get(task_id)) is None or not started(task))
+    rows = instance.settings.batch_rows
+    return max(0, min(held_limit(instance) - len(instance.queue), handed_ahead(rows) - waiting))
+
+
 def fair_assignments(
-    waiting: Sequence[TaskInfo], instances: Sequence[InstanceInfo], owners: Mapping[TaskId, KeyId]
+    waiting: Sequence[TaskInfo], instances: Sequence[InstanceInfo], held: Mapping[TaskId, TaskInfo]
 ) -> list[tuple[TaskId, InstanceId]]:
     """(task, instance) to hand over now, in order. `waiting`: the model's unassigned tasks, oldest
-    first; `instances`: its ready instances, oldest placement first; `owners`: the owner of every
-    task the instances hold. Each task goes to the instance holding the fewest (the oldest of
-    those), while one has room."""
-    held = {i.instance_id: len(i.queue) for i in instances}
-    room = {i.instance_id: held_limit(i) - len(i.queue) for i in instances}
-    load = Counter(owners.get(task_id, KeyId("")) for i in instances for task_id in i.queue)
+    first; `instances`: its ready instances, oldest placement first; `held`: every task the
+    instances hold, by id. Each task goes to the instance holding the fewest (the oldest of those),
+    while one has room."""
+    count_held = {i.instance_id: len(i.queue) for i in instances}
+    room = {i.instance_id: room_of(i, held) for i in instances}
+    load = Counter(task.owner for i in instances for task_id in i.queue if (task := held.get(task_id)) is not None)
     by_owner: dict[KeyId, deque[TaskInfo]] = {}
     for task in waiting:
         by_owner.setdefault(task.owner, deque()).append(task)
@@ -64,12 +78,12 @@ def fair_assignments(
         open_ = [instance_id for instance_id, free in room.items() if free > 0]
         if not open_:
             break
-        target = min(open_, key=lambda instance_id: (held[instance_id], order[instance_id]))
+        target = min(open_, key=lambda instance_id: (count_held[instance_id], order[instance_id]))
         count, _, owner = heapq.heappop(turns)
         queue = by_owner[owner]
         task = queue.popleft()
         handed.append((task.task_id, target))
-        held[target] += 1
+        count_held[target] += 1
         room[target] -= 1
         if queue:
             heapq.heappush(turns, (count + 1, queue[0].created_seq, owner))

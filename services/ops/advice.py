@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from events.catalogue import RunnerHeartbeat
 from events.evidence import RankView, ago, rank_views
 from events.state import InstanceInfo, NodeInfo, State
-from services.master.fair_share import held_limit
+from services.master.fair_share import handed_ahead, room_of, started
 from services.ops.findings import Cause, Finding
 from services.ops.ranks import top_frame
 
@@ -95,10 +95,12 @@ def unassigned_reasons(state: State, model: str) -> list[str]:
         elif not instance.ready:
             ranks = ", ".join(f"rank {r.rank}: {r.status}" for r in instance.runners)
             reasons.append(f"instance {instance.instance_id} was not ready ({ranks})")
-        elif len(instance.queue) >= held_limit(instance):
+        elif room_of(instance, state.tasks) == 0:
+            ahead = sum(1 for t in instance.queue if (task := state.tasks.get(t)) is None or not started(task))
             reasons.append(
-                f"instance {instance.instance_id} was ready and full: it held {len(instance.queue)} tasks, its batch "
-                f"of {instance.settings.batch_rows} and those handed ahead; the task waits at the master for a "
+                f"instance {instance.instance_id} was ready and full: it held {len(instance.queue)} tasks, {ahead} "
+                f"of them not started (a batch of {instance.settings.batch_rows}, up to "
+                f"{handed_ahead(instance.settings.batch_rows)} handed ahead); the task waits at the master for a "
                 "place, other API keys' tasks first while they hold fewer (docs/ARCHITECTURE.md §5)"
             )
         else:
