@@ -28,14 +28,14 @@ from collections.abc import Mapping, Sequence
 from events.ids import InstanceId, KeyId, TaskId
 from events.state import InstanceInfo, TaskInfo
 
-HANDED_AHEAD_SHARE = 4  # an instance holds max_batch + max_batch / 4 tasks ...
-HANDED_AHEAD_AT_LEAST = 2  # ... and at least 2 beyond its batch
+HANDED_AHEAD_SHARE = 4  # an instance holds up to max_batch / 4 tasks not started ...
+HANDED_AHEAD_AT_LEAST = 2  # ... and at least 2
 
 
 def handed_ahead(max_batch: int) -> int:
-    """How many tasks beyond its batch an instance holds: enough to refill the slots that free at
-    one step while the master hears of them, few enough that a newcomer from another key waits
-    behind only these."""
+    """How many tasks not yet started an instance holds at most: enough to refill the slots that
+    free at one step while the master hears of them, few enough that a newcomer from another key
+    waits behind only these."""
     return max(HANDED_AHEAD_AT_LEAST, max_batch // HANDED_AHEAD_SHARE)
 
 
@@ -50,11 +50,15 @@ def started(task: TaskInfo) -> bool:
     return task.status not in ("created", "assigned")
 
 
+def not_started(instance: InstanceInfo, held: Mapping[TaskId, TaskInfo]) -> int:
+    """How many of the tasks `instance` holds have not joined its batch; `held`: them, by id."""
+    return sum(1 for task_id in instance.queue if (task := held.get(task_id)) is None or not started(task))
+
+
 def room_of(instance: InstanceInfo, held: Mapping[TaskId, TaskInfo]) -> int:
     """How many more tasks `instance` may be handed now; `held`: the tasks it holds, by id."""
-    waiting = sum(1 for task_id in instance.queue if (task := held.get(task_id)) is None or not started(task))
-    rows = instance.settings.batch_rows
-    return max(0, min(held_limit(instance) - len(instance.queue), handed_ahead(rows) - waiting))
+    ahead = handed_ahead(instance.settings.batch_rows) - not_started(instance, held)
+    return max(0, min(held_limit(instance) - len(instance.queue), ahead))
 
 
 def fair_assignments(

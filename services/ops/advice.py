@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from events.catalogue import RunnerHeartbeat
 from events.evidence import RankView, ago, rank_views
 from events.state import InstanceInfo, NodeInfo, State
-from services.master.fair_share import handed_ahead, room_of, started
+from services.master.fair_share import handed_ahead, not_started, room_of
 from services.ops.findings import Cause, Finding
 from services.ops.ranks import top_frame
 
@@ -96,7 +96,7 @@ def unassigned_reasons(state: State, model: str) -> list[str]:
             ranks = ", ".join(f"rank {r.rank}: {r.status}" for r in instance.runners)
             reasons.append(f"instance {instance.instance_id} was not ready ({ranks})")
         elif room_of(instance, state.tasks) == 0:
-            ahead = sum(1 for t in instance.queue if (task := state.tasks.get(t)) is None or not started(task))
+            ahead = not_started(instance, state.tasks)
             reasons.append(
                 f"instance {instance.instance_id} was ready and full: it held {len(instance.queue)} tasks, {ahead} "
                 f"of them not started (a batch of {instance.settings.batch_rows}, up to "
