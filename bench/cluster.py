@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -135,6 +135,11 @@ def kill_group(pid: int) -> None:
         pass
 
 
+def setting_env(settings: Mapping[str, str]) -> dict[str, str]:
+    """Settings as the environment `shoal` reads them (`max_batch` -> `SHOAL_MAX_BATCH`)."""
+    return {f"SHOAL_{key.upper()}": value for key, value in settings.items()}
+
+
 class Cluster:
     """`shoal up` with free ports and a private data dir."""
 
@@ -145,8 +150,7 @@ class Cluster:
         self.base_url = f"http://127.0.0.1:{self.api_port}"
         self.env = {**os.environ, "SHOAL_DATA_DIR": str(root / "data"), **(env or {})}
         self.env.setdefault("SHOAL_RING_BASE_PORT", str(free_ring_base_port()))
-        for key, value in settings.items():
-            self.env[f"SHOAL_{key.upper()}"] = value
+        self.env.update(setting_env(settings))
         if self.env.get("SHOAL_MODEL", "tiny") == "tiny":
             seed_tiny(Path(self.env["SHOAL_DATA_DIR"]))  # not built again by every start (bench/tiny_seed.py)
         scheme = "tls" if self.env.get("SHOAL_NATS_TLS_CERT") else "nats"  # the embedded server serves TLS then

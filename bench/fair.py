@@ -128,9 +128,9 @@ async def _round(base_url: str, light_key: str, model: str, settings: dict[str, 
 async def _retried(
     client: httpx.AsyncClient, model: str, max_tokens: int, prompt: str, first_token: asyncio.Event | None = None
 ) -> Served:
-    """A flood's request, sent again (as a client would) while its connection is refused or reset
-    before any answer: mlx_lm.server's listening socket queues 5 connections (`http.server`), so
-    part of a burst is reset; the retries are counted."""
+    """A request, sent again (as a client would) while its connection is refused or reset before
+    any answer: mlx_lm.server's listening socket queues 5 connections (`http.server`), so part of a
+    burst can be reset; the retries are counted."""
     served = await stream_chat(client, model, max_tokens, prompt, first_token)
     while served.status == 0 and served.retries < CONNECT_ATTEMPTS:
         await asyncio.sleep(0.05 * (served.retries + 1))

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from bench.cluster import Cluster, free_port
+from bench.cluster import Cluster, free_port, setting_env
 
 # A qwen3 of ~100M parameters: 16 layers of 6.3M (attention 1.6M, MLP 4.7M) and a 0.8M embedding.
 QWEN3_100M: dict[str, Any] = {
@@ -137,7 +137,7 @@ class ShoalSide:
         self.cluster = Cluster(
             home,
             workers=workers,
-            env={f"SHOAL_{key.upper()}": value for key, value in settings.items()},
+            env=setting_env(settings),
             model=str(model),
             max_queued_tasks=str(max_queued_tasks),
             log_level="WARNING",

@@ -144,7 +144,7 @@ class MasterCore:
         forgiven), if tasks wait for it or it is the default model. The master's tick calls this:
         no event marks the end of a backoff."""
         decisions: list[LogEvent] = []
-        for model in sorted({t.model for t in _waiting_tasks(state, model=None) if t.cancel_reason is None}):
+        for model in sorted({t.model for t in _assignable_tasks(state, model=None)}):
             if not _live_instances(state, model):  # else they are assigned when it gets ready
                 decisions += self._serve_waiting(state, model, now_ns)
         default = self.policy.default_model
@@ -159,7 +159,7 @@ class MasterCore:
     # --- rules -------------------------------------------------------------------------------
 
     def _serve_waiting(self, state: State, model: str, now_ns: int) -> list[LogEvent]:
-        waiting = [t for t in _waiting_tasks(state, model) if t.cancel_reason is None]
+        waiting = _assignable_tasks(state, model)
         if not waiting:
             return []
         ready = [i for i in _live_instances(state, model) if i.ready]
@@ -183,9 +183,8 @@ class MasterCore:
         instance: tasks waiting for a place on a ready instance take them (every model's: the ended
         task may be evicted from the State already)."""
         by_model: dict[str, list[TaskInfo]] = {}
-        for task in _waiting_tasks(state, model=None):
-            if task.cancel_reason is None:
-                by_model.setdefault(task.model, []).append(task)
+        for task in _assignable_tasks(state, model=None):
+            by_model.setdefault(task.model, []).append(task)
         decisions: list[LogEvent] = []
         for model, waiting in sorted(by_model.items()):
             ready = [i for i in _live_instances(state, model) if i.ready]
@@ -305,6 +304,11 @@ def retire_instance(
 def _waiting_tasks(state: State, model: str | None) -> list[TaskInfo]:
     """Tasks not yet assigned and not ended, oldest first."""
     return [t for t in live_tasks_of(state) if t.instance_id is None and (model is None or t.model == model)]
+
+
+def _assignable_tasks(state: State, model: str | None) -> list[TaskInfo]:
+    """The waiting tasks not cancelled (a cancelled one is completed, not assigned), oldest first."""
+    return [t for t in _waiting_tasks(state, model) if t.cancel_reason is None]
 
 
 def _live_instances(state: State, model: str) -> list[InstanceInfo]:
