@@ -11,9 +11,10 @@ priced, and qwen3-100m's 575 against 1,638, so the late chunks of a 2,000-token 
 So each rank times its own layers on synthetic activations, alone (no collective, nothing sent):
 a full first chunk, a small chunk, and the same small chunk after a long cached prefix. Those three
 give the cost of a token, of an attended key and of a forward; the ranks agree on the mean rate in
-one all-reduce (`Engine.calibrate_prefill`), so every rank cuts every prompt alike. A rank that cannot
-measure (a layer of another calling convention, a rate implausibly far from the priced one) proposes
-nothing, and then every rank keeps the priced rate.
+one all-reduce (`Engine.calibrate_prefill`), so every rank cuts every prompt alike. A round of
+probes whose rate is noise (a difference not positive, a rate implausibly far from the priced one)
+is timed again, up to `MEASURE_ATTEMPTS` rounds; a rank that still cannot measure (or whose layers
+are called otherwise) proposes nothing, and then every rank keeps the priced rate.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ LATE_OFFSET_STEPS = 4
 LATE_OFFSET_MIN = 1024
 LATE_OFFSET_MAX = 2048
 REPEATS = 3  # each chunk is timed this many times, the fastest kept: a shared machine's noise only adds
+# A rank whose timings gave no plausible rate times them again, up to this many times in all: on a
+# busy machine one round of probes can come out noise (milliseconds each, on a small model).
+MEASURE_ATTEMPTS = 3
 # A measured rate further than this factor from the priced one is taken for noise: the priced one stands.
 PLAUSIBLE_FACTOR = 8.0
 
@@ -76,10 +80,31 @@ def fit_keys_per_token(full: Timing, small: Timing, late: Timing) -> float | Non
     return per_token / per_key
 
 
+def plausible(measured: float | None, priced: float | None) -> bool:
+    """A measured rate within PLAUSIBLE_FACTOR of the priced one (none is, for a shape not priced)."""
+    return (
+        priced is not None
+        and measured is not None
+        and priced / PLAUSIBLE_FACTOR <= measured <= priced * PLAUSIBLE_FACTOR
+    )
+
+
+def measure_keys_per_token(
+    time_once: Callable[[], list[Timing]], priced: float, attempts: int = MEASURE_ATTEMPTS
+) -> float | None:
+    """The first plausible rate of up to `attempts` rounds of `time_once()` (the probes' timings,
+    `time_probes`); None when none was."""
+    for _ in range(attempts):
+        measured = fit_keys_per_token(*time_once())
+        if plausible(measured, priced):
+            return measured
+    return None
+
+
 def proposal(measured: float | None, priced: float | None) -> list[int]:
     """This rank's slots of the agreement: [its rate, rounded; 1] when it measured one within
     PLAUSIBLE_FACTOR of the priced rate, else [0, 0]."""
-    if priced is None or measured is None or not priced / PLAUSIBLE_FACTOR <= measured <= priced * PLAUSIBLE_FACTOR:
+    if measured is None or not plausible(measured, priced):
         return [0, 0]
     return [max(1, round(measured)), 1]
 

@@ -18,7 +18,7 @@ import msgspec
 from events.constraints import Constraint, ToolCallRequired, ToolFunction
 from events.runner_settings import RunnerSettings
 from events.vocabulary import FinishReason, PrefillPath
-from runner.engine.calibration import agreed_keys, fit_keys_per_token, proposal, time_probes
+from runner.engine.calibration import agreed_keys, measure_keys_per_token, proposal, time_probes
 from runner.engine.calibration_probe import owned_layers_forward
 from runner.engine.collectives import Collectives
 from runner.engine.constraints import GrammarCompiler, TokenMask
@@ -149,7 +149,8 @@ class Engine:
         if priced is not None:
             try:
                 step = effective_step(self.settings.prefill_step_size, self.collectives.world)
-                measured = fit_keys_per_token(*time_probes(owned_layers_forward(self.shard), step))
+                forward = owned_layers_forward(self.shard)
+                measured = measure_keys_per_token(lambda: time_probes(forward, step), priced)
             except Exception:  # a family whose layers are called otherwise: this rank proposes nothing
                 measured = None
             mx.clear_cache()  # the probes' buffers: the KV budget read next counts that memory as free

@@ -9,11 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runner.engine.calibration import (
+    MEASURE_ATTEMPTS,
     PLAUSIBLE_FACTOR,
     REPEATS,
     Timing,
     agreed_keys,
     fit_keys_per_token,
+    measure_keys_per_token,
     probes,
     proposal,
     time_probes,
@@ -85,6 +87,23 @@ def test_every_rank_takes_the_mean_when_all_measured_else_the_priced_rate() -> N
     assert proposal(priced * PLAUSIBLE_FACTOR * 1.01, priced) == [0, 0]  # implausible: taken for noise
     assert proposal(priced / PLAUSIBLE_FACTOR / 1.01, priced) == [0, 0]
     assert proposal(480.0, None) == [0, 0] and agreed_keys([0, 0], 1, None) is None  # a shape not priced
+
+
+def test_a_round_of_noise_is_timed_again_and_only_plausible_rates_are_kept() -> None:
+    """A busy machine's round of probes (keys free, or a rate far off) is timed again; a rank that
+    sees only noise in every round measures nothing."""
+    line = timed(256, 1e-4, 1e-4 / 500.0, 0.002)
+    noise = [line[0], line[1], Timing(line[2].size, line[2].offset, line[1].seconds)]  # keys free
+    far = timed(256, 1e-4, 1e-4 / (614.0 * PLAUSIBLE_FACTOR * 2), 0.002)  # a rate 16x the priced one
+    rounds = iter([noise, far, line])
+    assert measure_keys_per_token(lambda: next(rounds), 614.0) == pytest.approx(500.0)
+    tries: list[int] = []
+
+    def always_noise() -> list[Timing]:
+        tries.append(1)
+        return noise
+
+    assert measure_keys_per_token(always_noise, 614.0) is None and len(tries) == MEASURE_ATTEMPTS
 
 
 def test_each_probe_is_timed_after_a_warm_up_and_the_fastest_try_kept() -> None:
