@@ -18,10 +18,10 @@ from bench.result import KEYS
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)  # 24 s alone, 39-54 s beside the suite's other worker: room for a slower machine
 def test_batch_bench_runs_quick_and_keeps_the_other_streams_tokens() -> None:
     argv = [sys.executable, "-m", "services.cli", "bench", "batch", "--quick", "--json"]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=140)
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=290)
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(KEYS) <= set(result) and result["bench"] == "batch" and result["quick"] is True
