@@ -223,10 +223,43 @@ def _decode(body: bytes, decoder: msgspec.json.Decoder[R], unsupported: Mapping[
         param = _field_of(exc)
         raise RequestProblem(400, f"invalid request body: {exc}{_hint_for(param)}", param=param) from exc
     except msgspec.DecodeError as exc:
-        raise RequestProblem(400, f"request body is not valid JSON: {exc}") from exc
+        raise RequestProblem(400, f"request body is not valid JSON: {_lone_surrogate(body) or exc}") from exc
     except RecursionError as exc:  # msgspec's bound on nesting, whatever field it is in
         raise RequestProblem(400, f"request body is nested too deeply: {exc}") from exc
     return request
+
+
+_ESCAPE = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
+
+
+def _lone_surrogate(body: bytes) -> str | None:
+    """What to fix when a `\\uXXXX` escape is half of a UTF-16 surrogate pair: valid JSON syntax,
+    but no character (msgspec reports it as truncated input). A client that cuts a string by
+    UTF-16 units, as JavaScript's `slice` does, splits an emoji this way."""
+    escapes = list(_ESCAPE.finditer(body))  # left to right, so an escaped backslash is one escape
+    for index, escape in enumerate(escapes):
+        code = int(escape[1], 16) if escape[1] else None
+        if code is None or not 0xD800 <= code <= 0xDFFF:
+            continue
+        after = escapes[index + 1] if index + 1 < len(escapes) else None
+        before = escapes[index - 1] if index else None
+        paired = (code <= 0xDBFF and after is not None and after.start() == escape.end() and _is_low(after)) or (
+            code >= 0xDC00 and before is not None and before.end() == escape.start() and _is_high(before)
+        )
+        if not paired:
+            return (
+                f"the escape \\u{escape[1].decode()} at byte {escape.start()} is half of a UTF-16 surrogate pair "
+                "(was the text cut inside a character?); send whole characters, or \\ufffd in its place"
+            )
+    return None
+
+
+def _is_high(escape: re.Match[bytes]) -> bool:
+    return bool(escape[1]) and 0xD800 <= int(escape[1], 16) <= 0xDBFF
+
+
+def _is_low(escape: re.Match[bytes]) -> bool:
+    return bool(escape[1]) and 0xDC00 <= int(escape[1], 16) <= 0xDFFF
 
 
 # What a refused field most likely means, where msgspec's own words leave the fix unsaid.

@@ -99,6 +99,42 @@ def test_a_body_that_is_not_a_json_object_is_refused(raw: bytes) -> None:
     refused(raw)
 
 
+def _with_content(escaped: str) -> bytes:
+    """A chat body whose message content is `escaped`, written into the JSON as it stands."""
+    return b'{"model": "tiny", "messages": [{"role": "user", "content": "' + escaped.encode() + b'"}]}'
+
+
+def _with_prompt(escaped: str) -> bytes:
+    return b'{"model": "tiny", "prompt": "' + escaped.encode() + b'"}'
+
+
+@pytest.mark.parametrize(
+    ("escaped", "lone"),
+    [("\\ud83d", "\\ud83d"), ("cut \\ud83d", "\\ud83d"), ("\\ude00 tail", "\\ude00"),
+     ("\\ude00\\ud83d", "\\ude00"), ("\\\\\\ud800", "\\ud800")],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    ("decode", "write"), [(decode_chat_request, _with_content), (decode_completion_request, _with_prompt)]
+)
+def test_half_a_surrogate_pair_is_refused_saying_where_and_what_to_send(
+    escaped: str, lone: str, decode: Any, write: Any
+) -> None:
+    """Valid JSON syntax, but no character (a string cut by UTF-16 units); msgspec alone calls it
+    truncated input."""
+    raw = write(escaped)
+    with pytest.raises(RequestProblem) as caught:
+        decode(raw)
+    message = str(caught.value)
+    assert caught.value.status == 400 and "truncated" not in message
+    assert f"{lone} at byte {raw.index(lone.encode())} is half of a UTF-16 surrogate pair" in message, message
+    assert "send whole characters" in message
+
+
+def test_a_whole_surrogate_pair_and_an_escaped_backslash_before_u_are_taken() -> None:
+    assert accepted(_with_content("\\ud83d\\ude00!")).messages[0].content == "\U0001f600!"
+    assert accepted(_with_content("\\\\ud800")).messages[0].content == "\\ud800"  # a backslash, then text
+
+
 def test_an_image_part_is_refused_saying_shoal_serves_text() -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     problem = refused(body(messages=[{"role": "user", "content": [{"type": "text", "text": "see"}, image]}]))
