@@ -69,8 +69,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         directory = model_dir(str(settings["model"]), Path(root) / "data")
         anchor = AnchorServer(directory, Path(root), max_tokens, decode_concurrency=batch)
         stack.callback(anchor.stop)
+        queue = int(settings["flood"]) + 8  # every request of a round, of either key: the order served is timed
         shoal = ShoalSide(
-            directory, Path(root), 1, max_queued_tasks=int(settings["flood"]) + 8,
+            directory, Path(root), 1, max_queued_tasks=queue, max_queued_tasks_per_key=str(queue),
             max_batch=str(batch), api_keys=f"{HEAVY_KEY},{LIGHT_KEY}",
         )  # fmt: skip
         stack.callback(shoal.stop)

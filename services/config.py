@@ -71,6 +71,7 @@ _ORIGIN = Annotated[str, Meta(pattern=r"^https?://[^\s/,*]+$")]
 _ORIGINS = "origins such as https://app.example:8443 (scheme://host[:port], no wildcard), comma-separated"
 _SECONDS_OR_ZERO = Meta(ge=0, extra={"allowed": "a number of seconds, 0 or more"})
 SECRET = Meta(extra={"secret": True})  # never shown: `shoal config show` and /v1/config say only where it came from
+_KEY_SHARE = "one key's share of max_queued_tasks, then 429; 0 = all but a quarter kept for other keys (no keys: all)"
 
 
 class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -157,9 +158,7 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_queued_tasks: Annotated[
         int, Meta(ge=1, description="tasks of one model waiting or running at once; beyond it the API answers 429")
     ] = 64
-    max_queued_tasks_per_key: Annotated[
-        int, Meta(ge=0, description="one API key's share of max_queued_tasks (no keys: one key), then 429; 0 = none")
-    ] = 0
+    max_queued_tasks_per_key: Annotated[int, Meta(ge=0, description=_KEY_SHARE)] = 0
     request_timeout_seconds: Annotated[
         float,
         _SECONDS_OR_ZERO,

@@ -8,7 +8,10 @@ requests pass the check before the first of their events comes back from the log
 those the bound would hold only after the burst.
 
 `max_queued_tasks_per_key` bounds one API key's share of a model's queue (the API without keys is
-one key), so a client that floods it is refused while other keys' requests are still taken.
+one key), so a client that floods it is refused while other keys' requests are still taken. Left
+at 0, a key's share is all but the queue's last quarter (`KEPT_FOR_OTHER_KEYS`): one key's flood
+can fill no more than that, and the rest is taken by the other keys' requests. The API without keys
+has one caller, so its default share is the whole queue.
 
 `Retry-After` is when the model's queue is expected to free a slot: the mean interval between its
 tasks' ends while it had tasks queued, taken from the events' own times (so replicas agree too).
@@ -28,6 +31,18 @@ RETRY_AFTER_BOUNDS = (1, 60)  # seconds: a client never told "now", nor to wait 
 _SMOOTHING = 0.2  # weight of the newest interval in the running mean
 NS = 1_000_000_000
 NO_KEY = KeyId("")  # the owner of every task of an API without keys
+KEPT_FOR_OTHER_KEYS = 4  # by default one key may not take the last 1/4 of a model's queue
+
+
+def key_share(limit: int, key_limit: int, owner: KeyId) -> int | None:
+    """The most tasks of one model `owner` may have queued, beyond which it gets 429 while other
+    keys are still taken: `key_limit` if set; left at 0, the model's `limit` less a quarter kept
+    for other keys (at least 1), and no share of its own for the API without keys (None)."""
+    if key_limit > 0:
+        return key_limit
+    if owner == NO_KEY:
+        return None
+    return max(1, limit - limit // KEPT_FOR_OTHER_KEYS)
 
 
 def _is_live(state: State, task_id: TaskId) -> bool:
@@ -93,13 +108,17 @@ class QueueBook:
 
     def refusal(self, model: str, limit: int, owner: KeyId = NO_KEY, key_limit: int = 0) -> RequestProblem | None:
         """The 429 for one more task of `model` from `owner`, or None while the model's queue has
-        room (`limit`) and so has the key's share of it (`key_limit`; 0: no share of its own)."""
+        room (`limit`) and so has the key's share of it (`key_share`)."""
         queued = self.queued(model)
         if queued >= limit:
             return self._full(model, f"model {model!r} has {queued} of {limit} queued tasks (max_queued_tasks)")
-        if key_limit > 0 and (mine := self.queued_by(model, owner)) >= key_limit:
-            said = f"model {model!r} has {mine} of this API key's {key_limit} queued tasks (max_queued_tasks_per_key)"
-            return self._full(model, said)
+        share = key_share(limit, key_limit, owner)
+        if share is not None and (mine := self.queued_by(model, owner)) >= share:
+            setting = "max_queued_tasks_per_key" if key_limit > 0 else (
+                f"the default share: max_queued_tasks less the last {limit - share} places, kept for other API keys; "
+                "set max_queued_tasks_per_key to change it"
+            )  # fmt: skip
+            return self._full(model, f"model {model!r} has {mine} of this API key's {share} queued tasks ({setting})")
         return None
 
     def _full(self, model: str, said: str) -> RequestProblem:

@@ -5,6 +5,7 @@ beyond one key's share (`max_queued_tasks_per_key`)."""
 from __future__ import annotations
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,7 +13,7 @@ from events.catalogue import LogEvent, TaskCancelled, TaskCompleted, TaskCreated
 from events.fold import apply_live
 from events.ids import KeyId, TaskId
 from events.state import State
-from services.api.admission import RETRY_AFTER_BOUNDS, QueueBook
+from services.api.admission import NO_KEY, RETRY_AFTER_BOUNDS, QueueBook, key_share
 from tests.events.builders import Events, FakeClock
 
 MODELS = ("tiny", "big")
@@ -152,7 +153,7 @@ def test_one_keys_flood_is_refused_while_another_key_is_still_taken() -> None:
     )
     assert f.book.refusal("tiny", 10, KeyId("bob"), key_limit=2) is None  # the queue has room for others
     assert f.book.refusal("big", 10, KeyId("alice"), key_limit=2) is None  # a share is per model
-    assert f.book.refusal("tiny", 10, KeyId("alice")) is None  # no share: only the model's bound
+    assert f.book.refusal("tiny", 10, KeyId("alice")) is None  # the default share: 8 of 10
     f.book.admit(owned(f.ev.created("b0"), "bob"), limit=10, key_limit=2)
     f.feed(alice[1])
     f.end("a0")  # one of alice's ends: her share has room again
@@ -160,6 +161,40 @@ def test_one_keys_flood_is_refused_while_another_key_is_still_taken() -> None:
     assert f.book.refusal("tiny", 10, KeyId("alice"), key_limit=2) is None
     rebuilt = QueueBook.of(f.state)  # the hub's start: the shares from the State alone (bob's not folded)
     assert rebuilt.queued_by("tiny", KeyId("alice")) == 1 and rebuilt.queued_by("tiny", KeyId("bob")) == 0
+
+
+def test_by_default_a_key_leaves_the_last_quarter_of_the_queue_to_other_keys() -> None:
+    f = Folding()
+    for i in range(6):  # a share of 6 of 8: two places kept for other keys
+        assert f.book.refusal("tiny", 8, KeyId("alice")) is None
+        f.book.admit(owned(f.ev.created(f"a{i}"), "alice"), limit=8)
+    problem = f.book.refusal("tiny", 8, KeyId("alice"))
+    assert problem is not None and problem.status == 429 and problem.headers == {"Retry-After": "1"}
+    assert problem.message == (
+        "model 'tiny' has 6 of this API key's 6 queued tasks (the default share: max_queued_tasks less the last 2 "
+        "places, kept for other API keys; set max_queued_tasks_per_key to change it); retry after 1 s"
+    )
+    for i in range(2):  # the places kept are taken by another key, up to the model's bound
+        f.book.admit(owned(f.ev.created(f"b{i}"), "bob"), limit=8)
+    assert f.book.refusal("tiny", 8, KeyId("bob")) is not None and f.book.queued("tiny") == 8
+    assert f.book.refusal("tiny", 8, KeyId("alice"), key_limit=8) is not None  # an explicit share: the bound
+
+
+def test_the_default_share_of_an_api_without_keys_is_the_whole_queue() -> None:
+    f = Folding()
+    for i in range(8):
+        f.book.admit(f.ev.created(f"t{i}"), limit=8)  # owner: NO_KEY
+    problem = f.book.refusal("tiny", 8, NO_KEY)
+    assert problem is not None and "(max_queued_tasks)" in problem.message
+
+
+@pytest.mark.parametrize(
+    ("limit", "key_limit", "owner", "share"),
+    [(64, 0, "alice", 48), (8, 0, "alice", 6), (3, 0, "alice", 3), (1, 0, "alice", 1), (64, 0, "", None),
+     (64, 5, "alice", 5), (64, 5, "", 5), (4, 100, "alice", 100)],
+)  # fmt: skip
+def test_a_keys_share(limit: int, key_limit: int, owner: str, share: int | None) -> None:
+    assert key_share(limit, key_limit, KeyId(owner)) == share
 
 
 def test_the_models_bound_comes_first() -> None:

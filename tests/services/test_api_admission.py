@@ -108,6 +108,33 @@ async def test_one_keys_share_of_the_queue_is_bounded_while_another_key_is_still
             client.disconnect()
 
 
+async def test_by_default_one_keys_flood_leaves_room_for_another_key(event_log: EventLog) -> None:
+    ev = Events()
+    await event_log.append(ev.node("n1"))
+    config = ShoalConfig(max_queued_tasks=4)  # max_queued_tasks_per_key left at 0: a key's share is 3
+    access = ApiAccess(parse_entries([ALICE, BOB]))
+    async with api_with(event_log, config, access) as (ctx, app), anyio.create_task_group() as group:
+        flood = [keyed(ALICE, chat(stream=True)) for _ in range(3)]
+        for client in flood:
+            group.start_soon(app, client.scope, client.receive, client.send)
+        with anyio.fail_after(40):  # the first request loads the tokenizer (transformers: seconds)
+            while ctx.hub.queues.queued("tiny") < 3:
+                await anyio.sleep(0.01)
+        again = keyed(ALICE, chat(stream=False))
+        with anyio.fail_after(10):
+            await app(again.scope, again.receive, again.send)
+        assert again.status == 429
+        message = json.loads(again.texts[0])["error"]["message"]
+        assert "3 of this API key's 3 queued tasks (the default share" in message, message
+        other = keyed(BOB, chat(stream=True))
+        group.start_soon(app, other.scope, other.receive, other.send)
+        with anyio.fail_after(10):
+            while ctx.hub.queues.queued("tiny") < 4:  # bob's was taken: the queue's last place
+                await anyio.sleep(0.01)
+        for client in (*flood, other):
+            client.disconnect()
+
+
 async def _fail_at_deadline(log: EventLog, ctx: ApiContext, ev: Events) -> TaskId:
     with anyio.fail_after(40):  # the first request loads the tokenizer (transformers: seconds)
         while not ctx.hub.state.tasks:
