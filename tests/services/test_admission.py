@@ -171,8 +171,8 @@ def test_by_default_a_key_leaves_the_last_quarter_of_the_queue_to_other_keys() -
     problem = f.book.refusal("tiny", 8, KeyId("alice"))
     assert problem is not None and problem.status == 429 and problem.headers == {"Retry-After": "1"}
     assert problem.message == (
-        "model 'tiny' has 6 of this API key's 6 queued tasks (the default share: max_queued_tasks less the last 2 "
-        "places, kept for other API keys; set max_queued_tasks_per_key to change it); retry after 1 s"
+        "model 'tiny' has 6 of this API key's 6 queued tasks (the default share: all but the last 2 of "
+        "max_queued_tasks 8, kept for other API keys; set max_queued_tasks_per_key to change it); retry after 1 s"
     )
     for i in range(2):  # the places kept are taken by another key, up to the model's bound
         f.book.admit(owned(f.ev.created(f"b{i}"), "bob"), limit=8)

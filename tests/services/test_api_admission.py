@@ -80,57 +80,39 @@ def keyed(key: str, body: dict[str, Any]) -> Client:
     return client
 
 
-async def test_one_keys_share_of_the_queue_is_bounded_while_another_key_is_still_taken(event_log: EventLog) -> None:
+@pytest.mark.parametrize(
+    ("config", "share", "said"),
+    [
+        (ShoalConfig(max_queued_tasks=10, max_queued_tasks_per_key=1), 1, "(max_queued_tasks_per_key)"),
+        (ShoalConfig(max_queued_tasks=4), 3, "(the default share: all but the last 1 of max_queued_tasks 4"),
+    ],
+    ids=["set", "default"],
+)
+async def test_one_keys_share_of_the_queue_is_bounded_while_another_key_is_still_taken(
+    event_log: EventLog, config: ShoalConfig, share: int, said: str
+) -> None:
     ev = Events()
     await event_log.append(ev.node("n1"))
-    config = ShoalConfig(max_queued_tasks=10, max_queued_tasks_per_key=1)
     access = ApiAccess(parse_entries([ALICE, BOB]))
     async with api_with(event_log, config, access) as (ctx, app), anyio.create_task_group() as group:
-        first = keyed(ALICE, chat(stream=True))
-        group.start_soon(app, first.scope, first.receive, first.send)
-        with anyio.fail_after(40):  # the first request loads the tokenizer (transformers: seconds)
-            while ctx.hub.queues.queued("tiny") < 1:
-                await anyio.sleep(0.01)
-        again = keyed(ALICE, chat(stream=False))
-        with anyio.fail_after(10):
-            await app(again.scope, again.receive, again.send)
-        assert again.status == 429
-        assert (
-            "1 of this API key's 1 queued tasks (max_queued_tasks_per_key)"
-            in json.loads(again.texts[0])["error"]["message"]
-        )
-        other = keyed(BOB, chat(stream=True))
-        group.start_soon(app, other.scope, other.receive, other.send)
-        with anyio.fail_after(10):
-            while ctx.hub.queues.queued("tiny") < 2:  # bob's was taken
-                await anyio.sleep(0.01)
-        for client in (first, other):
-            client.disconnect()
 
-
-async def test_by_default_one_keys_flood_leaves_room_for_another_key(event_log: EventLog) -> None:
-    ev = Events()
-    await event_log.append(ev.node("n1"))
-    config = ShoalConfig(max_queued_tasks=4)  # max_queued_tasks_per_key left at 0: a key's share is 3
-    access = ApiAccess(parse_entries([ALICE, BOB]))
-    async with api_with(event_log, config, access) as (ctx, app), anyio.create_task_group() as group:
-        flood = [keyed(ALICE, chat(stream=True)) for _ in range(3)]
-        for client in flood:
+        async def taken(client: Client, queued: int, seconds: float) -> None:
             group.start_soon(app, client.scope, client.receive, client.send)
-        with anyio.fail_after(40):  # the first request loads the tokenizer (transformers: seconds)
-            while ctx.hub.queues.queued("tiny") < 3:
-                await anyio.sleep(0.01)
+            with anyio.fail_after(seconds):
+                while ctx.hub.queues.queued("tiny") < queued:
+                    await anyio.sleep(0.01)
+
+        flood = [keyed(ALICE, chat(stream=True)) for _ in range(share)]
+        for count, client in enumerate(flood, start=1):
+            await taken(client, count, 40)  # the first request loads the tokenizer (transformers: seconds)
         again = keyed(ALICE, chat(stream=False))
         with anyio.fail_after(10):
             await app(again.scope, again.receive, again.send)
         assert again.status == 429
         message = json.loads(again.texts[0])["error"]["message"]
-        assert "3 of this API key's 3 queued tasks (the default share" in message, message
+        assert f"{share} of this API key's {share} queued tasks {said}" in message, message
         other = keyed(BOB, chat(stream=True))
-        group.start_soon(app, other.scope, other.receive, other.send)
-        with anyio.fail_after(10):
-            while ctx.hub.queues.queued("tiny") < 4:  # bob's was taken: the queue's last place
-                await anyio.sleep(0.01)
+        await taken(other, share + 1, 10)  # bob's was taken
         for client in (*flood, other):
             client.disconnect()
 
