@@ -1,5 +1,6 @@
 """`shoal replay`: fold the log and show one task's timeline, one instance's (its ranks and the
-tasks each ran, batches included), or the cluster State at a point."""
+tasks each ran, batches included), or the cluster State at a point. Like `shoal diagnose`, it reads
+`--file`, `--nats-url`, or, with neither, the configured cluster."""
 
 from __future__ import annotations
 
@@ -29,11 +30,12 @@ def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "replay",
         help="fold the event log; print a task's or an instance's timeline, or the cluster State at a point",
-        description="Fold the log (an export file, or JetStream live) and print a task's timeline "
+        description="Fold the log (an export file, the NATS server at --nats-url, or by default the configured "
+        "cluster) and print a task's timeline "
         "(--task), an instance's (--instance: one lane per rank, the tasks it ran as bars), the State "
         "as it was at an event sequence or time (--at), or a timeline and the State.",
     )
-    add_source_arguments(parser)
+    add_source_arguments(parser, default_to_config=True)
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--task", help="the task whose timeline to print")
     which.add_argument("--instance", help="the instance whose timeline to print (its ranks, the tasks of each)")

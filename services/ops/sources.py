@@ -146,7 +146,7 @@ def configured_source(args: argparse.Namespace) -> LiveSource:
         raise SourceError(
             f"no --file or --nats-url given, and the configured cluster ({origin}) does not answer: {exc} "
             "Start it (`shoal up`, or `shoal nats` and the services), name a server with --nats-url URL, "
-            "or diagnose an export with --file FILE."
+            "or read an export with --file FILE."
         ) from exc
 
 

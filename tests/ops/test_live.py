@@ -53,7 +53,7 @@ def test_unreachable_nats_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("setting", ["nats_url", "nats_port"])
-async def test_diagnose_without_a_source_reads_the_configured_cluster(
+async def test_diagnose_and_replay_without_a_source_read_the_configured_cluster(
     setting: str,
     event_log: EventLog,
     nats_server: EmbeddedNats,
@@ -69,6 +69,8 @@ async def test_diagnose_without_a_source_reads_the_configured_cluster(
     assert await asyncio.to_thread(main, ["diagnose", "--json", "--now", STALL_END]) == code == 1
     assert capsys.readouterr().out == named
     assert json.loads(named)["findings"][0]["cause"] == "stalled_in_compute"
+    assert await asyncio.to_thread(main, ["replay", "--task", "t1"]) == 0  # replay reads the same cluster
+    assert "flight recorder: stuck in prefill" in capsys.readouterr().out
 
 
 @pytest.mark.timeout(30)
@@ -76,7 +78,8 @@ def test_no_source_and_no_configured_cluster_says_what_to_do(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     configure(monkeypatch, tmp_path, nats_port="1")
-    assert main(["diagnose"]) == 2
-    err = capsys.readouterr().err
-    assert "no --file or --nats-url given" in err and "nats://127.0.0.1:1" in err
-    assert "shoal up" in err and "--file FILE" in err
+    for command in ("diagnose", "replay"):
+        assert main([command]) == 2
+        err = capsys.readouterr().err
+        assert "no --file or --nats-url given" in err and "nats://127.0.0.1:1" in err
+        assert "shoal up" in err and "--file FILE" in err
