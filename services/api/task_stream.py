@@ -47,7 +47,7 @@ from services.api.errors import (
 )
 from services.api.hub import TaskEvents
 from services.api.openai_format import DONE, sse
-from services.api.prompts import check_logit_bias, check_prompt_size, prompt_tokens, stop_tokens
+from services.api.prompts import check_logit_bias, check_prompt_size, stop_tokens
 from services.api.responses import json_response
 from services.api.schemas import RequestProblem
 
@@ -86,9 +86,7 @@ async def admit(
         raise full
     param = "messages" if raw_prompt is None else "prompt"
     model = await ctx.prompt_model(model_name)
-    size = await anyio.to_thread.run_sync(
-        prompt_tokens, model, messages, params.tools, raw_prompt
-    )  # long prompts take a while
+    size = await ctx.prompt_lanes.size(model, messages, params.tools, raw_prompt)  # long ones: in a lane of their own
     check_prompt_size(model, size, param)
     size += stop_tokens(model, params.stop)
     if size > config.max_prompt_tokens:
