@@ -236,30 +236,27 @@ def _lone_surrogate(body: bytes) -> str | None:
     """What to fix when a `\\uXXXX` escape is half of a UTF-16 surrogate pair: valid JSON syntax,
     but no character (msgspec reports it as truncated input). A client that cuts a string by
     UTF-16 units, as JavaScript's `slice` does, splits an emoji this way."""
-    escapes = list(_ESCAPE.finditer(body))  # left to right, so an escaped backslash is one escape
-    for index, escape in enumerate(escapes):
-        code = int(escape[1], 16) if escape[1] else None
-        if code is None or not 0xD800 <= code <= 0xDFFF:
+    # left to right, so an escaped backslash is one escape; each \uXXXX as (start, end, code, its hex)
+    units = [(m.start(), m.end(), int(m[1], 16), m[1].decode()) for m in _ESCAPE.finditer(body) if m[1]]
+    index = 0
+    while index < len(units):
+        start, end, code, written = units[index]
+        following = units[index + 1] if index + 1 < len(units) else None
+        if (
+            0xD800 <= code <= 0xDBFF
+            and following is not None
+            and following[0] == end
+            and 0xDC00 <= following[2] <= 0xDFFF
+        ):
+            index += 2  # a whole pair
             continue
-        after = escapes[index + 1] if index + 1 < len(escapes) else None
-        before = escapes[index - 1] if index else None
-        paired = (code <= 0xDBFF and after is not None and after.start() == escape.end() and _is_low(after)) or (
-            code >= 0xDC00 and before is not None and before.end() == escape.start() and _is_high(before)
-        )
-        if not paired:
+        if 0xD800 <= code <= 0xDFFF:
             return (
-                f"the escape \\u{escape[1].decode()} at byte {escape.start()} is half of a UTF-16 surrogate pair "
+                f"the escape \\u{written} at byte {start} is half of a UTF-16 surrogate pair "
                 "(was the text cut inside a character?); send whole characters, or \\ufffd in its place"
             )
+        index += 1
     return None
-
-
-def _is_high(escape: re.Match[bytes]) -> bool:
-    return bool(escape[1]) and 0xD800 <= int(escape[1], 16) <= 0xDBFF
-
-
-def _is_low(escape: re.Match[bytes]) -> bool:
-    return bool(escape[1]) and 0xDC00 <= int(escape[1], 16) <= 0xDFFF
 
 
 # What a refused field most likely means, where msgspec's own words leave the fix unsaid.
