@@ -4,7 +4,8 @@ step loop keeps decoding the others' tokens while it compiles (`runner.engine.pr
 `Engine.prepare` checks a request and, on the sampling rank, compiles its grammar; llguidance
 releases the GIL while it builds and compiles one, so the step loop runs beside it. A request with
 no grammar is prepared at once on the step loop: its checks cost microseconds, less than a thread
-hop. One worker, in log order: the batch admits in log order anyway.
+hop, and it joins the batch past any grammar still compiling (`batch_plan.ready_to_admit`). One
+worker, in log order: grammars are compiled one at a time, oldest first, beside the step loop.
 """
 
 from __future__ import annotations

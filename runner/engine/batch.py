@@ -261,17 +261,18 @@ class ContinuousBatch:
         ended = [self._cancelled(t, current.rows) for t in transition.cancelled]
         ended += [self._finished(t) for t in transition.finished]
         alone = not micro.rows and len(transition.composition.prefilling) == 1 and not self.chunks.busy()
-        newcomers = pending[: len(transition.newcomers)]
+        joining = set(transition.newcomers)  # by their index among the pending: the agreed proposals'
+        newcomers = [(i, a) for i, a in enumerate(pending) if a.task_id in joining]
         room = chunk_room(agreed.decode_share) if micro.rows else 1.0  # agreed: rank 0's pace, the rows
         capacity = agreed.kv_capacity
         failed = [
-            self._admit(a, agreed.cached[i], agreed.runnable[i], alone, room, capacity) for i, a in enumerate(newcomers)
-        ]
+            self._admit(a, agreed.cached[i], agreed.runnable[i], alone, room, capacity) for i, a in newcomers
+        ]  # fmt: skip
         ended += [f for f in failed if f is not None]
         waiting = Composition((), transition.composition.prefilling, transition.composition.admitted)
         self.composition = waiting.without([f.task_id for f in failed if f is not None])
         kv = (batch_need([s.reserved for s in self.streams.values()]), capacity) if newcomers or ended else None
-        return StepResult(len(transition.newcomers), ended, kv)
+        return StepResult(transition.newcomers, ended, kv)
 
     def _chunks_done(self, current: Composition, agreed: AgreedStep, chunked: list[Stream]) -> None:
         """The streams that took a chunk (moved past it already) and were not cancelled report it."""

@@ -17,8 +17,8 @@ pending list starts with the same ids). A proposal is written as its length plus
 still preparing that assignment (its grammar compiling off the step loop: `preparation.py`), and 0
 by a rank that could not build its request (its `TaskCreated` could not be read): a 0 says no rank
 may run it (`AgreedStep.runnable`), so every rank fails it alike rather than one rank leaving it
-out of the batch the others run, and a 1 that it waits, with those after it in the log, until
-every rank has it ready (`AgreedStep.prepared`). Each rank writes its KV capacity in
+out of the batch the others run, and a 1 that it waits until every rank has it ready
+(`AgreedStep.prepared`) while those after it in the log may join past it (`ready_to_admit`). Each rank writes its KV capacity in
 tokens of its own layers (`kv_budget.token_capacity`) in its own entry; the batch admits within
 the least (`AgreedStep.kv_capacity`). Cancel votes add up (any rank's vote
 stops that stream); the sampling rank alone writes the tokens, and rank 0 alone the pace: what its
@@ -26,8 +26,8 @@ decode steps cost against a prompt chunk, measured on its clock (`pace.StepPace`
 chunks of the newcomers admitted at this step. `next_composition` turns that vector, plus what
 every rank derives alike from it (which streams hit a stop rule, which prefills are done), into the
 next batch: cancelled and finished streams leave, prefilled streams join the decoding rows (in
-order, as many as the micro-batches take), and the first assignments not yet admitted join in log
-order while there is room (`max_batch`).
+order, as many as the micro-batches take), and the assignments not yet admitted that every rank
+has ready join in log order while there is room (`max_batch`) and KV (`kv_budget.admissible`).
 
 Slots are `Composition.members` in order: the decoding rows (in the batch cache's row order),
 then the streams waiting for or in prefill. Which of those take a prompt chunk at a step is
@@ -152,7 +152,7 @@ def _proposal_code(proposal: Proposal) -> int:
 class Composition:
     rows: tuple[str, ...] = ()  # decoding streams, in the batch cache's row order
     prefilling: tuple[str, ...] = ()  # admitted, not decoding yet; the first gets the prefill chunk
-    admitted: int = 0  # assignments admitted so far, counted in log order
+    admitted: int = 0  # assignments admitted so far (not always the log's first: `ready_to_admit`)
 
     @property
     def members(self) -> tuple[str, ...]:
@@ -194,8 +194,8 @@ def next_composition(
     applies the same rules to the same tokens); `prefilled`: prefilling streams with no prompt chunk
     left; `join_room`: how many of them the decoding rows take now (`MicroBatches.join_room`);
     `pending`: this rank's assignments not yet admitted, in log order (every rank's list starts with
-    the same `agreed.received - current.admitted` ids), admitted in log order up to the first one a
-    rank still prepares (`agreed.prepared`); `reservations`: the KV positions each member
+    the same `agreed.received - current.admitted` ids), admitted in log order, past any one a rank
+    still prepares (`agreed.prepared`: it waits, `ready_to_admit`); `reservations`: the KV positions each member
     and pending assignment may come to hold (`kv_budget.reservation`; 0 for one every rank fails),
     within the agreed `kv_capacity` (None: not bounded), beside `reserved_elsewhere`: the reservations
     of the rows in the other micro-batches (mid-ring, they stay)."""
@@ -217,18 +217,27 @@ def next_composition(
     available = agreed.received - current.admitted
     if available > len(pending):
         raise ValueError(f"agreed {agreed.received} assignments but this rank holds {current.admitted + len(pending)}")
-    taking = max(0, min(room, available))
-    if agreed.prepared:  # in log order: none joins past one a rank still prepares
-        taking = min(taking, next((i for i, ready in enumerate(agreed.prepared) if not ready), taking))
+    candidates = ready_to_admit(pending[: max(0, available)], agreed.prepared)[: max(0, room)]
     if reservations is not None:
         held = [*reserved_elsewhere, *(reservations.get(t, 0) for t in (*rows, *prefilling))]
-        wanted = [reservations.get(t, 0) for t in pending[:taking]]
-        taking = admissible(held, wanted, agreed.kv_capacity)
-    newcomers = tuple(pending[:taking])
+        wanted = [reservations.get(t, 0) for t in candidates]
+        candidates = candidates[: admissible(held, wanted, agreed.kv_capacity)]
+    newcomers = tuple(candidates)
     composition = Composition(
         rows=tuple(rows), prefilling=(*prefilling, *newcomers), admitted=current.admitted + len(newcomers)
     )
     return Transition(composition, kept_rows, cancelled, finished, joined, newcomers)
+
+
+def ready_to_admit(agreed_pending: Sequence[str], prepared: Sequence[bool]) -> list[str]:
+    """The assignments every rank holds that may join now, in log order: those no rank still
+    prepares (`prepared`, one per pending assignment that carried a proposal: those past it are not
+    known yet; empty: a step that carries no preparation, all are ready). One whose grammar still
+    compiles waits alone; the ones after it in the log pass it, so a burst of slow grammars never
+    holds back a request without one."""
+    if not prepared:
+        return list(agreed_pending)
+    return [t for t, ready in zip(agreed_pending, prepared, strict=False) if ready]
 
 
 def chunk_takers(next_chunks: Sequence[float | None], budget: float) -> tuple[int, ...]:

@@ -37,9 +37,15 @@ class Ended:
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
-    admitted: int  # how many of the pending admissions joined (the first ones, in log order)
+    admitted: tuple[str, ...]  # the pending admissions that joined, in log order (not always the first)
     ended: list[Ended]
     kv: tuple[int, int] | None = None  # when members came or went: KV positions reserved, and held (agreed)
+
+
+def still_pending(pending: Sequence[Admission], admitted: Sequence[str]) -> list[Admission]:
+    """`pending` without the ones a step `admitted` (`StepResult.admitted`), in log order."""
+    joined = set(admitted)
+    return [a for a in pending if a.task_id not in joined]
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ goes nowhere, and the prefix cache forgets them.
 from __future__ import annotations
 
 from runner.engine.batch import ContinuousBatch
-from runner.engine.batch_streams import Admission
+from runner.engine.batch_streams import Admission, still_pending
 from runner.engine.engine import GenerationRequest
 from runner.engine.plan import effective_step
 from runner.engine.protocols import NeverCancelled, NullSink
@@ -46,5 +46,5 @@ def warm_pace(batch: ContinuousBatch) -> None:
                 break
             continue
         result = batch.step(lambda: list(pending))
-        del pending[: result.admitted]
+        pending[:] = still_pending(pending, result.admitted)
     batch.prefixes.clear()  # in place: the batch's newcomers look their prefixes up in this very index

@@ -7,10 +7,10 @@ work on a rank's main thread, during which every stream of the batch would get n
 runner prepares a pending assignment with a grammar on a worker thread of its shell
 (`runner.preparer`; llguidance releases the GIL while it compiles), one without at once, where it
 costs microseconds; this module holds what is pure: the proposals and the verdicts. Until it is
-ready on every rank the batch does not admit it nor anything after it in the log (the step's
-agreement carries each rank's "still preparing": `batch_plan.PREPARING`), so every rank admits it
-at the same step and every rank's verdict on it (the same checks of the same request) is known
-by then.
+ready on every rank the batch does not admit it (the step's agreement carries each rank's "still
+preparing": `batch_plan.PREPARING`), so every rank admits it at the same step and every rank's
+verdict on it (the same checks of the same request) is known by then; the assignments after it in
+the log that are ready join past it (`batch_plan.ready_to_admit`).
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ def run_schedule(
     engine: Engine, schedule: dict[str, Any], rank: int, faults: FaultInjector, phases: PhaseTracker
 ) -> dict[str, Any]:
     from runner.engine.batch import ContinuousBatch
+    from runner.engine.batch_streams import still_pending
     from runner.preparer import ThreadedPreparer
 
     bound = schedule.get("prefix_cache_bytes", {}).get(str(rank))  # a rank-specific bound (None: the setting)
@@ -94,8 +95,8 @@ def run_schedule(
         result = batch.step(read_during_step)
         steps_at.append((started, time.monotonic()))
         overlapped += sum(1 for part in batch.micro.parts if part.rows) >= 2  # ranks on different ones
-        admitted_at.update((a.task_id, steps) for a in pending[: result.admitted])
-        del pending[: result.admitted]
+        admitted_at.update((t, steps) for t in result.admitted)
+        pending[:] = still_pending(pending, result.admitted)
         for done in result.ended:
             left = {"admitted_step": admitted_at.get(done.task_id), "left_step": steps, "left_at": steps_at[-1][1]}
             left |= _flipped(flips, done.task_id)

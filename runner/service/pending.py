@@ -8,7 +8,7 @@ batch runs, every other stream of the batch would get no token for that long. So
 (`LARGE_PROMPT_BYTES` of `TaskCreated`) is built on a worker thread while the batch keeps stepping
 (the tokenizer releases the GIL while it encodes); a small one, or any one while the batch is
 idle (nothing to freeze), at once. The batch sees only the built ones, in log order up to the
-first still being built: its agreement admits what every rank holds (the least count), so a rank
+first still being built: its agreement counts what every rank holds (the least count), so a rank
 still tokenizing holds the newcomer back on every rank, exactly as a rank that has not read it from
 the log yet does.
 """
@@ -16,7 +16,7 @@ the log yet does.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from concurrent.futures import Future
 from functools import partial
@@ -66,6 +66,16 @@ class PendingAdmissions:
         if self._entries:
             futures.wait([self._entries[0]], timeout_seconds)
 
-    def pop(self, count: int) -> list[Admission]:
-        """The first `count`, admitted (built: the batch saw them)."""
-        return [self._entries.popleft().result() for _ in range(count)]
+    def pop(self, task_ids: Sequence[str]) -> list[Admission]:
+        """The ones the batch admitted (built: it saw them), in log order; the others stay, in log order."""
+        wanted = set(task_ids)
+        admitted: list[Admission] = []
+        kept: deque[Future[Admission]] = deque()
+        for entry in self._entries:
+            built = entry.done() and entry.exception() is None
+            if built and entry.result().task_id in wanted:
+                admitted.append(entry.result())
+            else:
+                kept.append(entry)
+        self._entries = kept
+        return admitted

@@ -1,5 +1,6 @@
-"""The worker threads that size prompts before their task is published, in two lanes, so that a
-short prompt never waits behind long ones.
+"""The worker threads that check grammars and size prompts before their task is published, in
+lanes, so that a short prompt never waits behind long ones and a burst of large grammars never
+freezes the event loop.
 
 A request's prompt is counted in tokens before its task is published (`prompts.prompt_tokens`:
 the chat template rendered, then tokenized), so that one too long for the model is refused at
@@ -12,6 +13,12 @@ Now a prompt of up to `SHORT_PROMPT_CHARS` characters is sized in the short lane
 in the long lane, each with threads of its own. A burst of long prompts waits behind itself, in
 arrival order, `LONG_LANE_THREADS` at a time (about what two cores give anyway), while every short
 prompt is sized at once. A prompt of token ids is only checked against the vocabulary: short.
+
+A request's grammar (tools, a response format) is built and checked before that, in a lane of its
+own too (`grammars`, `GRAMMAR_LANE_THREADS`): a large JSON schema holds a thread for a good part of
+a second, much of it holding the GIL. On the shared pool, 30 of them at once froze the event loop,
+so every client's stream, for up to 2 s at a time; two at a time, for at most tens of milliseconds,
+and the burst takes as long in all.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from services.api.prompts import PromptModel, prompt_tokens
 SHORT_PROMPT_CHARS = 16_384  # about 4,000 tokens: tokenized in milliseconds
 SHORT_LANE_THREADS = 8
 LONG_LANE_THREADS = 2
+GRAMMAR_LANE_THREADS = 2
 
 
 def prompt_chars(messages: Sequence[ChatMessage], tools: Sequence[ToolFunction], raw_prompt: RawPrompt | None) -> int:
@@ -44,11 +52,18 @@ def is_short(chars: int) -> bool:
 
 
 class PromptLanes:
-    """The two lanes of one API: `size` runs `prompt_tokens` on a thread of the prompt's lane."""
+    """The lanes of one API: `size` runs `prompt_tokens` on a thread of the prompt's lane (short or
+    long); `grammars` is the lane where requests' grammars are checked (`schemas.to_task_off_loop`)."""
 
-    def __init__(self, short_threads: int = SHORT_LANE_THREADS, long_threads: int = LONG_LANE_THREADS) -> None:
+    def __init__(
+        self,
+        short_threads: int = SHORT_LANE_THREADS,
+        long_threads: int = LONG_LANE_THREADS,
+        grammar_threads: int = GRAMMAR_LANE_THREADS,
+    ) -> None:
         self._short = anyio.CapacityLimiter(short_threads)
         self._long = anyio.CapacityLimiter(long_threads)
+        self.grammars = anyio.CapacityLimiter(grammar_threads)
 
     async def size(
         self,

@@ -301,14 +301,15 @@ def _refuse_unsupported(fields: dict[str, msgspec.Raw], unsupported: Mapping[str
 
 
 async def to_task_off_loop(
-    request: ChatCompletionRequest, *, max_tokens_limit: int
+    request: ChatCompletionRequest, *, max_tokens_limit: int, lane: anyio.CapacityLimiter
 ) -> tuple[list[ChatMessage], TaskParams]:
-    """`to_task`, on a worker thread when the request has tools or a response format: checking a
-    grammar built from a large schema takes llguidance up to a second, which on the event loop
-    would hold every other client's stream for as long."""
+    """`to_task`, on a thread of `lane` (`PromptLanes.grammars`) when the request has tools or a
+    response format: checking a grammar built from a large schema takes llguidance up to a second,
+    which on the event loop would hold every other client's stream for as long."""
     if not request.tools and request.response_format is None:
         return to_task(request, max_tokens_limit=max_tokens_limit)
-    return await anyio.to_thread.run_sync(functools.partial(to_task, request, max_tokens_limit=max_tokens_limit))
+    check = functools.partial(to_task, request, max_tokens_limit=max_tokens_limit)
+    return await anyio.to_thread.run_sync(check, limiter=lane)
 
 
 def to_task(request: ChatCompletionRequest, *, max_tokens_limit: int) -> tuple[list[ChatMessage], TaskParams]:

@@ -281,16 +281,17 @@ def test_an_assignment_a_rank_still_prepares_is_agreed_as_not_prepared_on_every_
     ("prepared", "joining"),
     [
         ((True, True, True), ("a", "b", "c")),
-        ((True, False, True), ("a",)),  # log order: "c" waits behind "b", though it is ready
-        ((False, True, True), ()),
+        ((True, False, True), ("a", "c")),  # "c" passes "b", whose grammar still compiles
+        ((False, True, True), ("b", "c")),
+        ((False, False, False), ()),
         ((), ("a", "b", "c")),  # a step that carries no preparation (one rank, old callers)
     ],
 )
-def test_newcomers_join_in_log_order_up_to_one_still_preparing(
+def test_newcomers_join_in_log_order_past_one_still_preparing(
     prepared: tuple[bool, ...], joining: tuple[str, ...]
 ) -> None:
-    """A newcomer whose grammar still compiles on some rank holds back itself and those after it;
-    the decoding rows run on untouched."""
+    """A newcomer whose grammar still compiles on some rank waits alone; the ready ones after it
+    in the log join past it, and the decoding rows run on untouched."""
     current = Composition(rows=("x",), admitted=0)
     step = AgreedStep(3, (False,), (7,), cached=(0, 0, 0), runnable=(True, True, True), prepared=prepared)
     transition = next_composition(
@@ -305,3 +306,64 @@ def test_newcomers_join_in_log_order_up_to_one_still_preparing(
     assert transition.newcomers == joining
     assert transition.composition.rows == ("x",)
     assert transition.composition.admitted == len(joining)
+
+
+def test_one_still_preparing_joins_at_the_next_room_before_later_ones() -> None:
+    """Passed while it prepared, it is still first in the log's order once ready: with room for one,
+    it takes it before anything read after it."""
+    current = Composition(rows=("x", "y", "c"), admitted=2)  # "c" passed "b" at an earlier step
+    step = AgreedStep(4, (False, False, False), (7, 7, 7), cached=(0, 0), runnable=(True, True), prepared=(True, True))
+    transition = next_composition(
+        current, step, stopped_rows=frozenset({"x"}), prefilled=frozenset(), join_room=0, pending=["b", "d"],
+        max_batch=3,
+    )  # fmt: skip
+    assert transition.newcomers == ("b",)
+    assert transition.composition.admitted == 3
+
+
+@given(
+    log_length=st.integers(0, 8),
+    data=st.data(),
+)
+def test_ranks_that_admitted_past_a_preparing_one_still_agree_on_every_step(
+    log_length: int, data: st.DataObject
+) -> None:
+    """Steps of a batch whose assignments prepare for random lengths of time, on ranks that read
+    the log at random paces: at every step each rank derives the same transition from the agreed
+    data, whatever it read beyond it, each assignment joins exactly once, and none joins before
+    every rank holds it and has it ready; once the log is read and rows finish, every one has joined."""
+    log = [f"t{i}" for i in range(log_length)]
+    world = data.draw(st.integers(1, 3))
+    ready_at = {t: data.draw(st.integers(0, 6)) for t in log}  # the step from which every rank has it ready
+    max_batch = data.draw(st.integers(1, 4))
+    compositions = [Composition() for _ in range(world)]
+    read = [0] * world
+    joined: list[str] = []
+    for step_index in range(40):
+        settling = step_index >= 10  # every rank has read the whole log, and every row finishes
+        read = [log_length if settling else min(log_length, r + data.draw(st.integers(0, 2))) for r in read]
+        received = min(read)
+        pendings = [[t for t in log[: read[r]] if t not in joined] for r in range(world)]
+        shown = min(len(p) for p in pendings)  # the pending assignments every rank proposed for
+        prepared = tuple(ready_at[t] <= step_index for t in pendings[0][: min(shown, max_batch)])
+        rows = compositions[0].rows
+        stopped = frozenset(rows if settling or not rows else data.draw(st.sets(st.sampled_from(rows))))
+        agreed_step = AgreedStep(received, (False,) * len(compositions[0].members), (0,) * len(rows), prepared=prepared)
+        transitions = {
+            next_composition(
+                compositions[r], agreed_step, stopped_rows=stopped, prefilled=frozenset(compositions[r].prefilling),
+                join_room=max_batch, pending=pendings[r], max_batch=max_batch,
+            )
+            for r in range(world)
+        }  # fmt: skip
+        assert len(transitions) == 1
+        (transition,) = transitions
+        assert all(ready_at[t] <= step_index and log.index(t) < received for t in transition.newcomers)
+        assert not set(transition.newcomers) & set(joined)
+        assert list(transition.newcomers) == sorted(transition.newcomers, key=log.index)
+        joined += transition.newcomers
+        compositions = [transition.composition] * world
+        assert transition.composition.admitted == len(joined)
+        assert len(transition.composition.members) <= max_batch
+    assert joined == sorted(joined, key=log.index) or any(ready_at[t] > 0 for t in log)  # passing needs a wait
+    assert sorted(joined) == sorted(log)

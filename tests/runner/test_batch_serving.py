@@ -88,7 +88,7 @@ def test_a_row_that_joins_the_batch_keeps_its_kv_only_in_the_batchs_cache() -> N
     """A stream prefills into caches of its own; once it joins the rows, the batch's cache holds its
     KV (a copy, for a second row) and the stream lets go of its own, so no decoding row keeps its
     prompt's KV twice for its whole life."""
-    from runner.engine.batch_streams import Admission
+    from runner.engine.batch_streams import Admission, still_pending
 
     shard = load_shard(cached_tiny(), ShardPlacement(0, 1, ((0, 8),)), None)
     engine = Engine(None, shard, RunnerSettings(prefill_step_size=32))
@@ -101,7 +101,7 @@ def test_a_row_that_joins_the_batch_keeps_its_kv_only_in_the_batchs_cache() -> N
     reported = []
     for _ in range(20):
         result = batch.step(lambda: list(pending))
-        del pending[: result.admitted]
+        pending[:] = still_pending(pending, result.admitted)
         reported += [result.kv] if result.kv is not None else []
         if len(batch.micro.rows) == 2:
             break

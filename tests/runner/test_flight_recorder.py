@@ -107,9 +107,10 @@ def test_thread_beats_while_the_main_thread_is_blocked_and_stops_promptly() -> N
     assert len(published) >= 5 and recorder.recorded == len(published)
     assert all(b.phase == "prefill" and b.task_id == "task_9" and b.iteration == 2 for b in published)
     stacks = [b.stack for b in published if b.stack is not None]
-    # The first stack shows where the main thread sits: taken once the wait passed 0.05 s of its 0.3.
-    # (Not the last: under load a beat landed while the main thread was already joining the recorder.)
-    assert stacks and "blocked.wait" in stacks[0]
+    # The stacks show where the main thread sits: in the wait, once the phase is 0.05 s old. (Under
+    # load the first can be older, taken while the main thread still started the recorder's thread,
+    # and the last newer, taken while it joined it.)
+    assert any("blocked.wait" in stack for stack in stacks), stacks
 
 
 def test_a_failing_destination_does_not_stop_the_recorder() -> None:

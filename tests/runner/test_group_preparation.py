@@ -1,7 +1,7 @@
 """A newcomer whose grammar takes long to compile never freezes the batch's other streams, on real
 ring groups of 1 and 2 ranks (tiny model): it is prepared off the step loop (`runner.preparer`),
 the rows keep decoding meanwhile, it joins once every rank has it ready (agreed, so every rank
-admits it at the same step), the ones after it in the log wait for it, and every stream still
+admits it at the same step), the ones after it in the log join past it, and every stream still
 equals the same request served alone."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def requests() -> list[dict[str, Any]]:
     return [
         req("running", 9, 64),
         req("constrained", 6, 12, constraint=constraint),
-        req("behind", 5, 6),  # after it in the log: waits for it, though it needs no preparation
+        req("behind", 5, 6),  # after it in the log, with no grammar: joins past it
     ]
 
 
@@ -78,9 +78,9 @@ def test_a_slow_grammar_never_freezes_the_other_streams(world: int) -> None:
             assert got["token_ids"] == expected["token_ids"], f"{where} {task_id}"
             assert got["finish_reason"] == expected["finish_reason"], f"{where} {task_id}"
         timing = {t: run["ended"][t]["timing"]["admitted_step"] for t in alone}
-        # the rows took steps while it prepared, and the one behind it in the log waited for it
+        # the rows took steps while it prepared, and the one behind it in the log did not wait for it
         assert timing["constrained"] > GRAMMAR_ARRIVES + 2, (where, timing)
-        assert timing["behind"] >= timing["constrained"], (where, timing)
+        assert timing["behind"] <= GRAMMAR_ARRIVES + 2 < timing["constrained"], (where, timing)
         while_preparing = run["step_times"][GRAMMAR_ARRIVES : timing["constrained"] + 1]
         longest_step = max(end - start for start, end in while_preparing)
         assert longest_step < slowest_allowed, (where, longest_step, slowest_allowed)

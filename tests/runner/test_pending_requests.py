@@ -73,14 +73,18 @@ def test_the_batch_sees_the_built_admissions_in_log_order_up_to_the_first_still_
     pending.add(assignment(ev, "slow"), at_once=False)
     pending.add(assignment(ev, "after"), at_once=True)  # built at once, seen only after "slow"
     assert [a.task_id for a in pending.built()] == ["first"]
-    assert [a.task_id for a in pending.pop(1)] == ["first"]
+    assert [a.task_id for a in pending.pop(["first"])] == ["first"]
     pending.wait_first(0.05)
     assert pending.built() == [] and len(pending) == 2
     release.set()
     pending.wait_first(10)
     assert [a.task_id for a in pending.built()] == ["slow", "after"]
     pending.add(assignment(ev, "broken"), at_once=False)
-    pending.pop(2)
+    pending.add(assignment(ev, "last"), at_once=True)
+    pending.wait_first(10)
+    assert [a.task_id for a in pending.pop(["after"])] == ["after"]  # admitted past "slow"
+    assert [a.task_id for a in pending.pop(["slow"])] == ["slow"]
+    assert len(pending) == 2  # "broken", then "last", seen only after it
     pending.wait_first(10)
     with pytest.raises(ValueError, match="the tokenizer failed"):
         pending.built()  # raised on the step loop, as a build that ran there raised it
