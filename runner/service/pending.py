@@ -74,6 +74,7 @@ class PendingAdmissions:
         for entry in self._entries:
             built = entry.done() and entry.exception() is None
             if built and entry.result().task_id in wanted:
+                wanted.discard(entry.result().task_id)  # one entry each, as the batch counted them
                 admitted.append(entry.result())
             else:
                 kept.append(entry)
