@@ -25,9 +25,9 @@ async def chat_completions(request: Request, ctx: ApiContext) -> Response:
     config = ctx.resolved.config
     chat = decode_chat_request(await read_body(request, config.max_body_bytes))
     check_model(ctx, chat.model)
-    lane = ctx.prompt_lanes.grammars
-    messages, params = await to_task_off_loop(chat, max_tokens_limit=config.max_tokens_limit, lane=lane)
-    task = await admit(ctx, chat.model, params, caller_of(request).key_id, messages=messages)
+    key, lane = caller_of(request).key_id, ctx.prompt_lanes.grammars
+    messages, params = await to_task_off_loop(chat, max_tokens_limit=config.max_tokens_limit, lane=lane, key=key)
+    task = await admit(ctx, chat.model, params, key, messages=messages)
 
     def answer(outcome: Collected, terminal: TaskCompleted) -> ChatCompletion:
         splitter = _tool_call_splitter(task)

@@ -10,9 +10,10 @@ in the end, left everyone else's request behind them: with 60 such bodies in fli
 chat took 21 s to answer.
 
 Now a prompt of up to `SHORT_PROMPT_CHARS` characters is sized in the short lane and a longer one
-in the long lane, each with threads of its own. A burst of long prompts waits behind itself, in
-arrival order, `LONG_LANE_THREADS` at a time (about what two cores give anyway), while every short
-prompt is sized at once. A prompt of token ids is only checked against the vocabulary: short.
+in the long lane, each with threads of its own. A burst of long prompts waits behind itself,
+`LONG_LANE_THREADS` at a time (about what two cores give anyway), while every short prompt is sized
+at once; and a lane's waiters are served by API key in turn (`fair_lane.py`), so one key's burst of
+long prompts (or of grammars, below) holds another key's request back only until a thread frees. A prompt of token ids is only checked against the vocabulary: short.
 
 A request's grammar (tools, a response format) is built and checked before that, in a lane of its
 own too (`grammars`, `GRAMMAR_LANE_THREADS`): a large JSON schema holds a thread for a good part of
@@ -25,10 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import anyio
 import msgspec
 
 from events.catalogue import ChatMessage, RawPrompt, ToolFunction
+from events.ids import KeyId
+from services.api.fair_lane import FairLane
 from services.api.prompts import PromptModel, prompt_tokens
 
 SHORT_PROMPT_CHARS = 16_384  # about 4,000 tokens: tokenized in milliseconds
@@ -53,7 +55,8 @@ def is_short(chars: int) -> bool:
 
 class PromptLanes:
     """The lanes of one API: `size` runs `prompt_tokens` on a thread of the prompt's lane (short or
-    long); `grammars` is the lane where requests' grammars are checked (`schemas.to_task_off_loop`)."""
+    long); `grammars` is the lane where requests' grammars are checked (`schemas.to_task_off_loop`).
+    Each lane takes its waiters by API key in turn (`fair_lane.FairLane`)."""
 
     def __init__(
         self,
@@ -61,17 +64,18 @@ class PromptLanes:
         long_threads: int = LONG_LANE_THREADS,
         grammar_threads: int = GRAMMAR_LANE_THREADS,
     ) -> None:
-        self._short = anyio.CapacityLimiter(short_threads)
-        self._long = anyio.CapacityLimiter(long_threads)
-        self.grammars = anyio.CapacityLimiter(grammar_threads)
+        self._short = FairLane(short_threads)
+        self._long = FairLane(long_threads)
+        self.grammars = FairLane(grammar_threads)
 
     async def size(
         self,
+        key: KeyId,
         model: PromptModel | None,
         messages: Sequence[ChatMessage],
         tools: Sequence[ToolFunction],
         raw_prompt: RawPrompt | None,
     ) -> int:
-        """The prompt's tokens (`prompt_tokens`), its 400s included."""
+        """The prompt's tokens (`prompt_tokens`), its 400s included, sized in `key`'s turn."""
         lane = self._short if is_short(prompt_chars(messages, tools, raw_prompt)) else self._long
-        return await anyio.to_thread.run_sync(prompt_tokens, model, messages, tools, raw_prompt, limiter=lane)
+        return await lane.run_sync(key, prompt_tokens, model, messages, tools, raw_prompt)

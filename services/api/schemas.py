@@ -15,11 +15,12 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Literal, TypeVar
 
-import anyio
 import msgspec
 
 from events.catalogue import DEFAULT_MAX_TOKENS, ChatMessage, TaskParams
+from events.ids import KeyId
 from events.vocabulary import BIAS_BOUND, MAX_BIASED_TOKENS, PENALTY_BOUND
+from services.api.fair_lane import FairLane
 from services.api.tools import (
     RequestToolCall,
     ResponseFormat,
@@ -301,15 +302,14 @@ def _refuse_unsupported(fields: dict[str, msgspec.Raw], unsupported: Mapping[str
 
 
 async def to_task_off_loop(
-    request: ChatCompletionRequest, *, max_tokens_limit: int, lane: anyio.CapacityLimiter
+    request: ChatCompletionRequest, *, max_tokens_limit: int, lane: FairLane, key: KeyId
 ) -> tuple[list[ChatMessage], TaskParams]:
-    """`to_task`, on a thread of `lane` (`PromptLanes.grammars`) when the request has tools or a
-    response format: checking a grammar built from a large schema takes llguidance up to a second,
-    which on the event loop would hold every other client's stream for as long."""
+    """`to_task`, on a thread of `lane` (`PromptLanes.grammars`, in `key`'s turn) when the request
+    has tools or a response format: checking a grammar built from a large schema takes llguidance up
+    to a second, which on the event loop would hold every other client's stream for as long."""
     if not request.tools and request.response_format is None:
         return to_task(request, max_tokens_limit=max_tokens_limit)
-    check = functools.partial(to_task, request, max_tokens_limit=max_tokens_limit)
-    return await anyio.to_thread.run_sync(check, limiter=lane)
+    return await lane.run_sync(key, functools.partial(to_task, request, max_tokens_limit=max_tokens_limit))
 
 
 def to_task(request: ChatCompletionRequest, *, max_tokens_limit: int) -> tuple[list[ChatMessage], TaskParams]:

@@ -86,7 +86,9 @@ async def admit(
         raise full
     param = "messages" if raw_prompt is None else "prompt"
     model = await ctx.prompt_model(model_name)
-    size = await ctx.prompt_lanes.size(model, messages, params.tools, raw_prompt)  # long ones: in a lane of their own
+    size = await ctx.prompt_lanes.size(
+        owner, model, messages, params.tools, raw_prompt
+    )  # long ones: a lane of their own
     check_prompt_size(model, size, param)
     size += stop_tokens(model, params.stop)
     if size > config.max_prompt_tokens:

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from events.constraints import JsonObject, JsonSchema, ToolCallRequired
+from events.ids import KeyId
 from runner.local.testing import slow_json_schema
 from services.api.prompt_lanes import PromptLanes
 from services.api.schemas import RequestProblem, decode_chat_request, to_task, to_task_off_loop
@@ -156,7 +157,7 @@ def test_a_burst_of_large_schemas_is_checked_off_the_event_loop_two_at_a_time() 
                 last = now
 
         async def check() -> None:
-            tasks.append(await to_task_off_loop(request, max_tokens_limit=100, lane=lane))
+            tasks.append(await to_task_off_loop(request, max_tokens_limit=100, lane=lane, key=KeyId("k")))
 
         ticker = asyncio.create_task(tick())
         await asyncio.sleep(0.01)

@@ -11,11 +11,12 @@ import pytest
 from eventlog.log import EventLog
 from events.catalogue import ChatMessage
 from events.constraints import ToolFunction
+from services.api.auth import ApiAccess, parse_entries
 from services.api.prompt_lanes import SHORT_PROMPT_CHARS, is_short, prompt_chars
 from services.config import ShoalConfig
 from tests.events.builders import Events
 from tests.services.test_api import Client, chat
-from tests.services.test_api_admission import api_with
+from tests.services.test_api_admission import ALICE, BOB, api_with, keyed
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,3 +66,35 @@ async def test_a_short_request_is_not_held_up_by_a_burst_of_long_prompts(event_l
         assert short.status == 200
         for client in (warm, short):
             client.disconnect()
+
+
+async def test_one_keys_burst_of_long_prompts_does_not_hold_up_another_keys_long_prompt(
+    event_log: EventLog,
+) -> None:
+    """Alice sends 24 long prompts, then Bob one: Bob's is sized on the first thread a prompt of
+    Alice's frees (`fair_lane.FairLane`), not after all of hers, as when the lane was first come,
+    first served. Every one of them is refused in the end (over the context): what is timed is when."""
+    await event_log.append(Events().node("n1"))
+    access = ApiAccess(parse_entries([ALICE, BOB]))
+    config = ShoalConfig(max_queued_tasks=200, max_queued_tasks_per_key=100)
+    async with api_with(event_log, config, access) as (_ctx, app), anyio.create_task_group() as group:
+        warm = keyed(BOB, chat(stream=True))
+        group.start_soon(warm.run, app)
+        with anyio.fail_after(40):  # the first request loads the tokenizer (transformers: seconds)
+            await warm.started.wait()
+        long_body = {**chat(stream=False), "messages": [{"role": "user", "content": "a b"}] * 2_000}
+        alices = [keyed(ALICE, long_body) for _ in range(24)]
+        for client in alices:
+            group.start_soon(client.run, app)
+        await anyio.sleep(0.05)  # every one of hers is in, its prompt being sized or waiting to be
+        bobs = keyed(BOB, long_body)
+        group.start_soon(bobs.run, app)
+        with anyio.fail_after(60):
+            await bobs.done.wait()
+        ended_before = sum(client.done.is_set() for client in alices)
+        with anyio.fail_after(60):
+            for client in alices:
+                await client.done.wait()
+        assert bobs.status == 400 and all(client.status == 400 for client in alices)
+        assert ended_before <= 6, ended_before  # first come, first served: about 22 (2 threads)
+        warm.disconnect()
