@@ -140,13 +140,15 @@ def test_one_keys_prompt_is_never_served_from_another_keys_cache(cluster: Cluste
 def test_another_keys_request_is_served_beside_a_flood_not_behind_it(cluster: Cluster) -> None:
     """Alice floods the instance with 10 streams; Bob's one request, sent once all of hers are
     taken, is handed the next place that frees (`services/master/fair_share.py`) and ends while
-    about half of hers are still to end. Served in the log's order, it would end after all of them."""
+    about half of hers are still to end. Served in the log's order, it would end after all of them.
+    (64 tokens each: with 24, on a loaded machine Bob's request once reached the log only as her
+    last streams ended.)"""
     flood = 10
     taken = threading.Barrier(flood + 1, timeout=60)
     ended: list[tuple[str, float]] = []
 
     def stream(key: str, who: str, barrier: threading.Barrier | None) -> None:
-        body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24, "stream": True}
+        body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 64, "stream": True}
         with (
             _http(cluster, key) as http,
             http.stream("POST", "/v1/chat/completions", json=body, timeout=120) as response,
