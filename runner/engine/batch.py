@@ -262,7 +262,7 @@ class ContinuousBatch:
         ended += [self._finished(t) for t in transition.finished]
         alone = not micro.rows and len(transition.composition.prefilling) == 1 and not self.chunks.busy()
         joining = set(transition.newcomers)  # by their index among the pending: the agreed proposals'
-        newcomers = [(i, a) for i, a in enumerate(pending) if a.task_id in joining]
+        newcomers = [(i, a) for i, a in enumerate(pending) if a.task_id in joining] if joining else []
         room = chunk_room(agreed.decode_share) if micro.rows else 1.0  # agreed: rank 0's pace, the rows
         capacity = agreed.kv_capacity
         failed = [

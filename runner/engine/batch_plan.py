@@ -18,9 +18,9 @@ still preparing that assignment (its grammar compiling off the step loop: `prepa
 by a rank that could not build its request (its `TaskCreated` could not be read): a 0 says no rank
 may run it (`AgreedStep.runnable`), so every rank fails it alike rather than one rank leaving it
 out of the batch the others run, and a 1 that it waits until every rank has it ready
-(`AgreedStep.prepared`) while those after it in the log may join past it (`ready_to_admit`). Each rank writes its KV capacity in
-tokens of its own layers (`kv_budget.token_capacity`) in its own entry; the batch admits within
-the least (`AgreedStep.kv_capacity`). Cancel votes add up (any rank's vote
+(`AgreedStep.prepared`) while those after it in the log may join past it (`ready_to_admit`). Each
+rank writes its KV capacity in tokens of its own layers (`kv_budget.token_capacity`) in its own
+entry; the batch admits within the least (`AgreedStep.kv_capacity`). Cancel votes add up (any rank's vote
 stops that stream); the sampling rank alone writes the tokens, and rank 0 alone the pace: what its
 decode steps cost against a prompt chunk, measured on its clock (`pace.StepPace`), which sizes the
 chunks of the newcomers admitted at this step. `next_composition` turns that vector, plus what
@@ -195,10 +195,10 @@ def next_composition(
     left; `join_room`: how many of them the decoding rows take now (`MicroBatches.join_room`);
     `pending`: this rank's assignments not yet admitted, in log order (every rank's list starts with
     the same `agreed.received - current.admitted` ids), admitted in log order, past any one a rank
-    still prepares (`agreed.prepared`: it waits, `ready_to_admit`); `reservations`: the KV positions each member
-    and pending assignment may come to hold (`kv_budget.reservation`; 0 for one every rank fails),
-    within the agreed `kv_capacity` (None: not bounded), beside `reserved_elsewhere`: the reservations
-    of the rows in the other micro-batches (mid-ring, they stay)."""
+    still prepares (`agreed.prepared`: it waits, `ready_to_admit`); `reservations`: the KV positions
+    each member and pending assignment may come to hold (`kv_budget.reservation`; 0 for one every
+    rank fails), within the agreed `kv_capacity` (None: not bounded), beside `reserved_elsewhere`:
+    the reservations of the rows in the other micro-batches (mid-ring, they stay)."""
     quiet = not (any(agreed.cancelled) or stopped_rows or current.prefilling or pending)
     if quiet and agreed.received == current.admitted:  # the common step: nobody leaves, joins or waits
         return Transition(current, tuple(range(len(current.rows))), (), (), (), ())

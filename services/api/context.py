@@ -35,7 +35,7 @@ class ApiContext:
     # set when the API begins to stop: each request in flight cancels its task and tells its client
     # (`task_stream.run_task`), and a new one is refused with a 503, before the log closes
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
-    prompt_lanes: PromptLanes = field(default_factory=PromptLanes)  # where prompts are tokenized (sized)
+    prompt_lanes: PromptLanes = field(default_factory=PromptLanes)  # where grammars are checked, prompts sized
     _prompt_models: dict[str, PromptModel | None] = field(default_factory=dict)  # by model, once loaded
     _prompt_loading: anyio.Lock = field(default_factory=anyio.Lock)  # one load at a time: see prompt_model
 

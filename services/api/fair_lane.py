@@ -79,7 +79,6 @@ class FairLane:
     def __init__(self, threads: int) -> None:
         if threads < 1:
             raise ValueError(f"a lane needs at least 1 thread, not {threads}")
-        self.threads = threads
         self.free = threads  # threads no caller holds
         self._turns: Turns[anyio.Event] = Turns()
         self._busy: Counter[Hashable] = Counter()  # threads held, by key

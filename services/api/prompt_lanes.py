@@ -13,7 +13,8 @@ Now a prompt of up to `SHORT_PROMPT_CHARS` characters is sized in the short lane
 in the long lane, each with threads of its own. A burst of long prompts waits behind itself,
 `LONG_LANE_THREADS` at a time (about what two cores give anyway), while every short prompt is sized
 at once; and a lane's waiters are served by API key in turn (`fair_lane.py`), so one key's burst of
-long prompts (or of grammars, below) holds another key's request back only until a thread frees. A prompt of token ids is only checked against the vocabulary: short.
+long prompts (or of grammars, below) holds another key's request back only until a thread frees.
+A prompt of token ids is only checked against the vocabulary: short.
 
 A request's grammar (tools, a response format) is built and checked before that, in a lane of its
 own too (`grammars`, `GRAMMAR_LANE_THREADS`): a large JSON schema holds a thread for a good part of
