@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import functools
 import json
-import time
 from typing import Any
 
 import pytest
 
-from events.constraints import JsonSchema
 from runner.local.local_run import synthetic_prompt
 from runner.local.testing import slow_json_schema
-from runner.models.grammar import check_grammar, grammar_for
 from tests.runner.harness import run_tiny_group, step_for
 
 pytestmark = pytest.mark.timeout(300)
@@ -58,17 +55,9 @@ def results(world: int) -> list[list[dict[str, Any]]]:
     return run_tiny_group(world, tasks, {"prefill_step_size": step_for(world), "decode_cancel_poll_tokens": 1})
 
 
-def preparation_seconds() -> float:
-    """What preparing the constrained newcomer costs a rank here (without the matcher: a lower bound)."""
-    started = time.perf_counter()
-    check_grammar(grammar_for(JsonSchema(name="slow", schema=json.dumps(SLOW_SCHEMA)), []))
-    return time.perf_counter() - started
-
-
 @pytest.mark.parametrize("world", (1, 2))
 def test_a_slow_grammar_never_freezes_the_other_streams(world: int) -> None:
     alone = {r["task_id"]: r for r in results(1)[0] if r.get("kind") != "batch"}
-    slowest_allowed = preparation_seconds()  # what the step that admitted it took more, prepared on the loop
     admitted = []
     for rank, ranked in enumerate(results(world)):
         (run,) = [r for r in ranked if r.get("kind") == "batch"]
@@ -83,6 +72,11 @@ def test_a_slow_grammar_never_freezes_the_other_streams(world: int) -> None:
         assert timing["behind"] <= GRAMMAR_ARRIVES + 2 < timing["constrained"], (where, timing)
         while_preparing = run["step_times"][GRAMMAR_ARRIVES : timing["constrained"] + 1]
         longest_step = max(end - start for start, end in while_preparing)
-        assert longest_step < slowest_allowed, (where, longest_step, slowest_allowed)
+        window = while_preparing[-1][1] - while_preparing[0][0]
+        # prepared on the loop, one step would hold all of the preparation, the whole window. Off the
+        # loop the others keep stepping beside it; a loaded machine stretches single steps (the
+        # preparer takes the GIL in turns), so the bound is loose: a step held 0.06-0.47 of the
+        # window with three test runs on 2 cores, once 0.70 (both from the same run)
+        assert longest_step < window * 9 / 10, (where, longest_step, window)
         admitted.append(timing)
     assert all(view == admitted[0] for view in admitted)  # agreed: every rank admitted each at the same step
