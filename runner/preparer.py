@@ -4,19 +4,26 @@ step loop keeps decoding the others' tokens while it compiles (`runner.engine.pr
 `Engine.prepare` checks a request and, on the sampling rank, compiles its grammar; llguidance
 releases the GIL while it builds and compiles one, so the step loop runs beside it. A request with
 no grammar is prepared at once on the step loop: its checks cost microseconds, less than a thread
-hop, and it joins the batch past any grammar still compiling (`batch_plan.ready_to_admit`). One
-worker, in log order: grammars are compiled one at a time, oldest first, beside the step loop.
+hop, and it joins the batch past any grammar still compiling (`batch_plan.ready_to_admit`).
+
+One worker compiles one grammar at a time, and the grammars waiting take turns by owner
+(`GenerationRequest.cache_scope`, the API key; `runner.turns`), each owner's in log order: one
+key's burst of slow grammars holds another key's grammar back by at most the one compiling, not by
+the whole burst. The order is this rank's own: which newcomers join a step is agreed from every
+rank's readiness (`agreed.prepared`), so ranks that finish in different orders still agree.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import Future
 from functools import partial
 from typing import TYPE_CHECKING
 
-from runner.serial_worker import SerialWorker, settled
+from runner.serial_worker import SerialWorker, fulfil, settled
+from runner.turns import Turns
 
 if TYPE_CHECKING:
     from runner.engine.engine import GenerationRequest
@@ -26,14 +33,23 @@ if TYPE_CHECKING:
 class ThreadedPreparer:
     def __init__(self, prepare: Callable[[GenerationRequest], Prepared]) -> None:
         self._prepare = prepare
-        self._futures: dict[str, Future[Prepared]] = {}
+        self._futures: dict[str, Future[Prepared]] = {}  # the step loop's alone
         self._worker = SerialWorker("prepare-newcomers")
+        self._lock = threading.Lock()  # the step loop and the worker share the two below
+        self._turns: Turns[str] = Turns()  # the grammars not started yet, by owner: their task ids
+        self._waiting: dict[str, GenerationRequest] = {}  # ... and their requests
 
     def start(self, request: GenerationRequest) -> None:
         if request.task_id in self._futures:
             return
-        call = partial(self._prepare, request)
-        self._futures[request.task_id] = settled(call) if request.constraint is None else self._worker.submit(call)
+        if request.constraint is None:
+            self._futures[request.task_id] = settled(partial(self._prepare, request))
+            return
+        self._futures[request.task_id] = Future()
+        with self._lock:
+            self._waiting[request.task_id] = request
+            self._turns.join(request.cache_scope, request.task_id)
+        self._worker.submit(self._prepare_next)  # one run per grammar: each takes the next in turn
 
     def ready(self, task_id: str) -> bool:
         future = self._futures.get(task_id)
@@ -48,4 +64,20 @@ class ThreadedPreparer:
         return self._futures.pop(task_id).result()  # done: every rank agreed it is ready
 
     def discard(self, task_id: str) -> None:
-        self._futures.pop(task_id, None)  # one still queued is prepared and dropped
+        """A grammar not started yet is never compiled; one compiling finishes and is dropped."""
+        self._futures.pop(task_id, None)
+        with self._lock:
+            request = self._waiting.pop(task_id, None)
+            if request is not None:
+                self._turns.leave(request.cache_scope, task_id)
+
+    def _prepare_next(self) -> None:
+        """On the worker: the grammar whose turn it is (none: the ones left were discarded)."""
+        with self._lock:
+            turn = self._turns.next()
+            request = None if turn is None else self._waiting.pop(turn[1])
+        if request is None:
+            return
+        future = self._futures.get(request.task_id)  # the step loop only adds and pops whole entries
+        if future is not None:  # else discarded as its turn came
+            fulfil(future, partial(self._prepare, request))

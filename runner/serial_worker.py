@@ -21,7 +21,7 @@ T = TypeVar("T")
 def settled(call: Callable[[], T]) -> Future[T]:
     """`call()` run now; its result, or the exception it raised (raised where the result is read)."""
     future: Future[T] = Future()
-    _run(call, future)
+    fulfil(future, call)
     return future
 
 
@@ -43,10 +43,11 @@ class SerialWorker:
     def _serve(self) -> None:
         while True:
             call, future = self._work.get()
-            _run(call, future)
+            fulfil(future, call)
 
 
-def _run(call: Callable[[], T], future: Future[T]) -> None:
+def fulfil(future: Future[T], call: Callable[[], T]) -> None:
+    """Run `call()` into `future`: its result, or the exception it raised."""
     try:
         future.set_result(call())
     except Exception as exc:  # raised where the result is read, as if the call had run there

@@ -18,9 +18,11 @@ from runner.preparer import ThreadedPreparer
 pytestmark = pytest.mark.timeout(30)
 
 
-def request(task_id: str, constrained: bool = False) -> GenerationRequest:
+def request(task_id: str, constrained: bool = False, owner: str = "") -> GenerationRequest:
     constraint = JsonObject() if constrained else None
-    return GenerationRequest(task_id=task_id, prompt_token_ids=[1, 2, 3], max_tokens=4, constraint=constraint)
+    return GenerationRequest(
+        task_id=task_id, prompt_token_ids=[1, 2, 3], max_tokens=4, constraint=constraint, cache_scope=owner
+    )
 
 
 def admission(task_id: str, constrained: bool = False, readable: bool = True) -> Admission:
@@ -117,3 +119,29 @@ def test_an_unexpected_error_of_a_preparation_is_raised_where_it_is_taken() -> N
     preparer.start(request("h", constrained=True))
     preparer.discard("h")
     assert not preparer.ready("h")
+
+
+def test_grammars_waiting_to_compile_take_turns_by_owner() -> None:
+    """Alice's burst of grammars, then Bob's: Bob's compiles as soon as the one compiling ends, not
+    after all of hers; each owner's in log order; one discarded before its turn is never compiled."""
+    compiled: list[str] = []
+    release = threading.Semaphore(0)
+
+    def prepare(r: GenerationRequest) -> Prepared:
+        assert release.acquire(timeout=5)
+        compiled.append(r.task_id)
+        return Prepared()
+
+    preparer = ThreadedPreparer(prepare)
+    for n in range(1, 6):
+        preparer.start(request(f"alice{n}", constrained=True, owner="alice"))
+    preparer.start(request("bob1", constrained=True, owner="bob"))
+    preparer.start(request("bob2", constrained=True, owner="bob"))
+    preparer.discard("alice3")
+    for _ in range(6):
+        release.release()
+    for task_id in ("alice1", "alice2", "alice4", "alice5", "bob1", "bob2"):
+        preparer.wait(task_id, 5)
+        assert preparer.ready(task_id), task_id
+    assert compiled == ["alice1", "bob1", "alice2", "bob2", "alice4", "alice5"]
+    assert not preparer.ready("alice3")

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.api.fair_lane import FairLane, Turns
+from runner.turns import Turns
+from services.api.fair_lane import FairLane
 
 pytestmark = pytest.mark.timeout(60)
 
