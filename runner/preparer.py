@@ -37,7 +37,7 @@ class ThreadedPreparer:
         self._worker = SerialWorker("prepare-newcomers")
         self._lock = threading.Lock()  # the step loop and the worker share the two below
         self._turns: Turns[str] = Turns()  # the grammars not started yet, by owner: their task ids
-        self._waiting: dict[str, GenerationRequest] = {}  # ... and their requests
+        self._waiting: dict[str, tuple[GenerationRequest, Future[Prepared]]] = {}  # ... their requests
 
     def start(self, request: GenerationRequest) -> None:
         if request.task_id in self._futures:
@@ -45,9 +45,10 @@ class ThreadedPreparer:
         if request.constraint is None:
             self._futures[request.task_id] = settled(partial(self._prepare, request))
             return
-        self._futures[request.task_id] = Future()
+        future: Future[Prepared] = Future()
+        self._futures[request.task_id] = future
         with self._lock:
-            self._waiting[request.task_id] = request
+            self._waiting[request.task_id] = (request, future)
             self._turns.join(request.cache_scope, request.task_id)
         self._worker.submit(self._prepare_next)  # one run per grammar: each takes the next in turn
 
@@ -67,17 +68,17 @@ class ThreadedPreparer:
         """A grammar not started yet is never compiled; one compiling finishes and is dropped."""
         self._futures.pop(task_id, None)
         with self._lock:
-            request = self._waiting.pop(task_id, None)
-            if request is not None:
-                self._turns.leave(request.cache_scope, task_id)
+            waiting = self._waiting.pop(task_id, None)
+            if waiting is not None:
+                self._turns.leave(waiting[0].cache_scope, task_id)
 
     def _prepare_next(self) -> None:
         """On the worker: the grammar whose turn it is (none: the ones left were discarded)."""
         with self._lock:
             turn = self._turns.next()
-            request = None if turn is None else self._waiting.pop(turn[1])
-        if request is None:
+            waiting = None if turn is None else self._waiting.pop(turn[1])
+        if waiting is None:
             return
-        future = self._futures.get(request.task_id)  # the step loop only adds and pops whole entries
-        if future is not None:  # else discarded as its turn came
+        request, future = waiting
+        if self._futures.get(request.task_id) is future:  # else discarded as its turn came
             fulfil(future, partial(self._prepare, request))

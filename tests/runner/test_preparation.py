@@ -145,3 +145,32 @@ def test_grammars_waiting_to_compile_take_turns_by_owner() -> None:
         assert preparer.ready(task_id), task_id
     assert compiled == ["alice1", "bob1", "alice2", "bob2", "alice4", "alice5"]
     assert not preparer.ready("alice3")
+
+
+def test_a_grammar_discarded_and_started_again_is_prepared_once_more_and_the_worker_goes_on() -> None:
+    compiled: list[str] = []
+    release = threading.Semaphore(0)
+    compiling = threading.Event()
+
+    def prepare(r: GenerationRequest) -> Prepared:
+        compiling.set()
+        assert release.acquire(timeout=5)
+        compiled.append(r.task_id)
+        return Prepared()
+
+    preparer = ThreadedPreparer(prepare)
+    preparer.start(request("a", constrained=True))
+    assert compiling.wait(5)  # a compiles: it holds the worker
+    preparer.start(request("b", constrained=True))
+    preparer.discard("a")
+    preparer.start(request("a", constrained=True))  # after b, in a future of its own
+    for _ in range(3):
+        release.release()
+    for task_id in ("b", "a"):
+        preparer.wait(task_id, 5)
+        assert preparer.ready(task_id), task_id
+    assert compiled == ["a", "b", "a"] and preparer.take("a") == Prepared()
+    preparer.start(request("c", constrained=True))  # the worker still serves
+    release.release()
+    preparer.wait("c", 5)
+    assert preparer.ready("c")
