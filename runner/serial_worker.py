@@ -47,7 +47,11 @@ class SerialWorker:
 
 
 def fulfil(future: Future[T], call: Callable[[], T]) -> None:
-    """Run `call()` into `future`: its result, or the exception it raised."""
+    """Run `call()` into `future`: its result, or the exception it raised. A future cancelled
+    before its turn is skipped: no one reads it, and answering it would raise here, on the worker
+    (which would stop serving every call after it)."""
+    if not future.set_running_or_notify_cancel():
+        return
     try:
         future.set_result(call())
     except Exception as exc:  # raised where the result is read, as if the call had run there
