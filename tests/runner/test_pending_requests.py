@@ -186,7 +186,11 @@ def test_a_large_prompt_is_tokenized_while_the_running_stream_keeps_stepping() -
     window = starts[read : seen + 2]
     gaps = [b - a for a, b in pairwise(window)]
     assert len(window) >= 4, f"{len(window)} steps while {built_inline:.3f} s of tokenizing ran"
-    assert max(gaps) < built_inline / 3, f"a {max(gaps):.3f} s step gap against {built_inline:.3f} s inline"
+    # tokenized on the loop, one gap would hold it all, most of the window; off the loop no gap holds
+    # half of it (both from the same run, so a loaded machine slows both: 0.03-0.11 of it with the
+    # whole suite running beside; against the inline time, timed later, the gap's share moved 0.06-0.16)
+    span = window[-1] - window[0]
+    assert max(gaps) < span / 2, f"a {max(gaps):.3f} s step gap in {span:.3f} s of steps while it tokenized"
     ended = [str(e.task_id) for e in inbox.published if isinstance(e, (TaskCompleted, TaskFailed))]
     assert sorted(ended) == ["large", "running", "small"]
     assert all(isinstance(e, TaskCompleted) for e in inbox.published if isinstance(e, TaskFailed | TaskCompleted))
