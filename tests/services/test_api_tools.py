@@ -131,18 +131,16 @@ def test_a_burst_of_large_schemas_is_checked_off_the_event_loop_two_at_a_time() 
     """Checking the grammar of a large schema takes llguidance a good part of a second: the chat
     route does it on a thread of the API's grammar lane, so the loop keeps serving every other
     client meanwhile (the same request's task comes out). A burst of them runs two at a time: on
-    anyio's shared pool, all 12 at once held the loop for more than one check's whole time (they
-    take the GIL in turns, and the loop waits for it behind each)."""
+    anyio's shared pool, all 12 at once held the loop for about half the burst's time (they take
+    the GIL in turns, and the loop waits for it behind each)."""
     schema = slow_json_schema(400)
     response_format = {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}}
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "response_format": response_format}
     request = decode_chat_request(msgspec.json.encode(body))
-    started = time.perf_counter()
     inline = to_task(request, max_tokens_limit=100)
-    on_the_loop = time.perf_counter() - started
     burst = 12
 
-    async def checked_while_ticking() -> tuple[list[object], float]:
+    async def checked_while_ticking() -> tuple[list[object], float, float]:
         gaps: list[float] = []
         done = False
         lane = PromptLanes().grammars
@@ -161,11 +159,16 @@ def test_a_burst_of_large_schemas_is_checked_off_the_event_loop_two_at_a_time() 
 
         ticker = asyncio.create_task(tick())
         await asyncio.sleep(0.01)
+        started = time.perf_counter()
         await asyncio.gather(*(check() for _ in range(burst)))
+        burst_seconds = time.perf_counter() - started
         done = True
         await ticker
-        return tasks, max(gaps)
+        return tasks, max(gaps), burst_seconds
 
-    tasks, longest_gap = asyncio.run(checked_while_ticking())
+    tasks, longest_gap, burst_seconds = asyncio.run(checked_while_ticking())
     assert tasks == [inline] * burst
-    assert longest_gap < on_the_loop, (longest_gap, on_the_loop)  # all 12 at once: 4x one check
+    # both from the same run, so a loaded machine slows both: two at a time the loop's longest gap
+    # was 0.02-0.09 of the burst's time with the whole suite running beside, all 12 at once (anyio's
+    # 40 threads) 0.48-0.59; against one check timed before the burst, the two-thread gap reached 0.98
+    assert longest_gap < burst_seconds / 4, (longest_gap, burst_seconds)
