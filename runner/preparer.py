@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 class ThreadedPreparer:
     def __init__(self, prepare: Callable[[GenerationRequest], Prepared]) -> None:
         self._prepare = prepare
-        self._futures: dict[str, Future[Prepared]] = {}  # the step loop's alone
+        self._futures: dict[str, Future[Prepared]] = {}  # the step loop's alone: the worker answers its own
         self._worker = SerialWorker("prepare-newcomers")
         self._lock = threading.Lock()  # the step loop and the worker share the two below
         self._turns: Turns[str] = Turns()  # the grammars not started yet, by owner: their task ids
@@ -65,7 +65,7 @@ class ThreadedPreparer:
         return self._futures.pop(task_id).result()  # done: every rank agreed it is ready
 
     def discard(self, task_id: str) -> None:
-        """A grammar not started yet is never compiled; one compiling finishes and is dropped."""
+        """A grammar not started yet is never compiled; one already taken finishes and is dropped."""
         self._futures.pop(task_id, None)
         with self._lock:
             waiting = self._waiting.pop(task_id, None)
@@ -79,6 +79,5 @@ class ThreadedPreparer:
             waiting = None if turn is None else self._waiting.pop(turn[1])
         if waiting is None:
             return
-        request, future = waiting
-        if self._futures.get(request.task_id) is future:  # else discarded as its turn came
-            fulfil(future, partial(self._prepare, request))
+        request, future = waiting  # the future it was started with: a restart after a discard has its own
+        fulfil(future, partial(self._prepare, request))

@@ -86,9 +86,8 @@ async def admit(
         raise full
     param = "messages" if raw_prompt is None else "prompt"
     model = await ctx.prompt_model(model_name)
-    size = await ctx.prompt_lanes.size(
-        owner, model, messages, params.tools, raw_prompt
-    )  # long ones: a lane of their own
+    # sized on a thread of a lane (long prompts: a lane of their own), in the owner's turn
+    size = await ctx.prompt_lanes.size(owner, model, messages, params.tools, raw_prompt)
     check_prompt_size(model, size, param)
     size += stop_tokens(model, params.stop)
     if size > config.max_prompt_tokens:
