@@ -86,6 +86,7 @@ class ContinuousBatch:
         self.streams: dict[str, Stream] = {}
         self.micro = MicroBatches(engine.collectives.world)
         self.row_decoder = RowDecoder(engine)
+        self.last_join_step: int | None = None  # the step at whose end a stream last joined the rows
         self.chunks = PipelinedChunks(engine.rank, engine.collectives.world)
         self.steps = 0
         bound = engine.settings.prefix_cache_bytes if prefix_cache_bytes is None else prefix_cache_bytes
@@ -177,7 +178,8 @@ class ContinuousBatch:
         rows = [self.streams[t] for t in part.rows]
         specs = [s.spec for s in rows]
         joining = any(self.streams[t].prefilled for t in self.composition.prefilling)  # chunks are taken first
-        look_ahead = self.row_decoder.can_look_ahead(specs, joining)
+        joined = self.last_join_step == self.steps - 1
+        look_ahead = self.row_decoder.can_look_ahead(specs, joining, joined)
         inputs = [s.next_input for s in rows]
         return self.row_decoder.step(inputs, specs, part.cache, look_ahead, send_now=self.micro.lockstep)
 
@@ -317,6 +319,7 @@ class ContinuousBatch:
             part.cache.join(stream.run.caches)
         stream.run.caches.release()  # the batch's cache holds its KV now
         part.rows = (*part.rows, task_id)
+        self.last_join_step = self.steps
 
     def _cancelled(self, task_id: str, rows: tuple[str, ...]) -> Ended:
         stream = self.streams[task_id]

@@ -11,8 +11,12 @@ The look-ahead is computed for the rows of step n. When rows leave at step n's b
 look-ahead rows are dropped with them (`keep`; the cache drops its rows in the same order), so a
 stream's tokens and its seeded key splits are those it takes alone. It is never started at a step
 at whose end a stream may join the rows (one whose prompt is in, or takes its last chunk now: a
-joining row has no look-ahead, so the step after the join computes every row afresh) nor under a
-grammar (the mask of step n+1 needs token n accepted first). A step that carries an earlier prompt
+joining row has no look-ahead, so the step after the join computes every row afresh), nor at that
+step after a join, nor under a grammar (the mask of step n+1 needs token n accepted first).
+Starting it costs a forward: on a CPU, `mx.async_eval` of a forward's graph returns only once most
+of what it queued has run, so the step that starts it computes two forwards before its tokens are
+read. After a join that step would follow the join's copy of every row's KV (a 2,000-token newcomer:
+~30 ms on a tiny model, then two forwards of ~20 ms over the padded rows), so it starts one step later. A step that carries an earlier prompt
 chunk keeps it: the chunk is queued behind the rows' next forward, whose graph was built meanwhile.
 
 Several ranks in lockstep: rank 0 would build its forward only once the agreement hands it the
@@ -86,9 +90,11 @@ class RowDecoder:
         self.speculated_steps = 0  # how many steps rank 0 computed ahead and kept
         self.taken_back_steps = 0  # ... and took back
 
-    def can_look_ahead(self, specs: Sequence[DecodeSpec], joining: bool) -> bool:
-        """`joining`: a stream may join the rows at the end of this step (its prompt may be in)."""
-        return self.engine.collectives.world == 1 and not joining and all(s.token_mask is None for s in specs)
+    def can_look_ahead(self, specs: Sequence[DecodeSpec], joining: bool, joined: bool) -> bool:
+        """`joining`: a stream may join the rows at the end of this step (its prompt may be in);
+        `joined`: one joined them at the end of the last step."""
+        plain = all(s.token_mask is None for s in specs)
+        return self.engine.collectives.world == 1 and not joining and not joined and plain
 
     def step(
         self,
