@@ -22,6 +22,7 @@ from runner.engine.protocols import CancelSource, NeverCancelled, PhaseTracker
 from runner.errors import CallbackError
 from runner.flight.faults import FaultInjector
 from runner.flight.recorder import FlightReading, FlightRecorder
+from runner.heap import settle_heap
 from runner.local.batch_job import run_schedule
 from runner.local.testing import BrokenCancel, FixedCancel, RecordingSink, mlx_reference
 from runner.ring_wait import RingInbound
@@ -98,6 +99,7 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
 
     if job.get("warmup", True):
         engine_for({}).warm_up(phases)
+    settle_heap()  # as a served runner once it is ready: no full collection walks the model's libraries mid-run
     results = []
     for task in job["tasks"]:
         if task.get("kind") == "mlx_reference":
