@@ -106,9 +106,10 @@ def _spawn(rank: int, world: int, job: Path, workdir: Path, hostfile: Path, base
 def _wait(ranks: list[RankProcess], workdir: Path, deadline: float) -> None:
     while True:
         codes = [rp.process.poll() for rp in ranks]
-        for rp, code in zip(ranks, codes, strict=True):
-            if code not in (None, 0):
-                raise RankFailedError(rp.rank, _death_message(rp, code, workdir))
+        failed = [(rp, code) for rp, code in zip(ranks, codes, strict=True) if code is not None and code != 0]
+        if failed:  # one killed by a signal first: the others that exited meanwhile had lost it as a peer
+            rp, code = min(failed, key=lambda failure: failure[1] >= 0)
+            raise RankFailedError(rp.rank, _death_message(rp, code, workdir))
         if all(code == 0 for code in codes):
             return
         for rp, code in zip(ranks, codes, strict=True):
