@@ -15,9 +15,10 @@ joining row has no look-ahead, so the step after the join computes every row afr
 step after a join, nor under a grammar (the mask of step n+1 needs token n accepted first).
 Starting it costs a forward: on a CPU, `mx.async_eval` of a forward's graph returns only once most
 of what it queued has run, so the step that starts it computes two forwards before its tokens are
-read. After a join that step would follow the join's copy of every row's KV (a 2,000-token newcomer:
-~30 ms on a tiny model, then two forwards of ~20 ms over the padded rows), so it starts one step later. A step that carries an earlier prompt
-chunk keeps it: the chunk is queued behind the rows' next forward, whose graph was built meanwhile.
+read. After a join that step would follow the join's copy of every row's KV (a 2,000-token
+newcomer: ~30 ms on a tiny model, then two forwards of ~20 ms over the padded rows), so it starts
+one step later. A step that carries an earlier prompt chunk keeps it: the chunk is queued behind
+the rows' next forward, whose graph was built meanwhile.
 
 Several ranks in lockstep: rank 0 would build its forward only once the agreement hands it the
 tokens, while every other rank waits, so it *speculates* instead (`speculate`): it builds the rows'
