@@ -44,7 +44,13 @@ def main(argv: list[str]) -> int:
         rate = (count - 1) / (last - first) if count > 1 and last > first else 0.0
         return {"ttft_ms": (first - started) * 1000, "decode_tps": rate, "tokens": count}
 
-    for _ in range(2):  # warm-up: compile, allocate, fill caches
+    return serve_stdio(one)
+
+
+def serve_stdio(one: Callable[[], dict[str, Any]], warmups: int = 2) -> int:
+    """The side's half of the protocol: `warmups` unmeasured runs (compile, allocate, fill
+    caches), `ready`, then one run and its JSON line per `go` read, until stdin ends."""
+    for _ in range(warmups):
         one()
     print("ready", flush=True)
     for line in sys.stdin:

@@ -11,7 +11,10 @@ constraint and with logit adjustments (`logit_bias`, both penalties), what those
 least a pipeline of two processes costs (`bench.bare_pipeline`: the model's two halves on a
 2-rank mlx ring, nothing but the forward, the hop and the argmax): the 2-worker side's decode
 rate over it is what shoal adds to a 2-rank pipeline, and its rate over bare mlx-lm's what the
-split itself costs on this machine.
+split itself costs on this machine. And shoal's engine alone (`bench.engine_alone`: a 1-rank
+runner's decode loop in one process, no services): its rate over bare mlx-lm's is what the decode
+loop costs, and the 1-worker side's over it what serving adds (events, NATS, the API, HTTP, the
+client), so a run says where the 1-worker side's milliseconds go.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any, NamedTuple
 from bench.bare_mlx import bare_mlx
 from bench.bare_pipeline import BarePipeline
 from bench.cluster import Cluster
+from bench.engine_alone import engine_alone
 from bench.options import Sized, add_sized, resolve
 from bench.result import bench_result
 from bench.rounds import run_rounds
@@ -44,14 +48,23 @@ ABOUT = (
     "logprobs (top_logprobs=5); and 1 worker under a json_schema constraint and with logit_bias and "
     "penalties, for the per-token cost of constrained decoding and of logit adjustments; and bare mlx "
     "on a 2-rank ring (the model's halves, one hop each way per token), what a 2-rank pipeline costs "
-    "before shoal adds anything"
+    "before shoal adds anything; and shoal's engine alone (a 1-rank runner's decode loop in one process, "
+    "no services), which splits the 1-worker side's cost into the decode loop's and serving's"
 )
 SIZED = (
     Sized("--rounds", 20, 2, "rounds; each sends one request to every side"),
     Sized("--max-tokens", 64, 16, "tokens to generate per request"),
     Sized("--warmup", 2, 1, "unmeasured requests per side before the rounds"),
 )
-SIDES = ("bare_mlx_lm", "bare_mlx_pipeline_2r", "shoal_1w", "shoal_2w", "shoal_1w_logprobs")
+SIDES = ("bare_mlx_lm", "bare_mlx_pipeline_2r", "shoal_engine_alone", "shoal_1w", "shoal_2w", "shoal_1w_logprobs")
+# (comparison, side, the side it is read against): decode rate ratios per round.
+DECODE_RATIOS = (
+    ("decode_ratio_2w_over_bare_pipeline", "shoal_2w", "bare_mlx_pipeline_2r"),
+    ("bare_pipeline_decode_ratio", "bare_mlx_pipeline_2r", "bare_mlx_lm"),
+    ("engine_alone_decode_ratio", "shoal_engine_alone", "bare_mlx_lm"),
+    ("decode_ratio_1w_over_engine_alone", "shoal_1w", "shoal_engine_alone"),
+    ("logprobs_decode_ratio_1w", "shoal_1w_logprobs", "shoal_1w"),
+)
 LOGPROBS = {"logprobs": True, "top_logprobs": 5}
 JSON_SCHEMA_SIDE = "shoal_1w_json_schema"
 ADJUSTED_SIDE = "shoal_1w_adjusted"
@@ -97,11 +110,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             bare_mlx(env, model_dir, PROMPT, settings["max_tokens"], args.prefill_step, Path(root))
         )
         pipeline = stack.enter_context(BarePipeline(env, model_dir, PROMPT, settings["max_tokens"], Path(root)))
+        engine = stack.enter_context(
+            engine_alone(env, model_dir, PROMPT, settings["max_tokens"], args.prefill_step, Path(root))
+        )
         for cluster in clusters:
             cluster.wait_ready(timeout=300)
         sides: dict[str, Callable[[], Sample]] = {
             "bare_mlx_lm": lambda: Sample(**bare.generate()),
             "bare_mlx_pipeline_2r": lambda: Sample(**pipeline.generate()),
+            "shoal_engine_alone": lambda: Sample(**engine.generate()),
         }
         for workers, cluster in zip((1, 2), clusters, strict=True):
             sides[f"shoal_{workers}w"] = partial(_one_request, cluster.client(timeout=120), settings["max_tokens"])
@@ -177,21 +194,8 @@ def _report(settings: dict[str, Any], samples: dict[str, list[Sample]], quick: b
         comparisons[f"ttft_overhead_ms_{workers}w"] = compare(
             ttft[side], ttft["bare_mlx_lm"], "difference", f"{side}_ttft_ms - bare_mlx_lm_ttft_ms", "ms"
         )
-    comparisons["decode_ratio_2w_over_bare_pipeline"] = compare(
-        decode["shoal_2w"],
-        decode["bare_mlx_pipeline_2r"],
-        "ratio",
-        "shoal_2w_decode_tps / bare_mlx_pipeline_2r_decode_tps",
-    )
-    comparisons["bare_pipeline_decode_ratio"] = compare(
-        decode["bare_mlx_pipeline_2r"],
-        decode["bare_mlx_lm"],
-        "ratio",
-        "bare_mlx_pipeline_2r_decode_tps / bare_mlx_lm_decode_tps",
-    )
-    comparisons["logprobs_decode_ratio_1w"] = compare(
-        decode["shoal_1w_logprobs"], decode["shoal_1w"], "ratio", "shoal_1w_logprobs_decode_tps / shoal_1w_decode_tps"
-    )
+    for name, side, over in DECODE_RATIOS:
+        comparisons[name] = compare(decode[side], decode[over], "ratio", f"{side}_decode_tps / {over}_decode_tps")
     targets = {
         "decode_ratio_1w": target(comparisons["decode_ratio_1w"]["median"], ">=", DECODE_RATIO_MIN),
         "ttft_overhead_ms_1w": target(comparisons["ttft_overhead_ms_1w"]["median"], "<=", TTFT_OVERHEAD_MAX_MS, "ms"),

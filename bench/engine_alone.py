@@ -1,0 +1,96 @@
+"""shoal's engine alone, no services: a 1-rank runner's decode loop in one process, the side of
+`shoal bench e2e` between bare mlx-lm and `shoal up --workers 1`.
+
+Run as `python -m bench.engine_alone MODEL_DIR PROMPT MAX_TOKENS PREFILL_STEP` by the bench, in a
+subprocess with a 1-rank runner's BLAS environment. It builds what a 1-rank runner builds
+(`load_shard`, `Engine`, its warm-up, `continuous_batch` with the instance's default settings but
+the bench's prefill step) and hands each request to `ContinuousBatch.step` as the runner's serving
+loop does; the sink only notes when text arrives. Every request repeats the same prompt, so from
+the second on its KV comes from the prefix cache, as on the 1-worker side. It speaks `bench.bare_mlx`'s protocol (`ready`,
+then one JSON line per `go`) and times the first and last piece of text as the other sides do.
+Its decode rate over bare mlx-lm's is what shoal's decode loop costs; `shoal up --workers 1`'s over
+this one is what serving adds: the runner's bridge and events, NATS, the API, HTTP and the client.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.bare_mlx import StdioSide, serve_stdio
+from events.logprobs import TokenLogprob
+from runner.engine.protocols import NullSink
+
+
+class TextTimes(NullSink):
+    """A runner sink that keeps when text first and last arrived and how many tokens came (`count`)."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last: float | None = None
+        self.count = 0
+
+    def tokens(
+        self, task_id: str, index: int, text: str, token_ids: list[int], logprobs: list[TokenLogprob] | None = None
+    ) -> None:
+        self.count += len(token_ids)
+        if text:
+            self.last = time.perf_counter()
+            self.first = self.last if self.first is None else self.first
+
+
+def main(argv: list[str]) -> int:
+    from events.runner_settings import RunnerSettings
+    from runner.engine.batch_streams import Admission
+    from runner.engine.engine import Engine, GenerationRequest
+    from runner.engine.protocols import NeverCancelled, PhaseTracker
+    from runner.heap import settle_heap
+    from runner.models.chat import encode_chat
+    from runner.models.model_info import read_model_info
+    from runner.models.shard import ShardPlacement, load_shard
+    from runner.service.main import continuous_batch
+
+    model_dir, prompt, max_tokens, step = Path(argv[0]), argv[1], int(argv[2]), int(argv[3])
+    layers = read_model_info(model_dir).n_layers
+    shard = load_shard(model_dir, ShardPlacement(0, 1, ((0, layers),)), None)
+    engine = Engine(None, shard, RunnerSettings(prefill_step_size=step))
+    phases = PhaseTracker()
+    engine.warm_up(phases)
+    batch = continuous_batch(engine, phases)
+    prompt_ids = encode_chat(shard.tokenizer, [{"role": "user", "content": prompt}])
+    settle_heap()
+    counter = iter(range(sys.maxsize))
+
+    def one() -> dict[str, Any]:
+        task_id = f"bench-{next(counter)}"
+        sink = TextTimes()
+        request = GenerationRequest(task_id=task_id, prompt_token_ids=prompt_ids, max_tokens=max_tokens)
+        admission = Admission(task_id, request, NeverCancelled(), sink)
+        waiting = [admission]  # read by the step after its forward, as the serving loop's pending list
+        started = time.perf_counter()
+        while waiting or batch.busy:
+            if task_id in batch.step(waiting.copy).admitted:
+                waiting.clear()
+        first, last = sink.first or started, sink.last or started
+        rate = (sink.count - 1) / (last - first) if sink.count > 1 and last > first else 0.0
+        return {"ttft_ms": (first - started) * 1000, "decode_tps": rate, "tokens": sink.count}
+
+    return serve_stdio(one)
+
+
+def engine_alone(
+    env: dict[str, str], model_dir: str, prompt: str, max_tokens: int, step: int, log_dir: Path
+) -> StdioSide:
+    """The engine-alone process, with a 1-rank runner's BLAS environment."""
+    from runner.blas import blas_env
+
+    child_env = {**env, **blas_env(env.get("SHOAL_BLAS"), 1, os.cpu_count() or 1, env)}
+    argv = [sys.executable, "-m", "bench.engine_alone", model_dir, prompt, str(max_tokens), str(step)]
+    return StdioSide(argv, child_env, log_dir / "engine_alone.err")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
