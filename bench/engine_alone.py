@@ -2,7 +2,7 @@
 `shoal bench e2e` between bare mlx-lm and `shoal up --workers 1`.
 
 Run as `python -m bench.engine_alone MODEL_DIR PROMPT MAX_TOKENS PREFILL_STEP` by the bench, in a
-subprocess with a 1-rank runner's BLAS environment. It builds what a 1-rank runner builds
+subprocess with a 1-rank runner's BLAS environment and compute CPU (`runner.affinity`). It builds what a 1-rank runner builds
 (`load_shard`, `Engine`, its warm-up, `continuous_batch` with the instance's default settings but
 the bench's prefill step) and hands each request to `ContinuousBatch.step` as the runner's serving
 loop does; the sink only notes when text arrives. Every request repeats the same prompt, so from
@@ -22,6 +22,7 @@ from typing import Any
 
 from bench.bare_mlx import StdioSide, serve_stdio
 from events.logprobs import TokenLogprob
+from runner.affinity import COMPUTE_CPU_ENV, compute_cpu, pin_compute_threads
 from runner.engine.protocols import NullSink
 
 
@@ -43,6 +44,7 @@ class TextTimes(NullSink):
 
 
 def main(argv: list[str]) -> int:
+    pin_compute_threads(os.environ)  # first, as a runner does (runner.affinity)
     from events.runner_settings import RunnerSettings
     from runner.engine.batch_streams import Admission
     from runner.engine.engine import Engine, GenerationRequest
@@ -84,10 +86,11 @@ def main(argv: list[str]) -> int:
 def engine_alone(
     env: dict[str, str], model_dir: str, prompt: str, max_tokens: int, step: int, log_dir: Path
 ) -> StdioSide:
-    """The engine-alone process, with a 1-rank runner's BLAS environment."""
+    """The engine-alone process, with a 1-rank runner's BLAS environment and compute CPU."""
     from runner.blas import blas_env
 
     child_env = {**env, **blas_env(env.get("SHOAL_BLAS"), 1, os.cpu_count() or 1, env)}
+    child_env[COMPUTE_CPU_ENV] = str(compute_cpu(0, 1, sorted(os.sched_getaffinity(0))))  # as a worker would
     argv = [sys.executable, "-m", "bench.engine_alone", model_dir, prompt, str(max_tokens), str(step)]
     return StdioSide(argv, child_env, log_dir / "engine_alone.err")
 

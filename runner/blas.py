@@ -9,6 +9,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from typing import Annotated
+
+import msgspec
+
+BlasSetting = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"\S",
+        extra={"allowed": "auto, off, or the path of a BLAS library"},
+        description="BLAS of the runners on CPU",
+    ),
+]
 
 SYSTEM_OPENBLAS_PATHS: tuple[str, ...] = (
     "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",

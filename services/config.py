@@ -48,6 +48,8 @@ from events.runner_settings import (
     StreamChunkMinIntervalSeconds,
 )
 from events.state import FINISHED_TASKS_KEPT
+from runner.affinity import PinRunnerThreads
+from runner.blas import BlasSetting
 from services.config_files import find_yaml, read_yaml
 from services.config_values import REDACTED, ConfigError, DeclaredFields
 from services.master.lease import DEFAULT_LEASE_SECONDS
@@ -62,7 +64,6 @@ _NATS_URLS = r"^$|^(nats|tls|tcp)://[^\s/,]+(\s*,\s*(nats|tls|tcp)://[^\s/,]+)*$
 _SEE_NATS_URLS = "empty (run an embedded server) or nats://host:port or tls://host:port, comma-separated for a cluster"
 _PEM_FILE = "the path of a PEM file, or empty for none"
 _MAX_BYTES = "a byte count of at least 1024, or -1 for unlimited"
-_BLAS = "auto, off, or the path of a BLAS library"
 LogLevel = Literal["TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"]
 # Bearer tokens as RFC 6750 writes them (no ":"), long enough not to be guessed; ":admin" marks an admin key.
 _API_KEY = Annotated[str, Meta(pattern=r"^[A-Za-z0-9._~+/=-]{16,512}(:admin)?$")]
@@ -206,9 +207,8 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     snapshot_every_events: Annotated[
         int, Meta(ge=0, description="events between the master's snapshots of the State (start-ups); 0 = none")
     ] = 10_000
-    blas: Annotated[str, Meta(pattern=r"\S", extra={"allowed": _BLAS}, description="BLAS of the runners on CPU")] = (
-        "auto"
-    )
+    blas: BlasSetting = "auto"
+    pin_runner_threads: PinRunnerThreads = True
     log_level: Annotated[LogLevel, Meta(description="the least severe log message printed")] = "INFO"
 
     @property

@@ -83,6 +83,7 @@ def worker_settings(
         host=host,
         heartbeat_interval_seconds=config.heartbeat_interval_seconds,
         blas=config.blas,
+        pin_runner_threads=config.pin_runner_threads,
         echo_runner_logs=echo_runner_logs,
         finished_tasks_kept=config.finished_tasks_kept,
     )

@@ -31,6 +31,7 @@ from events.runner_settings import RunnerSettings
 from events.stamp import Stamper
 from events.subjects import instance_subject
 from events.vocabulary import RunnerStatus, RunnerStatusCause
+from runner.affinity import pin_compute_threads
 from runner.engine.protocols import PhaseTracker
 from runner.flight.faults import FaultInjector
 from runner.heap import settle_heap
@@ -275,6 +276,8 @@ def exit_with_parent(poll_seconds: float = 1.0) -> threading.Thread:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    _, placed_on = pin_compute_threads(os.environ)  # first: every thread started after inherits it
+    logger.info("rank {} of {}: {}", args.rank, args.instance, placed_on)
     exit_with_parent()
     stamper = Stamper(Origin(service="runner", node=args.node_id, rank=args.rank))
     phases = PhaseTracker()

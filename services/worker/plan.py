@@ -43,16 +43,27 @@ def plan_runners(state: State, node_id: NodeId, running: set[RunnerKey], ever_st
     )
 
 
-def ranks_sharing_host(state: State, host: str) -> int:
-    """Live ranks on every node at `host` (workers co-located on one machine share its cores)."""
+def ranks_on_host(state: State, host: str) -> list[RunnerKey]:
+    """Live ranks on every node at `host` (workers co-located on one machine share its cores), in
+    one order every worker there reads alike: by instance id, then rank."""
     hosts = {n.node_id: n.host for n in state.nodes.values()}
-    return sum(
-        1
+    return sorted(
+        (instance.instance_id, shard.rank)
         for instance in state.instances.values()
         if not instance.retired
         for shard in instance.shards
         if hosts.get(shard.node_id) == host
     )
+
+
+def ranks_sharing_host(state: State, host: str) -> int:
+    return len(ranks_on_host(state, host))
+
+
+def host_rank_index(state: State, host: str, key: RunnerKey) -> int:
+    """`key`'s place among the live ranks at `host` (0 when the state does not hold it)."""
+    ranks = ranks_on_host(state, host)
+    return ranks.index(key) if key in ranks else 0
 
 
 def rejoin_cause(state: State, node_id: NodeId, event: LogEvent) -> JoinCause | None:

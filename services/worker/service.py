@@ -37,10 +37,11 @@ from events.stamp import Stamper
 from events.state import FINISHED_TASKS_KEPT, State
 from events.subjects import event_subjects_without
 from events.vocabulary import JoinCause
+from runner.affinity import COMPUTE_CPU_ENV, compute_cpu
 from runner.blas import blas_env
 from runner.memory import memory_available_bytes
 from runner.service.exit_codes import exit_cause
-from services.worker.plan import RunnerKey, plan_runners, ranks_sharing_host, rejoin_cause
+from services.worker.plan import RunnerKey, host_rank_index, plan_runners, ranks_sharing_host, rejoin_cause
 from services.worker.procs import RunnerProcesses, child_env, describe_exit, runner_argv
 
 VERSION = "0.1.0"
@@ -55,6 +56,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     host: str = "127.0.0.1"  # the address peers reach this node's ring ports on
     heartbeat_interval_seconds: float
     blas: str
+    pin_runner_threads: bool = True
     echo_runner_logs: bool = False
     finished_tasks_kept: int = FINISHED_TASKS_KEPT
 
@@ -115,13 +117,17 @@ class Worker:
             await runners.stop(key)
         for key in plan.start:
             await runners.start(
-                key, runner_argv(self.settings.nats.url, key, self.settings.node_id), self._runner_env()
+                key, runner_argv(self.settings.nats.url, key, self.settings.node_id), self._runner_env(key)
             )
 
-    def _runner_env(self) -> dict[str, str]:
+    def _runner_env(self, key: RunnerKey) -> dict[str, str]:
         sharing = max(1, ranks_sharing_host(self.state, self.settings.host))
         blas = blas_env(self.settings.blas, sharing, os.cpu_count() or 1, os.environ)
-        return child_env({**blas, **self.settings.runner_nats.child_env()})  # paths only, never a seed
+        placed: dict[str, str] = {}
+        if self.settings.pin_runner_threads:  # runner.affinity: its compute threads share one CPU
+            index = host_rank_index(self.state, self.settings.host, key)
+            placed[COMPUTE_CPU_ENV] = str(compute_cpu(index, sharing, sorted(os.sched_getaffinity(0))))
+        return child_env({**blas, **placed, **self.settings.runner_nats.child_env()})  # paths only, never a seed
 
     async def _runner_exited(self, key: RunnerKey, code: int, stderr_tail: str) -> None:
         assert self._log is not None

@@ -1,0 +1,83 @@
+"""A rank's compute threads on one CPU (runner.affinity): which CPU, the pin, and that the threads
+started after it, MLX's stream thread among them, inherit it while OpenBLAS's keep every CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from runner.affinity import COMPUTE_CPU_ENV, compute_cpu, pin_compute_threads
+from runner.blas import SYSTEM_OPENBLAS_PATHS
+
+
+@pytest.mark.parametrize(
+    ("index", "ranks", "allowed", "cpu"),
+    [
+        (0, 1, [0, 1], 0),  # one rank: the first CPU, its BLAS worker free on the other
+        (1, 2, [0, 1], 1),  # two ranks on two CPUs: one each
+        (2, 3, [0, 1], 0),  # more ranks than CPUs: wrap around
+        (1, 2, [5, 2, 4, 3], 4),  # a share of two CPUs each, from the sorted allowed set
+        (0, 1, [7], 7),
+    ],
+)
+def test_the_cpu_is_the_first_of_the_ranks_share(index: int, ranks: int, allowed: list[int], cpu: int) -> None:
+    assert compute_cpu(index, ranks, allowed) == cpu
+
+
+def test_no_allowed_cpu_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no CPU"):
+        compute_cpu(0, 1, [])
+
+
+@pytest.mark.parametrize(
+    ("value", "why"), [("", "not set"), ("two", "not a CPU number"), ("-1", "not a CPU number"), ("9", "not among")]
+)
+def test_what_cannot_be_pinned_is_left_to_the_os(value: str, why: str) -> None:
+    pinned: list[set[int]] = []
+    cpu, reason = pin_compute_threads({COMPUTE_CPU_ENV: value}, allowed=lambda: {0, 1}, pin=pinned.append)
+    assert cpu is None and why in reason and pinned == []
+
+
+def test_an_allowed_cpu_is_pinned() -> None:
+    pinned: list[set[int]] = []
+    assert pin_compute_threads({COMPUTE_CPU_ENV: " 1 "}, allowed=lambda: {0, 1}, pin=pinned.append)[0] == 1
+    assert pinned == [{1}]
+
+
+PROBE = """
+import json, os, sys, threading
+from runner.affinity import pin_compute_threads
+before = set(os.listdir("/proc/self/task"))
+cpu, _ = pin_compute_threads(os.environ)
+import mlx.core as mx
+mx.eval(mx.ones((64, 64)) @ mx.ones((64, 64)))  # MLX starts its stream thread on first use
+helper = threading.Thread(target=lambda: None)
+helper.start(); helper.join()
+def cpus(tid): return sorted(os.sched_getaffinity(int(tid)))
+after = set(os.listdir("/proc/self/task"))
+print(json.dumps({"cpu": cpu, "main": cpus(os.getpid()), "started_after": [cpus(t) for t in after - before],
+                  "started_before": [cpus(t) for t in before if int(t) != os.getpid()]}))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_threads_started_after_the_pin_inherit_it_and_blas_workers_keep_every_cpu() -> None:
+    allowed = sorted(os.sched_getaffinity(0))
+    cpu = allowed[-1]
+    env = {**os.environ, COMPUTE_CPU_ENV: str(cpu), "OPENBLAS_NUM_THREADS": str(max(2, len(allowed)))}
+    openblas = next((path for path in SYSTEM_OPENBLAS_PATHS if os.path.exists(path)), None)
+    if openblas is not None:
+        env["LD_PRELOAD"] = openblas  # as a runner gets it: its worker threads start when it loads
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["cpu"] == cpu and seen["main"] == [cpu]
+    assert seen["started_after"], "MLX's stream thread and the helper started after the pin"
+    assert all(cpus == [cpu] for cpus in seen["started_after"])
+    if openblas is not None:
+        assert seen["started_before"], "OpenBLAS starts its worker threads when it loads"
+        assert all(cpus == allowed for cpus in seen["started_before"])
