@@ -12,6 +12,8 @@ its BLAS threads are sized by) and hands it over in `SHOAL_COMPUTE_CPU`; the run
 thread first thing (`pin_compute_threads`), so every thread started after it inherits the CPU
 (MLX starts its stream threads on first use). OpenBLAS starts its worker threads when the library
 loads, before that, so they keep every CPU and a large matmul still spreads over the rank's share.
+A helper thread that works off the step loop (a grammar compiling, a long prompt tokenizing) leaves
+the compute CPU (`leave_compute_cpu`). Only where the OS has thread affinity (Linux; `can_pin`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Annotated
 import msgspec
 
 COMPUTE_CPU_ENV = "SHOAL_COMPUTE_CPU"
+# The CPUs the process could run on when it loaded this module: a runner loads it before it pins.
+STARTING_CPUS: frozenset[int] = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
 PinRunnerThreads = Annotated[
     bool,
     msgspec.Meta(
@@ -30,6 +34,10 @@ PinRunnerThreads = Annotated[
         description="each runner's Python thread and MLX's compute threads share one CPU of its share of the node",
     ),
 ]
+
+
+def can_pin() -> bool:
+    return hasattr(os, "sched_setaffinity") and bool(STARTING_CPUS)
 
 
 def compute_cpu(index: int, ranks_on_node: int, allowed: Sequence[int]) -> int:
@@ -53,6 +61,8 @@ def pin_compute_threads(
     value = env.get(COMPUTE_CPU_ENV, "").strip()
     if not value:
         return None, f"{COMPUTE_CPU_ENV} is not set: the OS places the threads"
+    if not can_pin():
+        return None, "this OS has no thread affinity: it places the threads"
     if not value.isdigit():
         return None, f"{COMPUTE_CPU_ENV}={value!r} is not a CPU number: the OS places the threads"
     cpu = int(value)
@@ -60,3 +70,11 @@ def pin_compute_threads(
         return None, f"{COMPUTE_CPU_ENV}={cpu} is not among this process's CPUs: the OS places the threads"
     pin({cpu})
     return cpu, f"compute threads on CPU {cpu}"
+
+
+def leave_compute_cpu(pin: Callable[[frozenset[int]], None] | None = None) -> None:
+    """Let the calling thread run on every CPU the process started with (a helper thread started
+    after the pin inherited the compute CPU); nothing where the OS has no thread affinity."""
+    if pin is None and not can_pin():
+        return
+    (pin or (lambda cpus: os.sched_setaffinity(0, cpus)))(STARTING_CPUS)

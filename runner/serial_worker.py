@@ -15,6 +15,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from runner.affinity import leave_compute_cpu
+
 T = TypeVar("T")
 
 
@@ -41,6 +43,7 @@ class SerialWorker:
         return future
 
     def _serve(self) -> None:
+        leave_compute_cpu()  # its work is off the step loop: not on the CPU the loop is pinned to
         while True:
             call, future = self._work.get()
             fulfil(future, call)

@@ -1,5 +1,6 @@
 """A rank's compute threads on one CPU (runner.affinity): which CPU, the pin, and that the threads
-started after it, MLX's stream thread among them, inherit it while OpenBLAS's keep every CPU."""
+started after it, MLX's stream thread among them, inherit it, while OpenBLAS's workers and the
+helper threads that work off the step loop keep every CPU."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from runner.affinity import COMPUTE_CPU_ENV, compute_cpu, pin_compute_threads
+from runner.affinity import COMPUTE_CPU_ENV, STARTING_CPUS, compute_cpu, leave_compute_cpu, pin_compute_threads
 from runner.blas import SYSTEM_OPENBLAS_PATHS
 
 
@@ -48,6 +49,12 @@ def test_an_allowed_cpu_is_pinned() -> None:
     assert pinned == [{1}]
 
 
+def test_a_helper_thread_leaves_for_the_cpus_the_process_started_with() -> None:
+    pinned: list[frozenset[int]] = []
+    leave_compute_cpu(pin=pinned.append)
+    assert pinned == [STARTING_CPUS] and frozenset(os.sched_getaffinity(0)) == STARTING_CPUS
+
+
 PROBE = """
 import json, os, sys, threading
 from runner.affinity import pin_compute_threads
@@ -59,13 +66,15 @@ helper = threading.Thread(target=lambda: None)
 helper.start(); helper.join()
 def cpus(tid): return sorted(os.sched_getaffinity(int(tid)))
 after = set(os.listdir("/proc/self/task"))
+from runner.serial_worker import SerialWorker
+off_loop = SerialWorker("probe").submit(lambda: sorted(os.sched_getaffinity(0))).result(timeout=20)
 print(json.dumps({"cpu": cpu, "main": cpus(os.getpid()), "started_after": [cpus(t) for t in after - before],
-                  "started_before": [cpus(t) for t in before if int(t) != os.getpid()]}))
+                  "started_before": [cpus(t) for t in before if int(t) != os.getpid()], "off_loop": off_loop}))
 """
 
 
 @pytest.mark.timeout(60)
-def test_threads_started_after_the_pin_inherit_it_and_blas_workers_keep_every_cpu() -> None:
+def test_threads_started_after_the_pin_inherit_it_and_blas_workers_and_helpers_keep_every_cpu() -> None:
     allowed = sorted(os.sched_getaffinity(0))
     cpu = allowed[-1]
     env = {**os.environ, COMPUTE_CPU_ENV: str(cpu), "OPENBLAS_NUM_THREADS": str(max(2, len(allowed)))}
@@ -78,6 +87,7 @@ def test_threads_started_after_the_pin_inherit_it_and_blas_workers_keep_every_cp
     assert seen["cpu"] == cpu and seen["main"] == [cpu]
     assert seen["started_after"], "MLX's stream thread and the helper started after the pin"
     assert all(cpus == [cpu] for cpus in seen["started_after"])
+    assert seen["off_loop"] == allowed, "a helper thread off the step loop leaves the compute CPU"
     if openblas is not None:
         assert seen["started_before"], "OpenBLAS starts its worker threads when it loads"
         assert all(cpus == allowed for cpus in seen["started_before"])
