@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from events.runner_settings import RunnerSettings
+from runner.affinity import pin_compute_threads
 from runner.engine.protocols import CancelSource, NeverCancelled, PhaseTracker
 from runner.errors import CallbackError
 from runner.flight.faults import FaultInjector
@@ -144,6 +145,7 @@ def task_cancel(task: dict[str, Any], rank: int) -> CancelSource:
 
 
 def main(argv: list[str]) -> int:
+    pin_compute_threads(os.environ)  # first: the threads started after inherit it (runner.affinity)
     job_path, out_dir = Path(argv[0]), Path(argv[1])
     rank = int(os.environ.get("MLX_RANK", "0"))
     job = json.loads(job_path.read_text())
