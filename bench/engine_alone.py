@@ -22,7 +22,7 @@ from typing import Any
 
 from bench.bare_mlx import StdioSide, serve_stdio
 from events.logprobs import TokenLogprob
-from runner.affinity import COMPUTE_CPU_ENV, compute_cpu, pin_compute_threads
+from runner.affinity import compute_cpu_env, pin_compute_threads
 from runner.engine.protocols import NullSink
 
 
@@ -89,8 +89,7 @@ def engine_alone(
     """The engine-alone process, with a 1-rank runner's BLAS environment and compute CPU."""
     from runner.blas import blas_env
 
-    child_env = {**env, **blas_env(env.get("SHOAL_BLAS"), 1, os.cpu_count() or 1, env)}
-    child_env[COMPUTE_CPU_ENV] = str(compute_cpu(0, 1, sorted(os.sched_getaffinity(0))))  # as a worker would
+    child_env = {**env, **blas_env(env.get("SHOAL_BLAS"), 1, os.cpu_count() or 1, env), **compute_cpu_env(0, 1)}
     argv = [sys.executable, "-m", "bench.engine_alone", model_dir, prompt, str(max_tokens), str(step)]
     return StdioSide(argv, child_env, log_dir / "engine_alone.err")
 

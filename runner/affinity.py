@@ -50,6 +50,14 @@ def compute_cpu(index: int, ranks_on_node: int, allowed: Sequence[int]) -> int:
     return cpus[(index * share) % len(cpus)]
 
 
+def compute_cpu_env(index: int, ranks_on_node: int) -> dict[str, str]:
+    """What a rank's process gets to pin its compute threads (`SHOAL_COMPUTE_CPU`): the node's
+    `index`-th rank's CPU among those this process may use; nothing where the OS cannot pin."""
+    if not can_pin():
+        return {}
+    return {COMPUTE_CPU_ENV: str(compute_cpu(index, ranks_on_node, sorted(STARTING_CPUS)))}
+
+
 def pin_compute_threads(
     env: Mapping[str, str],
     allowed: Callable[[], Collection[int]] = lambda: os.sched_getaffinity(0),

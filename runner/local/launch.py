@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.affinity import COMPUTE_CPU_ENV, can_pin, compute_cpu
+from runner.affinity import compute_cpu_env
 from runner.blas import blas_env
 from runner.errors import RankFailedError
 
@@ -62,8 +62,8 @@ class RankProcess:
 def rank_env(rank: int, world: int, hostfile: Path, base: dict[str, str]) -> dict[str, str]:
     env = dict(base)
     env.update(blas_env(base.get("SHOAL_BLAS"), world, os.cpu_count() or 1, base))
-    if can_pin():  # as a worker places its runners (runner.affinity): one CPU of the rank's share
-        env.setdefault(COMPUTE_CPU_ENV, str(compute_cpu(rank, world, sorted(os.sched_getaffinity(0)))))
+    for name, value in compute_cpu_env(rank, world).items():  # as a worker places its runners
+        env.setdefault(name, value)
     env["MLX_RANK"] = str(rank)
     env["MLX_HOSTFILE"] = str(hostfile)
     env.setdefault("PYTHONUNBUFFERED", "1")

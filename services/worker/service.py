@@ -37,7 +37,7 @@ from events.stamp import Stamper
 from events.state import FINISHED_TASKS_KEPT, State
 from events.subjects import event_subjects_without
 from events.vocabulary import JoinCause
-from runner.affinity import COMPUTE_CPU_ENV, can_pin, compute_cpu
+from runner.affinity import compute_cpu_env
 from runner.blas import blas_env
 from runner.memory import memory_available_bytes
 from runner.service.exit_codes import exit_cause
@@ -124,9 +124,8 @@ class Worker:
         sharing = max(1, ranks_sharing_host(self.state, self.settings.host))
         blas = blas_env(self.settings.blas, sharing, os.cpu_count() or 1, os.environ)
         placed: dict[str, str] = {}
-        if self.settings.pin_runner_threads and can_pin():  # runner.affinity: its compute threads share one CPU
-            index = host_rank_index(self.state, self.settings.host, key)
-            placed[COMPUTE_CPU_ENV] = str(compute_cpu(index, sharing, sorted(os.sched_getaffinity(0))))
+        if self.settings.pin_runner_threads:  # runner.affinity: its compute threads share one CPU
+            placed = compute_cpu_env(host_rank_index(self.state, self.settings.host, key), sharing)
         return child_env({**blas, **placed, **self.settings.runner_nats.child_env()})  # paths only, never a seed
 
     async def _runner_exited(self, key: RunnerKey, code: int, stderr_tail: str) -> None:

@@ -11,7 +11,14 @@ import sys
 
 import pytest
 
-from runner.affinity import COMPUTE_CPU_ENV, STARTING_CPUS, compute_cpu, leave_compute_cpu, pin_compute_threads
+from runner.affinity import (
+    COMPUTE_CPU_ENV,
+    STARTING_CPUS,
+    compute_cpu,
+    compute_cpu_env,
+    leave_compute_cpu,
+    pin_compute_threads,
+)
 from runner.blas import SYSTEM_OPENBLAS_PATHS
 
 
@@ -64,12 +71,14 @@ import mlx.core as mx
 mx.eval(mx.ones((64, 64)) @ mx.ones((64, 64)))  # MLX starts its stream thread on first use
 helper = threading.Thread(target=lambda: None)
 helper.start(); helper.join()
-def cpus(tid): return sorted(os.sched_getaffinity(int(tid)))
+def cpus(tid):  # None: the thread ended between the listing and the read (the joined helper)
+    try: return sorted(os.sched_getaffinity(int(tid)))
+    except ProcessLookupError: return None
 after = set(os.listdir("/proc/self/task"))
 from runner.serial_worker import SerialWorker
 off_loop = SerialWorker("probe").submit(lambda: sorted(os.sched_getaffinity(0))).result(timeout=20)
-print(json.dumps({"cpu": cpu, "main": cpus(os.getpid()), "started_after": [cpus(t) for t in after - before],
-                  "started_before": [cpus(t) for t in before if int(t) != os.getpid()], "off_loop": off_loop}))
+print(json.dumps({"cpu": cpu, "main": cpus(os.getpid()), "started_after": [c for t in after - before if (c := cpus(t)) is not None],
+                  "started_before": [c for t in before if int(t) != os.getpid() and (c := cpus(t)) is not None], "off_loop": off_loop}))
 """
 
 
@@ -85,9 +94,15 @@ def test_threads_started_after_the_pin_inherit_it_and_blas_workers_and_helpers_k
     assert out.returncode == 0, out.stderr[-2000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["cpu"] == cpu and seen["main"] == [cpu]
-    assert seen["started_after"], "MLX's stream thread and the helper started after the pin"
+    assert seen["started_after"], "MLX's stream thread started after the pin"
     assert all(cpus == [cpu] for cpus in seen["started_after"])
     assert seen["off_loop"] == allowed, "a helper thread off the step loop leaves the compute CPU"
     if openblas is not None:
         assert seen["started_before"], "OpenBLAS starts its worker threads when it loads"
         assert all(cpus == allowed for cpus in seen["started_before"])
+
+
+def test_a_ranks_environment_names_the_first_cpu_of_its_share() -> None:
+    cpus = sorted(STARTING_CPUS)
+    assert compute_cpu_env(0, 1) == {COMPUTE_CPU_ENV: str(cpus[0])}
+    assert compute_cpu_env(1, len(cpus)) == {COMPUTE_CPU_ENV: str(cpus[1 % len(cpus)])}
