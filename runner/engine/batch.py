@@ -31,7 +31,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from runner.engine.batch_cache import BatchShardCache, prefix_caches
+from runner.engine.batch_cache import BatchShardCache, join_room, prefix_caches
 from runner.engine.batch_chunks import PipelinedChunks
 from runner.engine.batch_plan import (
     AgreedStep,
@@ -257,9 +257,8 @@ class ContinuousBatch:
             self._remember(boundary, transition.kept_rows)
             self._keep_rows(boundary, transition.kept_rows)
             boundary.rows = tuple(t for t in transition.composition.rows if t not in transition.joined)
-        if target is not None:  # join_room is 0 without one
-            for task_id in transition.joined:
-                self._join(target, task_id)
+        if target is not None and transition.joined:  # join_room is 0 without a target
+            self._join(target, transition.joined)
         ended = [self._cancelled(t, current.rows) for t in transition.cancelled]
         ended += [self._finished(t) for t in transition.finished]
         alone = not micro.rows and len(transition.composition.prefilling) == 1 and not self.chunks.busy()
@@ -309,16 +308,20 @@ class ContinuousBatch:
             else:
                 part.cache = None
 
-    def _join(self, part: MicroBatch, task_id: str) -> None:
-        """The prefilled stream's caches become the last row of `part` (the boundary or an empty one)."""
-        stream = self.streams[task_id]
-        stream.next_input = stream.request.prompt_token_ids[-1]
+    def _join(self, part: MicroBatch, task_ids: tuple[str, ...]) -> None:
+        """The prefilled streams' caches become the last rows of `part` (the boundary or an empty
+        one), in order, all in one rebuild of its buffers."""
+        streams = [self.streams[task_id] for task_id in task_ids]
+        caches = [stream.run.caches for stream in streams]
         if part.cache is None:
-            part.cache = BatchShardCache(stream.run.caches)
-        else:
-            part.cache.join(stream.run.caches)
-        stream.run.caches.release()  # the batch's cache holds its KV now
-        part.rows = (*part.rows, task_id)
+            part.cache = BatchShardCache(caches[0])
+            caches = caches[1:]
+        rows = [self.streams[task_id] for task_id in part.rows] + streams
+        part.cache.join(caches, join_room([s.spec.max_tokens - s.decode_step for s in rows]))
+        for stream in streams:
+            stream.next_input = stream.request.prompt_token_ids[-1]
+            stream.run.caches.release()  # the batch's cache holds its KV now
+        part.rows = (*part.rows, *task_ids)
         self.last_join_step = self.steps
 
     def _cancelled(self, task_id: str, rows: tuple[str, ...]) -> Ended:

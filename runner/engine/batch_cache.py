@@ -14,7 +14,7 @@ batched successor, so masks built from any slot see the right offsets and paddin
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,11 +39,15 @@ class BatchShardCache:
         distinct = [make(i) if self._source[i] == i else None for i in range(len(self.slots))]
         self.slots = [distinct[self._source[i]] for i in range(len(distinct))]
 
-    def join(self, stream: ShardCache) -> None:
-        """Append `stream`'s prefilled caches as the last row."""
+    def join(self, streams: Sequence[ShardCache], room: int = BatchKVCache.step) -> None:
+        """Append the `streams`' prefilled caches as the last rows, in order: every layer's buffers
+        are built once, whatever the number of streams joining at this step, with `room` positions
+        to decode into (`join_room`)."""
+        if not streams:
+            return
         batched = self.rows > 1
-        self._rebuild(lambda i: joined(self.slots[i], stream.slots[i], batched))
-        self.rows += 1
+        self._rebuild(lambda i: joined(self.slots[i], [stream.slots[i] for stream in streams], batched, room))
+        self.rows += len(streams)
 
     def keep(self, rows: tuple[int, ...]) -> None:
         """Keep these rows, in this order (the rows of streams that left are dropped)."""
@@ -86,6 +90,16 @@ class BatchShardCache:
         return copies, sum(copy.nbytes for copy in copies)
 
 
+def join_room(remaining_tokens: Sequence[int], slack: int = 2) -> int:
+    """Positions to leave after the rows' KV when they are (re)built at a join: what the row with
+    the most tokens still to decode needs (`remaining_tokens`, its max_tokens less those decoded,
+    plus `slack` for a step computed ahead), at most mlx-lm's growth step. Every join copies every
+    row's buffer, so room no row can use is paid for at every join and every leave (16 rows of
+    64 tokens: a 256-position room made each step after a join ~10 ms longer than a step); a row
+    that needs more than the room grows the buffer as mlx-lm's cache does."""
+    return max(1, min(BatchKVCache.step, max(remaining_tokens, default=0) + slack))
+
+
 def prefix_caches(entry: list[Any], length: int) -> list[KVCache]:
     """A stream's own caches holding the first `length` tokens of a prefix cache entry. New array
     objects (slices): the stream's prefill writes into its caches, never into the entry."""
@@ -107,39 +121,42 @@ def _prefix_of(source: Any, length: int, rows: slice = slice(None)) -> KVCache:
     return cache
 
 
-def joined(current: Any, newcomer: Any, batched: bool, room: int = BatchKVCache.step) -> Any:
+def joined(current: Any, newcomers: Sequence[Any], batched: bool, room: int = BatchKVCache.step) -> Any:
     """One layer's cache of the rows (`current`: batched, or one row's plain cache) with the
-    `newcomer`'s plain cache as its last row. Plain KV caches are written once, right-aligned at the
-    longest, into buffers with `room` positions to spare: mlx-lm's `merge` then `extend` pad,
+    `newcomers`' plain caches as its last rows. Plain KV caches are written once, right-aligned at
+    the longest, into buffers with `room` positions to spare: mlx-lm's `merge` then `extend` pad,
     concatenate and leave the buffer full, so the next decode step copies it all again to grow it
-    (a 2,000-token newcomer made that step of every row ~70 ms longer on a CPU). Other kinds of
-    cache (sliding windows, recurrent states) go through mlx-lm's own `merge` / `extend`."""
-    plain = type(current) in (KVCache, BatchKVCache) and type(newcomer) is KVCache
-    views = [_view(current), _view(newcomer)] if plain else []
+    (a 2,000-token newcomer made that step of every row ~70 ms longer on a CPU), and joining the
+    newcomers of one step one at a time would copy every row once per newcomer (eight newcomers
+    made the next step of 16 short rows ~35 ms longer). Other kinds of cache (sliding windows,
+    recurrent states) go through mlx-lm's own `merge` / `extend`."""
+    plain = type(current) in (KVCache, BatchKVCache) and all(type(n) is KVCache for n in newcomers)
+    views = [_view(current), *(_view(n) for n in newcomers)] if plain else []
     filled = [view for view in views if view.keys is not None and view.length]
     if not filled:  # another kind of cache, or nothing written yet
         if batched:
-            current.extend(_merged([newcomer]))
+            current.extend(_merged(list(newcomers)))
             return current
-        return _merged([current, newcomer])
+        return _merged([current, *newcomers])
     longest = max(view.length for view in views)
     shape, value_shape = filled[0].keys.shape, filled[0].values.shape
-    rows = sum(view.offsets.shape[0] for view in views)
-    keys = mx.zeros((rows, shape[1], longest + room, shape[3]), dtype=filled[0].keys.dtype)
-    values = mx.zeros((rows, value_shape[1], longest + room, value_shape[3]), dtype=filled[0].values.dtype)
-    row = 0
-    for view in views:
-        count = view.offsets.shape[0]
-        if view.keys is not None and view.length:
-            keys[row : row + count, :, longest - view.length : longest] = view.keys
-            values[row : row + count, :, longest - view.length : longest] = view.values
-        row += count
-    cache = BatchKVCache([0] * rows)
+    dtype = filled[0].keys.dtype
+    keys = mx.concatenate([_aligned(view, view.keys, shape, dtype, longest, room) for view in views])
+    values = mx.concatenate([_aligned(view, view.values, value_shape, dtype, longest, room) for view in views])
+    cache = BatchKVCache([0] * keys.shape[0])
     cache.keys, cache.values = keys, values
     cache.left_padding = mx.concatenate([view.left_padding + (longest - view.length) for view in views])
     cache.offset = mx.concatenate([view.offsets for view in views])
     cache._idx = longest
     return cache
+
+
+def _aligned(view: _KVView, written: Any, shape: tuple[int, ...], dtype: Any, longest: int, room: int) -> Any:
+    """`view`'s rows of keys (or values) right-aligned at `longest`, with `room` positions after
+    (all zeros for rows with nothing written)."""
+    if written is None or not view.length:
+        return mx.zeros((view.offsets.shape[0], shape[1], longest + room, shape[3]), dtype=dtype)
+    return mx.pad(written, [(0, 0), (0, 0), (longest - view.length, room), (0, 0)])
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,9 +78,9 @@ def test_the_look_ahead_starts_the_step_after_the_one_that_follows_a_join() -> N
     joins: list[int] = []
     join = batch._join
 
-    def recording_join(part: Any, task_id: str) -> None:
+    def recording_join(part: Any, task_ids: tuple[str, ...]) -> None:
         joins.append(batch.steps)
-        join(part, task_id)
+        join(part, task_ids)
 
     batch._join = recording_join  # type: ignore[method-assign]
     forwards, tokens = _run(batch, counter, ["s0", "s1", "new"], ARRIVAL)
