@@ -54,6 +54,7 @@ from runner.engine.prefill import run_prefill
 from runner.engine.prefix_cache import PrefixIndex
 from runner.engine.preparation import Newcomers, PrepareInline
 from runner.engine.protocols import PhaseTracker, Preparer
+from runner.engine.shared_cores import SharedCores
 
 
 class ContinuousBatch:
@@ -67,9 +68,11 @@ class ContinuousBatch:
         max_batch: int,
         prefix_cache_bytes: int | None = None,
         preparer: Preparer | None = None,
+        cores: SharedCores | None = None,
     ) -> None:
         """`prefix_cache_bytes`: None takes the instance's setting (tests give ranks different bounds).
-        `preparer`: who prepares newcomers (`preparation.py`; None: at once, on the step loop)."""
+        `preparer`: who prepares newcomers (`preparation.py`; None: at once, on the step loop).
+        `cores`: the agreed decode mode and this rank's BLAS threads (`shared_cores.py`; None: the ring)."""
         if engine.settings.kv_bits is not None:
             raise ValueError("continuous batching needs an unquantized KV cache (kv_bits is set)")
         self.engine, self.phases = engine, phases
@@ -84,7 +87,8 @@ class ContinuousBatch:
         self.kv_capacity = engine.kv_capacity  # this rank's; the batch admits within the least (`kv_budget`)
         self.composition = Composition()  # the admitted streams not decoding yet (its rows are in `micro`)
         self.streams: dict[str, Stream] = {}
-        self.micro = MicroBatches(engine.collectives.world)
+        self.cores = cores or SharedCores()
+        self.micro = MicroBatches(engine.collectives.world, ring=not self.cores.lockstep)
         self.row_decoder = RowDecoder(engine)
         self.last_join_step: int | None = None  # the step at whose end a stream last joined the rows
         self.chunks = PipelinedChunks(engine.rank, engine.collectives.world)
@@ -122,6 +126,7 @@ class ContinuousBatch:
         rows = boundary.rows if boundary is not None else ()
         current = Composition(rows, self.composition.prefilling, self.composition.admitted)
         self.phases.enter("decode", members[0] if members else None, self.steps)
+        self.cores.before_step(self.micro.lockstep and not self.composition.prefilling and not self.chunks.busy())
         # the chunks before the rows: a chunk sent after the last agreement is read first
         chunked, chunk_cost = self._prefill_chunks()
         working = self.micro.working(self.engine.rank)
@@ -316,6 +321,8 @@ class ContinuousBatch:
         if part.cache is None:
             part.cache = BatchShardCache(caches[0])
             caches = caches[1:]
+        else:  # lockstep on several ranks: rank 0 may have computed the rows' next step on it
+            self.row_decoder.take_back(part.cache)
         rows = [self.streams[task_id] for task_id in part.rows] + streams
         part.cache.join(caches, join_room([s.spec.max_tokens - s.decode_step for s in rows]))
         for stream in streams:

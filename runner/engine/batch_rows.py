@@ -161,6 +161,15 @@ class RowDecoder:
             if any(part.cache is speculated.cache for part in micro.parts):  # else its rows all left
                 speculated.cache.trim(1)
 
+    def take_back(self, cache: BatchShardCache) -> None:
+        """Before rows join `cache`: take back the step rank 0 computed ahead on it (the join copies
+        its rows up to the position they hold; a step taken back after it would cut the newcomers')."""
+        speculated = self.speculated
+        if speculated is not None and speculated.cache is cache:
+            self.speculated = None
+            self.taken_back_steps += 1
+            cache.trim(1)
+
     def keep(self, rows: tuple[int, ...]) -> None:
         """The rows that stay, in order (the cache is filtered alike); none: wait for the step in
         flight and drop it, so nothing is left running once the batch is empty."""

@@ -29,9 +29,11 @@ class MicroBatch:
 
 
 class MicroBatches:
-    def __init__(self, world: int) -> None:
+    def __init__(self, world: int, ring: bool = True) -> None:
+        """`ring`: False keeps every row in one micro-batch on any number of ranks, always lockstep
+        (agreed: `shared_cores.agree_lockstep`)."""
         self.schedule = DecodeSchedule(world, world)
-        self.parts = [MicroBatch() for _ in range(world)]
+        self.parts = [MicroBatch() for _ in range(world if ring else 1)]
         self.iteration: int | None = None  # None: lockstep (parts[0] alone holds rows)
 
     @property

@@ -8,7 +8,8 @@ N of that task on; or `cancel_at_step`: every rank's cancel source flips before 
 cancel read from the log would, whenever the engine polls it; `unreadable_rank`: that rank has no request for it, as when its
 read of the task's TaskCreated fails), and conversations (`after`: the
 request continues that task, so its prompt is that task's prompt, its generated tokens, then its
-own tokens; it reaches the rank once that task ended). `prefix_cache_bytes` may set a bound per
+own tokens; it reaches the rank once that task ended). `lockstep_decode` has every rank vote for the
+lockstep decode (`shared_cores.py`). `prefix_cache_bytes` may set a bound per
 rank; `warm_pace` measures the chunks' rate (`Engine.calibrate_prefill`) and teaches the batch its pace first, as the service does. The rank drives `ContinuousBatch` the way the service's task loop does: it steps while the
 batch is busy and, while it is empty, waits (jumps its clock) to its next arrival. Each ended task
 is recorded with its sink (with `token_times`) and `timing`; the run with its `step_times`: the
@@ -20,6 +21,7 @@ injector wraps the cancel source of every task.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -40,6 +42,7 @@ def run_schedule(
 ) -> dict[str, Any]:
     from runner.engine.batch import ContinuousBatch
     from runner.engine.batch_streams import still_pending
+    from runner.engine.shared_cores import LOCKSTEP_WEIGHT_BYTES, agreed_cores
     from runner.preparer import ThreadedPreparer
 
     bound = schedule.get("prefix_cache_bytes", {}).get(str(rank))  # a rank-specific bound (None: the setting)
@@ -47,9 +50,10 @@ def run_schedule(
     if warm:
         engine.calibrate_prefill()
     on_loop = bool(schedule.get("prepare_on_loop"))  # the benches' contrast: grammars compiled on the step loop
-    batch = ContinuousBatch(
-        engine, phases, schedule["max_batch"], bound, None if on_loop else ThreadedPreparer(engine.prepare)
-    )
+    # as the service does: the decode mode agreed (`lockstep_decode`: every rank votes for lockstep)
+    cores = agreed_cores(engine, os.environ, 0 if schedule.get("lockstep_decode") else LOCKSTEP_WEIGHT_BYTES)
+    preparer = None if on_loop else ThreadedPreparer(engine.prepare)
+    batch = ContinuousBatch(engine, phases, schedule["max_batch"], bound, preparer, cores)
     if warm:
         from runner.engine.batch_warmup import warm_pace
 
@@ -104,6 +108,7 @@ def run_schedule(
         clock, steps = clock + 1, steps + 1
     prefixes = {"nbytes": batch.prefixes.nbytes, "bound": batch.prefixes.max_bytes, "entries": len(batch.prefixes)}
     return {"kind": "batch", "ended": ended, "steps": steps, "prefix_cache": prefixes, "overlapped_steps": overlapped,
+            "lockstep": batch.cores.lockstep,
             "speculated_steps": batch.row_decoder.speculated_steps,
             "taken_back_steps": batch.row_decoder.taken_back_steps, "step_times": steps_at,
             "keys_per_token": engine.prefill_keys_per_token}  # fmt: skip

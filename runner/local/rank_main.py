@@ -19,6 +19,7 @@ import msgspec
 
 from events.runner_settings import RunnerSettings
 from runner.affinity import pin_compute_threads
+from runner.blas import BlasThreads
 from runner.engine.protocols import CancelSource, NeverCancelled, PhaseTracker
 from runner.errors import CallbackError
 from runner.flight.faults import FaultInjector
@@ -146,6 +147,7 @@ def task_cancel(task: dict[str, Any], rank: int) -> CancelSource:
 
 def main(argv: list[str]) -> int:
     pin_compute_threads(os.environ)  # first: the threads started after inherit it (runner.affinity)
+    BlasThreads.from_env(os.environ)  # its share of the cores; a batch takes every core in lockstep steps
     job_path, out_dir = Path(argv[0]), Path(argv[1])
     rank = int(os.environ.get("MLX_RANK", "0"))
     job = json.loads(job_path.read_text())

@@ -32,6 +32,7 @@ from events.stamp import Stamper
 from events.subjects import instance_subject
 from events.vocabulary import RunnerStatus, RunnerStatusCause
 from runner.affinity import pin_compute_threads
+from runner.blas import BlasThreads
 from runner.engine.protocols import PhaseTracker
 from runner.flight.faults import FaultInjector
 from runner.heap import settle_heap
@@ -209,11 +210,20 @@ def continuous_batch(engine: Any, phases: PhaseTracker) -> Any:
     if not settings.batches:
         return None
     from runner.engine.batch_warmup import warm_pace
+    from runner.engine.shared_cores import agreed_cores
 
     engine.calibrate_prefill()  # every rank: the chunks' exchange rate, measured (`calibration`)
-    batch = ContinuousBatch(
-        engine, phases, settings.max_batch, settings.prefix_cache_bytes, ThreadedPreparer(engine.prepare)
+    cores = agreed_cores(engine, os.environ)  # every rank: the decode mode of ranks sharing a machine
+    mode = "in lockstep" if cores.lockstep else "on the ring" if engine.collectives.world > 1 else "alone"
+    logger.info(
+        "rank {}: decodes {}; BLAS threads {} (ranks at work at once) or {}",
+        engine.rank,
+        mode,
+        cores.blas.share,
+        cores.blas.every,
     )
+    preparer = ThreadedPreparer(engine.prepare)
+    batch = ContinuousBatch(engine, phases, settings.max_batch, settings.prefix_cache_bytes, preparer, cores)
     warm_pace(batch)  # every rank, before serving: the first long prompt beside streams leaves them room
     return batch
 
@@ -277,6 +287,7 @@ def exit_with_parent(poll_seconds: float = 1.0) -> threading.Thread:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     _, placed_on = pin_compute_threads(os.environ)  # first: every thread started after inherits it
+    BlasThreads.from_env(os.environ)  # its share of the cores; a batch takes every core in lockstep steps
     logger.info("rank {} of {}: {}", args.rank, args.instance, placed_on)
     exit_with_parent()
     stamper = Stamper(Origin(service="runner", node=args.node_id, rank=args.rank))

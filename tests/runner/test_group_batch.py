@@ -135,8 +135,9 @@ def schedules(world: int) -> list[dict[str, Any]]:
 
 
 @functools.cache
-def group_results(world: int) -> list[list[dict[str, Any]]]:
-    tasks: list[dict[str, Any]] = list(schedules(world))
+def group_results(world: int, lockstep: bool = False) -> list[list[dict[str, Any]]]:
+    """`lockstep`: every rank votes for the lockstep decode (`shared_cores.py`): no ring of micro-batches."""
+    tasks: list[dict[str, Any]] = [{**schedule, "lockstep_decode": lockstep} for schedule in schedules(world)]
     if world == 1:  # every request of every schedule, alone, through the one-task path
         tasks += [{"request": entry["request"]} for schedule in schedules(3) for entry in schedule["tasks"]]
     return run_tiny_group(world, tasks, {"prefill_step_size": step_for(world), "decode_cancel_poll_tokens": 1})
@@ -153,14 +154,29 @@ def tiny_keys_per_token() -> float | None:
     return keys
 
 
-def batch_runs(world: int) -> list[list[dict[str, Any]]]:
+def batch_runs(world: int, lockstep: bool = False) -> list[list[dict[str, Any]]]:
     """Per rank, the schedules' results in order."""
-    return [[r for r in results if r.get("kind") == "batch"] for results in group_results(world)]
+    return [[r for r in results if r.get("kind") == "batch"] for results in group_results(world, lockstep)]
 
 
 @pytest.mark.parametrize("world", (1, 2, 3))
 def test_every_stream_equals_the_request_served_alone(world: int) -> None:
-    for rank, runs in enumerate(batch_runs(world)):
+    check_every_stream_equals_the_request_served_alone(world, lockstep=False)
+
+
+@pytest.mark.parametrize("world", (2, 3))
+def test_in_lockstep_every_stream_equals_the_request_served_alone(world: int) -> None:
+    """Ranks sharing a machine decode a heavy model's rows in lockstep, every rank taking every
+    core's BLAS threads for its turn: the same tokens, joins, cancels and prefixes as on the ring."""
+    check_every_stream_equals_the_request_served_alone(world, lockstep=True)
+    for runs in batch_runs(world, lockstep=True):
+        assert all(run["lockstep"] and run["overlapped_steps"] == 0 for run in runs)  # agreed; no ring
+    for runs in batch_runs(world):  # the tiny model's layers are light: every rank votes for the ring
+        assert not any(run["lockstep"] for run in runs) and any(run["overlapped_steps"] for run in runs)
+
+
+def check_every_stream_equals_the_request_served_alone(world: int, lockstep: bool) -> None:
+    for rank, runs in enumerate(batch_runs(world, lockstep)):
         for schedule, run in zip(schedules(world), runs, strict=True):
             assert set(run["ended"]) == {e["request"]["task_id"] for e in schedule["tasks"]}
             for entry in schedule["tasks"]:

@@ -1,4 +1,4 @@
-"""Pure helpers: BLAS env, stop strings, phase tracker, hostfile, pending-send-free imports."""
+"""Pure helpers: BLAS env and threads, the lockstep vote, stop strings, phase tracker, hostfile, pending-send-free imports."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from runner.blas import BlasSettingError, blas_env
+from runner.blas import BLAS_SHARE_ENV, BlasSettingError, BlasThreads, blas_env
 from runner.engine.protocols import PhaseTracker
+from runner.engine.shared_cores import LOCKSTEP_WEIGHT_BYTES, lockstep_vote
 from runner.engine.stops import TextAssembler
 from runner.local.launch import ring_hostfile
 
@@ -18,8 +19,41 @@ OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 
 
 def test_blas_auto_preloads_and_splits_threads() -> None:
+    """Ranks sharing a node: a pool of every core's thread, a share for when they compute at once,
+    and idle threads that stop spinning before another rank's turn."""
     env = blas_env("auto", ranks_on_node=2, cpu_count=2, base_env={}, exists=lambda p: p == OPENBLAS)
-    assert env == {"LD_PRELOAD": OPENBLAS, "OPENBLAS_NUM_THREADS": "1"}
+    assert env == {
+        "LD_PRELOAD": OPENBLAS, "OPENBLAS_NUM_THREADS": "2", BLAS_SHARE_ENV: "1", "OPENBLAS_THREAD_TIMEOUT": "22"
+    }  # fmt: skip
+    alone = blas_env("auto", ranks_on_node=1, cpu_count=2, base_env={}, exists=lambda p: p == OPENBLAS)
+    assert alone == {"LD_PRELOAD": OPENBLAS, "OPENBLAS_NUM_THREADS": "2", BLAS_SHARE_ENV: "2"}  # OpenBLAS's spin
+    kept = blas_env("auto", 2, 2, {"OPENBLAS_THREAD_TIMEOUT": "10"}, exists=lambda p: p == OPENBLAS)
+    assert "OPENBLAS_THREAD_TIMEOUT" not in kept
+
+
+def test_blas_threads_switch_between_the_share_and_every_core_only_when_they_change() -> None:
+    calls: list[int] = []
+    threads = BlasThreads.from_env({"OPENBLAS_NUM_THREADS": "4", BLAS_SHARE_ENV: "2"})
+    threads = BlasThreads(threads.every, threads.share, calls.append)
+    assert (threads.every, threads.share, calls) == (4, 2, [2])  # starts at its share
+    threads.overlapping(False)
+    threads.overlapping(False)
+    threads.overlapping(True)
+    assert calls == [2, 4, 2]
+    pinned = BlasThreads.from_env({"OPENBLAS_NUM_THREADS": "3"})  # the caller pinned it: never switched
+    assert (pinned.every, pinned.share) == (1, 1)
+    unswitched: list[int] = []
+    BlasThreads(2, 2, unswitched.append).overlapping(False)  # a rank alone on its node: nothing to switch
+    assert unswitched == []
+    assert BlasThreads.from_env({"OPENBLAS_NUM_THREADS": "x", BLAS_SHARE_ENV: "-1"}).share == 1
+
+
+def test_ranks_vote_for_the_lockstep_decode_only_together_on_one_machine_with_heavy_layers() -> None:
+    heavy, light = LOCKSTEP_WEIGHT_BYTES, LOCKSTEP_WEIGHT_BYTES - 1
+    assert lockstep_vote(world=2, ranks_on_host=2, layer_bytes=heavy)
+    assert not lockstep_vote(world=2, ranks_on_host=2, layer_bytes=light)  # its own overhead: the ring overlaps it
+    assert not lockstep_vote(world=3, ranks_on_host=2, layer_bytes=heavy)  # a rank elsewhere: the ring
+    assert not lockstep_vote(world=1, ranks_on_host=1, layer_bytes=heavy)  # one rank: nothing to agree
 
 
 def test_blas_keeps_existing_preload_and_pinned_threads() -> None:
@@ -30,7 +64,9 @@ def test_blas_keeps_existing_preload_and_pinned_threads() -> None:
 
 def test_blas_off_and_missing_library() -> None:
     assert blas_env("off", 2, 2, {}, exists=lambda p: True) == {}
-    assert blas_env("auto", 3, 2, {}, exists=lambda p: False) == {"OPENBLAS_NUM_THREADS": "1"}
+    assert blas_env("auto", 3, 2, {}, exists=lambda p: False) == {
+        "OPENBLAS_NUM_THREADS": "2", BLAS_SHARE_ENV: "1", "OPENBLAS_THREAD_TIMEOUT": "22"
+    }  # fmt: skip
     with pytest.raises(BlasSettingError, match="no such file"):
         blas_env("/nope.so", 1, 2, {}, exists=lambda p: False)
     assert blas_env("/mine.so", 1, 8, {}, exists=lambda p: True)["LD_PRELOAD"] == "/mine.so"
