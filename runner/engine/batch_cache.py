@@ -140,23 +140,22 @@ def joined(current: Any, newcomers: Sequence[Any], batched: bool, room: int = Ba
         return _merged([current, *newcomers])
     longest = max(view.length for view in views)
     shape, value_shape = filled[0].keys.shape, filled[0].values.shape
-    dtype = filled[0].keys.dtype
-    keys = mx.concatenate([_aligned(view, view.keys, shape, dtype, longest, room) for view in views])
-    values = mx.concatenate([_aligned(view, view.values, value_shape, dtype, longest, room) for view in views])
+    rows = sum(view.offsets.shape[0] for view in views)
+    keys = mx.zeros((rows, shape[1], longest + room, shape[3]), dtype=filled[0].keys.dtype)
+    values = mx.zeros((rows, value_shape[1], longest + room, value_shape[3]), dtype=filled[0].values.dtype)
+    row = 0
+    for view in views:  # written in place: one buffer, each row's KV copied once (no padded copies)
+        count = view.offsets.shape[0]
+        if view.keys is not None and view.length:
+            keys[row : row + count, :, longest - view.length : longest] = view.keys
+            values[row : row + count, :, longest - view.length : longest] = view.values
+        row += count
     cache = BatchKVCache([0] * keys.shape[0])
     cache.keys, cache.values = keys, values
     cache.left_padding = mx.concatenate([view.left_padding + (longest - view.length) for view in views])
     cache.offset = mx.concatenate([view.offsets for view in views])
     cache._idx = longest
     return cache
-
-
-def _aligned(view: _KVView, written: Any, shape: tuple[int, ...], dtype: Any, longest: int, room: int) -> Any:
-    """`view`'s rows of keys (or values) right-aligned at `longest`, with `room` positions after
-    (all zeros for rows with nothing written)."""
-    if written is None or not view.length:
-        return mx.zeros((view.offsets.shape[0], shape[1], longest + room, shape[3]), dtype=dtype)
-    return mx.pad(written, [(0, 0), (0, 0), (longest - view.length, room), (0, 0)])
 
 
 @dataclass(frozen=True, slots=True)
