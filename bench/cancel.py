@@ -4,9 +4,11 @@
 `POST /v1/tasks/{id}/cancel` (the order rotates per round): a long prompt cancelled after a
 random number of prefill chunks, and a short prompt with many tokens cancelled after a random
 number of streamed tokens. Then, from the log (`bench.cancel_outcomes`): where each cancel
-really landed, the time from `TaskCancelled` to every rank idle, and hangs (a task whose ranks
-do not all go idle within `--idle-deadline`). Latencies are reported per landing phase, with a
-p99 that says when it is only the maximum (fewer than 100 samples).
+really landed, the time from `TaskCancelled` to every rank letting the task go (its batch's
+streams leave at the step that agreed the cancel: the task's cancelled end; a runner serving one
+task at a time: every rank idle), and hangs (a task not let go within `--idle-deadline`). The
+measures keep their names (`..._cancel_to_idle_ms`). Latencies are reported per landing phase,
+with a p99 that says when it is only the maximum (fewer than 100 samples).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from events.catalogue import LogEvent
 
 ABOUT = (
     "`POST /v1/tasks/{id}/cancel` on 2 ranks, alternately after 1-8 prefill chunks of a long prompt and after "
-    "1-32 streamed tokens; `TaskCancelled` to every rank idle, from the log, by where the cancel landed"
+    "1-32 streamed tokens; `TaskCancelled` to every rank letting the task go (a batch: its cancelled end), "
+    "from the log, by where the cancel landed"
 )
 SIZED = (Sized("--rounds", 120, 2, "rounds; each cancels one request in prefill and one in decode"),)
 WORLD = 2

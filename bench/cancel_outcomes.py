@@ -1,12 +1,19 @@
 """What the log says each cancel did (pure: fed the events of a `shoal bench cancel` run).
 
 For each task the bench cancelled, from the log alone:
-- the latency: `TaskCancelled` to the last rank's `RunnerStatusChanged(ready)` for that task;
+- the latency: `TaskCancelled` to the moment every rank let the task go. A batching runner (the
+  default: `max_batch` > 1) keeps serving the batch's other streams, so no rank goes idle for one
+  task: its streams leave at the step whose all-reduce agreed the cancel vote, on every rank at
+  once, and the sampling rank's `TaskCompleted(cancelled)` is that step (the other ranks leave
+  within that step). A runner that serves one task at a time reports each rank idle for it
+  (`RunnerStatusChanged(ready, detail=task)`); when every rank did, the last report is the moment.
+  (The bench read only the idle reports, which batching runners never send for a task, so since
+  batching every cancel read as a hang.)
 - where it landed: in prefill when no rank had finished the prompt (no `PrefillProgress` with
   processed == total, the report the first decode step makes), in decode otherwise; a cancel
   that came after the task had already ended is `missed`, not a cancel;
-- a hang: the task was cancelled but not every rank went idle within the deadline (a rank
-  that never reports idle is a hang, never dropped), or the task failed instead.
+- a hang: the task was cancelled but not let go within the deadline (a rank that reported idle
+  while another never did is a hang, never dropped), or the task failed instead.
 Also the cadence the targets are judged against: the time between one rank's prefill chunks
 and between decode tokens.
 """
@@ -36,6 +43,7 @@ class _Task:
     cancelled_ns: int | None = None
     idle_ns: dict[int, int] = field(default_factory=dict)
     ended: str | None = None  # finish reason, or "failed"
+    ended_ns: int | None = None
     prompt_done: bool = False
 
 
@@ -43,7 +51,7 @@ class _Task:
 class Outcome:
     task_id: str
     landed: Landed
-    latency_ms: float | None  # TaskCancelled -> every rank idle; None for a hang or a miss
+    latency_ms: float | None  # TaskCancelled -> every rank let it go; None for a hang or a miss
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +77,8 @@ def _fold(events: Iterable[LogEvent]) -> dict[str, _Task]:
             case PrefillProgress() if event.total > 0 and event.processed >= event.total:
                 tasks.setdefault(event.task_id, _Task()).prompt_done = True
             case TaskCompleted():
-                tasks.setdefault(event.task_id, _Task()).ended = event.finish_reason
+                task = tasks.setdefault(event.task_id, _Task())
+                task.ended, task.ended_ns = event.finish_reason, event.env.wall_time
             case TaskFailed():
                 tasks.setdefault(event.task_id, _Task()).ended = "failed"
             case _:
@@ -80,12 +89,24 @@ def _fold(events: Iterable[LogEvent]) -> dict[str, _Task]:
 def _judge(task_id: str, task: _Task, world: int, deadline_ms: float) -> Outcome:
     if task.ended not in (None, "cancelled", "failed"):
         return Outcome(task_id, "missed", None)  # it finished before the cancel reached it
-    if task.cancelled_ns is None or task.ended == "failed" or len(task.idle_ns) < world:
+    let_go = _let_go_ns(task, world)
+    if task.cancelled_ns is None or task.ended == "failed" or let_go is None:
         return Outcome(task_id, "hang", None)
-    latency_ms = (max(task.idle_ns.values()) - task.cancelled_ns) / NS_PER_MS
+    latency_ms = (let_go - task.cancelled_ns) / NS_PER_MS
     if latency_ms > deadline_ms:
         return Outcome(task_id, "hang", None)
     return Outcome(task_id, "decode" if task.prompt_done else "prefill", latency_ms)
+
+
+def _let_go_ns(task: _Task, world: int) -> int | None:
+    """When every rank let the task go: the last rank's idle report where every rank sent one (a
+    runner serving one task at a time); else, with no rank's idle report, the task's cancelled end
+    (a batch lets it go on every rank at one agreed step); None while neither is known."""
+    if len(task.idle_ns) >= world:
+        return max(task.idle_ns.values())
+    if not task.idle_ns and task.ended == "cancelled":
+        return task.ended_ns
+    return None
 
 
 def cadence(events: Iterable[LogEvent], rank: int) -> Cadence:
@@ -111,6 +132,10 @@ def cadence(events: Iterable[LogEvent], rank: int) -> Cadence:
 
 
 def pending(events: Iterable[LogEvent], task_ids: Iterable[str], world: int) -> list[str]:
-    """Cancelled tasks not every rank has reported idle for yet (the bench waits for these)."""
+    """Cancelled tasks not let go yet (the bench waits for these): not ended, or reported idle by
+    some ranks and not all."""
     tasks = _fold(events)
-    return [t for t in task_ids if t in tasks and tasks[t].ended != "failed" and len(tasks[t].idle_ns) < world]
+    return [
+        t for t in task_ids
+        if t in tasks and tasks[t].ended != "failed" and (tasks[t].ended is None or 0 < len(tasks[t].idle_ns) < world)
+    ]  # fmt: skip

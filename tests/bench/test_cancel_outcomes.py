@@ -92,3 +92,24 @@ def test_cadence_is_the_gap_between_one_ranks_chunks_and_between_tokens() -> Non
     steps = cadence(log.events, rank=1)
     assert steps.prefill_chunk_ms == [60.0, 60.0]
     assert steps.decode_token_ms == [5.0, 5.0]
+
+
+def test_a_batched_cancel_lands_when_its_batch_lets_it_go_on_every_rank() -> None:
+    """A batching runner serves the other streams on: no rank goes idle for the task; its streams
+    leave at the step that agreed the cancel, which the sampling rank's cancelled end marks."""
+    log = Timeline()
+    log.add(0, log.at(0).progress("batched", rank=1, processed=128))
+    log.cancelled(10, "batched")
+    log.ended(27, "batched", "cancelled")
+    log.add(0, log.at(0).progress("still_running", rank=1, processed=512))
+    log.cancelled(10, "still_running")
+    log.cancelled(10, "ended_too_late")
+    log.ended(10 + DEADLINE_MS + 1, "ended_too_late", "cancelled")
+    tasks = ["batched", "still_running", "ended_too_late"]
+    found = outcomes(log.events, tasks, world=2, deadline_ms=DEADLINE_MS)
+    assert found == [
+        Outcome("batched", "prefill", 17.0),
+        Outcome("still_running", "hang", None),
+        Outcome("ended_too_late", "hang", None),
+    ]
+    assert pending(log.events, tasks, world=2) == ["still_running"]
