@@ -36,10 +36,12 @@ def main(argv: list[str]) -> int:
     from mlx_lm import load
     from mlx_lm.models.cache import make_prompt_cache
 
+    from runner.blas import BlasThreads
     from runner.models.chat import encode_chat
     from runner.ring_wait import RingInbound
 
     model_dir, prompt, max_tokens = argv[0], argv[1], int(argv[2])
+    BlasThreads.at_share(os.environ)  # as a rank of shoal's starts: its share of the node's cores
     group = mx.distributed.init(backend="ring", strict=True)
     rank = group.rank()
     loaded = load(model_dir)

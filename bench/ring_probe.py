@@ -61,7 +61,10 @@ def probe(
 def main(argv: list[str]) -> int:
     import mlx.core as mx
 
+    from runner.blas import BlasThreads
+
     out, tokens, hidden, dtype, reps = Path(argv[0]), int(argv[1]), int(argv[2]), argv[3], int(argv[4])
+    BlasThreads.at_share(os.environ)  # as a rank of shoal's starts: its share of the node's cores
     group = mx.distributed.init(backend="ring", strict=True)
     rank = group.rank()
     chunk = mx.zeros((1, tokens, hidden), dtype=getattr(mx, dtype))

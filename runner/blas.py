@@ -100,8 +100,15 @@ class BlasThreads:
     def __init__(self, every: int, share: int, set_threads: Callable[[int], object] | None) -> None:
         self.every, self.share = max(1, every), max(1, min(share, every))
         self._set_threads = set_threads if self.share < self.every else None
-        self.threads: int | None = None  # as last set here (None: the pool's own count)
-        self.overlapping(True)
+        self.threads: int | None = None  # as last set here (None: the pool's own count, `every`)
+
+    @classmethod
+    def at_share(cls, env: Mapping[str, str]) -> BlasThreads:
+        """A process spawned by `blas_env` starts at its share (the pool holds every core's thread,
+        made before any thread is pinned): the first thing a rank does, before it computes."""
+        threads = cls.from_env(env)
+        threads.overlapping(True)
+        return threads
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> BlasThreads:

@@ -76,5 +76,9 @@ def agreed_cores(engine: Engine, env: Mapping[str, str], least: int = LOCKSTEP_W
     (one all-reduce on several ranks) and this rank's BLAS threads (from its environment:
     `runner.blas.blas_env`). `least`: the weight bytes from which a rank votes for lockstep."""
     collectives = engine.collectives
-    vote = lockstep_vote(collectives.world, engine.ranks_on_host, owned_weight_bytes(engine.shard), least)
+    try:
+        layer_bytes = owned_weight_bytes(engine.shard)
+    except Exception:  # a family whose layers hold their weights otherwise: this rank votes for the ring
+        layer_bytes = 0  # (never skips the all-reduce every other rank waits in)
+    vote = lockstep_vote(collectives.world, engine.ranks_on_host, layer_bytes, least)
     return SharedCores(agree_lockstep(collectives, vote), BlasThreads.from_env(env))

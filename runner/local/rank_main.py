@@ -147,7 +147,7 @@ def task_cancel(task: dict[str, Any], rank: int) -> CancelSource:
 
 def main(argv: list[str]) -> int:
     pin_compute_threads(os.environ)  # first: the threads started after inherit it (runner.affinity)
-    BlasThreads.from_env(os.environ)  # its share of the cores; a batch takes every core in lockstep steps
+    BlasThreads.at_share(os.environ)  # a batch takes every core for its lockstep steps (`shared_cores.py`)
     job_path, out_dir = Path(argv[0]), Path(argv[1])
     rank = int(os.environ.get("MLX_RANK", "0"))
     job = json.loads(job_path.read_text())

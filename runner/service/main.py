@@ -287,7 +287,7 @@ def exit_with_parent(poll_seconds: float = 1.0) -> threading.Thread:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     _, placed_on = pin_compute_threads(os.environ)  # first: every thread started after inherits it
-    BlasThreads.from_env(os.environ)  # its share of the cores; a batch takes every core in lockstep steps
+    BlasThreads.at_share(os.environ)  # a batch takes every core for its lockstep steps (`shared_cores.py`)
     logger.info("rank {} of {}: {}", args.rank, args.instance, placed_on)
     exit_with_parent()
     stamper = Stamper(Origin(service="runner", node=args.node_id, rank=args.rank))
