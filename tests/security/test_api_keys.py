@@ -4,18 +4,23 @@ client where a user would use it, httpx where the request itself is the point.""
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import openai
 import pytest
 
+from eventlog.export import read_export
+from events.catalogue import TaskAssigned, TaskCreated
+from events.codec import ExportRecord
 from services.api.auth import key_id
 from tests.e2e.cluster import Cluster, shoal_argv
 from tests.e2e.helpers import wait_task_ended
@@ -137,37 +142,83 @@ def test_one_keys_prompt_is_never_served_from_another_keys_cache(cluster: Cluste
     assert cached(ALICE) > 100
 
 
-def test_another_keys_request_is_served_beside_a_flood_not_behind_it(cluster: Cluster) -> None:
-    """Alice floods the instance with 10 streams; Bob's one request, sent once all of hers are
-    taken, is handed the next place that frees (`services/master/fair_share.py`) and ends while
-    about half of hers are still to end. Served in the log's order, it would end after all of them.
-    (64 tokens each: with 24, on a loaded machine Bob's request once reached the log only as her
-    last streams ended.)"""
-    flood = 10
-    taken = threading.Barrier(flood + 1, timeout=60)
-    ended: list[tuple[str, float]] = []
+def test_another_keys_request_is_served_beside_a_flood_not_behind_it(cluster: Cluster, tmp_path: Path) -> None:
+    """Alice holds both of the instance's rows with two long streams and queues 8 short ones behind
+    them: 2 handed ahead to the instance, 6 waiting at the master. Bob's one request comes last. When
+    one of her long streams is cancelled, the place it frees goes to her first task handed ahead, and
+    the next one the master hands over is Bob's, before any of her 6 waiting
+    (`services/master/fair_share.py`): in the log his task is assigned before theirs, and his stream
+    ends before theirs. Served in the log's order, it would be assigned and end after all of them.
 
-    def stream(key: str, who: str, barrier: threading.Barrier | None) -> None:
-        body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 64, "stream": True}
+    Nothing frees a place until the test cancels, so when Bob's task reaches the log does not decide
+    the order. (Waiting for places to free by themselves, a loaded machine once brought Bob's request
+    to the log only as her last streams were handed over.)"""
+    started: queue.Queue[str] = queue.Queue()
+
+    def stream(key: str, max_tokens: int) -> Streamed:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens}
+        if max_tokens > 64:  # a long stream says one token over and over: it ends only when cancelled
+            body["logit_bias"] = {"42": 100}
         with (
             _http(cluster, key) as http,
-            http.stream("POST", "/v1/chat/completions", json=body, timeout=120) as response,
+            http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as response,
         ):
             assert response.status_code == 200, response.read()
-            if barrier is not None:
-                barrier.wait()  # the stream's headers come once its task is in the log
+            task_id = response.headers["x-shoal-task-id"]
+            started.put(task_id)  # the headers come once the task is in the log
             lines = [line for line in response.iter_lines() if line]
-        assert lines[-1] == "data: [DONE]" and '"finish_reason":"length"' in "".join(lines), lines[-3:]
-        ended.append((who, time.monotonic()))
+        assert lines[-1] == "data: [DONE]", lines[-3:]
+        last = json.loads(lines[-2].removeprefix("data: "))
+        finish = last.get("shoal_finish_reason") or last["choices"][0]["finish_reason"]
+        return Streamed(task_id, finish, time.monotonic())
 
-    with ThreadPoolExecutor(flood + 1) as pool:
-        alices = [pool.submit(stream, ALICE, f"alice-{n}", taken) for n in range(flood)]
-        taken.wait()
-        bobs = pool.submit(stream, BOB, "bob", None)
-        for future in [*alices, bobs]:
-            future.result(timeout=120)
-    order = [who for who, _ in sorted(ended, key=lambda item: item[1])]
-    assert order.index("bob") <= flood - 3, order  # before at least 3 of Alice's (4-5 here; last in log order)
+    def start(
+        pool: ThreadPoolExecutor, key: str, max_tokens: int, count: int
+    ) -> tuple[list[str], list[Future[Streamed]]]:
+        streams = [pool.submit(stream, key, max_tokens) for _ in range(count)]
+        return [started.get(timeout=60) for _ in streams], streams
+
+    with ThreadPoolExecutor(11) as pool, _http(cluster, ALICE) as alice:
+        long_ids, long = start(pool, ALICE, 3000, FAIR_BATCH)  # the rows: no place frees until one is cancelled
+        _, short = start(pool, ALICE, 64, 8)
+        _, [bob] = start(pool, BOB, 64, 1)
+        assert alice.post(f"/v1/tasks/{long_ids[0]}/cancel").status_code == 202
+        ended = [future.result(timeout=120) for future in [*short, bob]]
+        assert alice.post(f"/v1/tasks/{long_ids[1]}/cancel").status_code == 202
+        assert [future.result(timeout=120).finish for future in long] == ["cancelled", "cancelled"]
+    assert [streamed.finish for streamed in ended] == ["length"] * 9, ended
+    *hers, his = ended
+
+    log = _exported_log(cluster, tmp_path / "log.jsonl")
+    created, assigned = _seqs(log, TaskCreated), _seqs(log, TaskAssigned)
+    waiting = [task.task_id for task in hers if assigned[task.task_id] > created[his.task_id]]
+    assert len(waiting) == 6, (waiting, created, assigned)  # hers not handed ahead before his came
+    assert all(assigned[his.task_id] < assigned[task_id] for task_id in waiting), (his, created, assigned)
+    ended_at = {streamed.task_id: streamed.at for streamed in ended}
+    assert all(ended_at[his.task_id] < ended_at[task_id] for task_id in waiting), ended
+
+
+class Streamed(NamedTuple):
+    task_id: str
+    finish: str
+    at: float  # when the client read the stream's end
+
+
+def _exported_log(cluster: Cluster, path: Path) -> list[ExportRecord]:
+    env = {**cluster.env, "SHOAL_NATS_URL": cluster.nats_url}  # its data dir: the admin identity
+    argv = shoal_argv("events", "export", "-o", str(path))
+    exported = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert exported.returncode == 0, exported.stderr
+    return read_export(path)
+
+
+def _seqs(log: list[ExportRecord], kind: type[TaskCreated | TaskAssigned]) -> dict[str, int]:
+    """The log position of each task's first event of `kind`, by task id."""
+    seqs: dict[str, int] = {}
+    for record in log:
+        if isinstance(record.event, kind):
+            seqs.setdefault(record.event.task_id, record.seq)
+    return seqs
 
 
 def test_debug_and_config_need_an_admin_key(cluster: Cluster) -> None:
