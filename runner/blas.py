@@ -56,8 +56,9 @@ def blas_env(
     """Environment additions for one rank process.
 
     `setting` is SHOAL_BLAS: "auto" (default; preload the first system OpenBLAS found),
-    "off" (touch nothing), or a path to a BLAS shared library. The result always splits
-    OPENBLAS_NUM_THREADS unless the caller's environment already pins it.
+    "off" (touch nothing), or a path to a BLAS shared library. Unless the caller's environment
+    pins OPENBLAS_NUM_THREADS, the pool gets every core's thread and the rank its share of them for
+    when the ranks on its node compute at once (`SHOAL_BLAS_SHARE`, switched by `BlasThreads`).
     """
     choice = (setting or "auto").strip()
     env: dict[str, str] = {}
@@ -74,9 +75,8 @@ def blas_env(
         parts = [library, *[p for p in existing.split(":") if p and p != library]]
         env["LD_PRELOAD"] = ":".join(parts)
     if "OPENBLAS_NUM_THREADS" not in base_env:  # pinned by the caller: left as it is, never switched
-        share = threads_per_rank(ranks_on_node, cpu_count)
-        env["OPENBLAS_NUM_THREADS"] = str(max(1, cpu_count) if ranks_on_node > 1 else share)
-        env[BLAS_SHARE_ENV] = str(share)
+        env["OPENBLAS_NUM_THREADS"] = str(max(1, cpu_count))  # the pool: every core's thread
+        env[BLAS_SHARE_ENV] = str(threads_per_rank(ranks_on_node, cpu_count))
         if ranks_on_node > 1 and "OPENBLAS_THREAD_TIMEOUT" not in base_env:
             env["OPENBLAS_THREAD_TIMEOUT"] = SHARED_NODE_SPIN
     return env

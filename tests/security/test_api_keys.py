@@ -176,7 +176,13 @@ def test_another_keys_request_is_served_beside_a_flood_not_behind_it(cluster: Cl
         pool: ThreadPoolExecutor, key: str, max_tokens: int, count: int
     ) -> tuple[list[str], list[Future[Streamed]]]:
         streams = [pool.submit(stream, key, max_tokens) for _ in range(count)]
-        return [started.get(timeout=60) for _ in streams], streams
+        try:
+            return [started.get(timeout=60) for _ in streams], streams
+        except queue.Empty:
+            for future in streams:
+                if future.done():
+                    future.result()  # a stream that failed before its headers: its own error
+            raise
 
     with ThreadPoolExecutor(11) as pool, _http(cluster, ALICE) as alice:
         long_ids, long = start(pool, ALICE, 3000, FAIR_BATCH)  # the rows: no place frees until one is cancelled
