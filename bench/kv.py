@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _burst(home: Path, model: str, kv_bytes: int, settings: dict[str, Any], ready_timeout: float) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         cluster = Cluster(
-            home, workers=1, model=model, kv_cache_bytes=str(kv_bytes), prefix_cache_bytes="0", log_level="WARNING"
+            home, workers=1, models=model, kv_cache_bytes=str(kv_bytes), prefix_cache_bytes="0", log_level="WARNING"
         )
         stack.callback(cluster.stop)
         cluster.wait_ready(ready_timeout)

@@ -72,6 +72,7 @@ class NetCluster:
             "SHOAL_API_HOST": self.control.address,
             "SHOAL_API_PORT": str(API_PORT),
             "SHOAL_API_KEYS": f"{API_KEY}:admin",
+            "SHOAL_MIN_NODES_PER_INSTANCE": str(workers),  # a pipeline across the hosts: what the faults cut
             **{f"SHOAL_{k.upper()}": v for k, v in FAST_SETTINGS.items()},
         }
         self._wait_nats()

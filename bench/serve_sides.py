@@ -138,7 +138,7 @@ class ShoalSide:
             home,
             workers=workers,
             env=setting_env(settings),
-            model=str(model),
+            models=str(model),
             max_queued_tasks=str(max_queued_tasks),
             log_level="WARNING",
         )

@@ -20,7 +20,12 @@ from typing import assert_never
 
 import msgspec
 
-from events.apply_models import model_download_progress, model_unavailable
+from events.apply_models import (
+    model_download_progress,
+    model_load_requested,
+    model_unavailable,
+    model_unload_requested,
+)
 from events.apply_nodes import node_joined
 from events.catalogue import (
     ChunkGenerated,
@@ -29,7 +34,9 @@ from events.catalogue import (
     InstanceRetired,
     LogEvent,
     ModelDownloadProgress,
+    ModelLoadRequested,
     ModelUnavailable,
+    ModelUnloadRequested,
     NodeJoined,
     NodeLeft,
     NodeTimedOut,
@@ -139,6 +146,10 @@ def apply(state: State, seq: int, event: LogEvent) -> State:
             return model_download_progress(state, seq, event)
         case ModelUnavailable():
             return model_unavailable(state, seq, event)
+        case ModelLoadRequested():
+            return model_load_requested(state, seq, event)
+        case ModelUnloadRequested():
+            return model_unload_requested(state, seq, event)
         case ClusterStarted():  # marks a run for the operator tools; the State carries over
             return _advance(state, seq)
         case _:
@@ -170,7 +181,7 @@ def _advance(state: State, seq: int) -> State:
     return replace(state, last_seq=seq)
 
 
-def _dequeue(state: State, task: TaskInfo, at: int) -> State:
+def _dequeue(state: State, task: TaskInfo, at: int, seq: int) -> State:
     if task.instance_id is None:
         return state
     instance = state.instances.get(task.instance_id)
@@ -178,13 +189,13 @@ def _dequeue(state: State, task: TaskInfo, at: int) -> State:
         return state
     queue = tuple(t for t in instance.queue if t != task.task_id)
     head_since = at if instance.queue[0] == task.task_id else instance.head_since
-    updated = replace(instance, queue=queue, head_since=head_since)
+    updated = replace(instance, queue=queue, head_since=head_since, last_busy_seq=seq)
     return replace(state, instances=state.instances.set(instance.instance_id, updated))
 
 
 def _end_task(state: State, seq: int, task: TaskInfo, at: int) -> State:
     ended = replace(task, ended_at=at, ended_seq=seq, last_activity_at=at)
-    return task_ended(_dequeue(_with_task(state, seq, ended), ended, at), ended.task_id)
+    return task_ended(_dequeue(_with_task(state, seq, ended), ended, at, seq), ended.task_id)
 
 
 # --- task lifecycle --------------------------------------------------------------------------
@@ -272,7 +283,7 @@ def _task_assigned(state: State, seq: int, event: TaskAssigned) -> State:
     at = event.env.wall_time
     assigned = replace(task, status="assigned", instance_id=instance.instance_id, assigned_at=at, last_activity_at=at)
     head_since = instance.head_since if instance.queue else at
-    queued = replace(instance, queue=(*instance.queue, task.task_id), head_since=head_since)
+    queued = replace(instance, queue=(*instance.queue, task.task_id), head_since=head_since, last_busy_seq=seq)
     return replace(
         state,
         last_seq=seq,

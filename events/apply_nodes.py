@@ -19,6 +19,7 @@ def node_joined(state: State, seq: int, event: NodeJoined) -> State:
         host=event.host,
         cores=event.cores,
         memory_bytes=event.memory_bytes,
+        host_memory_bytes=event.host_memory_bytes or event.memory_bytes,
         backend=event.backend,
         version=event.version,
         changed_at=event.env.wall_time,

@@ -59,6 +59,9 @@ class Shard(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     rank: int
     start_layer: int  # inclusive
     end_layer: int  # exclusive
+    # Bytes the master reserved on the node for this rank (its layers' weights and their KV room);
+    # what placement counts as held there. 0 in logs written before placement counted memory.
+    memory_bytes: int = 0
 
 
 class ToolCall(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -134,10 +137,13 @@ class NodeJoined(Event, tag="node_joined", frozen=True, kw_only=True):
     node_id: NodeIdField
     host: str
     cores: int
-    memory_bytes: int
+    memory_bytes: int  # what shoal may place on this node (`node_memory_bytes`, else the host's memory)
     backend: str  # "cpu", "metal", "cuda"
     version: str
     cause: JoinCause = "start"  # logs written before re-announces existed hold only starts
+    # The machine's memory, shared by every node on `host` (several workers of one `shoal up`):
+    # placement never reserves more than this on one host. 0 in older logs: `memory_bytes`.
+    host_memory_bytes: int = 0
 
 
 class NodeLeft(Event, tag="node_left", frozen=True, kw_only=True):
@@ -159,6 +165,8 @@ class InstancePlaced(Event, tag="instance_placed", frozen=True, kw_only=True):
     # kv_group_size flat here: those decode with the default settings (upgrading restarts the
     # nodes, and a node that leaves retires its instances, so none is served from them again).
     settings: RunnerSettings = msgspec.field(default_factory=RunnerSettings)
+    # Why the master chose these nodes and this split, for people (`shoal placement explain`).
+    reason: str = ""
 
 
 class RunnerStatusChanged(Event, tag="runner_status_changed", frozen=True, kw_only=True):
@@ -196,6 +204,30 @@ class ModelDownloadProgress(Event, tag="model_download_progress", frozen=True, k
     model: str
     bytes_done: int = 0
     bytes_total: int = 0  # 0 while huggingface_hub does not know the total yet
+
+
+class PlacementHints(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """An operator's constraints on where a model's instance goes (`shoal models load`)."""
+
+    nodes: list[NodeIdField] = msgspec.field(default_factory=list)  # only these nodes; empty = any
+    min_nodes: int = 1  # split over at least this many nodes
+    max_nodes: int = 0  # and at most this many; 0 = as many as it needs
+
+
+class ModelLoadRequested(Event, tag="model_load_requested", frozen=True, kw_only=True):
+    """An operator asked for `model` to be placed (and kept placed while `pinned`: never unloaded
+    for idleness nor evicted), through the admin API or `shoal models load`."""
+
+    model: str
+    pinned: bool = False
+    hints: PlacementHints = msgspec.field(default_factory=PlacementHints)
+
+
+class ModelUnloadRequested(Event, tag="model_unload_requested", frozen=True, kw_only=True):
+    """An operator asked for `model`'s instances to be retired once they finish the tasks they
+    hold (and unpinned); a later request for the model places it again."""
+
+    model: str
 
 
 class ModelUnavailable(Event, tag="model_unavailable", frozen=True, kw_only=True):
@@ -326,6 +358,8 @@ LogEvent = (
     | InstanceRetired
     | ModelDownloadProgress
     | ModelUnavailable
+    | ModelLoadRequested
+    | ModelUnloadRequested
     | TaskCreated
     | TaskAssigned
     | PrefillStarted

@@ -32,7 +32,9 @@ from events.catalogue import (
     InstanceRetired,
     LogEvent,
     ModelDownloadProgress,
+    ModelLoadRequested,
     ModelUnavailable,
+    ModelUnloadRequested,
     NodeJoined,
     NodeLeft,
     NodeTimedOut,
@@ -67,7 +69,7 @@ def origin_refusal(state: State, event: LogEvent) -> str | None:
         case ChunkGenerated():
             task = state.tasks.get(event.task_id)
             return None if task is None else task_runner_refusal(state.instances, task, origin, None)
-        case TaskCreated() | TaskCancelled():
+        case TaskCreated() | TaskCancelled() | ModelLoadRequested() | ModelUnloadRequested():
             return _service_refusal(origin, API)
         case ClusterStarted():
             return _service_refusal(origin, UP)

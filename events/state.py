@@ -13,7 +13,7 @@ from typing import Any, Literal
 import immutables
 import msgspec
 
-from events.catalogue import ChatMessage, Shard, TaskParams, Usage
+from events.catalogue import ChatMessage, PlacementHints, Shard, TaskParams, Usage
 from events.ids import InstanceId, KeyId, NodeId, TaskId
 from events.runner_settings import RunnerSettings
 from events.vocabulary import (
@@ -47,9 +47,10 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     node_id: NodeId
     host: str
     cores: int
-    memory_bytes: int
+    memory_bytes: int  # what shoal may place here
     backend: str
     version: str
+    host_memory_bytes: int = 0  # the machine's, shared with every node on `host`
     status: NodeStatus = "up"
     reason: str = ""
     changed_at: int = 0  # wall ns of the last status change
@@ -85,6 +86,7 @@ class InstanceInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     retire_cause: RetireCause | None = None
     retired_at: int = 0  # wall ns of the InstanceRetired
     became_ready_at: int = 0  # wall ns when every rank first reported ready; 0 = never
+    last_busy_seq: int = 0  # seq of the last task assigned to it or ended on it (least recently used first)
 
     @property
     def world_size(self) -> int:
@@ -166,6 +168,16 @@ class ModelStatus(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     downloads: dict[NodeId, DownloadProgress] = msgspec.field(default_factory=dict)  # by node, latest report
     unavailable: str = ""
     unavailable_at: int = 0
+    # An operator's word on it (`ModelLoadRequested` / `ModelUnloadRequested`), newest first.
+    pinned: bool = False  # never unloaded for idleness nor evicted
+    load_requested_seq: int = 0  # seq of the newest load request; 0 = none
+    unload_requested_seq: int = 0  # seq of the newest unload request; 0 = none
+    hints: PlacementHints = msgspec.field(default_factory=PlacementHints)
+
+    @property
+    def unloaded(self) -> bool:
+        """An operator unloaded it and has not loaded it since."""
+        return self.unload_requested_seq > self.load_requested_seq
 
 
 # How many ended tasks a State keeps whole by default (`ShoalConfig.finished_tasks_kept`).

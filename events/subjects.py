@@ -15,7 +15,9 @@ from events.catalogue import (
     LogEvent,
     MasterProbe,
     ModelDownloadProgress,
+    ModelLoadRequested,
     ModelUnavailable,
+    ModelUnloadRequested,
     NodeHeartbeat,
     NodeJoined,
     NodeLeft,
@@ -140,7 +142,7 @@ def subject_for(event: AnyEvent) -> str:
             return node_subject(event.node_id, kind)
         case InstancePlaced() | RunnerStatusChanged() | InstanceRetired():
             return instance_subject(event.instance_id, kind)
-        case ModelDownloadProgress() | ModelUnavailable():
+        case ModelDownloadProgress() | ModelUnavailable() | ModelLoadRequested() | ModelUnloadRequested():
             return model_subject(event.model, kind)
         case ClusterStarted():
             return CLUSTER_STARTED

@@ -64,6 +64,9 @@ RetireCause = Literal[
     "stalled",  # a task on it made no progress (the watchdog)
     "peer_lost",  # ranks lost a peer that never reported (the watchdog's grace ran out)
     "load_deadline",  # it did not become ready within `instance_ready_timeout_seconds`
+    "idle",  # it served nothing for its model's keep-alive
+    "evicted",  # idle, and its memory was needed to place another model
+    "unloaded",  # an operator unloaded its model
 ]
 
 # --- tasks ---------------------------------------------------------------------------------------

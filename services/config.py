@@ -137,9 +137,39 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
         tuple[_ORIGIN, ...],
         Meta(extra={"allowed": _ORIGINS}, description="browser origins allowed to call the API; none by default"),
     ] = ()
-    model: Annotated[
-        str, _NON_EMPTY, Meta(description="model served: `tiny`, an mlx-lm model directory or a Hub id (owner/name)")
-    ] = "tiny"
+    models: Annotated[
+        tuple[Annotated[str, _NON_EMPTY], ...],
+        Meta(
+            min_length=1,
+            extra={"allowed": "model names, comma-separated (env) or a list (shoal.yaml) or --model repeated"},
+            description="models served, each `tiny`, an mlx-lm model directory or a Hub id (owner/name): "
+            "placed when they fit, in this order",
+        ),
+    ] = ("tiny",)
+    model_keep_alive_seconds: Annotated[
+        float,
+        Meta(
+            extra={"allowed": "a number of seconds; 0 = unload at once; negative = never"},
+            description="an instance that served nothing this long is unloaded (a request places it again)",
+        ),
+    ] = 1800.0
+    min_nodes_per_instance: Annotated[
+        int,
+        Meta(
+            ge=1,
+            le=64,
+            description="split each instance over at least this many nodes (a pipeline even when one node "
+            "would hold the model); placement otherwise takes the fewest nodes that hold it",
+        ),
+    ] = 1
+    node_memory_bytes: Annotated[
+        int,
+        Meta(
+            ge=0,
+            extra={"allowed": "a byte count; 0 = the memory available on the host when the worker starts"},
+            description="memory this worker offers to placement (leave room for other work; tests)",
+        ),
+    ] = 0
     model_download: ModelDownload = RUNNER_DEFAULTS.model_download
     workers: Annotated[int, Meta(ge=1, le=64, description="worker nodes `shoal up` starts")] = 2
     masters: Annotated[
@@ -369,6 +399,11 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
 def add_setting_flag(parser: argparse.ArgumentParser, key: str, help_text: str) -> None:
     """A `--key-name` flag whose value overrides setting `key` (parsed like the env var)."""
     parser.add_argument(f"--{key.replace('_', '-')}", dest=key, default=None, help=help_text)
+
+
+def add_models_flag(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """`--model M`, repeatable: the setting `models` (one value per flag)."""
+    parser.add_argument("--model", dest="models", action="append", default=None, metavar="MODEL", help=help_text)
 
 
 def config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> ResolvedConfig:

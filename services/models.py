@@ -15,7 +15,8 @@ from pathlib import Path
 from events.state import State
 from runner.errors import ModelDirError
 from runner.models.hub import ModelUnavailableError, cached_snapshot, hub_config, is_hub_id
-from runner.models.model_info import layer_count, read_config, read_model_info
+from runner.models.model_info import estimated_weight_bytes, layer_count, read_config, read_model_info, weight_bytes
+from services.master.capacity import ModelFacts
 from services.master.core import UnknownModel
 from services.master.placement import RetryPolicy, placement_failures, refusal
 
@@ -50,38 +51,57 @@ def existing_model_dir(model: str) -> Path | None:
 
 
 class LocalModelCatalog:
-    """Models this deployment serves: the configured ones, resolved on the local filesystem.
+    """What placement needs of a model (its layer count and weight bytes), read on this machine.
 
-    Never builds a model: the master calls it inside its event loop, where a slow step would
-    stall the watchdog (the tiny model's layer count is known from its spec; a Hub model's
-    config.json is read from the cache, and fetched only when it is not there)."""
+    Never builds a model: the master looks models up in a thread (`LookedUpCatalog`), and the
+    tiny model's facts are known from its spec until it is built. A Hub model's config.json is read
+    from the cache, and fetched alone when it is not there; its weights' bytes are summed from the
+    cached files, else estimated from that config. Which models may be served is the API's and the
+    operator's word (`served_models`), not this catalog's."""
 
-    def __init__(self, served: Sequence[str], *, allow_download: bool = True) -> None:
-        self.served = list(dict.fromkeys(served))
+    def __init__(self, *, allow_download: bool = True) -> None:
         self.allow_download = allow_download
 
-    def layers_of(self, model: str) -> int:
-        if model not in self.served:
-            raise UnknownModel(f"unknown model {model!r}; known models: {', '.join(self.served)}")
-        if model == "tiny":
-            from runner.models.tiny import TinySpec
-
-            return TinySpec().layers
+    def facts_of(self, model: str) -> ModelFacts:
         try:
+            if model == "tiny":
+                return self._tiny()
             if is_hub_model(model):
+                cached = cached_snapshot(model)
+                if cached is not None and any(cached.glob("*.safetensors")):
+                    return self._directory(cached)
                 config_path = hub_config(model, allow_download=self.allow_download)
-                return layer_count(read_config(config_path), config_path.parent)
-            return read_model_info(Path(model).expanduser()).n_layers
+                config = read_config(config_path)
+                return ModelFacts(
+                    layers=layer_count(config, config_path.parent), weight_bytes=estimated_weight_bytes(config)
+                )
+            return self._directory(Path(model).expanduser())
         except ModelUnavailableError as exc:  # its message already names the model and the fix
             raise UnknownModel(str(exc)) from exc
         except (ModelDirError, OSError) as exc:  # OSError: a config file that cannot be read
             raise UnknownModel(f"model {model!r} cannot be loaded: {exc}") from exc
 
+    def _tiny(self) -> ModelFacts:
+        built = existing_model_dir("tiny")
+        if built is not None:
+            return self._directory(built)
+        from runner.models.tiny import TinySpec, model_config
+
+        spec = TinySpec()
+        return ModelFacts(layers=spec.layers, weight_bytes=estimated_weight_bytes(model_config(spec, eos_ids=[])))
+
+    @staticmethod
+    def _directory(path: Path) -> ModelFacts:
+        info = read_model_info(path)
+        return ModelFacts(layers=info.n_layers, weight_bytes=weight_bytes(path))
+
 
 def served_models(configured: Sequence[str], state: State) -> list[str]:
-    """The models a cluster offers: the configured ones plus any with a live instance."""
+    """The models a cluster offers: the configured ones, those an operator loaded (even when
+    unloaded since: a request places them again), and any with a live instance."""
+    loaded = [m for m, status in state.models.items() if status.load_requested_seq]
     live = [i.model for i in state.instances.values() if not i.retired]
-    return list(dict.fromkeys([*configured, *sorted(live)]))
+    return list(dict.fromkeys([*configured, *sorted(loaded), *sorted(live)]))
 
 
 def model_error(state: State, model: str) -> str:

@@ -6,7 +6,7 @@ Identities (nkey users in one account; the server checks every PUB and SUB again
 | identity | publishes | reads (JetStream consumers) |
 |---|---|---|
 | `admin` | everything, and manages streams | everything |
-| `api` | `TaskCreated`, `TaskCancelled` | SHOAL_EVENTS, SHOAL_TELEMETRY |
+| `api` | `TaskCreated`, `TaskCancelled`, operators' `ModelLoadRequested`/`ModelUnloadRequested` | SHOAL_EVENTS, SHOAL_TELEMETRY |
 | `master` | placement, assignment, retirement, watchdog, master-ended tasks, `ModelUnavailable`, `MasterProbe`; its lease key | both; its lease key; writes the snapshot object store |
 | `worker-<node>` | its node's `NodeJoined`/`NodeLeft`/`NodeHeartbeat`; `RunnerStatusChanged` | SHOAL_EVENTS |
 | `runner-<node>` | prefill, chunks, `TaskCompleted`/`TaskFailed`, `RunnerStatusChanged`, `ModelDownloadProgress`, `RunnerHeartbeat` | SHOAL_EVENTS |
@@ -39,7 +39,9 @@ from events.catalogue import (
     InstanceRetired,
     MasterProbe,
     ModelDownloadProgress,
+    ModelLoadRequested,
     ModelUnavailable,
+    ModelUnloadRequested,
     NodeHeartbeat,
     NodeJoined,
     NodeLeft,
@@ -95,6 +97,8 @@ SUBJECTS: Mapping[type[Event], str] = {
     TaskStalled: task_subject("*", "stalled"),
     ModelDownloadProgress: f"{PREFIX}.ev.model.*.download_progress",
     ModelUnavailable: f"{PREFIX}.ev.model.*.unavailable",
+    ModelLoadRequested: f"{PREFIX}.ev.model.*.load_requested",
+    ModelUnloadRequested: f"{PREFIX}.ev.model.*.unload_requested",
     RunnerHeartbeat: f"{PREFIX}.hb.runner.*.*",
     NodeHeartbeat: f"{PREFIX}.hb.node.{NODE}",
     MasterProbe: MASTER_PROBES,
@@ -109,7 +113,7 @@ _RANK_REPORTS = (
     ModelDownloadProgress,  # a rank downloads its node's copy of a Hub model
 )
 PUBLISHES: Mapping[Role, tuple[type[Event], ...]] = {
-    "api": (TaskCreated, TaskCancelled),
+    "api": (TaskCreated, TaskCancelled, ModelLoadRequested, ModelUnloadRequested),  # models: admin keys only
     "master": (
         *_DECISIONS,
         MasterProbe,

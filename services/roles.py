@@ -16,6 +16,7 @@ from services.api.auth import ApiAccess
 from services.config import ResolvedConfig, ShoalConfig, runner_settings
 from services.credentials import endpoint_for
 from services.master.core import MasterPolicy
+from services.master.placement import NodeCount
 from services.master.service import Master, MasterSettings
 from services.models import LocalModelCatalog
 from services.nats_permissions import Identity
@@ -36,11 +37,13 @@ class Service(msgspec.Struct, frozen=True):
     wait: bool = True  # start the next service only once this one is ready
 
 
-def master_policy(config: ShoalConfig, *, min_nodes_for_default: int = 1) -> MasterPolicy:
+def master_policy(config: ShoalConfig, *, place_after_nodes: int = 1) -> MasterPolicy:
     return MasterPolicy(
         runner_settings=runner_settings(config),
-        default_model=config.model or None,
-        min_nodes_for_default=min_nodes_for_default,
+        models=config.models,
+        place_after_nodes=place_after_nodes,
+        nodes_per_instance=NodeCount(least=config.min_nodes_per_instance),
+        model_keep_alive_seconds=config.model_keep_alive_seconds,
         task_stall_seconds=config.task_stall_seconds,
         node_timeout_seconds=config.node_timeout_seconds,
         request_timeout_seconds=config.request_timeout_seconds,
@@ -50,27 +53,27 @@ def master_policy(config: ShoalConfig, *, min_nodes_for_default: int = 1) -> Mas
 
 
 def served(config: ShoalConfig) -> list[str]:
-    return [config.model] if config.model else []
+    return list(config.models)
 
 
 async def run_master(
     resolved: ResolvedConfig,
     *,
-    min_nodes_for_default: int = 1,
+    place_after_nodes: int = 1,
     ready: asyncio.Event | None = None,
     name: str | None = None,  # the lease holder's name (default: host and pid)
 ) -> None:
     config = resolved.config
     settings = MasterSettings(
         nats=endpoint_for(config, Identity("master")),
-        policy=master_policy(config, min_nodes_for_default=min_nodes_for_default),
+        policy=master_policy(config, place_after_nodes=place_after_nodes),
         master_lease_seconds=config.master_lease_seconds,
         finished_tasks_kept=config.finished_tasks_kept,
         snapshot_every_events=config.snapshot_every_events,
     )
     if name is not None:
         settings = msgspec.structs.replace(settings, name=name)
-    await Master(settings, LocalModelCatalog(served(config), allow_download=config.model_download)).run(ready)
+    await Master(settings, LocalModelCatalog(allow_download=config.model_download)).run(ready)
 
 
 def worker_settings(
@@ -81,6 +84,7 @@ def worker_settings(
         runner_nats=endpoint_for(config, Identity("runner", node_id)),
         node_id=node_id,
         host=host,
+        memory_bytes=config.node_memory_bytes,
         heartbeat_interval_seconds=config.heartbeat_interval_seconds,
         blas=config.blas,
         pin_runner_threads=config.pin_runner_threads,

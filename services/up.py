@@ -76,7 +76,7 @@ def cluster_services(resolved: ResolvedConfig, access: ApiAccess, workers: int) 
     (the master has reconciled before workers join; the API listens before the ready line)."""
     masters = resolved.config.masters  # one leads by the lease; the others stand by
     services = [
-        Service(name, functools.partial(run_master, resolved, min_nodes_for_default=workers, name=name))
+        Service(name, functools.partial(run_master, resolved, place_after_nodes=workers, name=name))
         for name in (f"master-{index}" for index in range(masters))
     ]
     for node_id in node_ids(workers):
@@ -95,7 +95,9 @@ async def run_cluster(
     log = await EventLog.connect(admin, log_settings(config), name="shoal-up")
     try:
         # The log outlives this run: mark where it begins, so `shoal diagnose` tells now from before.
-        started = ClusterStarted(env=Stamper(Origin(service=UP)).stamp(), workers=workers, model=config.model)
+        started = ClusterStarted(
+            env=Stamper(Origin(service=UP)).stamp(), workers=workers, model=", ".join(config.models)
+        )
         await log.append(started)
         async with _fatal_unwrapped(), asyncio.TaskGroup() as group:
             if embedded is not None:
@@ -107,13 +109,17 @@ async def run_cluster(
                 if service.wait:
                     await ready.wait()
             url = f"http://{config.api_host}:{config.api_port}"
-            print(f"shoal: API at {url}/v1 (model {config.model!r}, {workers} worker(s)); warming up...", flush=True)
-            instance = await wait_until_ready(log, config.model)
+            first, *others = config.models
+            models = ", ".join(repr(m) for m in config.models)
+            print(f"shoal: API at {url}/v1 (models {models}, {workers} worker(s)); warming up...", flush=True)
+            instance = await wait_until_ready(log, first)
             settle_heap()  # what the API and the model's tokenizer loaded, out of full collections' way
             print(
-                f"shoal: ready: instance {instance} serves {config.model!r} at {url}/v1; {access.describe()}",
+                f"shoal: ready: instance {instance} serves {first!r} at {url}/v1; {access.describe()}",
                 flush=True,
             )
+            if others:
+                print("shoal: the other models are placed as they fit; `shoal models ls` shows each", flush=True)
     finally:
         await log.close()
 

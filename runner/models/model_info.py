@@ -66,3 +66,25 @@ def _first_int(config: dict[str, object], keys: tuple[str, ...]) -> int | None:
             if isinstance(value, int):
                 return value
     return None
+
+
+def weight_bytes(model_dir: Path) -> int:
+    """The bytes of the model's weights on disk (its `*.safetensors` files): what a node holds in
+    memory to serve it, before its KV cache."""
+    return sum(path.stat().st_size for path in model_dir.glob("*.safetensors"))
+
+
+def estimated_weight_bytes(config: dict[str, object]) -> int:
+    """The weights' bytes estimated from `config.json` alone (a Hub model whose weights are not on
+    this machine): embeddings, attention and MLP per layer, at the stored precision."""
+    hidden = _first_int(config, ("hidden_size", "d_model", "n_embd")) or 0
+    vocab = _first_int(config, ("vocab_size",)) or 0
+    layers = _first_int(config, _LAYER_COUNT_KEYS) or 0
+    mlp = _first_int(config, ("intermediate_size", "ffn_dim", "n_inner")) or 4 * hidden
+    params = 2 * vocab * hidden + layers * (4 * hidden * hidden + 3 * hidden * mlp)
+    quantization = config.get("quantization")
+    if isinstance(quantization, dict):
+        bits = cast(dict[str, object], quantization).get("bits")
+        return params * (bits if isinstance(bits, int) else 4) // 8
+    dtype = str(config.get("torch_dtype", "float16"))
+    return params * (4 if dtype == "float32" else 2)

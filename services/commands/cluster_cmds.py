@@ -16,6 +16,7 @@ from services.config import (
     ConfigError,
     ResolvedConfig,
     add_common_flags,
+    add_models_flag,
     add_setting_flag,
     config_from_args,
     configure_logging,
@@ -32,7 +33,7 @@ def register(subparsers: Any) -> None:
     add_common_flags(up)
     add_setting_flag(up, "workers", "worker nodes to start (default 2: the model runs as a 2-rank pipeline)")
     add_setting_flag(up, "masters", "masters to start (default 1; more stand by to take over)")
-    add_setting_flag(up, "model", "model to serve: `tiny` or an mlx-lm model directory")
+    add_models_flag(up, "a model to serve: `tiny`, an mlx-lm model directory or a Hub id (repeat for several)")
     up.add_argument("--port", dest="api_port", default=None, help="API port (default 8000)")
     add_setting_flag(up, "nats_port", "embedded NATS client port (default 4222)")
     add_setting_flag(up, "data_dir", "where the embedded NATS stores the log")
@@ -40,19 +41,20 @@ def register(subparsers: Any) -> None:
 
     master = subparsers.add_parser("master", help="run the master (placement, assignment, watchdog)")
     add_common_flags(master)
-    add_setting_flag(master, "model", "model kept placed once nodes join")
+    add_models_flag(master, "a model kept placed once nodes join (repeat for several)")
     master.set_defaults(handler=functools.partial(_serve, role="master"))
 
     worker = subparsers.add_parser("worker", help="run a worker for this node (one runner process per rank)")
     add_common_flags(worker)
     worker.add_argument("--node-id", default=None, help="node id (default: the host name)")
     worker.add_argument("--host", default="127.0.0.1", help="address peers reach this node's ring ports on")
+    add_setting_flag(worker, "node_memory_bytes", "memory this node offers to placement (default: what is available)")
     worker.set_defaults(handler=functools.partial(_serve, role="worker"))
 
     api = subparsers.add_parser("api", help="run the OpenAI-compatible HTTP API")
     add_common_flags(api)
     api.add_argument("--port", dest="api_port", default=None, help="API port (default 8000)")
-    add_setting_flag(api, "model", "model the API offers")
+    add_models_flag(api, "a model the API offers (repeat for several)")
     api.set_defaults(handler=functools.partial(_serve, role="api"))
 
 
@@ -77,7 +79,8 @@ def _up(args: argparse.Namespace) -> int:
         return 2
     try:
         check_data_dir(resolved.config.data_path, resolved.sources.get("data_dir", "default"))
-        prepare_tiny(resolved.config.model)
+        for model in resolved.config.models:
+            prepare_tiny(model)
         return up(resolved, resolved.config.workers)
     except (NatsError, LogError, ConfigError, CredentialsError) as exc:
         print(f"shoal up: {exc}", file=sys.stderr)

@@ -12,19 +12,23 @@ carry the same id, and JetStream's de-duplication stores one of them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import msgspec
 
+from events.apply import apply
 from events.catalogue import (
     InstancePlaced,
     InstanceRetired,
     LogEvent,
+    ModelLoadRequested,
     ModelUnavailable,
+    ModelUnloadRequested,
     NodeJoined,
     NodeLeft,
     NodeTimedOut,
+    Origin,
     PrefillStarted,
     RunnerStatusChanged,
     TaskAssigned,
@@ -34,6 +38,8 @@ from events.catalogue import (
     TaskFailed,
 )
 from events.culprit import STALLED_TASK_BOUNDS, Culprit, Evidence, name_culprit
+from events.ids import InstanceId
+from events.origins import MASTER
 from events.retention import live_tasks_of
 from events.runner_detail import detail_headline
 from events.runner_settings import RunnerSettings
@@ -41,11 +47,25 @@ from events.stamp import Stamper
 from events.state import InstanceInfo, State, TaskInfo
 from events.subjects import model_token
 from events.vocabulary import RetireCause
+from services.master.capacity import ModelFacts
 from services.master.fair_share import fair_assignments
+from services.master.lifecycle import (
+    draining,
+    evictable,
+    idle_to_unload,
+    instance_ids,
+    pinned,
+    unload_drained,
+    wanted_placed,
+)
 from services.master.placement import (
     DEFAULT_RING_BASE_PORT,
+    NodeCount,
+    NoRoom,
     PlacementError,
     PlacementFailures,
+    PlacementRequest,
+    PlannedInstance,
     RetryPolicy,
     nodes_up,
     placement_failures,
@@ -59,17 +79,19 @@ class UnknownModel(Exception):
 
 
 class ModelCatalog(Protocol):
-    def layers_of(self, model: str) -> int:
-        """The number of transformer layers; raises UnknownModel."""
+    def facts_of(self, model: str) -> ModelFacts:
+        """The layer count and weight bytes; raises UnknownModel."""
         ...
 
 
 class MasterPolicy(msgspec.Struct, frozen=True, kw_only=True):
     runner_settings: RunnerSettings = msgspec.field(default_factory=RunnerSettings)  # what each placed rank runs with
     ring_base_port: int = DEFAULT_RING_BASE_PORT
-    max_nodes_per_instance: int = 8
-    default_model: str | None = None  # kept placed once enough nodes joined (shoal up)
-    min_nodes_for_default: int = 1
+    nodes_per_instance: NodeCount = NodeCount()  # an instance is split over this many nodes at most/least
+    models: tuple[str, ...] = ()  # configured: placed when they fit, once `place_after_nodes` nodes joined
+    place_after_nodes: int = 1  # `shoal up` waits for all its workers, so placement sees every node
+    kv_reserve_fraction: float = 0.25  # KV room placement reserves beside a rank's weights, as a fraction of them
+    model_keep_alive_seconds: float = 1800.0  # idle this long: retired; 0 = at once; negative = never
     placement_retry: RetryPolicy = msgspec.field(default_factory=RetryPolicy)  # after placements that never got ready
     instance_ready_timeout_seconds: float = 900.0  # placed but not ready this long: retired (watchdog)
     task_stall_seconds: float = 30.0
@@ -99,7 +121,9 @@ class MasterCore:
                 task = state.tasks.get(event.task_id)  # None: a late cancel of an evicted task
                 return [] if task is None else self._finish_if_waiting(task)
             case TaskCompleted() | TaskFailed() | PrefillStarted():
-                return self._fill_places(state)  # a place freed, or a task handed ahead joined the batch
+                # a place freed, or a task handed ahead joined the batch; an unloaded model's
+                # instance that just ended its last task goes
+                return [*self._fill_places(state), *self._retire_drained(state)]
             case RunnerStatusChanged():
                 instance = state.instances[event.instance_id]
                 if instance.retired:
@@ -112,11 +136,19 @@ class MasterCore:
                 return self._serve_waiting(state, instance.model, now) if instance.ready else []
             case InstanceRetired():
                 model = state.instances[event.instance_id].model
-                return [*self._serve_waiting(state, model, now), *self._ensure_default(state, now)]
+                return self._then(state, self._serve_waiting(state, model, now), self._keep_placed, now)
+            case InstancePlaced():
+                return self._keep_placed(state, now)  # one placement at a time: the next sees this one
             case NodeJoined():
-                return self._ensure_default(state, now)
+                return self._then(state, self._serve_all_waiting(state, now), self._keep_placed, now)
             case NodeLeft() | NodeTimedOut():
                 return self._retire_on_node(state, event.node_id)
+            case ModelLoadRequested():
+                return self._keep_placed(state, now)
+            case ModelUnloadRequested():
+                return self._retire_drained(state)
+            case ModelUnavailable():
+                return self._keep_placed(state, now)  # the models kept placed after this one
             case _:
                 return []
 
@@ -133,24 +165,25 @@ class MasterCore:
             broken = _broken(state, instance)
             if broken is not None:
                 decisions += self._retire(state, instance, *broken)
+        decisions += self._retire_drained(state)
         if decisions:
             return decisions  # placement and assignment follow once these are in the log
-        for model in sorted({t.model for t in _waiting_tasks(state, model=None)}):
-            decisions += self._serve_waiting(state, model, now_ns=0)
-        return decisions or self._ensure_default(state, now_ns=0)
+        return self._then(state, self._serve_all_waiting(state, now_ns=0), self._keep_placed, 0)
 
     def retry_placements(self, state: State, now_ns: int) -> list[LogEvent]:
         """Place again each model whose last placements failed once its backoff is over (or was
-        forgiven), if tasks wait for it or it is the default model. The master's tick calls this:
-        no event marks the end of a backoff."""
+        forgiven), or that waited for memory, if tasks wait for it or it is kept placed. The
+        master's tick calls this: no event marks the end of a backoff."""
+        return self._then(state, self._serve_all_waiting(state, now_ns), self._keep_placed, now_ns)
+
+    def unload_idle(self, state: State, idle_seconds: Mapping[InstanceId, float]) -> list[LogEvent]:
+        """Retire the instances idle for longer than the keep-alive (`idle_seconds`: by the master's
+        own clock, from its shell's `IdleClock`). The tick calls this."""
+        keep_alive = self.policy.model_keep_alive_seconds
         decisions: list[LogEvent] = []
-        for model in sorted({t.model for t in _assignable_tasks(state, model=None)}):
-            if not _live_instances(state, model):  # else they are assigned when it gets ready
-                decisions += self._serve_waiting(state, model, now_ns)
-        default = self.policy.default_model
-        placed = {d.model for d in decisions if isinstance(d, InstancePlaced)}
-        if default is not None and default not in placed and self.failures(state, default).count:
-            decisions += self._ensure_default(state, now_ns)
+        for instance in idle_to_unload(state, idle_seconds, keep_alive):
+            reason = f"idle for {idle_seconds[instance.instance_id]:.0f}s (model_keep_alive_seconds={keep_alive:g})"
+            decisions += self._retire(state, instance, reason, "idle")
         return decisions
 
     def failures(self, state: State, model: str) -> PlacementFailures:
@@ -158,15 +191,36 @@ class MasterCore:
 
     # --- rules -------------------------------------------------------------------------------
 
+    def _then(
+        self,
+        state: State,
+        first: list[LogEvent],
+        rule: Callable[[State, int], list[LogEvent]],
+        now_ns: int,
+    ) -> list[LogEvent]:
+        """`first`, then what `rule` decides on the State as it will be once `first` is folded: a
+        placement decided after another must see the memory the first one takes."""
+        return [*first, *rule(_with_decisions(state, first), now_ns)]
+
+    def _serve_all_waiting(self, state: State, now_ns: int) -> list[LogEvent]:
+        """Serve every model with waiting tasks, each on the State with the decisions before it."""
+        decisions: list[LogEvent] = []
+        for model in sorted({t.model for t in _assignable_tasks(state, model=None)}):
+            ahead = _with_decisions(state, decisions)
+            if not _live_instances(ahead, model) or any(i.ready for i in _live_instances(ahead, model)):
+                decisions += self._serve_waiting(ahead, model, now_ns)
+        return decisions
+
     def _serve_waiting(self, state: State, model: str, now_ns: int) -> list[LogEvent]:
         waiting = _assignable_tasks(state, model)
         if not waiting:
             return []
-        ready = [i for i in _live_instances(state, model) if i.ready]
+        live = _live_instances(state, model)
+        ready = [i for i in live if i.ready and not draining(state, i)]
         if ready:
             return self._assign(state, waiting, ready)
-        if any(not i.failed for i in _live_instances(state, model)):
-            return []  # an instance is loading; the tasks are assigned once it is ready
+        if any(not i.failed for i in live):
+            return []  # an instance is loading (or draining); the tasks are served once it is ready (gone)
         return self._place(state, model, waiting, now_ns)
 
     def _assign(self, state: State, waiting: Sequence[TaskInfo], ready: Sequence[InstanceInfo]) -> list[LogEvent]:
@@ -187,70 +241,126 @@ class MasterCore:
             by_model.setdefault(task.model, []).append(task)
         decisions: list[LogEvent] = []
         for model, waiting in sorted(by_model.items()):
-            ready = [i for i in _live_instances(state, model) if i.ready]
+            ready = [i for i in _live_instances(state, model) if i.ready and not draining(state, i)]
             if ready:
                 decisions += self._assign(state, waiting, ready)
         return decisions
 
     def _place(self, state: State, model: str, waiting: Sequence[TaskInfo], now_ns: int) -> list[LogEvent]:
         """Place an instance for the waiting tasks; after failed placements, only once the backoff is
-        over (else the tick places it then), and refuse the tasks while the model is refused."""
+        over (else the tick places it then), and refuse the tasks while the model is refused. With
+        no room now but room once busy instances finish, the tasks wait (the tick tries again)."""
         failures = self.failures(state, model)
         retry = self.policy.placement_retry
         if failures.count and not retry.due(failures, now_ns):
             return self._fail_all(waiting, refusal(model, failures, retry)) if retry.refused(failures) else []
         try:
-            placed = self._plan(state, model)
+            return self._plan_with_room(state, model)
+        except NoRoom as exc:
+            return [] if self._fits_once_others_go(state, model) else self._fail_all(waiting, str(exc))
         except (PlacementError, UnknownModel) as exc:
             return self._fail_all(waiting, str(exc))
-        return [placed]
 
-    def _plan(self, state: State, model: str) -> InstancePlaced:
-        layers = self.catalog.layers_of(model)
-        plan = plan_instance(
-            state,
-            model,
-            layers,
+    def _plan_with_room(self, state: State, model: str) -> list[LogEvent]:
+        """The placement of `model`, evicting idle instances of other models, least recently used
+        first, when that is what makes room; raises NoRoom when even that does not."""
+        request = self._request(state, model)
+        try:
+            return [self._placed(plan_instance(state, request))]
+        except NoRoom:
+            victims = evictable(state, for_model=model)
+            for count in range(1, len(victims) + 1):
+                chosen = victims[:count]
+                try:
+                    plan = plan_instance(state, request, without=instance_ids(chosen))
+                except NoRoom:
+                    continue
+                why = f"evicted to make room for {model!r} (idle, least recently used)"
+                evictions = [e for victim in chosen for e in self._retire(state, victim, why, "evicted")]
+                return [*evictions, self._placed(plan)]
+            raise
+
+    def _fits_once_others_go(self, state: State, model: str) -> bool:
+        """Whether `model` would fit if every instance that may ever be let go (all but the pinned
+        models') were gone: then its tasks wait for busy instances to finish."""
+        gone = {i.instance_id for i in state.instances.values() if not i.retired and not pinned(state, i.model)}
+        try:
+            plan_instance(state, self._request(state, model), without=gone)
+        except (PlacementError, UnknownModel):
+            return False
+        return True
+
+    def _request(self, state: State, model: str) -> PlacementRequest:
+        status = state.models.get(model)
+        hints = status.hints if status is not None else None
+        count = self.policy.nodes_per_instance
+        if hints is not None:
+            count = NodeCount(
+                least=max(count.least, hints.min_nodes),
+                most=min(count.most, hints.max_nodes) if hints.max_nodes else count.most,
+            )
+        return PlacementRequest(
+            model=model,
+            facts=self.catalog.facts_of(model),
+            count=count,
+            only_nodes=tuple(hints.nodes) if hints is not None else (),
+            kv_reserve_fraction=self.policy.kv_reserve_fraction,
             base_port=self.policy.ring_base_port,
-            max_nodes=self.policy.max_nodes_per_instance,
         )
+
+    def _placed(self, plan: PlannedInstance) -> InstancePlaced:
         return InstancePlaced(
             env=self.stamper.stamp(f"place-{plan.instance_id}"),
             instance_id=plan.instance_id,
-            model=model,
+            model=plan.model,
             shards=plan.shards,
             ring_hosts=plan.ring_hosts,
             settings=self.policy.runner_settings,
+            reason=plan.reason,
         )
 
-    def _ensure_default(self, state: State, now_ns: int) -> list[LogEvent]:
-        model = self.policy.default_model
-        if model is None or len(nodes_up(state)) < self.policy.min_nodes_for_default:
+    def _keep_placed(self, state: State, now_ns: int) -> list[LogEvent]:
+        """Place the first model kept placed (configured, or loaded by an operator) that has no live
+        instance, once enough nodes joined; the next one follows when this placement is folded
+        (`decide` on `InstancePlaced`), so it sees the memory this one takes."""
+        if len(nodes_up(state)) < self.policy.place_after_nodes:
             return []
-        if _live_instances(state, model):
-            return []
-        failures = self.failures(state, model)
-        if failures.count and not self.policy.placement_retry.due(failures, now_ns):
-            return []  # the tick places it once the backoff is over
-        return self._try_plan(state, model)
+        for model in wanted_placed(state, self.policy.models):
+            if _live_instances(state, model):
+                continue
+            failures = self.failures(state, model)
+            if failures.count and not self.policy.placement_retry.due(failures, now_ns):
+                continue  # the tick places it once the backoff is over
+            decisions = self._try_plan(state, model)
+            if decisions:
+                return decisions  # placed it, or said why not; the others follow once this is folded
+        return []
 
     def _try_plan(self, state: State, model: str) -> list[LogEvent]:
         """A placement nothing waits on yet: one that cannot be planned says why, once."""
         try:
-            return [self._plan(state, model)]
+            return self._plan_with_room(state, model)
+        except NoRoom as exc:
+            return self._say_unavailable(state, model, str(exc))
         except PlacementError:
-            return []  # nothing waits on it; a task for it will get the error
+            return []  # no node is up; nothing waits on it; a task for it will get the error
         except UnknownModel as exc:
             return self._say_unavailable(state, model, str(exc))
 
     def _say_unavailable(self, state: State, model: str, error: str) -> list[LogEvent]:
-        """Tell the log why the default model cannot be placed (`shoal up`, /healthz and /v1/models
-        show it), once per distinct reason: every node that joins asks again."""
+        """Tell the log why a model kept placed cannot be placed (`shoal up`, /healthz and
+        /v1/models show it), once per distinct reason: every node that joins asks again."""
         known = state.models.get(model)
         if known is not None and known.unavailable == error:
             return []
         env = self.stamper.stamp(f"unavailable-{model_token(model)}-{state.last_seq}")
         return [ModelUnavailable(env=env, model=model, error=error)]
+
+    def _retire_drained(self, state: State) -> list[LogEvent]:
+        decisions: list[LogEvent] = []
+        for instance in unload_drained(state):
+            decisions += self._retire(state, instance, f"model {instance.model!r} unloaded by an operator", "unloaded")
+        return decisions
 
     def _finish_if_waiting(self, task: TaskInfo) -> list[LogEvent]:
         if task.ended or task.cancel_reason is None or task.instance_id is not None:
@@ -315,6 +425,16 @@ def _live_instances(state: State, model: str) -> list[InstanceInfo]:
     return sorted(
         (i for i in state.instances.values() if i.model == model and not i.retired), key=lambda i: i.placed_seq
     )
+
+
+def _with_decisions(state: State, decisions: Sequence[LogEvent]) -> State:
+    """`state` as it will be once `decisions` are folded (the shell folds them before it decides
+    on anything newer; this lets one decision see the ones taken just before it). Each is folded
+    as the master's, which it is, whatever name this master's stamper gives."""
+    for event in decisions:
+        as_master = msgspec.structs.replace(event.env, origin=Origin(service=MASTER))
+        state = apply(state, state.last_seq + 1, msgspec.structs.replace(event, env=as_master))
+    return state
 
 
 def judge_instance(state: State, instance: InstanceInfo) -> Culprit | None:

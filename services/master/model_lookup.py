@@ -5,8 +5,8 @@ endpoint for many seconds). Done inside the master's loop, that stalled its hear
 its lease renewals, so a master could lose its lease while looking a model up, and lose it again
 each time it took over. So the served models are looked up in a thread before any decision and
 kept; a failed look-up is tried again in a thread every `retry_seconds`, from the tick loop. The
-core's `layers_of` then only reads what was found. A model not in `models` is asked of the inner
-catalog directly: it must answer those without I/O (`LocalModelCatalog` refuses them by name).
+core's `facts_of` then only reads what was found. A model the log names for the first time (a
+task's, an operator's load request) is added (`add`) and looked up before the core decides on it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 
+from services.master.capacity import ModelFacts
 from services.master.core import ModelCatalog, UnknownModel
 
 RETRY_SECONDS = 30.0
@@ -31,13 +32,13 @@ class LookedUpCatalog:
     ) -> None:
         self.inner, self.models = inner, list(dict.fromkeys(models))
         self.retry_seconds, self.clock = retry_seconds, clock
-        self._found: dict[str, int | UnknownModel] = {}
+        self._found: dict[str, ModelFacts | UnknownModel] = {}
         self._tried_at: dict[str, float] = {}
 
-    def layers_of(self, model: str) -> int:
+    def facts_of(self, model: str) -> ModelFacts:
         found = self._found.get(model)
-        if found is None:
-            return self.inner.layers_of(model)
+        if found is None:  # never looked up: the shell looks up each model the log names before deciding
+            raise UnknownModel(f"model {model!r} was not looked up; known models: {', '.join(self.models)}")
         if isinstance(found, UnknownModel):
             raise found
         return found
@@ -59,8 +60,17 @@ class LookedUpCatalog:
             or (isinstance(found, UnknownModel) and self.clock() - tried >= self.retry_seconds)
         )
 
-    def _ask(self, model: str) -> int | UnknownModel:
+    async def add(self, models: Sequence[str]) -> None:
+        """Look up models the master learned of from the log (an operator's load request) before
+        it decides on them; those known already are not looked up again."""
+        new = [m for m in dict.fromkeys(models) if m not in self.models]
+        self.models += new
+        for model in new:
+            self._found[model] = await asyncio.to_thread(self._ask, model)
+            self._tried_at[model] = self.clock()
+
+    def _ask(self, model: str) -> ModelFacts | UnknownModel:
         try:
-            return self.inner.layers_of(model)
+            return self.inner.facts_of(model)
         except UnknownModel as exc:
             return exc

@@ -1,7 +1,9 @@
 """Placement as a pure function: which nodes host which layers, and on which ring ports.
 
-Layers are split in proportion to each node's memory, with at least one layer per node, so a
-bigger node carries more of the model. Ports are the lowest free ones at or above the base on
+An instance goes on the fewest nodes whose free memory (`capacity.py`) holds the model's weights
+and its KV room, the nodes with the most free memory first; layers are split in proportion to what
+each chosen node can take, at least one layer per node, so a bigger node carries more of the
+model. Ports are the lowest free ones at or above the base on
 each host, given the instances still alive there and the model's newest placements that never got
 ready: a port another program holds (a long-lived connection's ephemeral port, say) fails every
 placement that takes it, so the next attempt takes other ones.
@@ -12,12 +14,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
+from collections.abc import Collection
 
 import msgspec
 
 from events.catalogue import Shard
 from events.ids import InstanceId, NodeId
 from events.state import InstanceInfo, NodeInfo, State
+from services.master.capacity import ModelFacts, Rooms, in_gib, rooms, shard_bytes
 from services.supervise import Backoff
 
 # Below every common kernel's ephemeral range (Linux 32768-60999, macOS and Windows 49152-65535), so an
@@ -31,8 +35,10 @@ class PlacementError(Exception):
 
 class PlannedInstance(msgspec.Struct, frozen=True, kw_only=True):
     instance_id: InstanceId
+    model: str
     shards: list[Shard]
     ring_hosts: list[str]
+    reason: str = ""  # why these nodes, for `shoal placement explain`
 
 
 def split_layers(layers: int, weights: list[int]) -> list[tuple[int, int]]:
@@ -121,29 +127,116 @@ def nodes_up(state: State) -> list[NodeInfo]:
     return sorted((n for n in state.nodes.values() if n.status == "up"), key=lambda n: n.node_id)
 
 
-def plan_instance(state: State, model: str, layers: int, *, base_port: int, max_nodes: int) -> PlannedInstance:
-    nodes = nodes_up(state)[:max_nodes]
-    if not nodes:
+class NodeCount(msgspec.Struct, frozen=True, kw_only=True):
+    """How many nodes an instance may be split over: the policy's bounds, narrowed by an
+    operator's hints (`shoal models load --min-nodes/--max-nodes/--node`)."""
+
+    least: int = 1
+    most: int = 8
+
+
+class PlacementRequest(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    facts: ModelFacts
+    count: NodeCount = NodeCount()
+    only_nodes: tuple[NodeId, ...] = ()  # empty = any node that is up
+    kv_reserve_fraction: float = 0.25
+    base_port: int = DEFAULT_RING_BASE_PORT
+
+
+class NoRoom(PlacementError):
+    """The nodes that are up do not have the free memory the model needs (idle instances could be
+    evicted to make room; the core tries that)."""
+
+
+def plan_instance(state: State, request: PlacementRequest, *, without: Collection[InstanceId] = ()) -> PlannedInstance:
+    """The fewest nodes whose free memory holds the model and its KV room, at least
+    `request.count.least` of them (or every node up, when fewer are): the nodes with the most free memory first, layers split in
+    proportion to what each can take. Instances in `without` count as gone (being evicted)."""
+    candidates = [n for n in nodes_up(state) if not request.only_nodes or n.node_id in request.only_nodes]
+    if not candidates:
+        if request.only_nodes:
+            raise PlacementError(f"none of the nodes {', '.join(request.only_nodes)} is up")
         raise PlacementError("no worker node has joined: start one with `shoal worker` (or `shoal up`)")
-    nodes = nodes[: min(len(nodes), layers)]
-    ranges = split_layers(layers, [n.memory_bytes for n in nodes])
+    room = rooms(state, without=without)
+    by_free = sorted(candidates, key=lambda n: (-room.nodes[n.node_id].free, n.node_id))
+    most = min(request.count.most, len(by_free), request.facts.layers)
+    least = min(request.count.least, most)  # with fewer nodes up than asked, all of them
+    for count in range(least, most + 1):
+        chosen = sorted(by_free[:count], key=lambda n: n.node_id)
+        split = _fitting_split(room, chosen, request)
+        if split is not None:
+            return _planned(state, request, chosen, split, _why(room, chosen, split, request))
+    raise NoRoom(_no_room(room, by_free[:most], request))
+
+
+def _fitting_split(room: Rooms, chosen: list[NodeInfo], request: PlacementRequest) -> list[tuple[int, int]] | None:
+    """Layers for each chosen node in proportion to what it can take, or None when a node's share
+    does not fit in it."""
+    free = room.effective_free(n.node_id for n in chosen)
+    weights = [free[n.node_id] for n in chosen]
+    if min(weights) <= 0:
+        return None
+    split = split_layers(request.facts.layers, weights)
+    for node, (start, end) in zip(chosen, split, strict=True):
+        if shard_bytes(request.facts, end - start, request.kv_reserve_fraction) > free[node.node_id]:
+            return None
+    return split
+
+
+def _planned(
+    state: State, request: PlacementRequest, chosen: list[NodeInfo], split: list[tuple[int, int]], reason: str
+) -> PlannedInstance:
     taken = used_ports(state)
-    for host, ports in ports_of_failed_placements(state, model).items():
+    for host, ports in ports_of_failed_placements(state, request.model).items():
         taken.setdefault(host, set()).update(ports)
     ring_hosts: list[str] = []
-    for node in nodes:
+    for node in chosen:
         host_taken = taken.setdefault(node.host, set())
-        port = base_port
+        port = request.base_port
         while port in host_taken:
             port += 1
         host_taken.add(port)
         ring_hosts.append(f"{node.host}:{port}")
     shards = [
-        Shard(node_id=NodeId(node.node_id), rank=rank, start_layer=start, end_layer=end)
-        for rank, (node, (start, end)) in enumerate(zip(nodes, ranges, strict=True))
+        Shard(
+            node_id=NodeId(node.node_id),
+            rank=rank,
+            start_layer=start,
+            end_layer=end,
+            memory_bytes=shard_bytes(request.facts, end - start, request.kv_reserve_fraction),
+        )
+        for rank, (node, (start, end)) in enumerate(zip(chosen, split, strict=True))
     ]
-    instance_id = InstanceId(f"inst-{model_slug(model)}-{generation(state, model)}")
-    return PlannedInstance(instance_id=instance_id, shards=shards, ring_hosts=ring_hosts)
+    instance_id = InstanceId(f"inst-{model_slug(request.model)}-{generation(state, request.model)}")
+    return PlannedInstance(
+        instance_id=instance_id, model=request.model, shards=shards, ring_hosts=ring_hosts, reason=reason
+    )
+
+
+def _why(room: Rooms, chosen: list[NodeInfo], split: list[tuple[int, int]], request: PlacementRequest) -> str:
+    need = shard_bytes(request.facts, request.facts.layers, request.kv_reserve_fraction)
+    held = ", ".join(
+        f"{node.node_id} layers {start}-{end - 1} ({in_gib(room.nodes[node.node_id].free)} free)"
+        for node, (start, end) in zip(chosen, split, strict=True)
+    )
+    if len(chosen) == 1:
+        because = "the fewest nodes that hold it"
+    elif len(chosen) <= request.count.least:
+        because = f"split over {len(chosen)} nodes as asked (at least {request.count.least})"
+    else:
+        because = f"no {len(chosen) - 1} of the nodes up have the room together"
+    return f"needs {in_gib(need)} (weights and KV room); {because}: {held}"
+
+
+def _no_room(room: Rooms, largest: list[NodeInfo], request: PlacementRequest) -> str:
+    need = shard_bytes(request.facts, request.facts.layers, request.kv_reserve_fraction)
+    free = ", ".join(f"{n.node_id} {in_gib(room.nodes[n.node_id].free)}" for n in largest)
+    return (
+        f"cannot fit: model {request.model!r} needs {in_gib(need)} (weights and KV room) and the nodes up have "
+        f"free: {free} (over at most {len(largest)} nodes); unload a model (`shoal models unload`), add a node, "
+        "or raise node_memory_bytes"
+    )
 
 
 # --- failed placements: counted, backed off, retried ---------------------------------------------
@@ -195,8 +288,12 @@ def placement_failures(state: State, model: str, *, after_seq: int = 0) -> Place
     return PlacementFailures(count=len(counted), last_at=newest.retired_at, last_reason=newest.retire_reason)
 
 
+# Retirements that say nothing about the model: its node went away, or it was unloaded on purpose.
+_STOPS: frozenset[str] = frozenset({"node_gone", "idle", "evicted", "unloaded"})
+
+
 def _stopped(instance: InstanceInfo) -> bool:
-    return instance.retire_cause == "node_gone" or any(r.cause == "terminated" for r in instance.runners)
+    return instance.retire_cause in _STOPS or any(r.cause == "terminated" for r in instance.runners)
 
 
 def refusal(model: str, failures: PlacementFailures, policy: RetryPolicy) -> str:

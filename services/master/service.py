@@ -24,14 +24,16 @@ from loguru import logger
 
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
-from events.catalogue import ChunkGenerated, LogEvent, MasterProbe, Origin
+from events.catalogue import ChunkGenerated, LogEvent, MasterProbe, ModelLoadRequested, Origin, TaskCreated
 from events.fold import apply_live
+from events.retention import live_tasks_of
 from events.stamp import Stamper
 from events.state import FINISHED_TASKS_KEPT, State
 from events.subjects import PREFIX, event_subjects_without
 from services.master.core import MasterCore, MasterPolicy, ModelCatalog
 from services.master.hearing import Hearing
 from services.master.lease import DEFAULT_LEASE_SECONDS, KvLease, Leadership
+from services.master.lifecycle import IdleClock, operator_loaded
 from services.master.model_lookup import LookedUpCatalog
 from services.master.snapshots import SnapshotWriter
 from services.master.watchdog import tick
@@ -60,12 +62,12 @@ class Master:
         self._forced_leadership = leadership
         self.leadership: Leadership | None = leadership
         self.stamper = Stamper(Origin(service="master"), wall_ns=wall_ns)
-        default = settings.policy.default_model
-        self.catalog = LookedUpCatalog(catalog, [default] if default else [])  # looked up off the loop
+        self.catalog = LookedUpCatalog(catalog, settings.policy.models)  # looked up off the loop
         self.core = MasterCore(settings.policy, self.catalog, self.stamper)
         self.wall_ns = wall_ns
         self.state = State()
         self.hearing = Hearing(settings.name, settings.tick_seconds)  # by the master's own clock and sight
+        self.idle_clock = IdleClock()
         self._awaiting_seq = 0
         self._undecided: collections.deque[LogEvent] = collections.deque()
         self._log: EventLog | None = None
@@ -88,6 +90,7 @@ class Master:
     async def _serve(self, log: EventLog, leadership: Leadership, ready: asyncio.Event | None) -> None:
         self.state = await log.fold(from_snapshot=True, finished_tasks_kept=self.settings.finished_tasks_kept)
         await self.catalog.look_up()  # before any decision: the core never waits on a fetch
+        await self.catalog.add([*operator_loaded(self.state), *(t.model for t in live_tasks_of(self.state))])
         self._snapshots = SnapshotWriter(log, self.settings.snapshot_every_events, self.state)
         logger.info("master {} resumed at seq {}", self.settings.name, self.state.last_seq)
         transitions: asyncio.Queue[bool] = asyncio.Queue()
@@ -130,6 +133,8 @@ class Master:
             return
         if not self._leading():
             return  # a stand-by only folds; on taking over it reconciles the State
+        if isinstance(event, ModelLoadRequested | TaskCreated):
+            await self.catalog.add([event.model])  # a model new to it: looked up off the loop, then decided on
         self._undecided.append(event)
         if seq < self._awaiting_seq:
             return  # our own last decision is not folded yet
@@ -157,7 +162,9 @@ class Master:
             now = self.wall_ns()
             self.hearing.notice(self.state, now)  # a node newly up (or up before this start) counts from now
             decisions = tick(self.state, now, self.hearing.liveness(), self.settings.policy, self.stamper)
-            await self._publish([*decisions, *self.core.retry_placements(self.state, now)])
+            idle_seconds = self.idle_clock.observe(self.state, time.monotonic())
+            unloads = self.core.unload_idle(self.state, idle_seconds)
+            await self._publish([*decisions, *unloads, *self.core.retry_placements(self.state, now)])
             if self._snapshots is not None:
                 await self._snapshots.write_if_due(self.state)
 

@@ -54,6 +54,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     runner_nats: NatsEndpoint  # its runners' (handed over in their environment, never argv)
     node_id: str
     host: str = "127.0.0.1"  # the address peers reach this node's ring ports on
+    memory_bytes: int = 0  # offered to placement (`node_memory_bytes`); 0 = what the host has available
     heartbeat_interval_seconds: float
     blas: str
     pin_runner_threads: bool = True
@@ -164,12 +165,14 @@ class Worker:
             logger.warning("worker {}: could not announce the node ({}): {}", self.node_id, cause, exc)
 
     def _joined(self, cause: JoinCause, event_id: str | None = None) -> NodeJoined:
+        host_memory = memory_available_bytes()  # shared with any other node on this host
         return NodeJoined(
             env=self.stamper.stamp(event_id),
             node_id=self.node_id,
             host=self.settings.host,
             cores=os.cpu_count() or 1,
-            memory_bytes=memory_available_bytes(),
+            memory_bytes=self.settings.memory_bytes or host_memory,
+            host_memory_bytes=host_memory,
             backend="cpu" if os.uname().sysname == "Linux" else "metal",
             version=VERSION,
             cause=cause,

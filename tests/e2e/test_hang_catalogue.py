@@ -107,7 +107,7 @@ def unplaceable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     model.mkdir()
     config = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "vocab_size": 256}
     (model / "config.json").write_text(json.dumps(config))
-    cluster = Cluster(root, workers=1, env={}, model=str(model), **E2E_SETTINGS)
+    cluster = Cluster(root, workers=1, env={}, models=str(model), **E2E_SETTINGS)
     try:
         _healthy(cluster.base_url, instances=0)
         yield cluster

@@ -40,7 +40,7 @@ FUZZ_EXAMPLES = 50  # per operation and mode: the fuzz takes about half a minute
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     model = strict_tiny_model(tmp_path_factory.mktemp("models") / "strict")
     running = Cluster(
-        tmp_path_factory.mktemp("cluster"), workers=1, model=str(model), max_tokens_limit=str(MAX_TOKENS_LIMIT)
+        tmp_path_factory.mktemp("cluster"), workers=1, models=str(model), max_tokens_limit=str(MAX_TOKENS_LIMIT)
     )
     try:
         yield running.wait_ready()
@@ -50,7 +50,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def model(cluster: Cluster) -> str:
-    return cluster.env["SHOAL_MODEL"]
+    return cluster.env["SHOAL_MODELS"]
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ def _hub_env(cache: Path) -> dict[str, str]:
 def hub_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("hub-cluster")
     install_in_hub_cache(root / "hub", REPO, cached_tiny())
-    running = Cluster(root, workers=2, env=_hub_env(root / "hub"), model=REPO)
+    running = Cluster(root, workers=2, env=_hub_env(root / "hub"), models=REPO)
     try:
         yield running.wait_ready()
     finally:
@@ -68,7 +68,7 @@ def test_the_models_list_names_the_owner_the_context_and_which_node_holds_which_
 
 def test_an_id_neither_cached_nor_reachable_is_reported_everywhere_and_never_ready(tmp_path: Path) -> None:
     (tmp_path / "hub").mkdir()
-    cluster = Cluster(tmp_path, workers=1, env=_hub_env(tmp_path / "hub"), model="owner/absent")
+    cluster = Cluster(tmp_path, workers=1, env=_hub_env(tmp_path / "hub"), models="owner/absent")
     try:
         with cluster.http() as http:
             health = _wait_for(lambda: http.get("/healthz").json(), lambda h: h["status"] == "model_unavailable")

@@ -31,6 +31,7 @@ from events.stamp import Stamper
 from services.api.auth import ApiAccess
 from services.config import resolve_config
 from services.credentials import endpoint_for
+from services.master.capacity import ModelFacts
 from services.master.service import Master, MasterSettings
 from services.models import LocalModelCatalog
 from services.nats import EmbeddedNats
@@ -52,14 +53,14 @@ class CatalogThatFailsOnce:
     failed a read): the master's decide raises, as a bug in one event would make it."""
 
     def __init__(self) -> None:
-        self.real = LocalModelCatalog(["tiny"])
+        self.real = LocalModelCatalog()
         self.calls = 0
 
-    def layers_of(self, model: str) -> int:
+    def facts_of(self, model: str) -> ModelFacts:
         self.calls += 1
         if self.calls == 1:
             raise OSError("reading the model's config.json failed")
-        return self.real.layers_of(model)
+        return self.real.facts_of(model)
 
 
 @pytest.mark.timeout(60)
@@ -68,7 +69,7 @@ async def test_a_crashed_master_is_restarted_while_the_api_keeps_answering(
 ) -> None:
     del event_log  # fresh streams
     port = free_port()
-    env = {"SHOAL_NATS_URL": nats_url, "SHOAL_API_PORT": str(port), "SHOAL_MODEL": "tiny"}
+    env = {"SHOAL_NATS_URL": nats_url, "SHOAL_API_PORT": str(port), "SHOAL_MODELS": "tiny"}
     resolved = resolve_config(env={**env, "SHOAL_DATA_DIR": str(tmp_path)})
     catalog = CatalogThatFailsOnce()
     settings = MasterSettings(
@@ -111,7 +112,7 @@ async def test_healthz_says_degraded_with_503_while_the_api_cannot_reach_its_log
     await streams.ensure_streams()
     await streams.close()
     port = free_port()
-    env = {"SHOAL_NATS_URL": server.url, "SHOAL_API_PORT": str(port), "SHOAL_MODEL": "tiny"}
+    env = {"SHOAL_NATS_URL": server.url, "SHOAL_API_PORT": str(port), "SHOAL_MODELS": "tiny"}
     resolved = resolve_config(env={**env, "SHOAL_DATA_DIR": str(tmp_path)})
     ready = asyncio.Event()
     api = asyncio.create_task(supervise("API", lambda: run_api(resolved, ApiAccess(), ready)))

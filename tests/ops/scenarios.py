@@ -372,7 +372,7 @@ def _master_stamper(log: LogBuilder) -> Stamper:
 def master_decides(log: LogBuilder) -> None:
     """The master core's decisions on the log's last event, appended as the master would."""
     events = log_events(log)
-    core = MasterCore(MasterPolicy(), LocalModelCatalog(["tiny"]), _master_stamper(log))
+    core = MasterCore(MasterPolicy(), LocalModelCatalog(), _master_stamper(log))
     for event in core.decide(fold(events), events[-1][1]):
         log.record(event)
 

@@ -22,7 +22,9 @@ from events.catalogue import (
     InstanceRetired,
     MasterProbe,
     ModelDownloadProgress,
+    ModelLoadRequested,
     ModelUnavailable,
+    ModelUnloadRequested,
     NodeHeartbeat,
     NodeJoined,
     NodeLeft,
@@ -78,6 +80,8 @@ def one_of_each_kind() -> list[AnyEvent]:
         MasterProbe(env=env(), master="master-a"),
         ModelDownloadProgress(env=env(), node_id=NODE_A, model="owner/name", bytes_done=1, bytes_total=2),
         ModelUnavailable(env=env(), model="owner/name", error="forged"),
+        ModelLoadRequested(env=env(), model="owner/name", pinned=True),
+        ModelUnloadRequested(env=env(), model="owner/name"),
         ClusterStarted(env=env(), workers=2, model="tiny"),
     ]
 

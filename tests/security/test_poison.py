@@ -63,7 +63,7 @@ def _created(task_id: str, model: str = "no-such-model") -> TaskCreated:
 
 @asynccontextmanager
 async def running_master(nats_url: str) -> AsyncIterator[Master]:
-    master = Master(MasterSettings(nats=NatsEndpoint(url=nats_url), policy=MasterPolicy()), LocalModelCatalog([]))
+    master = Master(MasterSettings(nats=NatsEndpoint(url=nats_url), policy=MasterPolicy()), LocalModelCatalog())
     ready = asyncio.Event()
     task = asyncio.create_task(master.run(ready))
     try:

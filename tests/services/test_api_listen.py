@@ -85,7 +85,7 @@ async def test_an_api_stopped_and_started_again_in_one_loop_answers(nats_url: st
     env = {
         "SHOAL_NATS_URL": nats_url,
         "SHOAL_API_PORT": str(port),
-        "SHOAL_MODEL": "tiny",
+        "SHOAL_MODELS": "tiny",
         "SHOAL_DATA_DIR": str(tmp_path),
     }
     resolved = resolve_config(env=env)

@@ -10,6 +10,7 @@ from events.ids import InstanceId, NodeId, check_token
 from events.state import State
 from events.subjects import model_subject, model_token, subject_for
 from services.api.model_cards import model_card
+from services.master.capacity import ModelFacts
 from services.master.core import MasterCore, MasterPolicy, UnknownModel
 from services.up_progress import UpProgress
 from tests.events.builders import Events, fake_stamper
@@ -19,7 +20,7 @@ GIB = 1 << 30
 
 
 class Unplaceable:
-    def layers_of(self, model: str) -> int:
+    def facts_of(self, model: str) -> ModelFacts:
         raise UnknownModel(f"model {model!r} cannot be loaded: it is neither cached nor downloadable")
 
 
@@ -55,7 +56,7 @@ def test_download_reports_fold_per_node_and_the_latest_wins() -> None:
 
 def test_the_master_says_once_per_reason_why_its_default_model_cannot_be_placed() -> None:
     ev = Events()
-    core = MasterCore(MasterPolicy(default_model=MODEL), Unplaceable(), fake_stamper("master"))
+    core = MasterCore(MasterPolicy(models=(MODEL,)), Unplaceable(), fake_stamper("master"))
     state = State()
     said: list[LogEvent] = []
     for event in [ev.node("n1"), ev.node("n2")]:

@@ -26,6 +26,7 @@ from events.catalogue import (
     TaskFailed,
 )
 from events.ids import TaskId
+from services.master.capacity import ModelFacts
 from services.master.core import MasterPolicy, UnknownModel
 from tests.events.builders import Events, FakeClock
 
@@ -33,11 +34,14 @@ NODES = ("n1", "n2")
 POLICY = MasterPolicy(node_timeout_seconds=600.0)  # no heartbeats here: nodes must not time out
 
 
+TINY_FACTS = ModelFacts(layers=8, weight_bytes=64 << 20)
+
+
 class Catalog:
-    def layers_of(self, model: str) -> int:
+    def facts_of(self, model: str) -> ModelFacts:
         if model != "tiny":
             raise UnknownModel(f"unknown model {model!r}; known models: tiny")
-        return 8
+        return TINY_FACTS
 
 
 class LiveEvents(Events):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
 import pytest
 
 from events.apply import apply
@@ -25,16 +26,32 @@ from events.runner_detail import exit_detail
 from events.runner_settings import RunnerSettings
 from events.state import State
 from events.vocabulary import RunnerStatusCause
+from services.master.capacity import ModelFacts
 from services.master.core import MasterCore, MasterPolicy, UnknownModel
+from services.master.placement import NodeCount
 from services.master.watchdog import Liveness, tick
 from tests.events.builders import Events, FakeClock, fake_stamper
 
+TINY_FACTS = ModelFacts(layers=8, weight_bytes=64 << 20)
+
 
 class Catalog:
-    def layers_of(self, model: str) -> int:
+    def facts_of(self, model: str) -> ModelFacts:
         if model != "tiny":
             raise UnknownModel(f"unknown model {model!r}; known models: tiny")
-        return 8
+        return TINY_FACTS
+
+
+PIPELINE = NodeCount(least=2)
+
+
+def pipelined(policy: MasterPolicy) -> MasterPolicy:
+    """These tables were written for an instance split over two nodes (n1, n2), where a rank of the
+    pipeline can fail alone: they keep that shape unless a test asks for another. Placement's own
+    choice of nodes is tested in test_placement_memory.py."""
+    if policy.nodes_per_instance != NodeCount():
+        return policy
+    return msgspec.structs.replace(policy, nodes_per_instance=PIPELINE)
 
 
 class Cluster:
@@ -43,7 +60,7 @@ class Cluster:
     def __init__(self, policy: MasterPolicy | None = None) -> None:
         self.clock = FakeClock()
         self.ev = Events(self.clock)
-        self.policy = policy or MasterPolicy()
+        self.policy = pipelined(policy or MasterPolicy())
         self.core = MasterCore(self.policy, Catalog(), fake_stamper("master", self.clock))
         self.state = State()
         self.decided: list[LogEvent] = []
@@ -107,7 +124,7 @@ def test_an_instance_is_placed_with_the_policys_runner_settings_and_folded_with_
 
 
 def test_assignment_prefers_the_instance_with_fewest_queued() -> None:
-    c = Cluster(MasterPolicy(max_nodes_per_instance=1))
+    c = Cluster(MasterPolicy(nodes_per_instance=NodeCount(least=1, most=1)))
     c.feed(c.ev.node("n1"), c.ev.node("n2"))
     first = c.ready_instance(nodes=())
     # a second instance on demand: force one by placing manually
@@ -167,7 +184,7 @@ def test_node_timeout_retires_its_instances() -> None:
 
 
 def test_default_model_is_placed_when_enough_nodes_joined() -> None:
-    c = Cluster(MasterPolicy(default_model="tiny", min_nodes_for_default=2))
+    c = Cluster(MasterPolicy(models=("tiny",), place_after_nodes=2))
     assert c.feed(c.ev.node("n1")) == []
     out = c.feed(c.ev.node("n2"))
     assert _kinds(out) == ["InstancePlaced"]

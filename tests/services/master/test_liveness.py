@@ -124,7 +124,7 @@ def test_two_masters_time_out_one_announcement_with_one_id() -> None:
 
 @pytest.mark.parametrize("cause", ["timed_out", "reconnect"])
 def test_a_timed_out_node_that_rejoins_is_up_the_default_model_is_placed_again(cause: JoinCause) -> None:
-    c = Cluster(MasterPolicy(node_timeout_seconds=TIMEOUT_S, default_model="tiny"))
+    c = Cluster(MasterPolicy(node_timeout_seconds=TIMEOUT_S, models=("tiny",)))
     node, hearing = Node(c, "n1", -3600.0), Hearing(MASTER, 1.0)
     placed = c.feed(node.joined())
     assert [type(e) for e in placed] == [InstancePlaced] and master_tick(c, hearing) == []

@@ -7,8 +7,11 @@ import threading
 
 import pytest
 
+from services.master.capacity import ModelFacts
 from services.master.core import UnknownModel
 from services.master.model_lookup import LookedUpCatalog
+
+EIGHT = ModelFacts(layers=8, weight_bytes=1 << 20)
 
 
 class CountingCatalog:
@@ -18,13 +21,13 @@ class CountingCatalog:
         self.asked: list[tuple[str, bool]] = []
         self.flaky_ok = False
 
-    def layers_of(self, model: str) -> int:
+    def facts_of(self, model: str) -> ModelFacts:
         self.asked.append((model, threading.current_thread() is threading.main_thread()))
         if model == "owner/flaky" and not self.flaky_ok:
             raise UnknownModel("owner/flaky: config.json could not be fetched")
         if model not in ("tiny", "owner/flaky"):
             raise UnknownModel(f"unknown model {model!r}")
-        return 8
+        return EIGHT
 
 
 class Clock:
@@ -40,9 +43,9 @@ def test_served_models_are_looked_up_in_a_thread_and_answered_from_memory() -> N
     catalog = LookedUpCatalog(inner, ["tiny", "owner/flaky"], clock=Clock())
     asyncio.run(catalog.look_up())
     assert sorted(inner.asked) == [("owner/flaky", False), ("tiny", False)]  # never on the loop's thread
-    assert catalog.layers_of("tiny") == 8
+    assert catalog.facts_of("tiny") == EIGHT
     with pytest.raises(UnknownModel, match="could not be fetched"):
-        catalog.layers_of("owner/flaky")
+        catalog.facts_of("owner/flaky")
     assert len(inner.asked) == 2  # answered from what was found
 
 
@@ -57,11 +60,11 @@ def test_a_failed_look_up_is_tried_again_only_when_due() -> None:
     clock.now = 30
     asyncio.run(catalog.look_up(only_due=True))
     assert inner.asked[2:] == [("owner/flaky", False)]  # the good one is never asked again
-    assert catalog.layers_of("owner/flaky") == 8
+    assert catalog.facts_of("owner/flaky") == EIGHT
 
 
-def test_a_model_not_served_is_asked_directly() -> None:
+def test_a_model_never_looked_up_is_unknown() -> None:
     inner = CountingCatalog()
     catalog = LookedUpCatalog(inner, ["tiny"])
-    with pytest.raises(UnknownModel, match="unknown model 'other'"):
-        catalog.layers_of("other")
+    with pytest.raises(UnknownModel, match="was not looked up"):
+        catalog.facts_of("other")

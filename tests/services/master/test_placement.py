@@ -5,7 +5,15 @@ import itertools
 import pytest
 
 from events.fold import fold
-from services.master.placement import PlacementError, model_slug, plan_instance, split_layers
+from services.master.capacity import ModelFacts
+from services.master.placement import (
+    NodeCount,
+    PlacementError,
+    PlacementRequest,
+    model_slug,
+    plan_instance,
+    split_layers,
+)
 from tests.events.builders import Events
 
 
@@ -33,10 +41,15 @@ def test_more_nodes_than_layers_is_an_error() -> None:
         split_layers(2, [1, 1, 1])
 
 
+def _request(least: int = 1) -> PlacementRequest:
+    facts = ModelFacts(layers=8, weight_bytes=1 << 20)
+    return PlacementRequest(model="tiny", facts=facts, count=NodeCount(least=least), base_port=5000)
+
+
 def test_plan_uses_free_ports_per_host_and_stable_ids() -> None:
     ev = Events()
     state = fold(enumerate([ev.node("n1"), ev.node("n2"), ev.placed("i1")], start=1))
-    plan = plan_instance(state, "tiny", 8, base_port=5000, max_nodes=8)
+    plan = plan_instance(state, _request(least=2))
     # i1 holds 127.0.0.1:5000 and :5001, so the new ranks take the next free ones
     assert plan.ring_hosts == ["127.0.0.1:5002", "127.0.0.1:5003"]
     assert [s.rank for s in plan.shards] == [0, 1]
@@ -45,7 +58,7 @@ def test_plan_uses_free_ports_per_host_and_stable_ids() -> None:
 
 def test_plan_with_no_nodes_says_what_to_do() -> None:
     with pytest.raises(PlacementError, match="shoal worker"):
-        plan_instance(fold([]), "tiny", 8, base_port=5000, max_nodes=8)
+        plan_instance(fold([]), _request())
 
 
 def test_model_slug_is_a_subject_token() -> None:

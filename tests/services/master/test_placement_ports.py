@@ -25,7 +25,7 @@ def _ports(placed: InstancePlaced) -> list[int]:
 def _waiting_cluster() -> Cluster:
     """Two nodes on one host (127.0.0.1) and the default model: it is placed, and placed again after
     each failure once the backoff is over (refused or not: nothing needs to wait for it)."""
-    c = Cluster(MasterPolicy(placement_retry=RETRY, default_model="tiny", min_nodes_for_default=2))
+    c = Cluster(MasterPolicy(placement_retry=RETRY, models=("tiny",), place_after_nodes=2))
     c.feed(c.ev.node("n1"), c.ev.node("n2"))
     return c
 

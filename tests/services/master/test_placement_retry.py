@@ -94,7 +94,7 @@ def test_after_three_failures_the_model_is_refused_and_says_so_then_retried() ->
     refused = c.feed(c.ev.created("t2"))
     assert _kinds(refused) == ["TaskFailed"] and "refused" in refused[0].error  # pyright: ignore[reportAttributeAccessIssue]
     c.clock.advance(8)  # the backoff after 3 failures is over: tried again, though nothing waits
-    c.core.policy = MasterPolicy(placement_retry=RETRY, default_model="tiny", min_nodes_for_default=2)
+    c.core.policy = MasterPolicy(placement_retry=RETRY, models=("tiny",), place_after_nodes=2)
     assert _kinds(_retry(c)) == ["InstancePlaced"]
     assert model_error(c.state, "tiny") == ""  # loading again: not refused
 
@@ -117,9 +117,9 @@ def test_a_worker_that_shuts_down_while_loading_is_a_stop() -> None:
         _fail_newest(c, "error")  # rank 0's accept, interrupted by the shutdown: "Accept failed (error: 4)"
         c.feed(NodeLeft(env=c.ev.worker("n2").stamp(), node_id=NodeId("n2"), reason="shutdown"))
         c.clock.advance(1)
-        c.feed(c.ev.node("n2"))  # the next `shoal up`
+        rejoined = c.feed(c.ev.node("n2"))  # the next `shoal up`
         assert placement_failures(c.state, "tiny").count == 0
-        assert _kinds(_retry(c)) == ["InstancePlaced"]  # placed again at once for the waiting task
+        assert _kinds(rejoined) == ["InstancePlaced"]  # placed again at once for the waiting task
     assert model_error(c.state, "tiny") == ""
     assert c.state.tasks[T1].status == "created"
 
