@@ -95,13 +95,13 @@ class Events:
         last = len(self._nodes_of.get(instance, ("n1", "n2"))) - 1
         return self.rank(instance, last if rank is None else rank)
 
-    def node(self, node_id: str = "n1", memory_gb: int = 16) -> NodeJoined:
+    def node(self, node_id: str = "n1", memory_gb: float = 16, host: str = "127.0.0.1") -> NodeJoined:
         return NodeJoined(
             env=self.worker(node_id).stamp(),
             node_id=NodeId(node_id),
-            host="127.0.0.1",
+            host=host,
             cores=2,
-            memory_bytes=memory_gb * 2**30,
+            memory_bytes=int(memory_gb * 2**30),
             backend="cpu",
             version="test",
         )

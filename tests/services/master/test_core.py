@@ -27,7 +27,7 @@ from events.runner_settings import RunnerSettings
 from events.state import State
 from events.vocabulary import RunnerStatusCause
 from services.master.capacity import ModelFacts
-from services.master.core import MasterCore, MasterPolicy, UnknownModel
+from services.master.core import MasterCore, MasterPolicy, ModelCatalog, UnknownModel
 from services.master.placement import NodeCount
 from services.master.watchdog import Liveness, tick
 from tests.events.builders import Events, FakeClock, fake_stamper
@@ -57,11 +57,13 @@ def pipelined(policy: MasterPolicy) -> MasterPolicy:
 class Cluster:
     """Folds events like the master shell does and feeds every event to the core."""
 
-    def __init__(self, policy: MasterPolicy | None = None) -> None:
+    def __init__(
+        self, policy: MasterPolicy | None = None, catalog: ModelCatalog | None = None, *, pipeline: bool = True
+    ) -> None:
         self.clock = FakeClock()
         self.ev = Events(self.clock)
-        self.policy = pipelined(policy or MasterPolicy())
-        self.core = MasterCore(self.policy, Catalog(), fake_stamper("master", self.clock))
+        self.policy = pipelined(policy or MasterPolicy()) if pipeline else policy or MasterPolicy()
+        self.core = MasterCore(self.policy, catalog or Catalog(), fake_stamper("master", self.clock))
         self.state = State()
         self.decided: list[LogEvent] = []
         self.stored_ids: set[str] = set()
@@ -69,21 +71,33 @@ class Cluster:
     def feed(self, *events: LogEvent, echo: bool = True) -> list[LogEvent]:
         """Append events; with `echo`, the master's decisions are appended too, like the log would.
 
-        Like JetStream with Nats-Msg-Id, an event whose id is already stored is dropped."""
+        Like the shell, a batch of the master's own decisions is folded whole before it decides on
+        any of them (it waits for the last one's seq), then on each in order. Like JetStream with
+        Nats-Msg-Id, an event whose id is already stored is dropped."""
         out: list[LogEvent] = []
-        queue = list(events)
-        while queue:
-            event = queue.pop(0)
-            if event.env.event_id in self.stored_ids:
-                continue
+        for event in events:
+            out += self._decide_on([event], echo)
+        self.decided += out
+        return out
+
+    def feed_own(self, decisions: Sequence[LogEvent]) -> list[LogEvent]:
+        """The master's own batch of decisions (a tick's): folded whole, then decided on."""
+        out = self._decide_on(list(decisions), echo=True)
+        self.decided += out
+        return out
+
+    def _decide_on(self, batch: list[LogEvent], echo: bool) -> list[LogEvent]:
+        stored = [event for event in batch if event.env.event_id not in self.stored_ids]
+        for event in stored:
             self.stored_ids.add(event.env.event_id)
             self.ev.learn(event)
             self.state = apply(self.state, self.state.last_seq + 1, event)
+        out: list[LogEvent] = []
+        for event in stored:
             decisions = self.core.decide(self.state, event)
             out += decisions
-            if echo:  # like the shell: its own decisions are folded before it decides on the next event
-                queue = decisions + queue
-        self.decided += out
+            if echo and decisions:
+                out += self._decide_on(decisions, echo)
         return out
 
     def ready_instance(self, nodes: Sequence[str] = ("n1", "n2")) -> str:
