@@ -358,6 +358,7 @@ def _instance_placed(state: State, seq: int, event: InstancePlaced) -> State:
         runners=tuple(RunnerInfo(rank=s.rank, node_id=s.node_id, changed_at=at) for s in shards),
         placed_seq=seq,
         placed_at=at,
+        placement_reason=event.reason,
     )
     return replace(state, last_seq=seq, instances=state.instances.set(instance.instance_id, instance))
 

@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "config_cmd",
     "replay_cmd",
     "diagnose_cmd",
+    "models_cmd",
 )
 
 

@@ -56,7 +56,8 @@ from services.master.lease import DEFAULT_LEASE_SECONDS
 from services.master.placement import DEFAULT_RING_BASE_PORT
 
 ENV_PREFIX = "SHOAL_"
-ENV_NOT_SETTINGS = frozenset({"SHOAL_CONFIG", IDENTITY_ENV})  # SHOAL_* variables that are not settings
+# SHOAL_* variables that are not settings (SHOAL_ADMIN_KEY: the key `shoal models` sends the API)
+ENV_NOT_SETTINGS = frozenset({"SHOAL_CONFIG", IDENTITY_ENV, "SHOAL_ADMIN_KEY"})
 RUNNER_DEFAULTS = RunnerSettings()  # the runners' defaults, declared once in events/runner_settings.py
 
 _NON_EMPTY = Meta(pattern=r"\S", extra={"allowed": "a non-empty string"})

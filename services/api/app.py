@@ -76,6 +76,8 @@ def build_app(ctx: ApiContext) -> Starlette:
         Route("/v1/tasks/{task_id}", bind("task", routes.get_task, "key"), methods=["GET"]),
         Route("/v1/tasks/{task_id}/cancel", bind("cancel", routes.cancel_task, "key"), methods=["POST"]),
         Route("/v1/config", bind("config", routes.get_config, "admin"), methods=["GET"]),
+        Route("/v1/admin/models/load", bind("load_model", routes.load_model, "admin"), methods=["POST"]),
+        Route("/v1/admin/models/unload", bind("unload_model", routes.unload_model, "admin"), methods=["POST"]),
         Route("/healthz", bind("healthz", routes.healthz, "nothing"), methods=["GET"]),
         Route("/metrics", bind("metrics", routes.metrics, "key"), methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),

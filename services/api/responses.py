@@ -101,12 +101,32 @@ class ShardCard(msgspec.Struct, frozen=True, kw_only=True):
     rank: int
     start_layer: int  # inclusive
     end_layer: int  # exclusive
+    memory_bytes: int = 0  # what placement reserved for the rank on its node
+
+
+InstanceState = Literal["loading", "ready", "draining"]
+# placed: an instance is ready; loading: one is on its way; draining: an operator unloaded it and
+# it finishes its tasks; waiting: requests wait for an instance (for memory, or for a node);
+# unloaded: let go (idle, evicted, an operator's unload), placed again by a request; cannot_fit and
+# unavailable: `error` says why; not_loaded: never placed since the log began, placed on demand.
+ModelState = Literal["placed", "loading", "draining", "waiting", "unloaded", "cannot_fit", "unavailable", "not_loaded"]
 
 
 class InstanceCard(msgspec.Struct, frozen=True, kw_only=True):
     instance_id: str
     ready: bool
     shards: list[ShardCard]  # which node holds which layers, by rank
+    state: InstanceState = "loading"
+    placement: str = ""  # why these nodes (`shoal placement explain`)
+    running: int = 0  # tasks it holds (decoding, prefilling or handed ahead)
+
+
+class ModelAction(msgspec.Struct, frozen=True, kw_only=True):
+    """`POST /v1/admin/models/load|unload`'s answer: what was put on the log."""
+
+    model: str
+    action: Literal["load", "unload"]
+    seq: int  # the request's place in the log
 
 
 class DownloadCard(msgspec.Struct, frozen=True, kw_only=True):
@@ -154,6 +174,8 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
     instances: list[InstanceCard]
     downloads: list[DownloadCard]  # unfinished downloads, by node
     error: str | None  # why it is not served (neither cached nor downloadable, failed to load)
+    state: ModelState = "not_loaded"
+    pinned: bool = False  # an operator pinned it: never unloaded for idleness nor evicted
 
 
 class ModelList(msgspec.Struct, frozen=True, kw_only=True):

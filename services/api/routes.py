@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Annotated, TypeVar
+
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from events.ids import InvalidId, TaskId, check_token
+from events.catalogue import ModelLoadRequested, ModelUnloadRequested, PlacementHints
+from events.ids import InvalidId, NodeId, TaskId, check_token
 from events.state import TaskInfo
 from services.api.auth import caller_of
 from services.api.context import ApiContext
 from services.api.metrics import exposition
 from services.api.model_cards import model_card
-from services.api.responses import CancelAccepted, Health, ModelCard, ModelList, json_response
+from services.api.responses import CancelAccepted, Health, ModelAction, ModelCard, ModelList, json_response
 from services.api.schemas import RequestProblem
 from services.api.task_stream import check_model
-from services.models import model_error
+from services.models import existing_model_dir, is_hub_model, model_error
 from services.ops.task_history import task_from_log
 
 
@@ -104,3 +107,64 @@ async def healthz(request: Request, ctx: ApiContext) -> Response:
 async def metrics(request: Request, ctx: ApiContext) -> Response:
     body, content_type = exposition(ctx.registry, request.headers.get("accept"))
     return Response(body, headers={"content-type": content_type})
+
+
+class LoadModel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`POST /v1/admin/models/load`: place `model` now (an admin key)."""
+
+    model: str
+    pin: bool = False  # never unloaded for idleness nor evicted
+    nodes: list[str] = msgspec.field(default_factory=list)  # only these nodes
+    min_nodes: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    max_nodes: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0  # 0 = as many as it needs
+
+
+class UnloadModel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`POST /v1/admin/models/unload`: retire `model`'s instances once they finish their tasks."""
+
+    model: str
+
+
+_Body = TypeVar("_Body", LoadModel, UnloadModel)
+
+
+async def load_model(request: Request, ctx: ApiContext) -> Response:
+    body = _admin_body(await request.body(), LoadModel)
+    if body.max_nodes and body.max_nodes < body.min_nodes:
+        raise RequestProblem(400, "max_nodes is below min_nodes", param="max_nodes", code="invalid_value")
+    try:
+        nodes = [NodeId(check_token("node id", node)) for node in body.nodes]
+    except InvalidId as exc:
+        raise RequestProblem(400, str(exc), param="nodes", code="invalid_value") from exc
+    _check_servable(ctx, body.model)
+    hints = PlacementHints(nodes=nodes, min_nodes=body.min_nodes, max_nodes=body.max_nodes)
+    event = ModelLoadRequested(env=ctx.stamper.stamp(), model=body.model, pinned=body.pin, hints=hints)
+    seq = await ctx.publish(event)
+    return json_response(ModelAction(model=body.model, action="load", seq=seq), status=202)
+
+
+async def unload_model(request: Request, ctx: ApiContext) -> Response:
+    body = _admin_body(await request.body(), UnloadModel)
+    check_model(ctx, body.model)
+    seq = await ctx.publish(ModelUnloadRequested(env=ctx.stamper.stamp(), model=body.model))
+    return json_response(ModelAction(model=body.model, action="unload", seq=seq), status=202)
+
+
+def _admin_body(raw: bytes, kind: type[_Body]) -> _Body:
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise RequestProblem(400, f"invalid request body: {exc}", code="invalid_request_body") from exc
+
+
+def _check_servable(ctx: ApiContext, model: str) -> None:
+    """A model an operator may load: one this API serves already, a Hub id (owner/name), or a
+    model directory on this machine (the nodes read it at the same path)."""
+    if model in ctx.known_models() or is_hub_model(model) or existing_model_dir(model) is not None:
+        return
+    raise RequestProblem(
+        404,
+        f"model {model!r} is neither served, a Hub id (owner/name) nor a model directory on the API's machine",
+        param="model",
+        code="model_not_found",
+    )
