@@ -36,13 +36,14 @@ def stream_chat(
     *,
     bound_seconds: float,
     on_event: Callable[[ClientCall], None] | None = None,
+    model: str = "tiny",
 ) -> ClientCall:
     """Stream one chat completion, giving up (outcome `hung`) after `bound_seconds` in all; `on_event`
     sees the call after every SSE event (the fault tests inject from there, mid-prefill or mid-decode)."""
     call = ClientCall()
     started = time.monotonic()
     body = {
-        "model": "tiny",
+        "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "stream": True,
@@ -96,7 +97,9 @@ def _take(call: ClientCall, line: str) -> None:
         call.text += (choice.get("delta") or {}).get("content") or ""
 
 
-def stream_in_thread(http_factory: Callable[[], httpx.Client], prompt: str, max_tokens: int, bound: float) -> Any:
+def stream_in_thread(
+    http_factory: Callable[[], httpx.Client], prompt: str, max_tokens: int, bound: float, model: str = "tiny"
+) -> Any:
     """Start `stream_chat` on a thread (load while a test injects a fault); `.join()` then `.result`."""
 
     class Runner(threading.Thread):
@@ -104,7 +107,7 @@ def stream_in_thread(http_factory: Callable[[], httpx.Client], prompt: str, max_
 
         def run(self) -> None:
             with http_factory() as http:
-                self.result = stream_chat(http, prompt, max_tokens, bound_seconds=bound)
+                self.result = stream_chat(http, prompt, max_tokens, bound_seconds=bound, model=model)
 
     runner = Runner(daemon=True)
     runner.start()

@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
@@ -41,8 +42,23 @@ FAST_SETTINGS = {"prefill_step_size": "64", "task_stall_seconds": "12", "node_ti
 class NetCluster:
     """The cluster; `stop()` (always, from a finalizer) ends every process and removes every host."""
 
-    def __init__(self, root: Path, *, workers: int = 2, masters: int = 1) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        workers: int = 2,
+        masters: int = 1,
+        settings: Mapping[str, str] | None = None,
+        worker_settings: Mapping[int, Mapping[str, str]] | None = None,
+        start_workers: int | None = None,
+    ) -> None:
+        """`settings`: more SHOAL_* settings for every service (`{"models": "a,b"}`);
+        `worker_settings`: per worker index (`{0: {"node_memory_bytes": "..."}}`); `start_workers`:
+        how many workers start with the cluster (the others join later, `start_worker`)."""
         self.root = root
+        self.settings = dict(settings or {})
+        self.worker_settings = {index: dict(values) for index, values in (worker_settings or {}).items()}
+        self.start_workers = workers if start_workers is None else start_workers
         self.net = Network()
         self.procs: dict[str, Proc] = {}
         self.master_hosts: list[Host] = []  # the hosts of masters but the first (which is on `control`)
@@ -73,15 +89,15 @@ class NetCluster:
             "SHOAL_API_PORT": str(API_PORT),
             "SHOAL_API_KEYS": f"{API_KEY}:admin",
             "SHOAL_MIN_NODES_PER_INSTANCE": str(workers),  # a pipeline across the hosts: what the faults cut
-            **{f"SHOAL_{k.upper()}": v for k, v in FAST_SETTINGS.items()},
+            **{f"SHOAL_{k.upper()}": v for k, v in {**FAST_SETTINGS, **self.settings}.items()},
         }
         self._wait_nats()
         asyncio.run(self._create_streams())
-        for worker in self.workers:
-            self.start_service(worker, worker.name, "worker", "--node-id", worker.name, "--host", worker.address)
+        for worker in self.workers[: self.start_workers]:
+            self.start_worker(worker)
         # A standalone master places the model on the nodes up when it decides: every worker joins
         # first, so the instance spans every worker host.
-        asyncio.run(self._wait_joined(len(self.workers)))
+        asyncio.run(self._wait_joined(self.start_workers))
         for index in range(masters):
             self.start_master(index)
         self.start_service(self.control, "api", "api")
@@ -90,7 +106,15 @@ class NetCluster:
 
     def env_of(self, host: Host) -> dict[str, str]:
         directory = self.credentials["control" if host.name == "control" or host in self.master_hosts else host.name]
-        return {**self.env, "SHOAL_NATS_CREDENTIALS_DIR": str(directory)}
+        own = self.worker_settings.get(self.workers.index(host), {}) if host in self.workers else {}
+        return {
+            **self.env,
+            "SHOAL_NATS_CREDENTIALS_DIR": str(directory),
+            **{f"SHOAL_{k.upper()}": v for k, v in own.items()},
+        }
+
+    def start_worker(self, worker: Host) -> Proc:
+        return self.start_service(worker, worker.name, "worker", "--node-id", worker.name, "--host", worker.address)
 
     def start_service(self, host: Host, name: str, *args: str) -> Proc:
         self.commands[name] = (host, args)

@@ -283,7 +283,14 @@ def _task_assigned(state: State, seq: int, event: TaskAssigned) -> State:
     at = event.env.wall_time
     assigned = replace(task, status="assigned", instance_id=instance.instance_id, assigned_at=at, last_activity_at=at)
     head_since = instance.head_since if instance.queue else at
-    queued = replace(instance, queue=(*instance.queue, task.task_id), head_since=head_since, last_busy_seq=seq)
+    keep_alive = task.params.keep_alive_seconds
+    queued = replace(
+        instance,
+        queue=(*instance.queue, task.task_id),
+        head_since=head_since,
+        last_busy_seq=seq,
+        keep_alive_seconds=instance.keep_alive_seconds if keep_alive is None else keep_alive,
+    )
     return replace(
         state,
         last_seq=seq,

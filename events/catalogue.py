@@ -106,6 +106,9 @@ class TaskParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: list[tuple[int, float]] = msgspec.field(default_factory=list)
+    # Ollama's `keep_alive`: how long the instance that serves this task stays loaded once idle
+    # (seconds; 0 = unload once done; negative = never); None: the cluster's model_keep_alive_seconds.
+    keep_alive_seconds: float | None = None
 
 
 # A raw prompt (`/v1/completions`): text, encoded as the tokenizer does without a chat template, or

@@ -88,6 +88,7 @@ class InstanceInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     became_ready_at: int = 0  # wall ns when every rank first reported ready; 0 = never
     last_busy_seq: int = 0  # seq of the last task assigned to it or ended on it (least recently used first)
     placement_reason: str = ""  # why the master put it there (`InstancePlaced.reason`)
+    keep_alive_seconds: float | None = None  # the newest assigned task's `keep_alive`, if it gave one
 
     @property
     def world_size(self) -> int:

@@ -106,6 +106,9 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
     include_progress: bool = False
 
 
+KeepAliveDuration = Annotated[str, msgspec.Meta(max_length=32, pattern=r"^[+-]?[0-9][0-9.hms]*$")]
+
+
 class SamplingRequest(msgspec.Struct, frozen=True, kw_only=True):
     """What chat and text completion requests share: the model, sampling, stops and streaming."""
 
@@ -125,6 +128,9 @@ class SamplingRequest(msgspec.Struct, frozen=True, kw_only=True):
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     logit_bias: Annotated[dict[BiasedToken, Bias], msgspec.Meta(max_length=MAX_BIASED_TOKENS)] | None = None
+    # Ollama's: how long the model stays loaded once idle, seconds or a duration ("5m", "1h30m",
+    # "-1"); 0 unloads it once this request is done, a negative value keeps it loaded.
+    keep_alive: float | KeepAliveDuration | None = None
 
     @property
     def wants_progress(self) -> bool:
@@ -388,4 +394,29 @@ def _task_params(
         presence_penalty=request.presence_penalty or 0.0,
         # (token id, bias): the key pattern made each key a token id; the tokenizer checks the vocabulary (`prompts`)
         logit_bias=[(int(token), bias) for token, bias in (request.logit_bias or {}).items()],
+        keep_alive_seconds=keep_alive_seconds(request.keep_alive),
     )
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def keep_alive_seconds(value: float | str | None) -> float | None:
+    """Ollama's `keep_alive` in seconds: a number is seconds; a string is Go's duration ("5m",
+    "1h30m", "-1s") or a bare number."""
+    if value is None or isinstance(value, float | int):
+        return None if value is None else float(value)
+    text = value.strip()
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text.lstrip("+-")
+    try:
+        return sign * float(body)
+    except ValueError:
+        pass
+    parts = _DURATION_PART.findall(body)
+    if not parts or "".join(n + u for n, u in parts) != body:
+        raise RequestProblem(
+            400, f"keep_alive {value!r} is not a duration: give seconds or e.g. '5m', '1h30m', '-1'", param="keep_alive"
+        )
+    return sign * sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)

@@ -54,6 +54,7 @@ from services.master.lifecycle import (
     evictable,
     idle_to_unload,
     instance_ids,
+    keep_alive_of,
     pinned,
     unload_drained,
     wanted_placed,
@@ -182,7 +183,8 @@ class MasterCore:
         keep_alive = self.policy.model_keep_alive_seconds
         decisions: list[LogEvent] = []
         for instance in idle_to_unload(state, idle_seconds, keep_alive):
-            reason = f"idle for {idle_seconds[instance.instance_id]:.0f}s (model_keep_alive_seconds={keep_alive:g})"
+            own = keep_alive_of(instance, keep_alive)
+            reason = f"idle for {idle_seconds[instance.instance_id]:.0f}s (keep-alive {own:g}s)"
             decisions += self._retire(state, instance, reason, "idle")
         return decisions
 

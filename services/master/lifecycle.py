@@ -76,11 +76,19 @@ def evictable(state: State, *, for_model: str) -> list[InstanceInfo]:
 def idle_to_unload(
     state: State, idle_seconds: Mapping[InstanceId, float], keep_alive_seconds: float
 ) -> list[InstanceInfo]:
-    """Idle instances idle for at least the keep-alive, as the master's clock measured it
-    (`idle_seconds`: since it last saw each one holding a task or placed)."""
-    if keep_alive_seconds < 0:
-        return []
-    return [i for i in idle_instances(state) if idle_seconds.get(i.instance_id, 0.0) >= keep_alive_seconds]
+    """Idle instances idle for at least their keep-alive (the last request's `keep_alive` on it,
+    else `keep_alive_seconds`; negative: never), as the master's clock measured it (`idle_seconds`:
+    since it last saw each one holding a task or placed)."""
+    due: list[InstanceInfo] = []
+    for instance in idle_instances(state):
+        keep_alive = keep_alive_of(instance, keep_alive_seconds)
+        if keep_alive >= 0 and idle_seconds.get(instance.instance_id, 0.0) >= keep_alive:
+            due.append(instance)
+    return due
+
+
+def keep_alive_of(instance: InstanceInfo, default_seconds: float) -> float:
+    return instance.keep_alive_seconds if instance.keep_alive_seconds is not None else default_seconds
 
 
 def unload_drained(state: State, models: Iterable[str] | None = None) -> list[InstanceInfo]:

@@ -18,6 +18,7 @@ from services.api.schemas import (
     completion_params,
     decode_chat_request,
     decode_completion_request,
+    keep_alive_seconds,
     to_task,
 )
 
@@ -110,9 +111,14 @@ def _with_prompt(escaped: str) -> bytes:
 
 @pytest.mark.parametrize(
     ("escaped", "lone"),
-    [("\\ud83d", "\\ud83d"), ("cut \\ud83d", "\\ud83d"), ("\\ude00 tail", "\\ude00"),
-     ("\\ude00\\ud83d", "\\ude00"), ("\\\\\\ud800", "\\ud800")],
-)  # fmt: skip
+    [
+        ("\\ud83d", "\\ud83d"),
+        ("cut \\ud83d", "\\ud83d"),
+        ("\\ude00 tail", "\\ude00"),
+        ("\\ude00\\ud83d", "\\ude00"),
+        ("\\\\\\ud800", "\\ud800"),
+    ],
+)
 @pytest.mark.parametrize(
     ("decode", "write"), [(decode_chat_request, _with_content), (decode_completion_request, _with_prompt)]
 )
@@ -254,3 +260,30 @@ def test_a_message_without_content_is_refused_unless_an_assistant_calls_tools(ro
     accepted(
         body(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]}])
     )
+
+
+@pytest.mark.parametrize(
+    ("given", "seconds"),
+    [
+        (None, None),
+        (0, 0.0),
+        (30, 30.0),
+        (-1, -1.0),
+        ("5m", 300.0),
+        ("1h30m", 5400.0),
+        ("-1", -1.0),
+        ("90", 90.0),
+        ("250ms", 0.25),
+        ("2.5s", 2.5),
+    ],
+)
+def test_keep_alive_takes_seconds_or_a_duration_as_ollama_does(
+    given: float | str | None, seconds: float | None
+) -> None:
+    assert keep_alive_seconds(given) == seconds
+
+
+@pytest.mark.parametrize("given", ["5 minutes", "m5", "1h30", "5x"])
+def test_a_keep_alive_that_is_no_duration_says_what_to_give(given: str) -> None:
+    with pytest.raises(RequestProblem, match="not a duration"):
+        keep_alive_seconds(given)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
+
 from events.catalogue import (
     InstancePlaced,
     InstanceRetired,
@@ -271,3 +273,16 @@ def test_two_masters_deciding_on_one_state_take_the_same_decisions_with_the_same
         c.feed(c.ev.node("n1", 8, host="h1"), c.ev.node("n2", 8, host="h2"))
     assert [e.env.event_id for e in one.decided] == [e.env.event_id for e in two.decided]
     assert len({e.env.event_id for e in one.decided}) == len(one.decided)
+
+
+def test_a_requests_keep_alive_sets_how_long_its_instance_stays_loaded() -> None:
+    c = cluster(MasterPolicy(model_keep_alive_seconds=1800), a=1)
+    c.feed(c.ev.node("n1", 8, host="h1"))
+    asked = c.ev.created("t1", model="a")
+    asked = msgspec.structs.replace(asked, params=msgspec.structs.replace(asked.params, keep_alive_seconds=5.0))
+    [instance] = placed(c.feed(asked))
+    ready(c, instance)
+    complete(c, "t1")
+    assert c.core.unload_idle(c.state, {instance.instance_id: 4.0}) == []
+    [unload] = c.core.unload_idle(c.state, {instance.instance_id: 5.0})
+    assert isinstance(unload, InstanceRetired) and "keep-alive 5s" in unload.reason
