@@ -55,6 +55,7 @@ from services.master.lifecycle import (
     idle_to_unload,
     instance_ids,
     keep_alive_of,
+    operator_wants,
     pinned,
     unload_drained,
     wanted_placed,
@@ -333,14 +334,18 @@ class MasterCore:
             failures = self.failures(state, model)
             if failures.count and not self.policy.placement_retry.due(failures, now_ns):
                 continue  # the tick places it once the backoff is over
-            decisions = self._try_plan(state, model)
+            decisions = self._try_plan(state, model, evict=operator_wants(state, model))
             if decisions:
                 return decisions  # placed it, or said why not; the others follow once this is folded
         return []
 
-    def _try_plan(self, state: State, model: str) -> list[LogEvent]:
-        """A placement nothing waits on yet: one that cannot be planned says why, once."""
+    def _try_plan(self, state: State, model: str, *, evict: bool) -> list[LogEvent]:
+        """A placement nothing waits on yet: one that cannot be planned says why, once. Only an
+        operator's load evicts idle instances for it: a configured model that does not fit waits
+        for a request (or for room), rather than taking the room of one that was placed first."""
         try:
+            if not evict:
+                return [self._placed(plan_instance(state, self._request(state, model)))]
             return self._plan_with_room(state, model)
         except NoRoom as exc:
             return self._say_unavailable(state, model, str(exc))

@@ -56,6 +56,15 @@ def wanted_placed(state: State, configured: Sequence[str]) -> list[str]:
     return wanted
 
 
+def operator_wants(state: State, model: str) -> bool:
+    """An operator asked for `model` (pinned it, or loaded it since its newest placement)."""
+    status = state.models.get(model)
+    if status is None or not status.load_requested_seq or status.unloaded:
+        return False
+    newest = _newest_instance(state, model)
+    return status.pinned or newest is None or status.load_requested_seq > newest.placed_seq
+
+
 def idle_instances(state: State) -> list[InstanceInfo]:
     """Live, ready instances of unpinned models that hold no task while none waits for their model,
     least recently used first."""

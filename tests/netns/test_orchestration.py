@@ -1,5 +1,5 @@
 """Orchestration across real hosts (issue 41): worker hosts with different memory budgets
-(`node_memory_bytes`), two models configured and a third loaded on demand. Each model fits one
+(`node_memory_bytes`), three models configured where two fit, the third loaded on demand. Each model fits one
 node, so each is placed on one; a model that needs room evicts the least recently used idle one,
 never the one streaming; a node that joins takes the next placement; a node that leaves retires its
 instance and its model is placed again on what remains. Every stream completes with its full text
@@ -47,7 +47,7 @@ def cluster(
         tmp_path_factory.mktemp("netns-models"),
         workers=3,
         start_workers=2,  # w2 joins later
-        settings={"models": f"{models['a']},{models['b']}", "min_nodes_per_instance": "1"},
+        settings={"models": ",".join(models.values()), "min_nodes_per_instance": "1"},
         worker_settings={index: {"node_memory_bytes": str(size)} for index, size in BUDGETS.items()},
     )
     try:
@@ -90,10 +90,15 @@ def test_models_are_placed_by_memory_evicted_when_idle_and_follow_nodes_that_com
 ) -> None:
     a, b, c = models["a"], models["b"], models["c"]
     calls: list[ClientCall] = []
-    wait_for(cluster, lambda m: m[a]["state"] == "placed" and m[b]["state"] == "placed", "both configured placed")
+    wait_for(
+        cluster,
+        lambda m: m[a]["state"] == "placed" and m[b]["state"] == "placed" and m[c]["state"] == "cannot_fit",
+        "the first two configured placed, the third waiting for room",
+    )
     placed = cards(cluster)
     assert len(nodes_of(placed[a])) == 1 and len(nodes_of(placed[b])) == 1  # each fits one node
     assert sorted(nodes_of(placed[a]) + nodes_of(placed[b])) == ["w0", "w1"]  # one each: 40 MiB holds one
+    assert "cannot fit" in placed[c]["error"]  # and it takes no one's room until a request asks for it
 
     # c on demand while a streams: b is idle (least recently used), a is busy and never evicted
     calls.append(ask(cluster, b))
