@@ -154,6 +154,20 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
             description="an instance that served nothing this long is unloaded (a request places it again)",
         ),
     ] = 1800.0
+    max_instances_per_model: Annotated[
+        int,
+        Meta(
+            ge=1,
+            le=64,
+            description="instances of one model at most: a model whose requests wait replica_after_wait_seconds "
+            "for a place gets another instance where memory allows (1 = no replicas)",
+        ),
+    ] = 1
+    replica_after_wait_seconds: Annotated[
+        float,
+        POSITIVE_SECONDS,
+        Meta(description="requests waiting this long for a place on a model's ready instances: another instance"),
+    ] = 5.0
     min_nodes_per_instance: Annotated[
         int,
         Meta(

@@ -44,6 +44,8 @@ def master_policy(config: ShoalConfig, *, place_after_nodes: int = 1) -> MasterP
         place_after_nodes=place_after_nodes,
         nodes_per_instance=NodeCount(least=config.min_nodes_per_instance),
         model_keep_alive_seconds=config.model_keep_alive_seconds,
+        max_instances_per_model=config.max_instances_per_model,
+        replica_after_wait_seconds=config.replica_after_wait_seconds,
         task_stall_seconds=config.task_stall_seconds,
         node_timeout_seconds=config.node_timeout_seconds,
         request_timeout_seconds=config.request_timeout_seconds,

@@ -57,6 +57,7 @@ from services.master.lifecycle import (
     keep_alive_of,
     operator_wants,
     pinned,
+    replica_candidates,
     unload_drained,
     wanted_placed,
 )
@@ -94,6 +95,8 @@ class MasterPolicy(msgspec.Struct, frozen=True, kw_only=True):
     place_after_nodes: int = 1  # `shoal up` waits for all its workers, so placement sees every node
     kv_reserve_fraction: float = 0.25  # KV room placement reserves beside a rank's weights, as a fraction of them
     model_keep_alive_seconds: float = 1800.0  # idle this long: retired; 0 = at once; negative = never
+    max_instances_per_model: int = 1  # replicas of a busy model, up to this many instances in all
+    replica_after_wait_seconds: float = 5.0  # tasks waiting this long for a place: another instance
     placement_retry: RetryPolicy = msgspec.field(default_factory=RetryPolicy)  # after placements that never got ready
     instance_ready_timeout_seconds: float = 900.0  # placed but not ready this long: retired (watchdog)
     task_stall_seconds: float = 30.0
@@ -188,6 +191,23 @@ class MasterCore:
             reason = f"idle for {idle_seconds[instance.instance_id]:.0f}s (keep-alive {own:g}s)"
             decisions += self._retire(state, instance, reason, "idle")
         return decisions
+
+    def grow_replicas(self, state: State, waited_seconds: Mapping[str, float]) -> list[LogEvent]:
+        """Place another instance of each model whose tasks have waited for a place long enough
+        (`waited_seconds`: by the master's own clock, from its shell's `WaitClock`), where memory
+        allows without evicting anything; one placement a tick, so the next sees its memory."""
+        policy = self.policy
+        for model in replica_candidates(
+            state, waited_seconds, policy.replica_after_wait_seconds, policy.max_instances_per_model
+        ):
+            try:
+                plan = plan_instance(state, self._request(state, model))
+            except (PlacementError, UnknownModel):
+                continue  # no room for another: the tasks wait for a place on those it has
+            count = len(_live_instances(state, model)) + 1
+            reason = f"replica {count} of {policy.max_instances_per_model}: tasks waited {waited_seconds[model]:.0f}s"
+            return [self._placed(msgspec.structs.replace(plan, reason=f"{reason}; {plan.reason}"))]
+        return []
 
     def failures(self, state: State, model: str) -> PlacementFailures:
         return placement_failures(state, model, after_seq=self.forgiven_seq)

@@ -141,3 +141,32 @@ class IdleClock:
             since[instance.instance_id] = (instance.last_busy_seq, at if busy_seq == instance.last_busy_seq else now)
         self._since = since
         return {instance_id: now - at for instance_id, (_busy, at) in since.items()}
+
+
+def replica_candidates(
+    state: State, waited_seconds: Mapping[str, float], after_seconds: float, max_instances: int
+) -> list[str]:
+    """Models whose tasks have waited for a place for `after_seconds` or more (by the master's
+    clock, `WaitClock`) while every instance of theirs is ready and full, with fewer than
+    `max_instances` live: another instance would serve them sooner."""
+    models: list[str] = []
+    for model, waited in sorted(waited_seconds.items()):
+        live = [i for i in state.instances.values() if i.model == model and not i.retired]
+        if waited >= after_seconds and 0 < len(live) < max_instances and all(i.ready for i in live):
+            models.append(model)
+    return models
+
+
+class WaitClock:
+    """How long each model has had tasks waiting at the master while it has a ready instance (its
+    places are all taken), by the master's own monotonic clock: since the first tick that saw it
+    so; a tick that sees none waiting starts it again."""
+
+    def __init__(self) -> None:
+        self._since: dict[str, float] = {}
+
+    def observe(self, state: State, now: float) -> dict[str, float]:
+        ready_models = {i.model for i in state.instances.values() if i.ready}
+        waiting = waiting_models(state) & ready_models
+        self._since = {model: self._since.get(model, now) for model in waiting}
+        return {model: now - since for model, since in self._since.items()}

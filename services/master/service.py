@@ -33,7 +33,7 @@ from events.subjects import PREFIX, event_subjects_without
 from services.master.core import MasterCore, MasterPolicy, ModelCatalog
 from services.master.hearing import Hearing
 from services.master.lease import DEFAULT_LEASE_SECONDS, KvLease, Leadership
-from services.master.lifecycle import IdleClock, operator_loaded
+from services.master.lifecycle import IdleClock, WaitClock, operator_loaded
 from services.master.model_lookup import LookedUpCatalog
 from services.master.snapshots import SnapshotWriter
 from services.master.watchdog import tick
@@ -68,6 +68,7 @@ class Master:
         self.state = State()
         self.hearing = Hearing(settings.name, settings.tick_seconds)  # by the master's own clock and sight
         self.idle_clock = IdleClock()
+        self.wait_clock = WaitClock()
         self._awaiting_seq = 0
         self._undecided: collections.deque[LogEvent] = collections.deque()
         self._log: EventLog | None = None
@@ -164,7 +165,9 @@ class Master:
             decisions = tick(self.state, now, self.hearing.liveness(), self.settings.policy, self.stamper)
             idle_seconds = self.idle_clock.observe(self.state, time.monotonic())
             unloads = self.core.unload_idle(self.state, idle_seconds)
-            await self._publish([*decisions, *unloads, *self.core.retry_placements(self.state, now)])
+            replicas = self.core.grow_replicas(self.state, self.wait_clock.observe(self.state, time.monotonic()))
+            retries = self.core.retry_placements(self.state, now)
+            await self._publish([*decisions, *unloads, *(replicas or retries)])
             if self._snapshots is not None:
                 await self._snapshots.write_if_due(self.state)
 

@@ -25,7 +25,7 @@ from events.catalogue import (
 from events.ids import NodeId, TaskId
 from services.master.capacity import GIB, ModelFacts, rooms
 from services.master.core import MasterPolicy, UnknownModel
-from services.master.lifecycle import IdleClock
+from services.master.lifecycle import IdleClock, WaitClock
 from services.master.placement import NodeCount
 from tests.services.master.test_core import Cluster
 
@@ -286,3 +286,22 @@ def test_a_requests_keep_alive_sets_how_long_its_instance_stays_loaded() -> None
     assert c.core.unload_idle(c.state, {instance.instance_id: 4.0}) == []
     [unload] = c.core.unload_idle(c.state, {instance.instance_id: 5.0})
     assert isinstance(unload, InstanceRetired) and "keep-alive 5s" in unload.reason
+
+
+def test_a_model_whose_requests_wait_gets_a_replica_where_memory_allows_up_to_the_maximum() -> None:
+    c = cluster(MasterPolicy(max_instances_per_model=2, replica_after_wait_seconds=5), a=1)
+    c.feed(c.ev.node("n1", 2, host="h1"), c.ev.node("n2", 2, host="h2"))
+    [first] = placed(c.feed(c.ev.created("t0", model="a")))
+    ready(c, first)
+    c.feed(*(c.ev.created(f"t{i}", model="a") for i in range(1, 12)))  # more than its places
+    clock = WaitClock()
+    assert clock.observe(c.state, now=0.0) == {"a": 0.0}
+    assert c.core.grow_replicas(c.state, clock.observe(c.state, now=4.0)) == []
+    [replica] = c.core.grow_replicas(c.state, clock.observe(c.state, now=5.0))
+    assert isinstance(replica, InstancePlaced) and nodes_of(replica) == ["n2"] and "replica 2 of 2" in replica.reason
+    c.feed_own([replica])
+    ready(c, replica)
+    assigned_to = {e.instance_id for e in c.decided if isinstance(e, TaskAssigned)}
+    assert assigned_to == {first.instance_id, replica.instance_id}  # the waiting tasks go to both
+    assert c.core.grow_replicas(c.state, {"a": 60.0}) == []  # at the maximum
+    assert_within_memory(c)

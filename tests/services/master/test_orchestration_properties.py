@@ -6,7 +6,7 @@ and go (services/master/lifecycle.py, placement.py):
 - an instance holding a task is retired only because it broke (its node left, a rank failed),
   never to make room, for idleness or by an operator's unload;
 - a model whose tasks wait is placed once it fits on the nodes that are up;
-- no task is assigned twice.
+- no task is assigned twice; replicas never exceed `max_instances_per_model`.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ actions = st.lists(
         st.tuples(st.just("leave"), st.integers(0, 3)),
         st.tuples(st.just("join"), st.integers(0, 3)),
         st.tuples(st.just("tick"), st.just("")),
+        st.tuples(st.just("replica"), st.just("")),
     ),
     max_size=40,
 )
@@ -54,7 +55,7 @@ actions = st.lists(
 
 class Run:
     def __init__(self, nodes: list[tuple[int, str]], keep_alive: float) -> None:
-        policy = MasterPolicy(models=("a",), model_keep_alive_seconds=keep_alive)
+        policy = MasterPolicy(models=("a",), model_keep_alive_seconds=keep_alive, max_instances_per_model=2)
         self.c = Cluster(policy, Sized(**MODELS), pipeline=False)
         self.nodes = nodes
         self.tasks = 0
@@ -105,6 +106,9 @@ class Run:
                 if c.state.nodes[NodeId(f"n{index}")].status != "up":
                     gib, host = self.nodes[index]
                     self.feed(c.ev.node(f"n{index}", gib, host=host))
+            case "replica":
+                waited = {model: 1e9 for model in waiting_models(c.state)}
+                self.feed(*c.core.grow_replicas(c.state, waited), own=True)
             case _:
                 c.clock.advance(1)
                 self.feed(*c.core.retry_placements(c.state, c.clock.now_ns), own=True)
@@ -141,6 +145,9 @@ def test_orchestration_never_over_commits_never_drops_a_running_task_and_places_
     state = run.c.state
     assigned = [e.task_id for e in run.c.decided if isinstance(e, TaskAssigned)]
     assert len(assigned) == len(set(assigned)), "a task assigned twice"
+    for model in MODELS:
+        live = [i for i in state.instances.values() if i.model == model and not i.retired]
+        assert len(live) <= 2, f"{model} has {len(live)} live instances, over max_instances_per_model"
     idle = {i.instance_id for i in idle_instances(state)}
     for model in sorted(waiting_models(state)):
         if any(i.model == model and not i.retired for i in state.instances.values()):
