@@ -20,6 +20,7 @@ def node_joined(state: State, seq: int, event: NodeJoined) -> State:
         cores=event.cores,
         memory_bytes=event.memory_bytes,
         host_memory_bytes=event.host_memory_bytes or event.memory_bytes,
+        cached_models=tuple(event.cached_models),
         backend=event.backend,
         version=event.version,
         changed_at=event.env.wall_time,

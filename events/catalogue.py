@@ -147,6 +147,7 @@ class NodeJoined(Event, tag="node_joined", frozen=True, kw_only=True):
     # The machine's memory, shared by every node on `host` (several workers of one `shoal up`):
     # placement never reserves more than this on one host. 0 in older logs: `memory_bytes`.
     host_memory_bytes: int = 0
+    cached_models: list[str] = msgspec.field(default_factory=list)  # Hub models in its cache: servable at once
 
 
 class NodeLeft(Event, tag="node_left", frozen=True, kw_only=True):

@@ -51,6 +51,7 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     backend: str
     version: str
     host_memory_bytes: int = 0  # the machine's, shared with every node on `host`
+    cached_models: tuple[str, ...] = ()  # Hub models in its cache (`/v1/models` lists them as servable)
     status: NodeStatus = "up"
     reason: str = ""
     changed_at: int = 0  # wall ns of the last status change

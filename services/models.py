@@ -98,10 +98,12 @@ class LocalModelCatalog:
 
 def served_models(configured: Sequence[str], state: State) -> list[str]:
     """The models a cluster offers: the configured ones, those an operator loaded (even when
-    unloaded since: a request places them again), and any with a live instance."""
+    unloaded since: a request places them again), any with a live instance, and the Hub models in
+    the cache of a node that is up (placed on their first request)."""
     loaded = [m for m, status in state.models.items() if status.load_requested_seq]
     live = [i.model for i in state.instances.values() if not i.retired]
-    return list(dict.fromkeys([*configured, *sorted(loaded), *sorted(live)]))
+    cached = {m for node in state.nodes.values() if node.status == "up" for m in node.cached_models}
+    return list(dict.fromkeys([*configured, *sorted(loaded), *sorted(live), *sorted(cached)]))
 
 
 def model_error(state: State, model: str) -> str:

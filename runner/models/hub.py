@@ -51,6 +51,25 @@ def hub_cache_dir() -> str:
     return constants.HF_HUB_CACHE
 
 
+def cached_hub_models() -> list[str]:
+    """The Hub models with weights in this node's cache (`owner/name`), servable without a download;
+    none when the cache cannot be read."""
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound, CorruptedCacheException
+
+    try:
+        info = scan_cache_dir()
+    except (CacheNotFound, CorruptedCacheException, OSError):
+        return []
+    return sorted(
+        repo.repo_id
+        for repo in info.repos
+        if repo.repo_type == "model"
+        and is_hub_id(repo.repo_id)
+        and any(f.file_name.endswith(".safetensors") for rev in repo.revisions for f in rev.files)
+    )
+
+
 def downloads_possible(allowed: bool) -> bool:
     """The setting allows it and `HF_HUB_OFFLINE` does not forbid it."""
     from huggingface_hub import constants

@@ -40,6 +40,7 @@ from events.vocabulary import JoinCause
 from runner.affinity import compute_cpu_env
 from runner.blas import blas_env
 from runner.memory import memory_available_bytes
+from runner.models.hub import cached_hub_models
 from runner.service.exit_codes import exit_cause
 from services.worker.plan import RunnerKey, host_rank_index, plan_runners, ranks_sharing_host, rejoin_cause
 from services.worker.procs import RunnerProcesses, child_env, describe_exit, runner_argv
@@ -73,6 +74,7 @@ class Worker:
         self.stamper = Stamper(Origin(service="worker", node=settings.node_id), wall_ns=wall_ns)
         self.state = State()
         self._log: EventLog | None = None
+        self._cached_models: list[str] = []  # Hub models in this node's cache, read once at start
         self._runners: RunnerProcesses | None = None
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
@@ -87,6 +89,7 @@ class Worker:
                 end = await log.last_seq()
                 # catch up before acting: old instances may be retired later in the log
                 self.state = await log.fold(from_snapshot=True, finished_tasks_kept=self.settings.finished_tasks_kept)
+                self._cached_models = await asyncio.to_thread(cached_hub_models)  # announced as servable
                 await log.append(self._joined("start"))
                 group.create_task(self._heartbeats())
                 group.create_task(self._announce_on_reconnect(log))
@@ -173,6 +176,7 @@ class Worker:
             cores=os.cpu_count() or 1,
             memory_bytes=self.settings.memory_bytes or host_memory,
             host_memory_bytes=host_memory,
+            cached_models=self._cached_models,
             backend="cpu" if os.uname().sysname == "Linux" else "metal",
             version=VERSION,
             cause=cause,

@@ -20,6 +20,7 @@ from tests.hub_cache import install_in_hub_cache
 pytestmark = pytest.mark.timeout(240)
 
 REPO = "owner/tiny-chat"
+CACHED_ONLY = "owner/in-the-cache"  # in the nodes' cache, not configured: servable on demand
 
 
 def _hub_env(cache: Path) -> dict[str, str]:
@@ -31,6 +32,7 @@ def _hub_env(cache: Path) -> dict[str, str]:
 def hub_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("hub-cluster")
     install_in_hub_cache(root / "hub", REPO, cached_tiny())
+    install_in_hub_cache(root / "hub", CACHED_ONLY, cached_tiny())
     running = Cluster(root, workers=2, env=_hub_env(root / "hub"), models=REPO)
     try:
         yield running.wait_ready()
@@ -49,7 +51,7 @@ def test_a_hub_id_from_the_cache_serves_a_chat_completion(hub_cluster: Cluster) 
 
 def test_the_models_list_names_the_owner_the_context_and_which_node_holds_which_layers(hub_cluster: Cluster) -> None:
     models = hub_cluster.client().models.list().data
-    assert [m.id for m in models] == [REPO]
+    assert [m.id for m in models][:1] == [REPO] and CACHED_ONLY in [m.id for m in models]
     card: dict[str, Any] = models[0].model_dump()
     assert (card["owned_by"], card["context_length"], card["ready"], card["error"]) == (
         "owner",
@@ -64,6 +66,18 @@ def test_the_models_list_names_the_owner_the_context_and_which_node_holds_which_
     assert sorted(node for node, _, _ in layers) == ["node-0", "node-1"]
     assert layers[0][1] == 0 and layers[-1][2] == TinySpec().layers
     assert all(layers[i][2] == layers[i + 1][1] for i in range(len(layers) - 1))
+
+
+def test_a_model_in_the_nodes_cache_is_listed_and_placed_on_its_first_request(hub_cluster: Cluster) -> None:
+    with hub_cluster.http() as http:
+        card = http.get(f"/v1/models/{CACHED_ONLY}").json()
+    assert card["state"] in ("not_loaded", "placed"), card  # placed once a request asked for it
+    completion = hub_cluster.client(timeout=120).chat.completions.create(
+        model=CACHED_ONLY, messages=[{"role": "user", "content": "Hello"}], max_tokens=4
+    )
+    assert completion.model == CACHED_ONLY and completion.choices[0].message.content
+    with hub_cluster.http() as http:
+        assert http.get(f"/v1/models/{CACHED_ONLY}").json()["state"] == "placed"
 
 
 def test_an_id_neither_cached_nor_reachable_is_reported_everywhere_and_never_ready(tmp_path: Path) -> None:
