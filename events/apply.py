@@ -366,6 +366,7 @@ def _instance_placed(state: State, seq: int, event: InstancePlaced) -> State:
         placed_seq=seq,
         placed_at=at,
         placement_reason=event.reason,
+        replaces=event.replaces,
     )
     return replace(state, last_seq=seq, instances=state.instances.set(instance.instance_id, instance))
 

@@ -171,6 +171,9 @@ class InstancePlaced(Event, tag="instance_placed", frozen=True, kw_only=True):
     settings: RunnerSettings = msgspec.field(default_factory=RunnerSettings)
     # Why the master chose these nodes and this split, for people (`shoal placement explain`).
     reason: str = ""
+    # The instance this one takes over from (placed on fewer nodes): once this one is ready, that one
+    # takes no new task and is retired when it holds none.
+    replaces: InstanceIdField | None = None
 
 
 class RunnerStatusChanged(Event, tag="runner_status_changed", frozen=True, kw_only=True):

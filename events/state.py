@@ -90,6 +90,7 @@ class InstanceInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     last_busy_seq: int = 0  # seq of the last task assigned to it or ended on it (least recently used first)
     placement_reason: str = ""  # why the master put it there (`InstancePlaced.reason`)
     keep_alive_seconds: float | None = None  # the newest assigned task's `keep_alive`, if it gave one
+    replaces: InstanceId | None = None  # the instance it takes over from (`InstancePlaced.replaces`)
 
     @property
     def world_size(self) -> int:

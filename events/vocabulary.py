@@ -67,6 +67,7 @@ RetireCause = Literal[
     "idle",  # it served nothing for its model's keep-alive
     "evicted",  # idle, and its memory was needed to place another model
     "unloaded",  # an operator unloaded its model
+    "moved",  # an instance on fewer nodes took over from it
 ]
 
 # --- tasks ---------------------------------------------------------------------------------------

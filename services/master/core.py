@@ -55,10 +55,12 @@ from services.master.lifecycle import (
     idle_to_unload,
     instance_ids,
     keep_alive_of,
+    moving,
     operator_wants,
     pinned,
     replica_candidates,
     unload_drained,
+    unloaded_since_placed,
     wanted_placed,
 )
 from services.master.placement import (
@@ -138,14 +140,18 @@ class MasterCore:
                     if culprit is None or culprit.cause == "unreported":
                         return []  # only casualties so far: wait for the rank that died (watchdog grace)
                     return self._retire(state, instance, _runner_failure(instance, culprit), "runner_down")
-                return self._serve_waiting(state, instance.model, now) if instance.ready else []
+                if not instance.ready:
+                    return []
+                # a replacement that got ready takes the new tasks; the one it replaces goes once idle
+                return [*self._serve_waiting(state, instance.model, now), *self._retire_drained(state)]
             case InstanceRetired():
                 model = state.instances[event.instance_id].model
                 return self._then(state, self._serve_waiting(state, model, now), self._keep_placed, now)
             case InstancePlaced():
                 return self._keep_placed(state, now)  # one placement at a time: the next sees this one
             case NodeJoined():
-                return self._then(state, self._serve_all_waiting(state, now), self._keep_placed, now)
+                served = self._then(state, self._serve_all_waiting(state, now), self._keep_placed, now)
+                return served or self._move_to_fewer_nodes(state, now)
             case NodeLeft() | NodeTimedOut():
                 return self._retire_on_node(state, event.node_id)
             case ModelLoadRequested():
@@ -179,7 +185,8 @@ class MasterCore:
         """Place again each model whose last placements failed once its backoff is over (or was
         forgiven), or that waited for memory, if tasks wait for it or it is kept placed. The
         master's tick calls this: no event marks the end of a backoff."""
-        return self._then(state, self._serve_all_waiting(state, now_ns), self._keep_placed, now_ns)
+        placed = self._then(state, self._serve_all_waiting(state, now_ns), self._keep_placed, now_ns)
+        return placed or self._move_to_fewer_nodes(state, now_ns)
 
     def unload_idle(self, state: State, idle_seconds: Mapping[InstanceId, float]) -> list[LogEvent]:
         """Retire the instances idle for longer than the keep-alive (`idle_seconds`: by the master's
@@ -386,8 +393,33 @@ class MasterCore:
     def _retire_drained(self, state: State) -> list[LogEvent]:
         decisions: list[LogEvent] = []
         for instance in unload_drained(state):
-            decisions += self._retire(state, instance, f"model {instance.model!r} unloaded by an operator", "unloaded")
+            if unloaded_since_placed(state, instance):
+                reason, cause = f"model {instance.model!r} unloaded by an operator", "unloaded"
+            else:
+                reason, cause = "an instance on fewer nodes took over from it", "moved"
+            decisions += self._retire(state, instance, reason, cause)
         return decisions
+
+    def _move_to_fewer_nodes(self, state: State, now_ns: int) -> list[LogEvent]:
+        """An instance split over more nodes than its model needs now (a bigger node joined, memory
+        freed) is moved: a new instance on fewer nodes is placed beside it and warmed; once it is
+        ready it takes the new tasks, and the old one is retired when it holds none (no running
+        stream is cut). One move at a time, and only where both fit at once."""
+        if moving(state):
+            return []
+        for instance in sorted(state.instances.values(), key=lambda i: i.placed_seq):
+            if instance.retired or not instance.ready or instance.world_size < 2 or draining(state, instance):
+                continue
+            try:
+                plan = plan_instance(state, self._request(state, instance.model))
+            except (PlacementError, UnknownModel):
+                continue
+            if len(plan.shards) >= instance.world_size:
+                continue
+            why = f"moves {instance.instance_id} from {instance.world_size} nodes to {len(plan.shards)}; {plan.reason}"
+            placed = self._placed(msgspec.structs.replace(plan, reason=why))
+            return [msgspec.structs.replace(placed, replaces=instance.instance_id)]
+        return []
 
     def _finish_if_waiting(self, task: TaskInfo) -> list[LogEvent]:
         if task.ended or task.cancel_reason is None or task.instance_id is not None:

@@ -35,9 +35,24 @@ def pinned(state: State, model: str) -> bool:
 
 
 def draining(state: State, instance: InstanceInfo) -> bool:
-    """An operator unloaded its model after it was placed: it takes no new task."""
+    """It takes no new task: an operator unloaded its model after it was placed, or an instance
+    that replaces it is ready."""
+    return unloaded_since_placed(state, instance) or taken_over(state, instance)
+
+
+def unloaded_since_placed(state: State, instance: InstanceInfo) -> bool:
     status = state.models.get(instance.model)
     return status is not None and status.unloaded and instance.placed_seq < status.unload_requested_seq
+
+
+def taken_over(state: State, instance: InstanceInfo) -> bool:
+    """A ready instance replaces it (`InstancePlaced.replaces`)."""
+    return any(i.replaces == instance.instance_id and i.ready for i in state.instances.values())
+
+
+def moving(state: State) -> bool:
+    """A replacement is on its way (placed, not ready yet): one move at a time."""
+    return any(i.replaces is not None and not i.retired and not i.ready for i in state.instances.values())
 
 
 def wanted_placed(state: State, configured: Sequence[str]) -> list[str]:
@@ -101,7 +116,7 @@ def keep_alive_of(instance: InstanceInfo, default_seconds: float) -> float:
 
 
 def unload_drained(state: State, models: Iterable[str] | None = None) -> list[InstanceInfo]:
-    """Instances of operator-unloaded models that hold no task any more (of `models`, or all)."""
+    """Draining instances (see `draining`) that hold no task any more (of `models`, or all)."""
     chosen = None if models is None else set(models)
     return [
         i

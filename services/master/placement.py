@@ -289,7 +289,7 @@ def placement_failures(state: State, model: str, *, after_seq: int = 0) -> Place
 
 
 # Retirements that say nothing about the model: its node went away, or it was unloaded on purpose.
-_STOPS: frozenset[str] = frozenset({"node_gone", "idle", "evicted", "unloaded"})
+_STOPS: frozenset[str] = frozenset({"node_gone", "idle", "evicted", "unloaded", "moved"})
 
 
 def _stopped(instance: InstanceInfo) -> bool:

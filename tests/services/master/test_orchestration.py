@@ -305,3 +305,24 @@ def test_a_model_whose_requests_wait_gets_a_replica_where_memory_allows_up_to_th
     assert assigned_to == {first.instance_id, replica.instance_id}  # the waiting tasks go to both
     assert c.core.grow_replicas(c.state, {"a": 60.0}) == []  # at the maximum
     assert_within_memory(c)
+
+
+def test_an_instance_split_for_lack_of_room_moves_to_a_bigger_node_that_joins_without_cutting_a_stream() -> None:
+    c = cluster(a=1.5)  # 1.875 GiB with its KV room: no 1.5 GiB node holds it alone
+    c.feed(c.ev.node("n1", 1.5, host="h1"), c.ev.node("n2", 1.5, host="h2"))
+    [split] = placed(c.feed(c.ev.created("t1", model="a")))
+    assert sorted(nodes_of(split)) == ["n1", "n2"]
+    ready(c, split)  # t1 runs on it
+    [moved] = placed(c.feed(c.ev.node("n3", 8, host="h3")))
+    assert nodes_of(moved) == ["n3"] and moved.replaces == split.instance_id and "moves" in moved.reason
+    out = c.feed(c.ev.created("t2", model="a"))  # the new one is still loading: the old one serves
+    assert [e.instance_id for e in out if isinstance(e, TaskAssigned)] == [split.instance_id]
+    ready(c, moved)
+    out = c.feed(c.ev.created("t3", model="a"))
+    assert [e.instance_id for e in out if isinstance(e, TaskAssigned)] == [moved.instance_id]
+    assert not c.state.instances[split.instance_id].retired  # it still holds t1 and t2
+    complete(c, "t1")
+    assert not c.state.instances[split.instance_id].retired
+    out = complete(c, "t2")
+    assert [(r.instance_id, r.cause) for r in retired(out)] == [(split.instance_id, "moved")]
+    assert_within_memory(c)
