@@ -26,12 +26,13 @@ from events.apply_models import (
     model_unavailable,
     model_unload_requested,
 )
-from events.apply_nodes import node_joined
+from events.apply_nodes import link_measured, node_joined
 from events.catalogue import (
     ChunkGenerated,
     ClusterStarted,
     InstancePlaced,
     InstanceRetired,
+    LinkMeasured,
     LogEvent,
     ModelDownloadProgress,
     ModelLoadRequested,
@@ -131,6 +132,8 @@ def apply(state: State, seq: int, event: LogEvent) -> State:
             return _task_stalled(state, seq, event)
         case NodeJoined():
             return node_joined(state, seq, event)
+        case LinkMeasured():
+            return link_measured(state, seq, event)
         case NodeLeft():
             return _node_gone(state, seq, event.node_id, "left", event.reason, event.env.wall_time, "node_left")
         case NodeTimedOut():

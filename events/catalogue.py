@@ -148,6 +148,17 @@ class NodeJoined(Event, tag="node_joined", frozen=True, kw_only=True):
     # placement never reserves more than this on one host. 0 in older logs: `memory_bytes`.
     host_memory_bytes: int = 0
     cached_models: list[str] = msgspec.field(default_factory=list)  # Hub models in its cache: servable at once
+    link_probe_port: int = 0  # where peers measure their link to it (`LinkMeasured`); 0 = none
+
+
+class LinkMeasured(Event, tag="link_measured", frozen=True, kw_only=True):
+    """What `node_id`'s worker measured of its link to `peer` (round trip of a small message, and
+    the rate of a bulk send): the master orders an instance's ring along the fastest links."""
+
+    node_id: NodeIdField
+    peer: NodeIdField
+    rtt_us: int
+    bytes_per_second: int
 
 
 class NodeLeft(Event, tag="node_left", frozen=True, kw_only=True):
@@ -357,6 +368,7 @@ class MasterProbe(Event, tag="master_probe", frozen=True, kw_only=True):
 
 LogEvent = (
     NodeJoined
+    | LinkMeasured
     | ClusterStarted
     | NodeLeft
     | NodeTimedOut

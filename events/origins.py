@@ -30,6 +30,7 @@ from events.catalogue import (
     ClusterStarted,
     InstancePlaced,
     InstanceRetired,
+    LinkMeasured,
     LogEvent,
     ModelDownloadProgress,
     ModelLoadRequested,
@@ -86,7 +87,7 @@ def origin_refusal(state: State, event: LogEvent) -> str | None:
             if origin.service == MASTER or task is None:
                 return None
             return task_runner_refusal(state.instances, task, origin, None)
-        case NodeJoined() | NodeLeft():
+        case NodeJoined() | NodeLeft() | LinkMeasured():
             if origin.service == WORKER and origin.node == event.node_id:
                 return None
             return f"only the worker of node {event.node_id!r} announces it, not {_who(origin)}"

@@ -43,6 +43,12 @@ class NodeOutage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     back_at: int  # wall ns it was announced again
 
 
+class LinkInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    rtt_us: int
+    bytes_per_second: int
+    at: int  # wall ns of the measurement (the event's stamp)
+
+
 class NodeInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     node_id: NodeId
     host: str
@@ -52,6 +58,8 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     version: str
     host_memory_bytes: int = 0  # the machine's, shared with every node on `host`
     cached_models: tuple[str, ...] = ()  # Hub models in its cache (`/v1/models` lists them as servable)
+    link_probe_port: int = 0
+    links: dict[NodeId, LinkInfo] = msgspec.field(default_factory=dict)  # to each peer, as it measured
     status: NodeStatus = "up"
     reason: str = ""
     changed_at: int = 0  # wall ns of the last status change

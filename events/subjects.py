@@ -12,6 +12,7 @@ from events.catalogue import (
     ClusterStarted,
     InstancePlaced,
     InstanceRetired,
+    LinkMeasured,
     LogEvent,
     MasterProbe,
     ModelDownloadProgress,
@@ -138,7 +139,7 @@ def subject_for(event: AnyEvent) -> str:
             | TaskStalled()
         ):
             return task_subject(event.task_id, kind)
-        case NodeJoined() | NodeLeft() | NodeTimedOut():
+        case NodeJoined() | NodeLeft() | NodeTimedOut() | LinkMeasured():
             return node_subject(event.node_id, kind)
         case InstancePlaced() | RunnerStatusChanged() | InstanceRetired():
             return instance_subject(event.instance_id, kind)

@@ -177,6 +177,15 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
             "would hold the model); placement otherwise takes the fewest nodes that hold it",
         ),
     ] = 1
+    link_measure_seconds: Annotated[
+        float,
+        Meta(
+            ge=0,
+            extra={"allowed": "a number of seconds, 0 or more"},
+            description="how often each worker measures its links to the other nodes (the master orders an "
+            "instance's ring along the fastest); 0 = never",
+        ),
+    ] = 300.0
     node_memory_bytes: Annotated[
         int,
         Meta(

@@ -8,7 +8,7 @@ Identities (nkey users in one account; the server checks every PUB and SUB again
 | `admin` | everything, and manages streams | everything |
 | `api` | `TaskCreated`, `TaskCancelled`, operators' `ModelLoadRequested`/`ModelUnloadRequested` | SHOAL_EVENTS, SHOAL_TELEMETRY |
 | `master` | placement, assignment, retirement, watchdog, master-ended tasks, `ModelUnavailable`, `MasterProbe`; its lease key | both; its lease key; writes the snapshot object store |
-| `worker-<node>` | its node's `NodeJoined`/`NodeLeft`/`NodeHeartbeat`; `RunnerStatusChanged` | SHOAL_EVENTS |
+| `worker-<node>` | its node's `NodeJoined`/`NodeLeft`/`LinkMeasured`/`NodeHeartbeat`; `RunnerStatusChanged` | SHOAL_EVENTS |
 | `runner-<node>` | prefill, chunks, `TaskCompleted`/`TaskFailed`, `RunnerStatusChanged`, `ModelDownloadProgress`, `RunnerHeartbeat` | SHOAL_EVENTS |
 
 Reading is done through JetStream only: every identity but the admin may subscribe to its own
@@ -37,6 +37,7 @@ from events.catalogue import (
     Event,
     InstancePlaced,
     InstanceRetired,
+    LinkMeasured,
     MasterProbe,
     ModelDownloadProgress,
     ModelLoadRequested,
@@ -82,6 +83,7 @@ SUBJECTS: Mapping[type[Event], str] = {
     ClusterStarted: CLUSTER_STARTED,  # the admin's (`shoal up`), like every subject
     NodeJoined: node_subject(NODE, "joined"),
     NodeLeft: node_subject(NODE, "left"),
+    LinkMeasured: node_subject(NODE, "link_measured"),
     NodeTimedOut: node_subject("*", "timed_out"),
     InstancePlaced: instance_subject("*", "placed"),
     RunnerStatusChanged: instance_subject("*", "runner_status_changed"),
@@ -118,7 +120,7 @@ PUBLISHES: Mapping[Role, tuple[type[Event], ...]] = {
         *_DECISIONS,
         MasterProbe,
     ),  # TaskCompleted: a task cancelled before assignment; TaskFailed: a retired queue
-    "worker": (NodeJoined, NodeLeft, NodeHeartbeat, RunnerStatusChanged),  # status: a runner's exit
+    "worker": (NodeJoined, NodeLeft, LinkMeasured, NodeHeartbeat, RunnerStatusChanged),  # status: a runner's exit
     "runner": (*_RANK_REPORTS, RunnerHeartbeat),
 }
 

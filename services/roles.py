@@ -87,6 +87,7 @@ def worker_settings(
         node_id=node_id,
         host=host,
         memory_bytes=config.node_memory_bytes,
+        link_measure_seconds=config.link_measure_seconds,
         heartbeat_interval_seconds=config.heartbeat_interval_seconds,
         blas=config.blas,
         pin_runner_threads=config.pin_runner_threads,

@@ -22,6 +22,7 @@ from events.catalogue import Shard
 from events.ids import InstanceId, NodeId
 from events.state import InstanceInfo, NodeInfo, State
 from services.master.capacity import ModelFacts, Rooms, in_gib, rooms, shard_bytes
+from services.master.ring import ring_order
 from services.supervise import Backoff
 
 # Below every common kernel's ephemeral range (Linux 32768-60999, macOS and Windows 49152-65535), so an
@@ -163,10 +164,13 @@ def plan_instance(state: State, request: PlacementRequest, *, without: Collectio
     most = min(request.count.most, len(by_free), request.facts.layers)
     least = min(request.count.least, most)  # with fewer nodes up than asked, all of them
     for count in range(least, most + 1):
-        chosen = sorted(by_free[:count], key=lambda n: n.node_id)
+        chosen, ring_us = ring_order(by_free[:count])
         split = _fitting_split(room, chosen, request)
         if split is not None:
-            return _planned(state, request, chosen, split, _why(room, chosen, split, request))
+            why = _why(room, chosen, split, request)
+            if ring_us is not None and count >= 3:
+                why += f"; ring ordered by measured round trips ({ring_us / 1000:.2f} ms around)"
+            return _planned(state, request, chosen, split, why)
     raise NoRoom(_no_room(room, by_free[:most], request))
 
 

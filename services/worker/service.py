@@ -22,6 +22,7 @@ from eventlog.log import EventLog
 from eventlog.publish import LogError
 from events.catalogue import (
     ChunkGenerated,
+    LinkMeasured,
     LogEvent,
     NodeHeartbeat,
     NodeJoined,
@@ -42,6 +43,7 @@ from runner.blas import blas_env
 from runner.memory import memory_available_bytes
 from runner.models.hub import cached_hub_models
 from runner.service.exit_codes import exit_cause
+from services.worker.links import LinkSample, measure_links_forever, serve_probes
 from services.worker.plan import RunnerKey, host_rank_index, plan_runners, ranks_sharing_host, rejoin_cause
 from services.worker.procs import RunnerProcesses, child_env, describe_exit, runner_argv
 
@@ -56,6 +58,7 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     node_id: str
     host: str = "127.0.0.1"  # the address peers reach this node's ring ports on
     memory_bytes: int = 0  # offered to placement (`node_memory_bytes`); 0 = what the host has available
+    link_measure_seconds: float = 300.0  # how often links to the other nodes are measured; 0 = never
     heartbeat_interval_seconds: float
     blas: str
     pin_runner_threads: bool = True
@@ -75,6 +78,7 @@ class Worker:
         self.state = State()
         self._log: EventLog | None = None
         self._cached_models: list[str] = []  # Hub models in this node's cache, read once at start
+        self._probe_port = 0  # where peers measure their link to this node (`links.py`)
         self._runners: RunnerProcesses | None = None
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
@@ -90,7 +94,15 @@ class Worker:
                 # catch up before acting: old instances may be retired later in the log
                 self.state = await log.fold(from_snapshot=True, finished_tasks_kept=self.settings.finished_tasks_kept)
                 self._cached_models = await asyncio.to_thread(cached_hub_models)  # announced as servable
+                probes = await asyncio.start_server(serve_probes, self.settings.host, 0)
+                self._probe_port = probes.sockets[0].getsockname()[1]
+                group.create_task(probes.serve_forever())
                 await log.append(self._joined("start"))
+                if self.settings.link_measure_seconds > 0:
+                    interval = self.settings.link_measure_seconds
+                    group.create_task(
+                        measure_links_forever(self.node_id, lambda: self.state, self._report_link, interval)
+                    )
                 group.create_task(self._heartbeats())
                 group.create_task(self._announce_on_reconnect(log))
                 if ready is not None:
@@ -177,10 +189,26 @@ class Worker:
             memory_bytes=self.settings.memory_bytes or host_memory,
             host_memory_bytes=host_memory,
             cached_models=self._cached_models,
+            link_probe_port=self._probe_port,
             backend="cpu" if os.uname().sysname == "Linux" else "metal",
             version=VERSION,
             cause=cause,
         )
+
+    async def _report_link(self, peer: NodeId, sample: LinkSample) -> None:
+        if self._log is None:
+            return
+        event = LinkMeasured(
+            env=self.stamper.stamp(),
+            node_id=self.node_id,
+            peer=peer,
+            rtt_us=sample.rtt_us,
+            bytes_per_second=sample.bytes_per_second,
+        )
+        try:
+            await self._log.append(event)
+        except LogError as exc:
+            logger.warning("worker {}: could not record the link to {}: {}", self.node_id, peer, exc)
 
     async def _heartbeats(self) -> None:
         assert self._log is not None and self._runners is not None

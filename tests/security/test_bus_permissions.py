@@ -20,6 +20,7 @@ from events.catalogue import (
     ClusterStarted,
     InstancePlaced,
     InstanceRetired,
+    LinkMeasured,
     MasterProbe,
     ModelDownloadProgress,
     ModelLoadRequested,
@@ -62,6 +63,7 @@ def one_of_each_kind() -> list[AnyEvent]:
     return [
         NodeJoined(env=env(), node_id=NODE_A, host="h", cores=1, memory_bytes=1, backend="cpu", version="0"),
         NodeLeft(env=env(), node_id=NODE_A, reason="shutdown"),
+        LinkMeasured(env=env(), node_id=NODE_A, peer=NodeId("node-b"), rtt_us=1, bytes_per_second=1),
         NodeTimedOut(env=env(), node_id=NODE_A, last_seen=1),
         InstancePlaced(env=env(), instance_id=INSTANCE, model="/etc", shards=[shard], ring_hosts=["h:1"]),
         RunnerStatusChanged(env=env(), instance_id=INSTANCE, rank=0, status="failed"),
@@ -141,7 +143,7 @@ CASES = [
 def allowed(identity: Identity, event: AnyEvent) -> bool:
     if type(event) not in PUBLISHES[identity.role]:
         return False
-    node_scoped = isinstance(event, NodeJoined | NodeLeft | NodeHeartbeat)
+    node_scoped = isinstance(event, NodeJoined | NodeLeft | LinkMeasured | NodeHeartbeat)
     return not node_scoped or event.node_id == identity.node
 
 
