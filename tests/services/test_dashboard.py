@@ -193,7 +193,7 @@ def sse_events(texts: list[str]) -> list[tuple[str, dict[str, Any]]]:
 
 
 @pytest.mark.timeout(60)
-async def test_the_feed_sends_a_snapshot_then_the_deltas_of_what_is_folded(event_log: EventLog) -> None:
+async def test_the_feed_sends_a_snapshot_then_the_deltas_of_what_is_folded_and_the_rates(event_log: EventLog) -> None:
     ev = Events()
     await event_log.append_many([ev.node("n1"), ev.node("n2"), ev.placed("i1", ("n1", "n2"))])
     page = Client("GET", "/v1/dashboard/events")
@@ -208,6 +208,10 @@ async def test_the_feed_sends_a_snapshot_then_the_deltas_of_what_is_folded(event
         with anyio.fail_after(10):
             while not any('"processed":384' in text for text in page.texts):
                 await anyio.sleep(0.01)
+        await event_log.append(ev.chunk("t1", tokens=5))  # 5 tokens in the 5 s window: 1 token/s
+        with anyio.fail_after(10):
+            while not any('{"tokens_per_second":{"i1":1.0}}' in text for text in page.texts):
+                await anyio.sleep(0.01)
         page.disconnect()
     received = sse_events(page.texts)
     kind, first = received[0]
@@ -218,8 +222,9 @@ async def test_the_feed_sends_a_snapshot_then_the_deltas_of_what_is_folded(event
     changes = [body for kind, body in received[2:] if kind == "delta"]
     seqs = [body["seq"] for body in changes]
     assert seqs == sorted(seqs) and seqs[0] == first["last_seq"] + 1
-    task = msgspec.convert(changes[-1], Delta).tasks[0]
+    task = msgspec.convert(changes[-2], Delta).tasks[0]
     assert (task.task_id, task.status, task.ranks[0].processed, task.ranks[0].total) == ("t1", "prefilling", 384, 512)
+    assert msgspec.convert(changes[-1], Delta).tasks[0].completion_tokens == 5
     # the assignment queued it on its instance, and its prefill put it in the instance's batch
     assert [(c["instances"][0]["queued"], c["instances"][0]["running"]) for c in changes[1:3]] == [
         (["t1"], []),
