@@ -43,7 +43,7 @@ class ApiContext:
     def on(cls, log: EventLog, resolved: ResolvedConfig, served: list[str], *, access: ApiAccess) -> ApiContext:
         """The context of an API on `log`, with its own hub (not yet running) and metrics."""
         metrics = Metrics()
-        hub = LogHub(log, metrics, resolved.config.finished_tasks_kept)
+        hub = LogHub(log, metrics, resolved.config.finished_tasks_kept, served)
         return cls(
             log=log,
             hub=hub,

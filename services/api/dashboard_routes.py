@@ -2,14 +2,17 @@
 
 `GET /` and `GET /static/<file>` are plain files shipped in the package (no build step).
 `GET /v1/dashboard/events` is a text/event-stream: one `snapshot` event, then one `delta` event
-per folded event that changed a shown row (see `services.api.dashboard`), and a comment every
-`KEEPALIVE_S` while nothing happens so proxies keep the connection. The page reads it with
+per folded event that changed a shown row (see `services.api.dashboard`); a `rates` event (live
+tokens per second by instance, `services.api.dashboard_rates`) after the snapshot and every
+`RATES_EVERY_S` they changed; and a comment every `KEEPALIVE_S` while nothing is sent, so proxies
+keep the connection. The page reads it with
 fetch + ReadableStream rather than EventSource, which cannot send an API key.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from importlib.resources import files
 
 import anyio
@@ -19,11 +22,13 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from services.api.context import ApiContext
-from services.api.dashboard import Delta, Summary, snapshot
+from services.api.dashboard import Delta, Summary
 from services.api.dashboard_feed import QUEUE_LIMIT
+from services.api.dashboard_rates import Rates
 from services.api.schemas import RequestProblem
 
 KEEPALIVE_S = 15.0
+RATES_EVERY_S = 1.0
 STATIC_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".png": "image/png"}
 
 
@@ -49,7 +54,7 @@ async def dashboard_events(request: Request, ctx: ApiContext) -> Response:
     return DashboardStream(ctx)
 
 
-def sse_event(kind: str, body: Summary | Delta) -> bytes:
+def sse_event(kind: str, body: Summary | Delta | Rates) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + msgspec.json.encode(body) + b"\n\n"
 
 
@@ -72,18 +77,35 @@ class DashboardStream(Response):
 
     async def _stream(self, send: Send) -> None:
         """The snapshot, then the deltas; subscribed before the snapshot is taken, with no await
-        between, so the page misses no delta and gets none the snapshot already holds."""
-        with self._ctx.hub.feed.subscribe() as subscription:
-            await self._send(send, sse_event("snapshot", snapshot(self._ctx.hub.state)))
+        between, so the page misses no delta and gets none the snapshot already holds. The rates
+        are looked at every `RATES_EVERY_S` even while deltas keep coming."""
+        feed = self._ctx.hub.feed
+        with feed.subscribe() as subscription:
+            await self._send(send, sse_event("snapshot", feed.snapshot(self._ctx.hub.state)))
+            rates = feed.rates()
+            await self._send(send, sse_event("rates", Rates(tokens_per_second=rates)))
+            next_rates = last_sent = time.monotonic()
             while True:
                 if subscription.behind:
                     subscription.queue = asyncio.Queue(QUEUE_LIMIT)
                     subscription.behind = False
-                    await self._send(send, sse_event("snapshot", snapshot(self._ctx.hub.state)))
+                    await self._send(send, sse_event("snapshot", feed.snapshot(self._ctx.hub.state)))
+                now = time.monotonic()
+                if now >= next_rates:
+                    next_rates = now + RATES_EVERY_S
+                    if (latest := feed.rates()) != rates:
+                        rates = latest
+                        await self._send(send, sse_event("rates", Rates(tokens_per_second=rates)))
+                        last_sent = now
+                    elif now - last_sent >= KEEPALIVE_S:
+                        await self._send(send, b": keepalive\n\n")
+                        last_sent = now
                 delta: Delta | None = None
-                with anyio.move_on_after(KEEPALIVE_S):
+                with anyio.move_on_after(max(0.0, next_rates - time.monotonic())):
                     delta = await subscription.queue.get()
-                await self._send(send, b": keepalive\n\n" if delta is None else sse_event("delta", delta))
+                if delta is not None:
+                    await self._send(send, sse_event("delta", delta))
+                    last_sent = time.monotonic()
 
     @staticmethod
     async def _send(send: Send, body: bytes) -> None:

@@ -8,7 +8,7 @@ every event stored after that, so no event of the task can be missed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from contextlib import contextmanager
 
 from loguru import logger
@@ -38,10 +38,16 @@ class TaskEvents:
 
 
 class LogHub:
-    def __init__(self, log: EventLog, metrics: Metrics, finished_tasks_kept: int = FINISHED_TASKS_KEPT) -> None:
+    def __init__(
+        self,
+        log: EventLog,
+        metrics: Metrics,
+        finished_tasks_kept: int = FINISHED_TASKS_KEPT,
+        served: Sequence[str] = (),
+    ) -> None:
         self.log = log
         self.metrics = metrics
-        self.feed = DashboardFeed()  # the open dashboard pages
+        self.feed = DashboardFeed(served)  # the open dashboard pages
         self.state = State.keeping(finished_tasks_kept)
         self.finished_tasks_kept = finished_tasks_kept
         self.queues = QueueBook()  # each model's queued tasks, for admission

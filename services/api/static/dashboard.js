@@ -1,12 +1,15 @@
 // The dashboard: a snapshot of the cluster and its tasks, then the deltas the API folds from the
 // log, read from /v1/dashboard/events with fetch + ReadableStream (EventSource cannot send a key).
 // Rows are replaced whole by id; ended tasks beyond the newest RECENT_ENDED are dropped, as the
-// server's snapshot drops them. The chat box streams through the public /v1/chat/completions.
+// server's snapshot drops them, and models a delta names as gone are removed. `rates` events
+// replace the live tokens/s by instance. The chat box streams through the public /v1/chat/completions.
 "use strict";
 
 const RECENT_ENDED = 50;
 const RETRY_MS = 2000;
-const view = { nodes: new Map(), instances: new Map(), tasks: new Map(), lastSeq: 0 };
+const RETIRED_SHOWN = 3; // per model, the newest retired instances listed under its live ones
+const IDS_SHOWN = 6; // task ids listed per batch or queue before "+N more"
+const view = { nodes: new Map(), models: new Map(), instances: new Map(), tasks: new Map(), rates: {}, lastSeq: 0 };
 let key = sessionStorage.getItem("shoal.key") || "";
 let drawPending = false;
 
@@ -26,7 +29,15 @@ function badge(text) {
 }
 
 function gib(bytes) {
-  return `${(bytes / 2 ** 30).toFixed(1)} GiB`;
+  // in MiB under a GiB: a small model's few MiB would read as "0.0 GiB"
+  if (bytes >= 2 ** 30) return `${(bytes / 2 ** 30).toFixed(1)} GiB`;
+  const mib = bytes / 2 ** 20;
+  return `${mib.toFixed(mib && mib < 10 ? 1 : 0)} MiB`;
+}
+
+function meter(part, whole, title) {
+  const share = whole ? Math.min(100, Math.round((100 * part) / whole)) : 0;
+  return el("span", { class: "bar memory", title }, el("span", { style: `width:${share}%` }));
 }
 
 // --- the feed -------------------------------------------------------------------------------
@@ -74,14 +85,19 @@ async function readEvents(stream, handle) {
 
 function onEvent(kind, data) {
   const body = JSON.parse(data);
+  if (kind === "rates") {
+    view.rates = body.tokens_per_second;
+    scheduleDraw();
+    return;
+  }
   if (kind === "snapshot") {
-    view.nodes.clear();
-    view.instances.clear();
-    view.tasks.clear();
+    for (const rows of [view.nodes, view.models, view.instances, view.tasks]) rows.clear();
   } else if (body.seq <= view.lastSeq) {
     return;
   }
   for (const row of body.nodes) view.nodes.set(row.node_id, row);
+  for (const row of body.models) view.models.set(row.model, row);
+  for (const model of body.gone_models || []) view.models.delete(model);
   for (const row of body.instances) view.instances.set(row.instance_id, row);
   for (const row of body.tasks) view.tasks.set(row.task_id, row);
   view.lastSeq = body.last_seq ?? body.seq;
@@ -107,28 +123,65 @@ function scheduleDraw() {
 
 function draw() {
   document.getElementById("last-seq").textContent = `log seq ${view.lastSeq}`;
-  const nodes = [...view.nodes.values()].map((n) =>
-    el("tr", {}, el("td", {}, el("code", {}, n.node_id)), el("td", {}, n.host), el("td", {}, String(n.cores)),
-      el("td", {}, gib(n.memory_bytes)), el("td", {}, n.backend), el("td", {}, badge(n.status), " ", n.reason)));
-  document.querySelector("#nodes tbody").replaceChildren(...nodes);
-  document.getElementById("instances").replaceChildren(...[...view.instances.values()].map(drawInstance));
+  document.querySelector("#nodes tbody").replaceChildren(...[...view.nodes.values()].map(drawNode));
+  const models = [...view.models.values()].map(drawModel);
+  document.getElementById("models").replaceChildren(...models);
+  document.getElementById("no-models").hidden = models.length > 0;
   const tasks = [...view.tasks.values()].sort(taskOrder).map(drawTask);
   document.querySelector("#tasks tbody").replaceChildren(...tasks);
   document.getElementById("no-tasks").hidden = tasks.length > 0;
 }
 
-function instanceState(instance) {
-  return instance.retired ? "retired" : instance.failed ? "failed" : instance.ready ? "ready" : "loading";
+function drawNode(node) {
+  // What placement sees: the node's budget less what live instances reserve on it, and no more
+  // than its host has left once every node on that host took its share.
+  const free = Math.max(0, Math.min(node.memory_bytes - node.reserved_bytes, node.host_memory_bytes - node.host_reserved_bytes));
+  const memory = el("div", { class: "memory-cell" },
+    el("div", { class: "rank" }, meter(node.reserved_bytes, node.memory_bytes, "reserved of this node's budget"),
+      `${gib(node.reserved_bytes)} of ${gib(node.memory_bytes)}`, el("span", { class: "quiet" }, `· ${gib(free)} free`)),
+    el("div", { class: "quiet small" }, `host ${gib(node.host_reserved_bytes)} of ${gib(node.host_memory_bytes)} reserved by its nodes`));
+  return el("tr", { "data-node": node.node_id },
+    el("td", {}, el("code", {}, node.node_id)), el("td", {}, node.host), el("td", {}, String(node.cores)),
+    el("td", {}, memory), el("td", {}, badge(node.status), " ", node.reason));
+}
+
+function drawModel(model) {
+  const instances = [...view.instances.values()].filter((i) => i.model === model.model);
+  const live = instances.filter((i) => i.state !== "retired");
+  const retired = instances.filter((i) => i.state === "retired").slice(-RETIRED_SHOWN).reverse();
+  const rate = live.reduce((sum, i) => sum + (view.rates[i.instance_id] || 0), 0);
+  const head = el("h3", {}, el("span", { class: "model-name" }, model.model), " ", badge(model.state),
+    model.pinned ? " " : "", model.pinned ? badge("pinned") : "",
+    el("span", { class: "rate" }, `${rate.toFixed(1)} tok/s`));
+  const notes = [];
+  if (model.waiting.length) notes.push(el("div", { class: "tasks-line" }, "waiting for an instance: ", ...taskIds(model.waiting, "waiting")));
+  if (model.error) notes.push(el("div", { class: "problem" }, model.error));
+  for (const d of model.downloads) {
+    notes.push(el("div", { class: "rank" }, "downloading on ", el("code", {}, d.node_id),
+      meter(d.bytes_done, d.bytes_total, "downloaded"), d.bytes_total ? `${gib(d.bytes_done)} of ${gib(d.bytes_total)}` : gib(d.bytes_done)));
+  }
+  const gone = retired.map((i) => el("div", { class: "quiet small retired-line" }, "retired ", el("code", {}, i.instance_id),
+    i.retire_reason ? `: ${i.retire_reason}` : ""));
+  return el("div", { class: "model", "data-model": model.model, "data-state": model.state }, head, ...notes, ...live.map(drawInstance), ...gone);
 }
 
 function drawInstance(instance) {
+  const rate = view.rates[instance.instance_id] || 0;
   const shards = instance.shards.map((s) =>
-    el("div", { class: "shard" }, `rank ${s.rank} on `, el("code", {}, s.node_id), el("br"),
-      `layers ${s.start_layer}–${s.end_layer - 1} `, badge(s.status)));
-  const queue = instance.queue.length ? `queue: ${instance.queue.join(", ")}` : "queue empty";
-  return el("div", { class: "instance" },
-    el("h3", {}, el("code", {}, instance.instance_id), ` ${instance.model} `, badge(instanceState(instance))),
-    el("div", { class: "shards" }, ...shards), el("div", { class: "quiet" }, queue));
+    el("div", { class: "shard" }, el("div", {}, `rank ${s.rank} on `, el("code", {}, s.node_id), " ", badge(s.status)),
+      el("div", { class: "quiet" }, `layers ${s.start_layer}–${s.end_layer - 1} · ${gib(s.memory_bytes)} reserved`)));
+  return el("div", { class: "instance", "data-instance": instance.instance_id, "data-state": instance.state },
+    el("h4", {}, el("code", {}, instance.instance_id), " ", badge(instance.state),
+      el("span", { class: "rate", "data-rate": instance.instance_id }, `${rate.toFixed(1)} tok/s`)),
+    el("div", { class: "placement quiet small", title: instance.placement_reason }, instance.placement_reason),
+    el("div", { class: "shards" }, ...shards),
+    el("div", { class: "tasks-line" }, el("span", { class: "label" }, `running ${instance.running.length}`), ...taskIds(instance.running, "running")),
+    el("div", { class: "tasks-line" }, el("span", { class: "label" }, `queued ${instance.queued.length}`), ...taskIds(instance.queued, "queued")));
+}
+
+function taskIds(ids, kind) {
+  const shown = ids.slice(0, IDS_SHOWN).map((id) => el("code", { class: `task-id ${kind}` }, id));
+  return ids.length > IDS_SHOWN ? [...shown, el("span", { class: "quiet" }, ` +${ids.length - IDS_SHOWN} more`)] : shown;
 }
 
 function taskOrder(a, b) {
@@ -152,7 +205,9 @@ function drawTask(task) {
   link.addEventListener("click", (event) => openWithKey(event, link.href));
   const finish = task.finish_reason ? ` (${task.finish_reason})` : "";
   return el("tr", { "data-task": task.task_id },
-    el("td", {}, el("code", {}, task.task_id)), el("td", {}, task.model), el("td", {}, badge(taskState(task)), finish),
+    el("td", {}, el("code", {}, task.task_id)), el("td", {}, task.model),
+    el("td", {}, task.instance_id ? el("code", {}, task.instance_id) : el("span", { class: "quiet" }, "—")),
+    el("td", {}, badge(taskState(task)), finish),
     el("td", {}, ...ranks), el("td", {}, String(task.completion_tokens)),
     el("td", { class: "problem" }, problem), el("td", {}, link));
 }
