@@ -1,4 +1,4 @@
-"""House rules a test can hold (docs/ARCHITECTURE.md §1, STYLE.md): who may import what, and how long a file is.
+"""House rules a test can hold (docs/ARCHITECTURE.md §1, STYLE.md): who may import what.
 
 - `events/` is the pure vocabulary: no sockets, event loops, NATS, subprocesses, threads, and
   none of the log's I/O (`eventlog/`) or the packages built on it.
@@ -9,7 +9,9 @@
   package (`events`, `eventlog`, `services`) — except the pure shared types it must speak
   (`events.vocabulary`, `events.runner_settings`, `events.logprobs`, `events.constraints`). The ring collectives it issues through mlx are its job.
 - `runner/` never imports `services/` (the services start runners as processes).
-- No Python file is over 400 lines.
+
+Files are split by responsibility, not by a line count: no cap here (a count invites packing code
+under it); ruff's complexity check flags the long functions instead (`tests/test_tooling.py`).
 
 Imports are read with `ast`, so a lazy import inside a function counts as much as one at the top;
 relative imports are resolved against the file's package, and `importlib.import_module("x")` /
@@ -26,7 +28,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SKIP_DIRS = {".venv", ".git", "node_modules", "__pycache__", "build", "dist"}
-MAX_FILE_LINES = 400
 
 MAY_IMPORT_MLX = ("runner", "tests", "bench")
 MLX = ("mlx", "mlx_lm")  # mlx_lm imports mlx
@@ -227,14 +228,3 @@ def test_runner_never_imports_services() -> None:
     assert any(p.parts[-2] == "service" for p in files)
     offenders = forbidden_imports(files, RUNNER_MAY_NOT_IMPORT)
     assert offenders == [], f"runner/ must not depend on services/ (the services spawn runners): {offenders}"
-
-
-def test_no_file_is_over_the_limit() -> None:
-    files = python_files()
-    assert len(files) > 100
-    long = [
-        f"{path.relative_to(ROOT)}: {count} lines"
-        for path in files
-        if (count := len(path.read_text(encoding="utf-8").splitlines())) > MAX_FILE_LINES
-    ]
-    assert long == [], f"files over {MAX_FILE_LINES} lines; split them by job: {long}"

@@ -110,9 +110,14 @@ def _with_prompt(escaped: str) -> bytes:
 
 @pytest.mark.parametrize(
     ("escaped", "lone"),
-    [("\\ud83d", "\\ud83d"), ("cut \\ud83d", "\\ud83d"), ("\\ude00 tail", "\\ude00"),
-     ("\\ude00\\ud83d", "\\ude00"), ("\\\\\\ud800", "\\ud800")],
-)  # fmt: skip
+    [
+        ("\\ud83d", "\\ud83d"),
+        ("cut \\ud83d", "\\ud83d"),
+        ("\\ude00 tail", "\\ude00"),
+        ("\\ude00\\ud83d", "\\ude00"),
+        ("\\\\\\ud800", "\\ud800"),
+    ],
+)
 @pytest.mark.parametrize(
     ("decode", "write"), [(decode_chat_request, _with_content), (decode_completion_request, _with_prompt)]
 )
@@ -203,10 +208,25 @@ def test_penalties_and_logit_bias_out_of_range_are_refused_naming_them(fields: d
 
 
 NULLABLE = [
-    "temperature", "top_p", "stream", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
-    "top_logprobs", "seed", "stop", "max_tokens", "max_completion_tokens", "user", "tools", "tool_choice",
-    "response_format", "stream_options", "n",
-]  # fmt: skip
+    "temperature",
+    "top_p",
+    "stream",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "seed",
+    "stop",
+    "max_tokens",
+    "max_completion_tokens",
+    "user",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "stream_options",
+    "n",
+]
 
 
 @pytest.mark.parametrize("name", NULLABLE)
