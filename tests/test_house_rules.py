@@ -22,6 +22,8 @@ sees the forms it must: a checker that sees nothing would pass everything.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,3 +230,26 @@ def test_runner_never_imports_services() -> None:
     assert any(p.parts[-2] == "service" for p in files)
     offenders = forbidden_imports(files, RUNNER_MAY_NOT_IMPORT)
     assert offenders == [], f"runner/ must not depend on services/ (the services spawn runners): {offenders}"
+
+
+def runner_modules_imported_by(under: str) -> list[str]:
+    """The `runner` modules (not names in them) that files under `under` import, lazily or not."""
+    found = {
+        imp.module
+        for path in python_files(under)
+        for imp in imports(path.read_text(encoding="utf-8"), package_of(path))
+        if is_within(imp.module, ("runner",))
+    }
+    return sorted(m for m in found if (ROOT / (m.replace(".", "/") + ".py")).exists())
+
+
+def test_services_use_only_runner_modules_that_load_no_mlx() -> None:
+    """The API, the worker and the CLI share what they must with the runner (settings' types, BLAS
+    and CPU placement, model facts and chat templates, the local launcher) without loading MLX:
+    a process that serves HTTP or supervises runners never pays for it."""
+    shared = runner_modules_imported_by("services")
+    assert {"runner.blas", "runner.models.model_info", "runner.local.launch"} <= set(shared)
+    probe = f"import sys\nfor m in {shared!r}: __import__(m)\nprint(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')))"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", f"importing {shared} loads MLX: {done.stdout}"
