@@ -34,7 +34,6 @@ GENERATE, QUIT = 1, 0
 def main(argv: list[str]) -> int:
     import mlx.core as mx
     from mlx_lm import load
-    from mlx_lm.models.cache import make_prompt_cache
 
     from runner.blas import BlasThreads
     from runner.models.chat import encode_chat
@@ -43,84 +42,123 @@ def main(argv: list[str]) -> int:
     model_dir, prompt, max_tokens = argv[0], argv[1], int(argv[2])
     BlasThreads.at_share(os.environ)  # as a rank of shoal's starts: its share of the node's cores
     group = mx.distributed.init(backend="ring", strict=True)
-    rank = group.rank()
     loaded = load(model_dir)
-    model: Any = loaded[0]  # mlx-lm's llama layout
     tokenizer: Any = loaded[1]
-    inner = model.model
-    split = len(inner.layers) // 2
-    prompt_ids = mx.array(encode_chat(tokenizer, [{"role": "user", "content": prompt}]))[None]
-    eos = set(tokenizer.eos_token_ids)
     hosts = json.loads(Path(os.environ["MLX_HOSTFILE"]).read_text())
-    inbound = RingInbound.find([entry[0] for entry in hosts], rank)
-    peer = 1 - rank
-    token_like = mx.array([0], dtype=mx.int32)
+    side = PipelineRank(
+        model=loaded[0],
+        group=group,
+        inbound=RingInbound.find([entry[0] for entry in hosts], group.rank()),
+        prompt_ids=mx.array(encode_chat(tokenizer, [{"role": "user", "content": prompt}]))[None],
+        eos=set(tokenizer.eos_token_ids),
+        max_tokens=max_tokens,
+    )
+    if side.rank == 1:
+        side.follow()
+        return 0
+    for _ in range(2):  # warm-up: compile, allocate, fill caches
+        side.send(mx.array([GENERATE], dtype=mx.int32))
+        side.generate()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "go":
+            side.send(mx.array([GENERATE], dtype=mx.int32))
+            print(json.dumps(side.generate()), flush=True)
+    side.send(mx.array([QUIT], dtype=mx.int32))
+    return 0
 
-    def receive(like: Any) -> Any:
-        inbound.wait()
-        return mx.distributed.recv_like(like, peer, group=group)
 
-    def send(array: Any) -> None:
-        mx.eval(mx.distributed.send(array, peer, group=group))
+class PipelineRank:
+    """One of the two ranks: its half of the layers (rank 0 the first, rank 1 the second, the norm
+    and the head), the ring to its peer and the blocking wait for the peer's bytes."""
 
-    def head(hidden: Any) -> Any:
-        out = inner.norm(hidden)
-        tied = getattr(getattr(model, "args", None), "tie_word_embeddings", True)
-        logits = inner.embed_tokens.as_linear(out) if tied else model.lm_head(out)
-        return mx.argmax(logits[:, -1, :], axis=-1).astype(mx.int32)
+    def __init__(
+        self, *, model: Any, group: Any, inbound: Any, prompt_ids: Any, eos: set[int], max_tokens: int
+    ) -> None:
+        import mlx.core as mx
 
-    def generate() -> dict[str, Any]:
+        self.mx = mx
+        self.model = model  # mlx-lm's llama layout
+        self.inner = model.model
+        self.split = len(self.inner.layers) // 2
+        self.group = group
+        self.rank: int = group.rank()
+        self.peer = 1 - self.rank
+        self.inbound = inbound
+        self.prompt_ids = prompt_ids
+        self.eos = eos
+        self.max_tokens = max_tokens
+        self.token_like = mx.array([0], dtype=mx.int32)
+        weight = self.inner.embed_tokens.weight
+        self.hidden_like = mx.zeros((1, 1, weight.shape[1]), dtype=weight.dtype)
+
+    def receive(self, like: Any) -> Any:
+        self.inbound.wait()
+        return self.mx.distributed.recv_like(like, self.peer, group=self.group)
+
+    def send(self, array: Any) -> None:
+        self.mx.eval(self.mx.distributed.send(array, self.peer, group=self.group))
+
+    def follow(self) -> None:
+        """Rank 1: one generation per GENERATE from rank 0, until QUIT."""
+        while True:
+            while not self.inbound.readable(1.0):  # between requests: no spin while rank 0 waits for the bench
+                pass
+            if _first(self.mx.distributed.recv_like(self.token_like, 0, group=self.group)) == QUIT:
+                return
+            self.generate()
+
+    def generate(self) -> dict[str, Any]:
         """Both ranks: one greedy generation; rank 0 returns its timing."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        mx = self.mx
         started = time.perf_counter()
-        cache = make_prompt_cache(model)
-        logits_hidden = model(prompt_ids, cache=cache)  # the whole model, on both ranks
+        cache = make_prompt_cache(self.model)
+        logits_hidden = self.model(self.prompt_ids, cache=cache)  # the whole model, on both ranks
         token = mx.argmax(logits_hidden[:, -1, :], axis=-1).astype(mx.int32)
         mx.eval(token, *[c.state for c in cache])
-        if rank == 1:
-            send(token)
+        if self.rank == 1:
+            self.send(token)
         else:
-            token = receive(token_like)
+            token = self.receive(self.token_like)
             mx.eval(token)
         first = last = time.perf_counter()
         count = 1
-        hidden_like = mx.zeros((1, 1, inner.embed_tokens.weight.shape[1]), dtype=inner.embed_tokens.weight.dtype)
-        while count < max_tokens and _first(token) not in eos:
-            if rank == 0:
-                hidden = inner.embed_tokens(token.reshape(1, 1))
-                for layer, layer_cache in zip(inner.layers[:split], cache[:split], strict=True):
-                    hidden = layer(hidden, None, layer_cache)
-                mx.eval(mx.distributed.send(hidden, peer, group=group), *[c.state for c in cache[:split]])
-                token = receive(token_like)
-                mx.eval(token)
-                last = time.perf_counter()
-            else:
-                hidden = receive(hidden_like)
-                for layer, layer_cache in zip(inner.layers[split:], cache[split:], strict=True):
-                    hidden = layer(hidden, None, layer_cache)
-                token = head(hidden)
-                mx.eval(token, *[c.state for c in cache[split:]])
-                send(token)
+        while count < self.max_tokens and _first(token) not in self.eos:
+            token = self.first_half(token, cache) if self.rank == 0 else self.second_half(cache)
+            last = time.perf_counter()
             count += 1
         rate = (count - 1) / (last - first) if count > 1 and last > first else 0.0
         return {"ttft_ms": (first - started) * 1000, "decode_tps": rate, "tokens": count}
 
-    if rank == 1:
-        while True:
-            while not inbound.readable(1.0):  # between requests: no spin while rank 0 waits for the bench
-                pass
-            if _first(mx.distributed.recv_like(token_like, 0, group=group)) == QUIT:
-                return 0
-            generate()
-    for _ in range(2):  # warm-up: compile, allocate, fill caches
-        send(mx.array([GENERATE], dtype=mx.int32))
-        generate()
-    print("ready", flush=True)
-    for line in sys.stdin:
-        if line.strip() == "go":
-            send(mx.array([GENERATE], dtype=mx.int32))
-            print(json.dumps(generate()), flush=True)
-    send(mx.array([QUIT], dtype=mx.int32))
-    return 0
+    def first_half(self, token: Any, cache: list[Any]) -> Any:
+        """Rank 0's step: embed, its layers, send the hidden state; the next token comes back."""
+        mx = self.mx
+        hidden = self.inner.embed_tokens(token.reshape(1, 1))
+        for layer, layer_cache in zip(self.inner.layers[: self.split], cache[: self.split], strict=True):
+            hidden = layer(hidden, None, layer_cache)
+        mx.eval(mx.distributed.send(hidden, self.peer, group=self.group), *[c.state for c in cache[: self.split]])
+        token = self.receive(self.token_like)
+        mx.eval(token)
+        return token
+
+    def second_half(self, cache: list[Any]) -> Any:
+        """Rank 1's step: its layers on the received hidden state, the head, the token sent back."""
+        hidden = self.receive(self.hidden_like)
+        for layer, layer_cache in zip(self.inner.layers[self.split :], cache[self.split :], strict=True):
+            hidden = layer(hidden, None, layer_cache)
+        token = self.head(hidden)
+        self.mx.eval(token, *[c.state for c in cache[self.split :]])
+        self.send(token)
+        return token
+
+    def head(self, hidden: Any) -> Any:
+        mx = self.mx
+        out = self.inner.norm(hidden)
+        tied = getattr(getattr(self.model, "args", None), "tie_word_embeddings", True)
+        logits = self.inner.embed_tokens.as_linear(out) if tied else self.model.lm_head(out)
+        return mx.argmax(logits[:, -1, :], axis=-1).astype(mx.int32)
 
 
 def _first(array: Any) -> int:
@@ -138,9 +176,12 @@ class BarePipeline:
         argv = [sys.executable, "-m", "bench.bare_pipeline", model_dir, prompt, str(max_tokens)]
         with (log_dir / "bare_pipeline_rank1.err").open("wb") as stderr:
             self._follower = subprocess.Popen(
-                argv, env=rank_env(1, 2, self._hostfile, env), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=stderr,
-            )  # fmt: skip
+                argv,
+                env=rank_env(1, 2, self._hostfile, env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
         self._leader = StdioSide(argv, rank_env(0, 2, self._hostfile, env), log_dir / "bare_pipeline_rank0.err")
 
     def __enter__(self) -> BarePipeline:

@@ -82,9 +82,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from runner.models.tiny import cached_tiny
 
     settings = resolve(args, SIZED) | {
-        "streams": args.streams, "stream_tokens": args.stream_tokens, "step": args.step,
-        "seed": args.seed, "worlds": list(WORLDS),
-    }  # fmt: skip
+        "streams": args.streams,
+        "stream_tokens": args.stream_tokens,
+        "step": args.step,
+        "seed": args.seed,
+        "worlds": list(WORLDS),
+    }
     model_dir = Path(args.model) if args.model else cached_tiny()
     rng = random.Random(args.seed)
     per_world = {}
@@ -256,8 +259,9 @@ def _report(settings: dict[str, Any], per_world: dict[int, dict[str, Any]], mode
         measures[f"itl_p99_with_ms_{w}"] = summarize(itl["with"], "ms")
         measures[f"chunk_ms_{w}"] = summarize(got["chunk_ms"], "ms")
         measures[f"slowest_chunk_ms_{w}"] = summarize(got["slowest_chunk_ms"], "ms")
-        comparisons[f"itl_p99_increase_ms_{w}"] = compare(itl["with"], itl["without"], "difference",
-                                                          "with newcomer - without", "ms")  # fmt: skip
+        comparisons[f"itl_p99_increase_ms_{w}"] = compare(
+            itl["with"], itl["without"], "difference", "with newcomer - without", "ms"
+        )
         increase = comparisons[f"itl_p99_increase_ms_{w}"]["median"]
         targets[f"itl_p99_increase_{w}"] = target(increase, "<=", round(chunk, 2), "ms")
         slowest = statistics.median(got["slowest_chunk_ms"])
@@ -266,8 +270,9 @@ def _report(settings: dict[str, Any], per_world: dict[int, dict[str, Any]], mode
         for side in ("without", "grammar", "grammar_on_loop"):
             measures[f"{side}_itl_max_ms_{w}"] = summarize(longest[side], "ms")
         for side in ("grammar", "grammar_on_loop"):
-            comparisons[f"{side}_itl_max_increase_ms_{w}"] = compare(longest[side], longest["without"], "difference",
-                                                                     f"{side} - without", "ms")  # fmt: skip
+            comparisons[f"{side}_itl_max_increase_ms_{w}"] = compare(
+                longest[side], longest["without"], "difference", f"{side} - without", "ms"
+            )
         grammar_increase = comparisons[f"grammar_itl_max_increase_ms_{w}"]["median"]
         targets[f"grammar_itl_max_increase_{w}"] = target(grammar_increase, "<=", round(chunk, 2), "ms")
         landed = [c for c in cancels if c["cancelled"]]
@@ -289,15 +294,30 @@ def _report(settings: dict[str, Any], per_world: dict[int, dict[str, Any]], mode
         measures=measures,
         comparisons=comparisons,
         targets=targets,
-        headline=[name for world in per_world for name in (
-            f"itl_p99_without_ms_{world}r", f"itl_p99_with_ms_{world}r", f"itl_p99_increase_ms_{world}r",
-            f"chunk_ms_{world}r", f"slowest_chunk_ms_{world}r", f"grammar_itl_max_increase_ms_{world}r",
-            f"grammar_on_loop_itl_max_increase_ms_{world}r", f"cancel_to_free_ms_{world}r", f"decode_step_ms_{world}r")],
+        headline=[
+            name
+            for world in per_world
+            for name in (
+                f"itl_p99_without_ms_{world}r",
+                f"itl_p99_with_ms_{world}r",
+                f"itl_p99_increase_ms_{world}r",
+                f"chunk_ms_{world}r",
+                f"slowest_chunk_ms_{world}r",
+                f"grammar_itl_max_increase_ms_{world}r",
+                f"grammar_on_loop_itl_max_increase_ms_{world}r",
+                f"cancel_to_free_ms_{world}r",
+                f"decode_step_ms_{world}r",
+            )
+        ],
         notes=_notes(measures, comparisons, per_world, settings),
         checks=checks,
-        details={"model": model, "arrival_step": ARRIVAL, "cancel_streams": CANCEL_STREAMS,
-                 "cancels": {world: got["cancels"] for world, got in per_world.items()}},
-    )  # fmt: skip
+        details={
+            "model": model,
+            "arrival_step": ARRIVAL,
+            "cancel_streams": CANCEL_STREAMS,
+            "cancels": {world: got["cancels"] for world, got in per_world.items()},
+        },
+    )
 
 
 def _notes(

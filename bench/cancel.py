@@ -82,11 +82,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cluster.wait_ready(timeout=300)
             prompt = long_prompt(settings["prompt_words"])
             sides: dict[str, Callable[[], str]] = {
-                "prefill": lambda: _cancel_once(cluster, prompt, PREFILL_MAX_TOKENS, "prompt_progress", rng,
-                                                PREFILL_CANCEL_CHUNKS),
-                "decode": lambda: _cancel_once(cluster, DECODE_PROMPT, DECODE_MAX_TOKENS, "content", rng,
-                                               DECODE_CANCEL_CHUNKS),
-            }  # fmt: skip
+                "prefill": lambda: _cancel_once(
+                    cluster, prompt, PREFILL_MAX_TOKENS, "prompt_progress", rng, PREFILL_CANCEL_CHUNKS
+                ),
+                "decode": lambda: _cancel_once(
+                    cluster, DECODE_PROMPT, DECODE_MAX_TOKENS, "content", rng, DECODE_CANCEL_CHUNKS
+                ),
+            }
             tasks = run_rounds(sides, settings["rounds"])
             events = asyncio.run(_settled_log(cluster, [*tasks["prefill"], *tasks["decode"]], args))
         finally:

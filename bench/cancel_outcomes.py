@@ -136,6 +136,7 @@ def pending(events: Iterable[LogEvent], task_ids: Iterable[str], world: int) -> 
     some ranks and not all."""
     tasks = _fold(events)
     return [
-        t for t in task_ids
+        t
+        for t in task_ids
         if t in tasks and tasks[t].ended != "failed" and (tasks[t].ended is None or 0 < len(tasks[t].idle_ns) < world)
-    ]  # fmt: skip
+    ]

@@ -71,9 +71,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stack.callback(anchor.stop)
         queue = int(settings["flood"]) + 8  # every request of a round, of either key: the order served is timed
         shoal = ShoalSide(
-            directory, Path(root), 1, max_queued_tasks=queue, max_queued_tasks_per_key=str(queue),
-            max_batch=str(batch), api_keys=f"{HEAVY_KEY},{LIGHT_KEY}",
-        )  # fmt: skip
+            directory,
+            Path(root),
+            1,
+            max_queued_tasks=queue,
+            max_queued_tasks_per_key=str(queue),
+            max_batch=str(batch),
+            api_keys=f"{HEAVY_KEY},{LIGHT_KEY}",
+        )
         stack.callback(shoal.stop)
         anchor.wait_ready(args.ready_timeout)
         shoal.cluster.wait_ready(args.ready_timeout)
@@ -149,8 +154,14 @@ def _report(settings: dict[str, Any], rounds: dict[str, list[dict[str, float]]],
     measures: dict[str, Any] = {}
     comparisons: dict[str, Any] = {}
     for name, figures in rounds.items():
-        for key, unit in (("light_ttft_ms", "ms"), ("light_alone_ttft_ms", "ms"), ("stream_ms", "ms"),
-                          ("flood_tps", "tok/s"), ("light_ahead_of", "streams"), ("flood_retries", "requests")):  # fmt: skip
+        for key, unit in (
+            ("light_ttft_ms", "ms"),
+            ("light_alone_ttft_ms", "ms"),
+            ("stream_ms", "ms"),
+            ("flood_tps", "tok/s"),
+            ("light_ahead_of", "streams"),
+            ("flood_retries", "requests"),
+        ):
             measures[f"{name}_{key}"] = summarize([f[key] for f in figures], unit)
         waits = [f["light_ttft_ms"] for f in figures]
         comparisons[f"{name}_light_wait_in_streams"] = compare(
@@ -158,23 +169,36 @@ def _report(settings: dict[str, Any], rounds: dict[str, list[dict[str, float]]],
         )
     fair, anchor = rounds["shoal_1w_own_key"], rounds["mlx_lm_server"]
     comparisons["own_key_over_flood_key_light_ttft"] = compare(
-        [f["light_ttft_ms"] for f in fair], [f["light_ttft_ms"] for f in rounds["shoal_1w_flood_key"]], "ratio",
+        [f["light_ttft_ms"] for f in fair],
+        [f["light_ttft_ms"] for f in rounds["shoal_1w_flood_key"]],
+        "ratio",
         "shoal: the light request's TTFT on a key of its own / on the flood's key (the log's order)",
-    )  # fmt: skip
+    )
     comparisons["shoal_over_mlx_lm_light_ttft"] = compare(
-        [f["light_ttft_ms"] for f in fair], [f["light_ttft_ms"] for f in anchor], "ratio",
+        [f["light_ttft_ms"] for f in fair],
+        [f["light_ttft_ms"] for f in anchor],
+        "ratio",
         "the light request's TTFT under the flood: shoal (a key of its own) / mlx_lm.server",
-    )  # fmt: skip
+    )
     comparisons["shoal_over_mlx_lm_flood_tps"] = compare(
-        [f["flood_tps"] for f in fair], [f["flood_tps"] for f in anchor], "ratio",
+        [f["flood_tps"] for f in fair],
+        [f["flood_tps"] for f in anchor],
+        "ratio",
         "the flood's aggregate tokens/s: shoal / mlx_lm.server",
-    )  # fmt: skip
+    )
     targets = {
         "shoal_1w_own_key_light_wait_in_streams": target(
             comparisons["shoal_1w_own_key_light_wait_in_streams"]["median"], "<=", TARGET_LIGHT_WAIT_IN_STREAMS
         )
     }
     return bench_result(
-        "fair", about=ABOUT, quick=quick, settings=settings, headline=list(comparisons),
-        measures=measures, comparisons=comparisons, targets=targets, details={"rounds": rounds},
-    )  # fmt: skip
+        "fair",
+        about=ABOUT,
+        quick=quick,
+        settings=settings,
+        headline=list(comparisons),
+        measures=measures,
+        comparisons=comparisons,
+        targets=targets,
+        details={"rounds": rounds},
+    )

@@ -72,10 +72,13 @@ def _burst(home: Path, model: str, kv_bytes: int, settings: dict[str, Any], read
         peak = sum(_status_bytes(pid, "VmHWM") for pid in runners)
     statuses = [status for status, _ in answers]
     return {
-        "growth_mb": (peak - ready) / 2**20, "wall_s": wall, "runners": len(runners),
-        "served": statuses.count(200), "errors": len(statuses) - statuses.count(200),
+        "growth_mb": (peak - ready) / 2**20,
+        "wall_s": wall,
+        "runners": len(runners),
+        "served": statuses.count(200),
+        "errors": len(statuses) - statuses.count(200),
         "prompt_tokens": max((tokens for _, tokens in answers), default=0),
-    }  # fmt: skip
+    }
 
 
 async def _requests(base_url: str, model: str, settings: dict[str, Any]) -> list[tuple[int, int]]:
@@ -124,7 +127,15 @@ def _report(settings: dict[str, Any], bursts: dict[str, list[dict[str, Any]]], q
         f"{int(settings['kv_bytes']) / 2**20:g} MiB on the bounded side (0 = unbounded here)"
     ]
     return bench_result(
-        "kv", about=ABOUT, quick=quick, settings=settings, measures=measures, comparisons=comparisons,
-        targets=targets, headline=[*comparisons, "unbounded_growth_mb", "bounded_growth_mb"], notes=notes,
-        checks=checks, details={"bursts": bursts},
-    )  # fmt: skip
+        "kv",
+        about=ABOUT,
+        quick=quick,
+        settings=settings,
+        measures=measures,
+        comparisons=comparisons,
+        targets=targets,
+        headline=[*comparisons, "unbounded_growth_mb", "bounded_growth_mb"],
+        notes=notes,
+        checks=checks,
+        details={"bursts": bursts},
+    )

@@ -106,9 +106,11 @@ class _Round:
         }
         readers: dict[str, Callable[[], Awaitable[float]]] = {
             "replay_per_s": lambda: self._read("replay", sides.replay(self.log, len(self.events))),
-            "replay_nats_py_per_s": lambda: self._read("replay_nats_py", sides.replay_nats_py(self.url, len(self.events))),
+            "replay_nats_py_per_s": lambda: self._read(
+                "replay_nats_py", sides.replay_nats_py(self.url, len(self.events))
+            ),
             "replay_iterator_per_s": lambda: self._read("replay_iterator", sides.replay_iterator(self.log)),
-        }  # fmt: skip
+        }
         for name in rotated(WRITERS, index):
             await sides.fresh(self.log)
             runs[name].append(await writers[name]())
@@ -139,10 +141,16 @@ def _report(
 ) -> dict[str, Any]:
     measures = {name: summarize(values, "events/s") for name, values in runs.items()}
     comparisons = {
-        "raw_over_append": compare(runs["raw_nats_publish_per_s"], runs["append_per_s"], "ratio", "raw publish / append"),
-        "replay_vs_nats_py": compare(runs["replay_per_s"], runs["replay_nats_py_per_s"], "ratio",
-                                     "our reader / nats-py ordered consumer (both decoded and folded)"),
-    }  # fmt: skip
+        "raw_over_append": compare(
+            runs["raw_nats_publish_per_s"], runs["append_per_s"], "ratio", "raw publish / append"
+        ),
+        "replay_vs_nats_py": compare(
+            runs["replay_per_s"],
+            runs["replay_nats_py_per_s"],
+            "ratio",
+            "our reader / nats-py ordered consumer (both decoded and folded)",
+        ),
+    }
     targets = {
         "replay_per_s": target(measures["replay_per_s"]["median"], ">=", REPLAY_MIN, "events/s"),
         "fold_per_s": target(measures["fold_per_s"]["median"], ">=", FOLD_MIN, "events/s"),
@@ -156,7 +164,14 @@ def _report(
         measures=measures,
         comparisons=comparisons,
         targets=targets,
-        headline=["append_per_s", "raw_nats_publish_per_s", "raw_over_append", "replay_per_s",
-                  "replay_nats_py_per_s", "replay_vs_nats_py", "fold_per_s"],
+        headline=[
+            "append_per_s",
+            "raw_nats_publish_per_s",
+            "raw_over_append",
+            "replay_per_s",
+            "replay_nats_py_per_s",
+            "replay_vs_nats_py",
+            "fold_per_s",
+        ],
         checks=checks,
-    )  # fmt: skip
+    )

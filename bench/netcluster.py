@@ -173,9 +173,19 @@ class NetCluster:
         store = self.root / f"nats{index}-store"
         config = self.credentials["nats-server"] / cluster_config_name(index)
         argv = [
-            find_nats_server(), "--server_name", f"nats-{index}", "--addr", host.address,
-            "--port", str(NATS_CLIENT_PORT), "--jetstream", "--store_dir", str(store), "--config", str(config),
-        ]  # fmt: skip
+            find_nats_server(),
+            "--server_name",
+            f"nats-{index}",
+            "--addr",
+            host.address,
+            "--port",
+            str(NATS_CLIENT_PORT),
+            "--jetstream",
+            "--store_dir",
+            str(store),
+            "--config",
+            str(config),
+        ]
         self.procs[f"nats{index}"] = Proc(f"nats{index}", host.argv(*argv), dict(os.environ), self.root)
         return self.procs[f"nats{index}"]
 

@@ -114,9 +114,15 @@ def _activation_shape(model_dir: Path) -> tuple[int, str]:
 
 
 def _report(
-    settings: dict[str, Any], samples: dict[str, list[Any]], costs: dict[str, list[float]], *, chunks: int,
-    cores: int, model: str, quick: bool,
-) -> dict[str, Any]:  # fmt: skip
+    settings: dict[str, Any],
+    samples: dict[str, list[Any]],
+    costs: dict[str, list[float]],
+    *,
+    chunks: int,
+    cores: int,
+    model: str,
+    quick: bool,
+) -> dict[str, Any]:
     world = settings["ranks"]
     rates = {
         "overlapped_tps": [g["pipeline"] for g in samples["group"]],
@@ -135,12 +141,19 @@ def _report(
         "overlapped_vs_one_process_all_cores": compare(
             rates["overlapped_tps"], rates["one_process_all_cores_tps"], "ratio", "overlapped / one process, all cores"
         ),
-        "ceiling": compare(rates["one_process_all_cores_tps"], rates["one_process_one_thread_tps"], "ratio",
-                           f"one process on {cores} cores / one process on one thread"),
-        "sequential_vs_one_thread": compare(
-            rates["sequential_tps"], rates["one_process_one_thread_tps"], "ratio", "sequential / one process, one thread"
+        "ceiling": compare(
+            rates["one_process_all_cores_tps"],
+            rates["one_process_one_thread_tps"],
+            "ratio",
+            f"one process on {cores} cores / one process on one thread",
         ),
-    }  # fmt: skip
+        "sequential_vs_one_thread": compare(
+            rates["sequential_tps"],
+            rates["one_process_one_thread_tps"],
+            "ratio",
+            "sequential / one process, one thread",
+        ),
+    }
     ideal = world * chunks / (chunks + world - 1)
     speedup = comparisons["speedup"]["median"]
     efficiency = None if speedup is None else round(speedup / ideal, 3)
@@ -153,17 +166,29 @@ def _report(
         measures=measures,
         comparisons=comparisons,
         targets={"efficiency": target(efficiency, ">=", EFFICIENCY_MIN)},
-        headline=["overlapped_tps", "sequential_tps", "one_process_all_cores_tps", "one_process_one_thread_tps",
-                  "speedup", "ceiling", "overlapped_vs_one_process_all_cores"],
+        headline=[
+            "overlapped_tps",
+            "sequential_tps",
+            "one_process_all_cores_tps",
+            "one_process_one_thread_tps",
+            "speedup",
+            "ceiling",
+            "overlapped_vs_one_process_all_cores",
+        ],
         notes=_notes(measures, comparisons, ideal, efficiency, world, cores, settings["step"]),
         details={"chunks": chunks, "ideal": round(ideal, 3), "efficiency": efficiency, "model": model},
-    )  # fmt: skip
+    )
 
 
 def _notes(
-    measures: dict[str, Any], comparisons: dict[str, Any], ideal: float, efficiency: float | None, world: int,
-    cores: int, step: int,
-) -> list[str]:  # fmt: skip
+    measures: dict[str, Any],
+    comparisons: dict[str, Any],
+    ideal: float,
+    efficiency: float | None,
+    world: int,
+    cores: int,
+    step: int,
+) -> list[str]:
     def median(name: str) -> str:
         return median_text(measures, comparisons, name)
 

@@ -94,9 +94,13 @@ async def _rounds(base_url: str, model: str, settings: dict[str, Any]) -> dict[s
 
 async def _ask(client: httpx.AsyncClient, model: str, messages: list[dict[str, str]], max_tokens: int) -> Turn:
     body = {
-        "model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
         "stream_options": {"include_usage": True},
-    }  # fmt: skip
+    }
     sent = time.perf_counter()
     ttft, text, usage = None, [], {}
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
@@ -133,12 +137,22 @@ def _report(settings: dict[str, Any], sides: dict[str, dict[str, list[Turn]]], q
         )
         checks[f"{name}_cold_turns_reused_nothing"] = all(t.cached_tokens < 16 for t in turns["cold"])
     details = {
-        name: {kind: [{"ttft_ms": round(t.ttft_ms, 2), "prompt_tokens": t.prompt_tokens, "cached": t.cached_tokens}
-                      for t in ts] for kind, ts in turns.items()}
+        name: {
+            kind: [
+                {"ttft_ms": round(t.ttft_ms, 2), "prompt_tokens": t.prompt_tokens, "cached": t.cached_tokens}
+                for t in ts
+            ]
+            for kind, ts in turns.items()
+        }
         for name, turns in sides.items()
-    }  # fmt: skip
+    }
     figures = {"measures": measures, "comparisons": comparisons, "targets": targets, "checks": checks}
     return bench_result(
-        "prefix", about=ABOUT, quick=quick, settings=settings, headline=list(comparisons), details={"turns": details},
+        "prefix",
+        about=ABOUT,
+        quick=quick,
+        settings=settings,
+        headline=list(comparisons),
+        details={"turns": details},
         **figures,
-    )  # fmt: skip
+    )

@@ -40,8 +40,12 @@ def render_readme(readme: str, records: Sequence[Mapping[str, Any]]) -> str:
 
 def render_section(records: Sequence[Mapping[str, Any]]) -> str:
     ordered = sorted(records, key=_order)
-    lines = [INTRO, "", "| command | what it measures | result: median [spread, n] | targets | recorded at |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        INTRO,
+        "",
+        "| command | what it measures | result: median [spread, n] | targets | recorded at |",
+        "|---|---|---|---|---|",
+    ]
     if not ordered:
         lines.append("| (no recorded runs yet) | | | | |")
     lines += [_row(record) for record in ordered]

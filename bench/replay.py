@@ -69,8 +69,13 @@ def read_decode(path: Path) -> dict[str, float]:
 
 def read_decode_fold(path: Path) -> dict[str, Any]:
     result, wall, cpu = _timed(lambda: scan(ExportReader(path)))
-    return {"records": result.records_read, "events_folded": result.events_folded,
-            "heartbeats_indexed": result.heartbeats.count, "wall_s": wall, "cpu_s": cpu}  # fmt: skip
+    return {
+        "records": result.records_read,
+        "events_folded": result.events_folded,
+        "heartbeats_indexed": result.heartbeats.count,
+        "wall_s": wall,
+        "cpu_s": cpu,
+    }
 
 
 def _diagnose_child(path: str, results: Any) -> None:
@@ -92,10 +97,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         records, generate_s, _cpu = _timed(lambda: generate(path, settings["tasks"], settings["seed"]))
         file_mib = round(path.stat().st_size / (1 << 20), 1)
         samples = run_rounds(
-            {"read_decode": lambda: read_decode(path), "read_decode_fold": lambda: read_decode_fold(path),
-             "diagnose": lambda: diagnose(path)},
+            {
+                "read_decode": lambda: read_decode(path),
+                "read_decode_fold": lambda: read_decode_fold(path),
+                "diagnose": lambda: diagnose(path),
+            },
             settings["rounds"],
-        )  # fmt: skip
+        )
     measures, checks = _fold_and_diagnose(samples, records)
     comparisons: dict[str, Any] = {}
     if not args.skip_recorder:
@@ -109,14 +117,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         measures=measures,
         comparisons=comparisons,
         targets=_targets(measures),
-        headline=[name for name in ("fold_events_per_s", "diagnose_s", "diagnose_peak_rss_mib", "beat_cost_us",
-                                    "bound_overhead_pct_1hz") if name in measures],
+        headline=[
+            name
+            for name in (
+                "fold_events_per_s",
+                "diagnose_s",
+                "diagnose_peak_rss_mib",
+                "beat_cost_us",
+                "bound_overhead_pct_1hz",
+            )
+            if name in measures
+        ],
         checks=checks,
-        details={"records_generated": records, "file_mib": file_mib, "generate_s": round(generate_s, 2),
-                 "findings": samples["diagnose"][0]["findings"],
-                 "events_folded": samples["read_decode_fold"][0]["events_folded"],
-                 "heartbeats_indexed": samples["read_decode_fold"][0]["heartbeats_indexed"]},
-    )  # fmt: skip
+        details={
+            "records_generated": records,
+            "file_mib": file_mib,
+            "generate_s": round(generate_s, 2),
+            "findings": samples["diagnose"][0]["findings"],
+            "events_folded": samples["read_decode_fold"][0]["events_folded"],
+            "heartbeats_indexed": samples["read_decode_fold"][0]["heartbeats_indexed"],
+        },
+    )
 
 
 def _fold_and_diagnose(samples: dict[str, list[Any]], records: int) -> tuple[dict[str, Any], dict[str, bool]]:

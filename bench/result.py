@@ -19,8 +19,20 @@ from typing import Any
 
 from bench.stats import rounded
 
-KEYS = ("bench", "variant", "about", "quick", "settings", "measures", "comparisons", "targets", "headline", "notes",
-        "checks", "details")  # fmt: skip
+KEYS = (
+    "bench",
+    "variant",
+    "about",
+    "quick",
+    "settings",
+    "measures",
+    "comparisons",
+    "targets",
+    "headline",
+    "notes",
+    "checks",
+    "details",
+)
 
 
 def bench_result(

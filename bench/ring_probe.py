@@ -39,10 +39,15 @@ def probe(
         hostfile.write_text(json.dumps(ring_hostfile(free_ports(world))))
         argv = [sys.executable, "-m", "bench.ring_probe", str(out), str(tokens), str(hidden), dtype, str(reps)]
         processes = [
-            subprocess.Popen(argv, env=rank_env(rank, world, hostfile, dict(os.environ)), stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=(out / f"rank{rank}.err").open("wb"))
+            subprocess.Popen(
+                argv,
+                env=rank_env(rank, world, hostfile, dict(os.environ)),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=(out / f"rank{rank}.err").open("wb"),
+            )
             for rank in range(world)
-        ]  # fmt: skip
+        ]
         try:
             deadline = time.monotonic() + timeout_s
             for rank, process in enumerate(processes):

@@ -94,9 +94,21 @@ class AnchorServer:
         self.base_url = f"http://127.0.0.1:{port}"
         env = {**os.environ, **blas_env(os.environ.get("SHOAL_BLAS"), 1, os.cpu_count() or 1, os.environ)}
         server = shutil.which("mlx_lm.server", path=str(Path(sys.executable).parent)) or "mlx_lm.server"
-        argv = [server, "--model", str(model), "--port", str(port), "--log-level", "WARNING",
-                "--max-tokens", str(max_tokens), "--decode-concurrency", str(decode_concurrency),
-                "--prompt-concurrency", str(ANCHOR_PROMPT_CONCURRENCY)]  # fmt: skip
+        argv = [
+            server,
+            "--model",
+            str(model),
+            "--port",
+            str(port),
+            "--log-level",
+            "WARNING",
+            "--max-tokens",
+            str(max_tokens),
+            "--decode-concurrency",
+            str(decode_concurrency),
+            "--prompt-concurrency",
+            str(ANCHOR_PROMPT_CONCURRENCY),
+        ]
         self._log = (log_dir / "mlx_lm_server.err").open("wb")
         self._process = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self._log_path = log_dir / "mlx_lm_server.err"

@@ -82,8 +82,16 @@ def _start_up(url: str, mode: str, kept: int, results: Any) -> None:
 
     state, took = asyncio.run(start())
     gc.collect()
-    results.put({"startup_s": took, "rss_mib": resident_mib(), "baseline_mib": baseline, "tasks_held": len(state.tasks),
-                 "last_seq": state.last_seq, "digest": digest(state) if mode != "unbounded" else ""})  # fmt: skip
+    results.put(
+        {
+            "startup_s": took,
+            "rss_mib": resident_mib(),
+            "baseline_mib": baseline,
+            "tasks_held": len(state.tasks),
+            "last_seq": state.last_seq,
+            "digest": digest(state) if mode != "unbounded" else "",
+        }
+    )
 
 
 def start_up(url: str, mode: str, kept: int) -> dict[str, Any]:

@@ -226,13 +226,22 @@ class EventLog:
     # --- reading ----------------------------------------------------------------------------
 
     @overload
-    def replay(self, from_seq: int | None = None, from_time: datetime | None = None,
-               subjects: Sequence[str] | None = None, stream: Literal["events"] = "events",
-               ) -> AsyncIterator[tuple[int, LogEvent]]: ...  # fmt: skip
+    def replay(
+        self,
+        from_seq: int | None = None,
+        from_time: datetime | None = None,
+        subjects: Sequence[str] | None = None,
+        stream: Literal["events"] = "events",
+    ) -> AsyncIterator[tuple[int, LogEvent]]: ...
     @overload
-    def replay(self, from_seq: int | None = None, from_time: datetime | None = None,
-               subjects: Sequence[str] | None = None, *, stream: Literal["telemetry"],
-               ) -> AsyncIterator[tuple[int, TelemetryEvent]]: ...  # fmt: skip
+    def replay(
+        self,
+        from_seq: int | None = None,
+        from_time: datetime | None = None,
+        subjects: Sequence[str] | None = None,
+        *,
+        stream: Literal["telemetry"],
+    ) -> AsyncIterator[tuple[int, TelemetryEvent]]: ...
     async def replay(
         self,
         from_seq: int | None = None,
@@ -252,13 +261,22 @@ class EventLog:
                 yield seq, event
 
     @overload
-    def follow(self, from_seq: int | None = None, subjects: Sequence[str] | None = None,
-               stream: Literal["events"] = "events", from_time: datetime | None = None,
-               ) -> AsyncIterator[tuple[int, LogEvent]]: ...  # fmt: skip
+    def follow(
+        self,
+        from_seq: int | None = None,
+        subjects: Sequence[str] | None = None,
+        stream: Literal["events"] = "events",
+        from_time: datetime | None = None,
+    ) -> AsyncIterator[tuple[int, LogEvent]]: ...
     @overload
-    def follow(self, from_seq: int | None = None, subjects: Sequence[str] | None = None, *,
-               stream: Literal["telemetry"], from_time: datetime | None = None,
-               ) -> AsyncIterator[tuple[int, TelemetryEvent]]: ...  # fmt: skip
+    def follow(
+        self,
+        from_seq: int | None = None,
+        subjects: Sequence[str] | None = None,
+        *,
+        stream: Literal["telemetry"],
+        from_time: datetime | None = None,
+    ) -> AsyncIterator[tuple[int, TelemetryEvent]]: ...
     async def follow(
         self,
         from_seq: int | None = None,

@@ -73,8 +73,14 @@ class Outbox:
         subject, headers, payload = encoded
         size = len(headers)
         return b"HPUB %s %s%d %d %d\r\n%s%s\r\n" % (
-            subject, reply_prefix, index, size, size + len(payload), headers, payload,
-        )  # fmt: skip
+            subject,
+            reply_prefix,
+            index,
+            size,
+            size + len(payload),
+            headers,
+            payload,
+        )
 
 
 async def pipeline(wire: Wire, outbox: Outbox, todo: list[int]) -> None:

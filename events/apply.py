@@ -103,7 +103,9 @@ class ForbiddenOrigin(PoisonEvent):
         self.reason = reason
 
 
-def apply(state: State, seq: int, event: LogEvent) -> State:
+# One case per event kind of the union (assert_never proves it whole): the branches are the list of
+# kinds, each handled by its own rule, so the complexity check counts the union, not tangled logic.
+def apply(state: State, seq: int, event: LogEvent) -> State:  # noqa: C901
     if seq != state.last_seq + 1:
         raise SequenceGap(state.last_seq + 1, seq)
     refusal = origin_refusal(state, event)

@@ -64,8 +64,11 @@ def command_and_parent(pid: int) -> tuple[str, int] | None:
     try:
         out = subprocess.run(
             ["ps", "-ww", "-o", "stat=", "-o", "ppid=", "-o", "command=", "-p", str(pid)],
-            capture_output=True, text=True, timeout=5, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     fields = out.stdout.strip().split(None, 2)

@@ -201,10 +201,22 @@ def test_a_server_without_the_route_password_cannot_join(cluster: dict[str, Node
     first = next(iter(cluster.values()))
     rogue_cluster = free_port()
     rogue = subprocess.Popen(
-        [find_nats_server(), "--server_name", "rogue", "-p", str(free_port()), "--cluster_name", "shoal",
-         "--cluster", f"nats://127.0.0.1:{rogue_cluster}", "--routes", f"nats://127.0.0.1:{first.cluster}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            find_nats_server(),
+            "--server_name",
+            "rogue",
+            "-p",
+            str(free_port()),
+            "--cluster_name",
+            "shoal",
+            "--cluster",
+            f"nats://127.0.0.1:{rogue_cluster}",
+            "--routes",
+            f"nats://127.0.0.1:{first.cluster}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 10
         while first.route_names() != set(cluster) - {first.name}:  # the members routed: the check can fail

@@ -2,8 +2,17 @@
 
 Each rank is `python -m runner.local.rank_main` with MLX_RANK / MLX_HOSTFILE set, the BLAS env from
 `runner.blas`, and its output in a temp dir that is removed afterwards. The launcher polls the
-processes: a rank that exits non-zero (or is killed) fails the run at once with its number;
-past the deadline the run fails naming the rank whose phase has been stuck the longest.
+processes: a rank that exits non-zero (or is killed) fails the run at once with its number; a
+frozen rank (`is_frozen`) fails it once its heartbeat is `HEARTBEAT_STALE_S` old; past the
+deadline the run fails naming the rank whose phase has been stuck the longest.
+
+A silent heartbeat alone does not say a rank is frozen. The phase file is rewritten by a Python
+thread (`runner.flight.recorder`), which needs the GIL for each beat, and a main thread inside a
+long call that holds it (compiling a module without its .pyc, a C extension loading, a regex over
+a big file) keeps it waiting; each beat takes the GIL several times (encode, open, write, rename),
+so the wait repeats. A rank importing transformers on a fresh clone with both cores busy took 16-22 s
+to reach `loading`, its beats up to 7 s apart. A frozen process (stopped, wedged in C code,
+its memory swapped out) also uses no CPU: that is what tells the two apart.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +36,8 @@ from runner.blas import blas_env
 from runner.errors import RankFailedError
 
 POLL_S = 0.05
-# Each rank rewrites its phase file every 0.2 s from a thread that runs even while MLX blocks;
-# a file this old means the whole process is frozen (stopped, swapping, wedged in C code).
+# Each rank rewrites its phase file every 0.2 s from a thread that runs even while MLX blocks; a
+# file this old, from a process that used no CPU for as long, means it is frozen (`is_frozen`).
 HEARTBEAT_STALE_S = 10.0
 STDERR_TAIL_CHARS = 1500
 
@@ -52,11 +61,51 @@ def ring_hostfile(ports: list[int]) -> list[list[str]]:
     return [[f"127.0.0.1:{port}"] for port in ports]
 
 
+def process_cpu_ticks(pid: int) -> int | None:
+    """The CPU time process `pid` has used (every thread, user and system) in clock ticks; None
+    where the OS has no /proc (macOS) or the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces or ")"
+    return int(fields[11]) + int(fields[12])  # utime and stime: fields 14 and 15 of proc(5)
+
+
+@dataclass(slots=True)
+class CpuProgress:
+    """When a process last used CPU, as far as its polls saw (`idle_for`)."""
+
+    pid: int
+    ticks: int | None = None
+    changed_at: float = field(default_factory=time.monotonic)
+
+    def idle_for(self, now: float) -> float | None:
+        """Seconds since a poll last saw the process's CPU time grow; None where it cannot be read."""
+        ticks = process_cpu_ticks(self.pid)
+        if ticks is None:
+            return None
+        if ticks != self.ticks:
+            self.ticks, self.changed_at = ticks, now
+        return now - self.changed_at
+
+
+def is_frozen(heartbeat_age: float | None, cpu_idle: float | None, bound: float = HEARTBEAT_STALE_S) -> bool:
+    """A rank is frozen when its heartbeat is older than `bound` and its process used no CPU for as
+    long: one that is busy holding the GIL is working, not frozen (the deadline bounds it). Where
+    the CPU time cannot be read (`cpu_idle` None) the heartbeat decides alone; a rank with no
+    heartbeat yet is judged by the deadline."""
+    if heartbeat_age is None or heartbeat_age <= bound:
+        return False
+    return cpu_idle is None or cpu_idle > bound
+
+
 @dataclass(slots=True)
 class RankProcess:
     rank: int
     process: subprocess.Popen[bytes]
     stderr_path: Path
+    cpu: CpuProgress
 
 
 def rank_env(rank: int, world: int, hostfile: Path, base: dict[str, str]) -> dict[str, str]:
@@ -103,7 +152,7 @@ def _spawn(rank: int, world: int, job: Path, workdir: Path, hostfile: Path, base
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C to the CLI is handled here, not raced by ranks
         )
-    return RankProcess(rank, process, stderr_path)
+    return RankProcess(rank, process, stderr_path, CpuProgress(process.pid))
 
 
 def _wait(ranks: list[RankProcess], workdir: Path, deadline: float) -> None:
@@ -115,10 +164,11 @@ def _wait(ranks: list[RankProcess], workdir: Path, deadline: float) -> None:
             raise RankFailedError(rp.rank, _death_message(rp, code, workdir))
         if all(code == 0 for code in codes):
             return
+        now = time.monotonic()
         for rp, code in zip(ranks, codes, strict=True):
             age = _heartbeat_age(workdir, rp.rank)
-            if code is None and age is not None and age > HEARTBEAT_STALE_S:
-                raise RankFailedError(rp.rank, _frozen_message(rp.rank, age, workdir))
+            if code is None and is_frozen(age, rp.cpu.idle_for(now)):
+                raise RankFailedError(rp.rank, _frozen_message(rp.rank, age or 0.0, workdir))
         if time.monotonic() > deadline:
             raise _stall_error([rp for rp, code in zip(ranks, codes, strict=True) if code is None], workdir)
         time.sleep(POLL_S)

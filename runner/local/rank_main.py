@@ -32,7 +32,7 @@ from runner.ring_wait import RingInbound
 if TYPE_CHECKING:
     from runner.engine.engine import Engine
 
-PHASE_FILE_INTERVAL_S = 0.2  # the launcher calls a rank frozen once its file is 10 s old
+PHASE_FILE_INTERVAL_S = 0.2  # the launcher calls a rank frozen once its file is 10 s old and it uses no CPU
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
@@ -74,6 +74,7 @@ class CancelAtPoll:
 
 
 def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[str, Any]]:
+    phases.enter("loading")  # importing MLX, mlx-lm and transformers takes seconds (20 s on a busy 2-core host)
     import mlx.core as mx
 
     from runner.engine.collectives import Collectives
@@ -82,7 +83,6 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
 
     ranges = tuple((int(s), int(e)) for s, e in job["layer_ranges"])
     world = len(ranges)
-    phases.enter("loading")
     faults = FaultInjector.from_env(rank)
     faults.loading()
     group = mx.distributed.init(backend="ring", strict=True) if world > 1 else None

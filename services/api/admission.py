@@ -114,10 +114,14 @@ class QueueBook:
             return self._full(model, f"model {model!r} has {queued} of {limit} queued tasks (max_queued_tasks)")
         share = key_share(limit, key_limit, owner)
         if share is not None and (mine := self.queued_by(model, owner)) >= share:
-            setting = "max_queued_tasks_per_key" if key_limit > 0 else (
-                f"the default share: all but the last {limit - share} of max_queued_tasks {limit}, kept for other API "
-                "keys; set max_queued_tasks_per_key to change it"
-            )  # fmt: skip
+            setting = (
+                "max_queued_tasks_per_key"
+                if key_limit > 0
+                else (
+                    f"the default share: all but the last {limit - share} of max_queued_tasks {limit}, kept for other API "
+                    "keys; set max_queued_tasks_per_key to change it"
+                )
+            )
             return self._full(model, f"model {model!r} has {mine} of this API key's {share} queued tasks ({setting})")
         return None
 

@@ -207,10 +207,12 @@ def listen_socket(resolved: ResolvedConfig) -> socket.socket:
         listener.close()
         source = resolved.sources.get("api_port", "default")
         raise ConfigError(
-            "api_port", port, source,
+            "api_port",
+            port,
+            source,
             f"a port this host can listen on at {host} ({exc.strerror or exc}: another shoal up or API may hold it; "
             "stop it, or choose another port: --port / api_port / SHOAL_API_PORT)",
-        ) from None  # fmt: skip
+        ) from None
     listener.set_inheritable(True)
     return listener
 

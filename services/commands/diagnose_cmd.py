@@ -41,12 +41,27 @@ def register(subparsers: Any) -> None:
         "--now", help="judge staleness at this ISO time (default: the wall clock live, the log's end offline)"
     )
     defaults = Limits()
-    parser.add_argument("--stuck-after", type=float, default=defaults.stuck_after_s, metavar="S",
-                        help="a task quiet this many seconds is stuck (default %(default)s)")  # fmt: skip
-    parser.add_argument("--heartbeat-timeout", type=float, default=defaults.heartbeat_timeout_s, metavar="S",
-                        help="a rank silent this long while others beat is dead (default %(default)s)")  # fmt: skip
-    parser.add_argument("--stall-after", type=float, default=defaults.stall_phase_s, metavar="S",
-                        help="a phase older than this is a stall (default %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--stuck-after",
+        type=float,
+        default=defaults.stuck_after_s,
+        metavar="S",
+        help="a task quiet this many seconds is stuck (default %(default)s)",
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=defaults.heartbeat_timeout_s,
+        metavar="S",
+        help="a rank silent this long while others beat is dead (default %(default)s)",
+    )
+    parser.add_argument(
+        "--stall-after",
+        type=float,
+        default=defaults.stall_phase_s,
+        metavar="S",
+        help="a phase older than this is a stall (default %(default)s)",
+    )
     parser.set_defaults(handler=run)
 
 

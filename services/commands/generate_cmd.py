@@ -50,13 +50,24 @@ def generate_command(args: argparse.Namespace) -> int:
     from runner.models.resolve import resolve_model
 
     spec = LocalRunSpec(
-        model=args.model, ranks=args.ranks, split=args.split, prompt=args.prompt,
-        prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, temperature=args.temperature,
-        top_p=args.top_p, min_p=args.min_p, top_k=args.top_k, seed=args.seed,
-        prefill_step=args.prefill_step, kv_bits=args.kv_bits,
-        stop=args.stop, cancel_at_iteration=args.cancel_at_iteration, cancel_rank=args.cancel_rank,
+        model=args.model,
+        ranks=args.ranks,
+        split=args.split,
+        prompt=args.prompt,
+        prompt_tokens=args.prompt_tokens,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        prefill_step=args.prefill_step,
+        kv_bits=args.kv_bits,
+        stop=args.stop,
+        cancel_at_iteration=args.cancel_at_iteration,
+        cancel_rank=args.cancel_rank,
         warmup=not args.no_warmup,
-    )  # fmt: skip
+    )
     try:
         job = build_job(spec, resolve_model(args.model))
         summary = summarize(run_group(job, args.ranks, args.deadline))

@@ -25,12 +25,17 @@ def runner_argv(nats_url: str, key: RunnerKey, node_id: str) -> list[str]:
     the log (`InstancePlaced.settings`), so every rank of an instance runs with the same ones."""
     instance_id, rank = key
     return [
-        "-m", "runner.service.main",
-        "--nats-url", nats_url,
-        "--instance", instance_id,
-        "--rank", str(rank),
-        "--node-id", node_id,
-    ]  # fmt: skip
+        "-m",
+        "runner.service.main",
+        "--nats-url",
+        nats_url,
+        "--instance",
+        instance_id,
+        "--rank",
+        str(rank),
+        "--node-id",
+        node_id,
+    ]
 
 
 class RunnerProcess:

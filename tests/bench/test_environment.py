@@ -9,8 +9,9 @@ from bench.environment import RESULTS_DIR, capture, finish, git_state
 
 
 def _git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True, capture_output=True
+    )
 
 
 def test_a_tree_is_dirty_when_it_differs_from_its_commit_but_not_for_recorded_results(tmp_path: Path) -> None:

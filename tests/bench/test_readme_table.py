@@ -34,8 +34,14 @@ def _result(quick: bool = False, variant: str = "") -> dict[str, Any]:
         headline=["rate_tps", "speedup"],
         notes=["a sentence from the figures"],
     )
-    environment = {"commit": "0123456789abcdef", "dirty": True, "cpu_count": 2, "cpu_model": "EPYC",
-                   "load_avg_before": [0.5, 0.4, 0.3], "recorded_at": "2026-11-30T00:00:00+00:00"}  # fmt: skip
+    environment = {
+        "commit": "0123456789abcdef",
+        "dirty": True,
+        "cpu_count": 2,
+        "cpu_model": "EPYC",
+        "load_avg_before": [0.5, 0.4, 0.3],
+        "recorded_at": "2026-11-30T00:00:00+00:00",
+    }
     return result | {"environment": environment, "command": "shoal bench prefill --ranks 3"}
 
 

@@ -65,9 +65,17 @@ def test_the_median_of_per_round_ratios_is_not_the_ratio_of_medians() -> None:
 
 @pytest.mark.parametrize(
     ("value", "bound", "limit", "met"),
-    [(0.96, ">=", 0.95, True), (0.95, ">=", 0.95, True), (0.94, ">=", 0.95, False), (16.0, "<=", 15, False),
-     (0, "==", 0, True), (1, "==", 0, False), (None, ">=", 0.95, False), (math.nan, "<=", 15, False)],
-)  # fmt: skip
+    [
+        (0.96, ">=", 0.95, True),
+        (0.95, ">=", 0.95, True),
+        (0.94, ">=", 0.95, False),
+        (16.0, "<=", 15, False),
+        (0, "==", 0, True),
+        (1, "==", 0, False),
+        (None, ">=", 0.95, False),
+        (math.nan, "<=", 15, False),
+    ],
+)
 def test_targets_are_judged_and_stated(value: float | None, bound: str, limit: float, met: bool) -> None:
     judged = target(value, bound, limit, "ms")  # pyright: ignore[reportArgumentType]
     assert judged["target"] == f"{bound} {limit:g} ms" and judged["value"] is value and judged["met"] is met

@@ -19,9 +19,19 @@ __all__ = ["long_prompt", "one_rank_text", "task_state", "wait_task_ended"]
 def one_rank_text(env: dict[str, str], prompt: str, max_tokens: int, prefill_step: int = 64) -> str:
     """`shoal generate --ranks 1`: what the cluster must produce greedily for the same prompt."""
     argv = shoal_argv(
-        "generate", "--model", "tiny", "--ranks", "1", "--prompt", prompt,
-        "--max-tokens", str(max_tokens), "--prefill-step", str(prefill_step), "--json",
-    )  # fmt: skip
+        "generate",
+        "--model",
+        "tiny",
+        "--ranks",
+        "1",
+        "--prompt",
+        prompt,
+        "--max-tokens",
+        str(max_tokens),
+        "--prefill-step",
+        str(prefill_step),
+        "--json",
+    )
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=True).stdout
     return str(json.loads(out)["text"])
 

@@ -220,13 +220,19 @@ def diagnose_everywhere(cluster: Cluster | Services, task_id: str, root: Path) -
     env = {**cluster.env, "SHOAL_NATS_URL": nats_url}  # its data dir: the admin identity its server made
     export = root / f"export-{task_id}.jsonl"
     live = subprocess.Popen(
-        shoal_argv("diagnose", "--nats-url", nats_url, "--json"), env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        shoal_argv("diagnose", "--nats-url", nats_url, "--json"),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     exported = subprocess.run(
-        shoal_argv("events", "export", "--telemetry", "-o", str(export)), env=env, capture_output=True, text=True,
+        shoal_argv("events", "export", "--telemetry", "-o", str(export)),
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=120,
-    )  # fmt: skip
+    )
     assert exported.returncode == 0, exported.stderr
     stdout, stderr = live.communicate(timeout=120)
     live_finding = _diagnosis(subprocess.CompletedProcess(live.args, live.returncode, stdout, stderr), task_id, "live")
@@ -234,8 +240,12 @@ def diagnose_everywhere(cluster: Cluster | Services, task_id: str, root: Path) -
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_")}
     offline = subprocess.run(
         [sys.executable, "-c", NO_NETWORK, "diagnose", "--file", str(export), "--json"],
-        env=clean, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2],
-    )  # fmt: skip
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[2],
+    )
     return Verdicts(live=live_finding, offline=_diagnosis(offline, task_id, "offline"), export=export)
 
 
@@ -247,9 +257,17 @@ def task_events(export: Path, task_id: str) -> list[dict[str, Any]]:
 def check(outcome: Outcome, verdicts: Verdicts, *, cause: str, stuck: list[int], error_says: str, root: Path) -> None:
     report = {"outcome": outcome.__dict__, "live": verdicts.live, "offline": verdicts.offline}
     (root / f"report-{outcome.task_id}.json").write_text(json.dumps(report, indent=1, default=str))
-    print(json.dumps({"task": outcome.task_id, "error": outcome.error, "s": round(outcome.seconds_to_error, 2),
-                      "live": [verdicts.live["cause"], verdicts.live["stuck_ranks"]],
-                      "offline": [verdicts.offline["cause"], verdicts.offline["stuck_ranks"]]}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "task": outcome.task_id,
+                "error": outcome.error,
+                "s": round(outcome.seconds_to_error, 2),
+                "live": [verdicts.live["cause"], verdicts.live["stuck_ranks"]],
+                "offline": [verdicts.offline["cause"], verdicts.offline["stuck_ranks"]],
+            }
+        )
+    )
     assert outcome.seconds_to_error < DEADLINE_S, outcome
     assert error_says in outcome.error, outcome
     # The first terminal event decides (a rank still running on a retired instance may finish later).
@@ -281,9 +299,13 @@ def test_sigkill_one_rank_mid_prefill(up: Cluster, tmp_path: Path) -> None:
     _healthy(up.base_url)
     with up.http() as http:
         outcome = run_and_inject(
-            make_client(up.base_url), http, prompt=long_prompt(600), max_tokens=20, when="progress",
+            make_client(up.base_url),
+            http,
+            prompt=long_prompt(600),
+            max_tokens=20,
+            when="progress",
             inject=lambda instance: os.kill(up.runner_pids()[(str(instance), 1)], signal.SIGKILL),
-        )  # fmt: skip
+        )
     verdicts = diagnose_everywhere(up, outcome.task_id, tmp_path)
     check(outcome, verdicts, cause="rank_died", stuck=[1], error_says="rank 1", root=tmp_path)
 
@@ -292,9 +314,13 @@ def test_sigkill_one_rank_mid_decode(up: Cluster, tmp_path: Path) -> None:
     _healthy(up.base_url)
     with up.http() as http:
         outcome = run_and_inject(
-            make_client(up.base_url), http, prompt="Tell me about the river", max_tokens=2000, when="content",
+            make_client(up.base_url),
+            http,
+            prompt="Tell me about the river",
+            max_tokens=2000,
+            when="content",
             inject=lambda instance: os.kill(up.runner_pids()[(str(instance), 0)], signal.SIGKILL),
-        )  # fmt: skip
+        )
     verdicts = diagnose_everywhere(up, outcome.task_id, tmp_path)
     check(outcome, verdicts, cause="rank_died", stuck=[0], error_says="rank 0", root=tmp_path)
 
@@ -310,9 +336,13 @@ def test_sigstop_one_rank_mid_prefill(up: Cluster, tmp_path: Path) -> None:
     try:
         with up.http() as http:
             outcome = run_and_inject(
-                make_client(up.base_url), http, prompt=long_prompt(600), max_tokens=20, when="progress",
+                make_client(up.base_url),
+                http,
+                prompt=long_prompt(600),
+                max_tokens=20,
+                when="progress",
                 inject=freeze,
-            )  # fmt: skip
+            )
         verdicts = diagnose_everywhere(up, outcome.task_id, tmp_path)
     finally:  # resumed after the test (the worker has usually killed it by then: its instance was retired)
         for pid in stopped:
@@ -331,9 +361,13 @@ def test_rank_sleeping_inside_a_prefill_iteration(sleepy: Cluster, tmp_path: Pat
     _healthy(sleepy.base_url)
     with sleepy.http() as http:
         outcome = run_and_inject(
-            make_client(sleepy.base_url), http, prompt=long_prompt(600), max_tokens=20, when="progress",
+            make_client(sleepy.base_url),
+            http,
+            prompt=long_prompt(600),
+            max_tokens=20,
+            when="progress",
             inject=lambda instance: None,  # the fault is armed at start; the first progress starts the clock
-        )  # fmt: skip
+        )
     verdicts = diagnose_everywhere(sleepy, outcome.task_id, tmp_path)
     check(outcome, verdicts, cause="stalled_in_compute", stuck=[1], error_says="stalled", root=tmp_path)
     for finding in (verdicts.live, verdicts.offline):
@@ -366,9 +400,13 @@ def test_worker_whose_heartbeats_stop(services: Services, tmp_path: Path) -> Non
     try:
         with httpx.Client(base_url=base_url, timeout=30) as http:
             outcome = run_and_inject(
-                make_client(base_url), http, prompt=long_prompt(600), max_tokens=2000, when="progress",
+                make_client(base_url),
+                http,
+                prompt=long_prompt(600),
+                max_tokens=2000,
+                when="progress",
                 inject=freeze_worker,
-            )  # fmt: skip
+            )
         verdicts = diagnose_everywhere(services, outcome.task_id, tmp_path)
     finally:
         for _, _, pid in frozen:
@@ -381,9 +419,14 @@ def test_task_for_a_model_that_cannot_be_placed(unplaceable: Cluster, tmp_path: 
     model = str(unplaceable.root / "weightless")
     with unplaceable.http() as http:
         outcome = run_and_inject(
-            make_client(unplaceable.base_url), http, model=model, prompt="hello", max_tokens=5, when="now",
+            make_client(unplaceable.base_url),
+            http,
+            model=model,
+            prompt="hello",
+            max_tokens=5,
+            when="now",
             inject=lambda instance: None,
-        )  # fmt: skip
+        )
     verdicts = diagnose_everywhere(unplaceable, outcome.task_id, tmp_path)
     check(outcome, verdicts, cause="never_assigned", stuck=[], error_says="cannot be loaded", root=tmp_path)
     for finding in (verdicts.live, verdicts.offline):

@@ -87,8 +87,13 @@ async def test_a_crashed_master_is_restarted_while_the_api_keeps_answering(
         await asyncio.sleep(0.5)
         joined = NodeJoined(  # a worker's announcement: the master places the default model, and crashes
             env=Stamper(Origin(service="worker", node="n1")).stamp(),
-            node_id=NodeId("n1"), host="127.0.0.1", cores=2, memory_bytes=1 << 30, backend="cpu", version="t",
-        )  # fmt: skip
+            node_id=NodeId("n1"),
+            host="127.0.0.1",
+            cores=2,
+            memory_bytes=1 << 30,
+            backend="cpu",
+            version="t",
+        )
         await log.append(joined)
         answers = await _poll_healthz(port, until=lambda: catalog.calls >= 2, timeout=20)
         placed = await _placed(log)
@@ -193,9 +198,12 @@ def test_a_rank_frozen_while_loading_fails_the_waiting_task_within_the_deadline(
         assert f"not ready within {READY_S:g}s" in str(failed.value) and "rank 1" in str(failed.value)
         env = {**cluster.env, "SHOAL_NATS_URL": cluster.nats_url}
         out = subprocess.run(
-            shoal_argv("diagnose", "--nats-url", cluster.nats_url, "--json"), env=env, capture_output=True, text=True,
+            shoal_argv("diagnose", "--nats-url", cluster.nats_url, "--json"),
+            env=env,
+            capture_output=True,
+            text=True,
             timeout=120,
-        )  # fmt: skip
+        )
         assert out.returncode == 1, out.stderr
         findings = json.loads(out.stdout)["findings"]
         timed_out = [f for f in findings if f["cause"] == "load_timed_out"]

@@ -242,9 +242,13 @@ def test_canonical_bytes_of_a_busy_state_are_the_same_in_other_processes(ev: Eve
     export = b"\n".join(encode_record(ExportRecord(stream="events", seq=i, event=e)) for i, e in enumerate(events, 1))
     for seed in ("1", "2"):
         child = subprocess.run(
-            [sys.executable, "-c", _FOLD_IN_A_CHILD], input=export, capture_output=True, check=True, cwd=ROOT,
+            [sys.executable, "-c", _FOLD_IN_A_CHILD],
+            input=export,
+            capture_output=True,
+            check=True,
+            cwd=ROOT,
             env={**os.environ, "PYTHONHASHSEED": seed},
-        )  # fmt: skip
+        )
         assert child.stdout == here
 
 

@@ -37,14 +37,19 @@ def test_a_late_terminal_event_after_the_first_is_the_race_the_fold_ignores() ->
         (ClientCall(task_id="t", text="", outcome="completed"), LogTask(created=True), "neither completed nor failed"),
         (ClientCall(task_id="t", outcome="failed"), LogTask(created=True, ended="failed"), "without a diagnosis"),
         (ClientCall(task_id="t", text="hello", outcome="failed"), done("hello"), "the client saw failed"),
-        (ClientCall(task_id="t", text="hello", outcome="completed"), LogTask(created=True, chunks={0: "hello"},
-                                                                             ended="completed", assignments=2),
-         "assigned 2 times"),
-        (ClientCall(task_id="t", text="hex", outcome="failed", error="e"),
-         LogTask(created=True, chunks={0: "hello"}, ended="failed", failed="e"), "not a prefix"),
+        (
+            ClientCall(task_id="t", text="hello", outcome="completed"),
+            LogTask(created=True, chunks={0: "hello"}, ended="completed", assignments=2),
+            "assigned 2 times",
+        ),
+        (
+            ClientCall(task_id="t", text="hex", outcome="failed", error="e"),
+            LogTask(created=True, chunks={0: "hello"}, ended="failed", failed="e"),
+            "not a prefix",
+        ),
         (ClientCall(text="", outcome="broken", error="reset"), None, "no task id"),
     ],
-)  # fmt: skip
+)
 def test_each_broken_guarantee_is_reported(call: ClientCall, task: LogTask | None, says: str) -> None:
     found = violations([call], {} if task is None else {"t": task})
     assert any(says in line for line in found), found

@@ -22,13 +22,24 @@ def test_generated_log_folds_and_diagnose_finds_the_planted_faults(tmp_path: Pat
 @pytest.mark.timeout(60)
 def test_bench_reports_rounds_and_targets(tmp_path: Path) -> None:
     args = argparse.Namespace(
-        tasks=3, rounds=2, recorder_seconds=None, recorder_rounds=None, out=tmp_path / "b.jsonl", seed=2,
-        skip_recorder=True, quick=True,
-    )  # fmt: skip
+        tasks=3,
+        rounds=2,
+        recorder_seconds=None,
+        recorder_rounds=None,
+        out=tmp_path / "b.jsonl",
+        seed=2,
+        skip_recorder=True,
+        quick=True,
+    )
     result = run(args)
     assert result["details"]["records_generated"] > 1000 and "beat_cost_us" not in result["measures"]
     assert result["measures"]["diagnose_s"]["n"] == result["measures"]["fold_events_per_s"]["n"] == 2
-    assert set(result["targets"]) == {"fold_events_per_s", "fold_events_per_cpu_s", "diagnose_s", "diagnose_cpu_s",
-                                      "diagnose_peak_rss_mib"}  # fmt: skip
+    assert set(result["targets"]) == {
+        "fold_events_per_s",
+        "fold_events_per_cpu_s",
+        "diagnose_s",
+        "diagnose_cpu_s",
+        "diagnose_peak_rss_mib",
+    }
     assert all(isinstance(t["met"], bool) for t in result["targets"].values())
     assert all(result["checks"].values()) and result["details"]["findings"] == ["stalled_in_compute:task_000002"]

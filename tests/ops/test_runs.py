@@ -81,8 +81,9 @@ def test_instances_and_quarantined_events_belong_to_the_run_they_came_in() -> No
     log.node_joined("n1")
     log.instance_placed("stuck", ["n1"])
     log.runner_status("stuck", 0, "loading")
-    log.record(ClusterStarted(env=Envelope(event_id=EventId("forged"), origin=Origin(service="api"), wall_time=1,
-                                           mono_ns=1)))  # fmt: skip
+    log.record(
+        ClusterStarted(env=Envelope(event_id=EventId("forged"), origin=Origin(service="api"), wall_time=1, mono_ns=1))
+    )
     log.advance(700)
     log.cluster_started()
     diagnosis = _diagnosis(log, history=True)

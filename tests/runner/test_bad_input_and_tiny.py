@@ -123,8 +123,22 @@ def test_shoal_generate_prints_a_one_line_error(capsys: pytest.CaptureFixture[st
 @pytest.mark.timeout(120)
 def test_shoal_generate_json_on_three_ranks_matches_one_rank() -> None:
     def run(ranks: int) -> dict:
-        cmd = [sys.executable, "-m", "services.cli", "generate", "--model", "tiny", "--ranks", str(ranks),
-               "--prompt-tokens", "23", "--max-tokens", "16", "--json", "--no-warmup"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "generate",
+            "--model",
+            "tiny",
+            "--ranks",
+            str(ranks),
+            "--prompt-tokens",
+            "23",
+            "--max-tokens",
+            "16",
+            "--json",
+            "--no-warmup",
+        ]
         done = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=100)
         return json.loads(done.stdout)
 

@@ -74,26 +74,107 @@ def test_layout_agrees_on_the_least_kv_capacity() -> None:
     [
         ("idle admits in log order", Composition(), agreed(2), set(), set(), ["a", "b", "c"], (), ("a", "b"), ()),
         ("only what every rank read", Composition(admitted=1), agreed(2), set(), set(), ["b", "c"], (), ("b",), ()),
-        ("room is the limit", Composition(rows=("a", "b", "c"), admitted=3), agreed(5), set(), set(),
-         ["d", "e"], ("a", "b", "c"), ("d",), (0, 1, 2)),
-        ("a finished row frees its slot at once", Composition(rows=("a", "b", "c", "d"), admitted=4), agreed(5),
-         {"b"}, set(), ["e"], ("a", "c", "d"), ("e",), (0, 2, 3)),
-        ("the prefilled head joins last", Composition(rows=("a",), prefilling=("b", "c"), admitted=3), agreed(3),
-         set(), {"b"}, [], ("a", "b"), ("c",), (0,)),
-        ("prefilled streams join together, in order", Composition(rows=("a",), prefilling=("b", "c", "d"),
-         admitted=4), agreed(4), set(), {"d", "b"}, [], ("a", "b", "d"), ("c",), (0,)),
-        ("no more than the join room", Composition(prefilling=("b", "c", "d"), admitted=3), agreed(3), set(),
-         {"b", "c", "d"}, [], ("b", "c"), ("d",), ()),
-        ("a cancelled row leaves, the others stay", Composition(rows=("a", "b", "c"), admitted=3),
-         agreed(3, (False, True)), set(), set(), [], ("a", "c"), (), (0, 2)),
-        ("a cancelled prefilled stream never joins", Composition(rows=("a",), prefilling=("b", "c"), admitted=3),
-         agreed(3, (False, True)), set(), {"b", "c"}, [], ("a", "c"), (), (0,)),
-        ("a quiet step keeps every row", Composition(rows=("a", "b"), admitted=2), agreed(2), set(), set(), [],
-         ("a", "b"), (), (0, 1)),
-        ("cancel wins over a stop rule", Composition(rows=("a",), admitted=1), agreed(1, (True,)), {"a"}, set(),
-         [], (), (), ()),
+        (
+            "room is the limit",
+            Composition(rows=("a", "b", "c"), admitted=3),
+            agreed(5),
+            set(),
+            set(),
+            ["d", "e"],
+            ("a", "b", "c"),
+            ("d",),
+            (0, 1, 2),
+        ),
+        (
+            "a finished row frees its slot at once",
+            Composition(rows=("a", "b", "c", "d"), admitted=4),
+            agreed(5),
+            {"b"},
+            set(),
+            ["e"],
+            ("a", "c", "d"),
+            ("e",),
+            (0, 2, 3),
+        ),
+        (
+            "the prefilled head joins last",
+            Composition(rows=("a",), prefilling=("b", "c"), admitted=3),
+            agreed(3),
+            set(),
+            {"b"},
+            [],
+            ("a", "b"),
+            ("c",),
+            (0,),
+        ),
+        (
+            "prefilled streams join together, in order",
+            Composition(rows=("a",), prefilling=("b", "c", "d"), admitted=4),
+            agreed(4),
+            set(),
+            {"d", "b"},
+            [],
+            ("a", "b", "d"),
+            ("c",),
+            (0,),
+        ),
+        (
+            "no more than the join room",
+            Composition(prefilling=("b", "c", "d"), admitted=3),
+            agreed(3),
+            set(),
+            {"b", "c", "d"},
+            [],
+            ("b", "c"),
+            ("d",),
+            (),
+        ),
+        (
+            "a cancelled row leaves, the others stay",
+            Composition(rows=("a", "b", "c"), admitted=3),
+            agreed(3, (False, True)),
+            set(),
+            set(),
+            [],
+            ("a", "c"),
+            (),
+            (0, 2),
+        ),
+        (
+            "a cancelled prefilled stream never joins",
+            Composition(rows=("a",), prefilling=("b", "c"), admitted=3),
+            agreed(3, (False, True)),
+            set(),
+            {"b", "c"},
+            [],
+            ("a", "c"),
+            (),
+            (0,),
+        ),
+        (
+            "a quiet step keeps every row",
+            Composition(rows=("a", "b"), admitted=2),
+            agreed(2),
+            set(),
+            set(),
+            [],
+            ("a", "b"),
+            (),
+            (0, 1),
+        ),
+        (
+            "cancel wins over a stop rule",
+            Composition(rows=("a",), admitted=1),
+            agreed(1, (True,)),
+            {"a"},
+            set(),
+            [],
+            (),
+            (),
+            (),
+        ),
     ],
-)  # fmt: skip
+)
 def test_next_composition(
     case: str,
     current: Composition,
@@ -123,9 +204,14 @@ def test_next_composition(
 def test_cancel_and_finish_are_reported_apart() -> None:
     current = Composition(rows=("a", "b"), prefilling=("c",), admitted=3)
     transition = next_composition(
-        current, agreed(3, (True, False, True)), stopped_rows=frozenset({"a", "b"}), prefilled=frozenset("c"),
-        join_room=1, pending=[], max_batch=4,
-    )  # fmt: skip
+        current,
+        agreed(3, (True, False, True)),
+        stopped_rows=frozenset({"a", "b"}),
+        prefilled=frozenset("c"),
+        join_room=1,
+        pending=[],
+        max_batch=4,
+    )
     assert transition.cancelled == ("a", "c")
     assert transition.finished == ("b",)
     assert transition.joined == ()
@@ -226,7 +312,7 @@ def test_every_rank_derives_the_same_batch_whatever_it_read_beyond_the_minimum(
         ("the first with a chunk, past the prefilled ones", [None, 300, 10], 256, (1,)),
         ("a later short chunk fills the room a long one left", [200, 100, 40], 256, (0, 2)),
     ],
-)  # fmt: skip
+)
 def test_chunk_takers(case: str, next_chunks: list[int | None], budget: int, expected: tuple[int, ...]) -> None:
     assert chunk_takers(next_chunks, budget) == expected, case
 
@@ -314,9 +400,14 @@ def test_one_still_preparing_joins_at_the_next_room_before_later_ones() -> None:
     current = Composition(rows=("x", "y", "c"), admitted=2)  # "c" passed "b" at an earlier step
     step = AgreedStep(4, (False, False, False), (7, 7, 7), cached=(0, 0), runnable=(True, True), prepared=(True, True))
     transition = next_composition(
-        current, step, stopped_rows=frozenset({"x"}), prefilled=frozenset(), join_room=0, pending=["b", "d"],
+        current,
+        step,
+        stopped_rows=frozenset({"x"}),
+        prefilled=frozenset(),
+        join_room=0,
+        pending=["b", "d"],
         max_batch=3,
-    )  # fmt: skip
+    )
     assert transition.newcomers == ("b",)
     assert transition.composition.admitted == 3
 
@@ -351,11 +442,16 @@ def test_ranks_that_admitted_past_a_preparing_one_still_agree_on_every_step(
         agreed_step = AgreedStep(received, (False,) * len(compositions[0].members), (0,) * len(rows), prepared=prepared)
         transitions = {
             next_composition(
-                compositions[r], agreed_step, stopped_rows=stopped, prefilled=frozenset(compositions[r].prefilling),
-                join_room=max_batch, pending=pendings[r], max_batch=max_batch,
+                compositions[r],
+                agreed_step,
+                stopped_rows=stopped,
+                prefilled=frozenset(compositions[r].prefilling),
+                join_room=max_batch,
+                pending=pendings[r],
+                max_batch=max_batch,
             )
             for r in range(world)
-        }  # fmt: skip
+        }
         assert len(transitions) == 1
         (transition,) = transitions
         assert all(ready_at[t] <= step_index and log.index(t) < received for t in transition.newcomers)

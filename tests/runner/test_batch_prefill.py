@@ -19,10 +19,13 @@ def work(*chunks: tuple[int, bool]) -> list[ChunkWork]:
         ("nothing", [], []),
         ("one alone", [(5, True)], [(0,)]),
         ("fresh chunks of one length together", [(5, True), (5, True), (5, True)], [(0, 1, 2)]),
-        ("one forward per length, at its first member's place", [(5, True), (3, True), (5, True), (3, True)],
-         [(0, 2), (1, 3)]),
+        (
+            "one forward per length, at its first member's place",
+            [(5, True), (3, True), (5, True), (3, True)],
+            [(0, 2), (1, 3)],
+        ),
         ("a chunk that is not a prompt's first runs alone", [(5, True), (5, False), (5, True)], [(0, 2), (1,)]),
     ],
-)  # fmt: skip
+)
 def test_prefill_groups(case: str, chunks: list[tuple[int, bool]], expected: list[tuple[int, ...]]) -> None:
     assert prefill_groups(work(*chunks)) == expected, case

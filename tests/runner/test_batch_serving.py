@@ -65,10 +65,18 @@ def test_tasks_share_the_batch_and_bad_ones_fail_alone() -> None:
         inbox.assignments.append(Assignment(assigned, None if task_id == "ghost" else ev.created(task_id)))
     phases = PhaseTracker()
     server = TaskServer(
-        engine=engine, inbox=inbox, cancel=NeverCancelled(), sink=NullSink(), stamper=fake_stamper("runner"),
-        phases=phases, instance_id=InstanceId("i1"), rank=0, is_sampling_rank=True, make_request=make_request,
+        engine=engine,
+        inbox=inbox,
+        cancel=NeverCancelled(),
+        sink=NullSink(),
+        stamper=fake_stamper("runner"),
+        phases=phases,
+        instance_id=InstanceId("i1"),
+        rank=0,
+        is_sampling_rank=True,
+        make_request=make_request,
         batch=ContinuousBatch(engine, phases, max_batch=3),
-    )  # fmt: skip
+    )
     server.serve(stop, poll_seconds=0.01)
     failed = {str(e.task_id): e.error for e in inbox.published if isinstance(e, TaskFailed)}
     assert set(failed) == {"bad", "ghost"}
@@ -94,10 +102,14 @@ def test_a_row_that_joins_the_batch_keeps_its_kv_only_in_the_batchs_cache() -> N
     engine = Engine(None, shard, RunnerSettings(prefill_step_size=32))
     batch = ContinuousBatch(engine, PhaseTracker(), max_batch=4)
     pending = [
-        Admission(t, GenerationRequest(task_id=t, prompt_token_ids=synthetic_prompt(n), max_tokens=50),
-                  NeverCancelled(), NullSink())
+        Admission(
+            t,
+            GenerationRequest(task_id=t, prompt_token_ids=synthetic_prompt(n), max_tokens=50),
+            NeverCancelled(),
+            NullSink(),
+        )
         for t, n in (("first", 40), ("second", 70))
-    ]  # fmt: skip
+    ]
     reported = []
     for _ in range(20):
         result = batch.step(lambda: list(pending))

@@ -178,8 +178,10 @@ def test_events_of_distinct_tasks_leave_together_up_to_the_next_of_a_task_taken(
         pending.push(event)
     first = [p.event for p in pending.pop_distinct(8)]
     assert [(type(e).__name__, getattr(e, "task_id", None)) for e in first] == [
-        ("ChunkGenerated", "t1"), ("ChunkGenerated", "t2"), ("TaskCompleted", "t3"),
-    ]  # fmt: skip
+        ("ChunkGenerated", "t1"),
+        ("ChunkGenerated", "t2"),
+        ("TaskCompleted", "t3"),
+    ]
     pending.push(ev.runner(1, "running"))
     assert [getattr(p.event, "task_id", None) for p in pending.pop_distinct(8)] == ["t1", "t4"]
     assert [getattr(p.event, "task_id", None) for p in pending.pop_distinct(8)] == [None]  # alone

@@ -59,11 +59,14 @@ def test_max_tokens_past_the_context_ends_length_at_the_context(tmp_path: Path, 
         "warmup": False,
         "tasks": [
             {"request": _request("alone", lengths["alone"])},
-            {"kind": "batch", "max_batch": 4, "role": "b", "tasks": [
-                {"request": _request(t, lengths[t]), "at": 0} for t in ("in-batch-a", "in-batch-b")
-            ]},
+            {
+                "kind": "batch",
+                "max_batch": 4,
+                "role": "b",
+                "tasks": [{"request": _request(t, lengths[t]), "at": 0} for t in ("in-batch-a", "in-batch-b")],
+            },
         ],
-    }  # fmt: skip
+    }
     for rank in run_group(job, world, deadline_s=150):
         assert "results" in rank, rank
         alone = next(r for r in rank["results"] if r.get("task_id") == "alone")

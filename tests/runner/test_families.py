@@ -31,11 +31,17 @@ def test_two_ranks_match_mlx_lm_one_rank(family: str, tmp_path: Path) -> None:
     model_dir = make_family_model(tmp_path / family, family)
     n = FAMILY_CONFIGS[family]["num_hidden_layers"]
     tasks = [
-        {"request": {"task_id": f"{length}-{path}", "prompt_token_ids": synthetic_prompt(length), "max_tokens": 6,
-                     "prefill_path": path}}
+        {
+            "request": {
+                "task_id": f"{length}-{path}",
+                "prompt_token_ids": synthetic_prompt(length),
+                "max_tokens": 6,
+                "prefill_path": path,
+            }
+        }
         for length in LENGTHS
         for path in ("auto", "sequential")
-    ]  # fmt: skip
+    ]
     job = {
         "model_dir": str(model_dir),
         "layer_ranges": [[0, n // 2], [n // 2, n]],

@@ -62,10 +62,12 @@ def burst_schedule(world: int) -> dict[str, Any]:
     prefill in one forward (a one-token prompt's apart), several per step, joining the rows
     together; with 8 rows each stream's tokens go out every other step."""
     tasks = [
-        {"request": {**req(f"burst{k}", 3), "prompt_token_ids": [(i * 41 + 7 * k) % 200 + 32 for i in range(3)]},
-         "at": 0}
+        {
+            "request": {**req(f"burst{k}", 3), "prompt_token_ids": [(i * 41 + 7 * k) % 200 + 32 for i in range(3)]},
+            "at": 0,
+        }
         for k in range(8)
-    ]  # fmt: skip
+    ]
     tasks[0]["request"]["top_logprobs"] = 2  # held tokens keep their logprobs
     tasks.insert(3, {"request": req("burst-odd", 2), "at": 0})
     tasks.append({"request": req("burst-long", 13), "at": 1})

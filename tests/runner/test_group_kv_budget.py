@@ -49,9 +49,10 @@ def results(world: int) -> list[list[dict[str, Any]]]:
     requests = {t: req(t, PROMPT - len(t), MAX_TOKENS) for t in FITTING}
     huge = req("huge", 6, 200)  # 210 positions (its prompt is 10): more than the instance holds
     batch = {
-        "kind": "batch", "max_batch": 8,
+        "kind": "batch",
+        "max_batch": 8,
         "tasks": [{"request": r, "at": 0} for r in (requests["a"], requests["b"], huge, requests["c"], requests["d"])],
-    }  # fmt: skip
+    }
     job = {
         "model_dir": str(cached_tiny()),
         "layer_ranges": ranges,

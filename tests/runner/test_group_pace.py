@@ -29,12 +29,14 @@ def req(task_id: str, length: int, max_tokens: int, **extra: Any) -> dict[str, A
 def beside_rows(warm_pace: bool = False) -> dict[str, Any]:
     """Three rows decode (their steps teach the decode's cost), then the newcomer joins."""
     return {
-        "kind": "batch", "max_batch": 4, "warm_pace": warm_pace,
+        "kind": "batch",
+        "max_batch": 4,
+        "warm_pace": warm_pace,
         "tasks": [
             *({"request": req(f"row{k}", 5 + k, 40), "at": 0} for k in range(3)),
             {"request": req("newcomer", NEWCOMER, 4), "at": 8},
         ],
-    }  # fmt: skip
+    }
 
 
 def run_job(world: int, tasks: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -44,9 +46,10 @@ def run_job(world: int, tasks: list[dict[str, Any]]) -> list[list[dict[str, Any]
 @functools.cache
 def results(world: int) -> list[list[dict[str, Any]]]:
     teach = {  # a long prompt alone: its chunks' steps teach rank 0 what a unit of chunk cost takes
-        "kind": "batch", "max_batch": 4,
+        "kind": "batch",
+        "max_batch": 4,
         "tasks": [{"request": req("teach", NEWCOMER + 7, 2, prefill_path="sequential"), "at": 0}],
-    }  # fmt: skip
+    }
     return run_job(world, [teach, beside_rows(), {"request": req("newcomer", NEWCOMER, 4)}])  # the last: alone
 
 

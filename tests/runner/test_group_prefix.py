@@ -44,9 +44,13 @@ def conversation(cache_on: bool) -> dict[str, Any]:
     # first user (`batch_warmup`: requests of its own, then the prefix cache emptied): the
     # conversation's turns must still find each other's KV
     return {
-        "kind": "batch", "name": f"talk-{cache_on}", "max_batch": 4, "tasks": tasks, "prefix_cache_bytes": bounds,
+        "kind": "batch",
+        "name": f"talk-{cache_on}",
+        "max_batch": 4,
+        "tasks": tasks,
+        "prefix_cache_bytes": bounds,
         "warm_pace": cache_on,
-    }  # fmt: skip
+    }
 
 
 def entry_bytes(tokens: int, world: int, rank: int) -> int:

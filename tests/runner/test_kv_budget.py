@@ -83,15 +83,26 @@ def test_the_next_composition_admits_within_the_agreed_capacity_and_the_rest_wai
     step = AgreedStep(received=4, cancelled=(False,), tokens=(5,), kv_capacity=600)
     needs = {"a": 200, "b": 200, "c": 200, "d": 200}
     moved = next_composition(
-        current, step, stopped_rows=frozenset(), prefilled=frozenset(), join_room=0,
-        pending=["b", "c", "d"], max_batch=8, reservations=needs,
-    )  # fmt: skip
+        current,
+        step,
+        stopped_rows=frozenset(),
+        prefilled=frozenset(),
+        join_room=0,
+        pending=["b", "c", "d"],
+        max_batch=8,
+        reservations=needs,
+    )
     assert moved.newcomers == ("b", "c")  # 3 x 200 fits 600; the fourth waits
     freed = next_composition(
-        current, AgreedStep(received=4, cancelled=(False,), tokens=(5,), kv_capacity=600),
-        stopped_rows=frozenset({"a"}), prefilled=frozenset(), join_room=0,
-        pending=["b", "c", "d"], max_batch=8, reservations=needs,
-    )  # fmt: skip
+        current,
+        AgreedStep(received=4, cancelled=(False,), tokens=(5,), kv_capacity=600),
+        stopped_rows=frozenset({"a"}),
+        prefilled=frozenset(),
+        join_room=0,
+        pending=["b", "c", "d"],
+        max_batch=8,
+        reservations=needs,
+    )
     assert freed.newcomers == ("b", "c", "d")  # a finished: its room is free at the same step
 
 

@@ -158,10 +158,18 @@ def serve(queue: list[Assignment]) -> tuple[TaskServer, ArrivingInbox, TimedBatc
     batch = TimedBatch(ContinuousBatch(engine, phases, max_batch=4))
     inbox = ArrivingInbox(batch, stop, queue, after_steps=8)
     server = TaskServer(
-        engine=engine, inbox=inbox, cancel=NeverCancelled(), sink=NullSink(), stamper=fake_stamper("runner"),
-        phases=phases, instance_id=InstanceId("i1"), rank=0, is_sampling_rank=True, make_request=tail_of_prompt,
+        engine=engine,
+        inbox=inbox,
+        cancel=NeverCancelled(),
+        sink=NullSink(),
+        stamper=fake_stamper("runner"),
+        phases=phases,
+        instance_id=InstanceId("i1"),
+        rank=0,
+        is_sampling_rank=True,
+        make_request=tail_of_prompt,
         batch=batch,
-    )  # fmt: skip
+    )
     serving = threading.Thread(target=server.serve, args=(stop, 0.01), daemon=True)
     serving.start()
     serving.join(90)

@@ -23,8 +23,11 @@ def test_blas_auto_preloads_and_splits_threads() -> None:
     and idle threads that stop spinning before another rank's turn."""
     env = blas_env("auto", ranks_on_node=2, cpu_count=2, base_env={}, exists=lambda p: p == OPENBLAS)
     assert env == {
-        "LD_PRELOAD": OPENBLAS, "OPENBLAS_NUM_THREADS": "2", BLAS_SHARE_ENV: "1", "OPENBLAS_THREAD_TIMEOUT": "22"
-    }  # fmt: skip
+        "LD_PRELOAD": OPENBLAS,
+        "OPENBLAS_NUM_THREADS": "2",
+        BLAS_SHARE_ENV: "1",
+        "OPENBLAS_THREAD_TIMEOUT": "22",
+    }
     alone = blas_env("auto", ranks_on_node=1, cpu_count=2, base_env={}, exists=lambda p: p == OPENBLAS)
     assert alone == {"LD_PRELOAD": OPENBLAS, "OPENBLAS_NUM_THREADS": "2", BLAS_SHARE_ENV: "2"}  # OpenBLAS's spin
     kept = blas_env("auto", 2, 2, {"OPENBLAS_THREAD_TIMEOUT": "10"}, exists=lambda p: p == OPENBLAS)
@@ -67,8 +70,10 @@ def test_blas_keeps_existing_preload_and_pinned_threads() -> None:
 def test_blas_off_and_missing_library() -> None:
     assert blas_env("off", 2, 2, {}, exists=lambda p: True) == {}
     assert blas_env("auto", 3, 2, {}, exists=lambda p: False) == {
-        "OPENBLAS_NUM_THREADS": "2", BLAS_SHARE_ENV: "1", "OPENBLAS_THREAD_TIMEOUT": "22"
-    }  # fmt: skip
+        "OPENBLAS_NUM_THREADS": "2",
+        BLAS_SHARE_ENV: "1",
+        "OPENBLAS_THREAD_TIMEOUT": "22",
+    }
     with pytest.raises(BlasSettingError, match="no such file"):
         blas_env("/nope.so", 1, 2, {}, exists=lambda p: False)
     assert blas_env("/mine.so", 1, 8, {}, exists=lambda p: True)["LD_PRELOAD"] == "/mine.so"
@@ -111,8 +116,19 @@ def test_ring_hostfile_has_one_address_list_per_rank() -> None:
     assert ring_hostfile([5000, 5001]) == [["127.0.0.1:5000"], ["127.0.0.1:5001"]]
 
 
-MLX_FREE = ("local/launch.py", "blas.py", "engine/plan.py", "engine/protocols.py", "errors.py", "models/model_info.py",
-            "local/local_run.py", "engine/stops.py", "models/chat.py", "local/testing.py", "models/tiny_tokenizer.py")  # fmt: skip
+MLX_FREE = (
+    "local/launch.py",
+    "blas.py",
+    "engine/plan.py",
+    "engine/protocols.py",
+    "errors.py",
+    "models/model_info.py",
+    "local/local_run.py",
+    "engine/stops.py",
+    "models/chat.py",
+    "local/testing.py",
+    "models/tiny_tokenizer.py",
+)
 
 
 @pytest.mark.parametrize("name", MLX_FREE)

@@ -46,9 +46,13 @@ def test_an_operator_command_without_an_identity_is_told_so_at_once(up: Cluster,
     env.pop(IDENTITY_ENV, None)
     started = time.monotonic()
     out = subprocess.run(
-        shoal_argv("diagnose", "--nats-url", up.nats_url), env=env, cwd=tmp_path, capture_output=True, text=True,
+        shoal_argv("diagnose", "--nats-url", up.nats_url),
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
         timeout=60,
-    )  # fmt: skip
+    )
     assert out.returncode == 2, out
     assert "Authorization Violation" in out.stderr and "need an identity (nats_credentials_dir)" in out.stderr, (
         out.stderr

@@ -190,9 +190,17 @@ def test_the_default_share_of_an_api_without_keys_is_the_whole_queue() -> None:
 
 @pytest.mark.parametrize(
     ("limit", "key_limit", "owner", "share"),
-    [(64, 0, "alice", 48), (8, 0, "alice", 6), (3, 0, "alice", 3), (1, 0, "alice", 1), (64, 0, "", None),
-     (64, 5, "alice", 5), (64, 5, "", 5), (4, 100, "alice", 100)],
-)  # fmt: skip
+    [
+        (64, 0, "alice", 48),
+        (8, 0, "alice", 6),
+        (3, 0, "alice", 3),
+        (1, 0, "alice", 1),
+        (64, 0, "", None),
+        (64, 5, "alice", 5),
+        (64, 5, "", 5),
+        (4, 100, "alice", 100),
+    ],
+)
 def test_a_keys_share(limit: int, key_limit: int, owner: str, share: int | None) -> None:
     assert key_share(limit, key_limit, KeyId(owner)) == share
 

@@ -146,14 +146,24 @@ async def test_a_chat_template_that_refuses_the_messages_is_a_400_naming_the_pro
 @pytest.mark.parametrize(
     ("url", "body", "param", "code", "says"),
     [
-        ("/v1/chat/completions", lambda model: chat(model, ("user", "river stone " * 3000)),
-         "messages", "context_length_exceeded", "4096"),
+        (
+            "/v1/chat/completions",
+            lambda model: chat(model, ("user", "river stone " * 3000)),
+            "messages",
+            "context_length_exceeded",
+            "4096",
+        ),
         # the tiny tokenizer adds no BOS: `"prompt": ""` leaves a runner no token to start from
-        ("/v1/completions", lambda model: {"model": model, "prompt": "", "max_tokens": 2},
-         "prompt", "invalid_request", "empty"),
+        (
+            "/v1/completions",
+            lambda model: {"model": model, "prompt": "", "max_tokens": 2},
+            "prompt",
+            "invalid_request",
+            "empty",
+        ),
     ],
     ids=["over the context", "empty once tokenized"],
-)  # fmt: skip
+)
 async def test_a_prompt_of_a_size_no_runner_takes_is_a_400_and_nothing_is_published(
     api: Api,
     event_log: EventLog,

@@ -209,10 +209,25 @@ def test_penalties_and_logit_bias_out_of_range_are_refused_naming_them(fields: d
 
 
 NULLABLE = [
-    "temperature", "top_p", "stream", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
-    "top_logprobs", "seed", "stop", "max_tokens", "max_completion_tokens", "user", "tools", "tool_choice",
-    "response_format", "stream_options", "n",
-]  # fmt: skip
+    "temperature",
+    "top_p",
+    "stream",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "seed",
+    "stop",
+    "max_tokens",
+    "max_completion_tokens",
+    "user",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "stream_options",
+    "n",
+]
 
 
 @pytest.mark.parametrize("name", NULLABLE)

@@ -164,15 +164,31 @@ def test_every_setting_says_what_it_allows() -> None:
 @pytest.mark.parametrize(
     ("env", "blamed", "fragment"),
     [
-        ({"SHOAL_HEARTBEAT_INTERVAL_SECONDS": "10"}, "heartbeat_interval_seconds", "less than node_timeout_seconds=10.0 (from default)"),
-        ({"SHOAL_NODE_TIMEOUT_SECONDS": "0.5"}, "node_timeout_seconds", "more than heartbeat_interval_seconds=1.0 (from default)"),
+        (
+            {"SHOAL_HEARTBEAT_INTERVAL_SECONDS": "10"},
+            "heartbeat_interval_seconds",
+            "less than node_timeout_seconds=10.0 (from default)",
+        ),
+        (
+            {"SHOAL_NODE_TIMEOUT_SECONDS": "0.5"},
+            "node_timeout_seconds",
+            "more than heartbeat_interval_seconds=1.0 (from default)",
+        ),
         ({"SHOAL_STALL_STACK_SECONDS": "45"}, "stall_stack_seconds", "less than task_stall_seconds=30.0"),
         ({"SHOAL_TASK_STALL_SECONDS": "5"}, "task_stall_seconds", "more than stall_stack_seconds=5.0"),
-        ({"SHOAL_HEARTBEAT_INTERVAL_SECONDS": "8", "SHOAL_NODE_TIMEOUT_SECONDS": "20", "SHOAL_STALL_STACK_SECONDS": "2",
-          "SHOAL_TASK_STALL_SECONDS": "6"}, "heartbeat_interval_seconds", "less than task_stall_seconds=6.0"),
+        (
+            {
+                "SHOAL_HEARTBEAT_INTERVAL_SECONDS": "8",
+                "SHOAL_NODE_TIMEOUT_SECONDS": "20",
+                "SHOAL_STALL_STACK_SECONDS": "2",
+                "SHOAL_TASK_STALL_SECONDS": "6",
+            },
+            "heartbeat_interval_seconds",
+            "less than task_stall_seconds=6.0",
+        ),
         ({"SHOAL_EVENTS_MAX_BYTES": "0"}, "events_max_bytes", "-1 for unlimited"),
     ],
-)  # fmt: skip
+)
 def test_values_that_make_no_sense_together_are_refused(env: dict[str, str], blamed: str, fragment: str) -> None:
     with pytest.raises(ConfigError) as caught:
         resolve_config({}, env=env)

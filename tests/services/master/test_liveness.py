@@ -47,9 +47,15 @@ class Node:
     def joined(self, cause: JoinCause = "start") -> NodeJoined:
         env = self.stamper.stamp()
         return NodeJoined(
-            env=env, node_id=self.node_id, host="127.0.0.1", cores=2, memory_bytes=2**34, backend="cpu", version="t",
+            env=env,
+            node_id=self.node_id,
+            host="127.0.0.1",
+            cores=2,
+            memory_bytes=2**34,
+            backend="cpu",
+            version="t",
             cause=cause,
-        )  # fmt: skip
+        )
 
     def beat(self) -> NodeHeartbeat:
         return NodeHeartbeat(env=self.stamper.stamp(), node_id=self.node_id)

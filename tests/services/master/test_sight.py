@@ -72,8 +72,12 @@ CASES = [
     ("blind from the start: nothing proven, nobody judged", timeline((60, BLIND)), []),
     # Heard last at 5, proven points at 1..8, then none until 39: 3 seen seconds before the
     # blindness, and the timeout is passed 8 seen seconds after it (3 + 8 > 10).
-    ("a dead node's silence counts only while the master sees", timeline((5, ALIVE), (3, DEAD), (30, BLIND), (20, DEAD)), [47]),
-]  # fmt: skip
+    (
+        "a dead node's silence counts only while the master sees",
+        timeline((5, ALIVE), (3, DEAD), (30, BLIND), (20, DEAD)),
+        [47],
+    ),
+]
 
 
 @pytest.mark.parametrize(("timeline_", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
