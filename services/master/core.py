@@ -132,18 +132,7 @@ class MasterCore:
                 # instance that just ended its last task goes
                 return [*self._fill_places(state), *self._retire_drained(state)]
             case RunnerStatusChanged():
-                instance = state.instances[event.instance_id]
-                if instance.retired:
-                    return []
-                if instance.failed:
-                    culprit = judge_instance(state, instance)
-                    if culprit is None or culprit.cause == "unreported":
-                        return []  # only casualties so far: wait for the rank that died (watchdog grace)
-                    return self._retire(state, instance, _runner_failure(instance, culprit), "runner_down")
-                if not instance.ready:
-                    return []
-                # a replacement that got ready takes the new tasks; the one it replaces goes once idle
-                return [*self._serve_waiting(state, instance.model, now), *self._retire_drained(state)]
+                return self._on_runner_status(state, state.instances[event.instance_id], now)
             case InstanceRetired():
                 model = state.instances[event.instance_id].model
                 return self._then(state, self._serve_waiting(state, model, now), self._keep_placed, now)
@@ -162,6 +151,19 @@ class MasterCore:
                 return self._keep_placed(state, now)  # the models kept placed after this one
             case _:
                 return []
+
+    def _on_runner_status(self, state: State, instance: InstanceInfo, now_ns: int) -> list[LogEvent]:
+        if instance.retired:
+            return []
+        if instance.failed:
+            culprit = judge_instance(state, instance)
+            if culprit is None or culprit.cause == "unreported":
+                return []  # only casualties so far: wait for the rank that died (watchdog grace)
+            return self._retire(state, instance, _runner_failure(instance, culprit), "runner_down")
+        if not instance.ready:
+            return []
+        # a replacement that got ready takes the new tasks; the one it replaces goes once idle
+        return [*self._serve_waiting(state, instance.model, now_ns), *self._retire_drained(state)]
 
     def reconcile(self, state: State) -> list[LogEvent]:
         """Everything owed by the current State, for a master that just (re)started. Earlier failed
