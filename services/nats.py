@@ -14,6 +14,12 @@ With a `config_file` (`services/credentials.py` writes it) the server admits onl
 it lists, each with its permissions; without one it is open to whoever reaches its port. The two
 combine: TLS protects the connection, the identities decide who may do what on it.
 
+Durability: the server fsyncs every JetStream write before it acknowledges it
+(`sync_interval: always`, `JETSTREAM_SYNC_INTERVAL`), so an acknowledged event survives the
+server's host losing power, not only its process dying (README "Durability"). nats-server's own
+default syncs every 2 minutes and relies on replicas for the rest. The server reads
+`<store>/shoal-server.conf`, written at each start: it includes `config_file` and sets the policy.
+
 Errors a user can cause are named and say what to do: `NatsBinaryNotFound`, `PortInUse`,
 `StoreInUse`, `NatsStartFailed`, `NatsTlsError`.
 """
@@ -24,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -40,6 +47,12 @@ from eventlog.tls import TlsFiles, TlsSetupError, client_context
 from services.nats_store import record_owner, stop_process, store_holder
 
 BINARY = "nats-server"
+# fsync each write before its acknowledgement: the log is the cluster's truth, and at shoal's
+# event rates the cost is small (`shoal bench log` measures it against nats-server's default).
+JETSTREAM_SYNC_INTERVAL = "always"
+NATS_DEFAULT_SYNC_INTERVAL = "2m"  # nats-server's own default, for the bench's comparison
+_SYNC_INTERVAL = re.compile(r"always|[1-9][0-9]*(ms|s|m|h)")
+WRAPPER_CONFIG = "shoal-server.conf"
 NO_TLS = TlsFiles()  # frozen: safe to share as a default
 
 
@@ -179,6 +192,7 @@ class EmbeddedNats:
         tls: TlsFiles = NO_TLS,
         extra_args: tuple[str, ...] = (),
         config_file: str | os.PathLike[str] | None = None,
+        sync_interval: str = JETSTREAM_SYNC_INTERVAL,
         ready_timeout: float = 10.0,
         stop_timeout: float = 10.0,
     ) -> None:
@@ -188,7 +202,10 @@ class EmbeddedNats:
         self._binary = binary
         self.tls = tls
         self._extra_args = extra_args
+        if not _SYNC_INTERVAL.fullmatch(sync_interval):
+            raise ValueError(f"sync_interval {sync_interval!r}: say 'always' or a duration such as '2m', '500ms'")
         self._config_file = config_file
+        self.sync_interval = sync_interval
         self._ready_timeout = ready_timeout
         self._stop_timeout = stop_timeout
         self._process: subprocess.Popen[bytes] | None = None
@@ -210,10 +227,10 @@ class EmbeddedNats:
 
     def command(self) -> list[str]:
         binary = self._binary or find_nats_server()
-        config = ["-c", str(self._config_file)] if self._config_file is not None else []
         return [
             binary,
-            *config,
+            "-c",
+            str(self.store_dir / WRAPPER_CONFIG),
             "-a",
             self.host,
             "-p",
@@ -229,6 +246,17 @@ class EmbeddedNats:
             *self._extra_args,
         ]
 
+    def wrapper_config(self) -> str:
+        """The config the server reads: `config_file` included (nats-server resolves an include
+        relative to the including file), then the JetStream fsync policy, which overrides any the
+        included file sets."""
+        lines: list[str] = []
+        if self._config_file is not None:
+            included = os.path.relpath(Path(self._config_file).expanduser().resolve(), self.store_dir.resolve())
+            lines.append(f"include {json.dumps(included)}")
+        lines.append(f"jetstream {{ sync_interval: {self.sync_interval} }}")
+        return "\n".join(lines) + "\n"
+
     def start(self) -> EmbeddedNats:
         if self.running:
             return self
@@ -238,8 +266,9 @@ class EmbeddedNats:
             self.port = free_port(self.host)
         elif not port_is_free(self.host, self.port):
             raise PortInUse(self.host, self.port)
-        command = self.command()
         self.store_dir.mkdir(parents=True, exist_ok=True)
+        (self.store_dir / WRAPPER_CONFIG).write_text(self.wrapper_config())
+        command = self.command()
         logger.debug("starting {}", " ".join(command))
         # Its own session: Ctrl-C at a terminal reaches the process that owns the server, which
         # stops its services first (they still record NodeLeft) and the server last, in `stop()`.
