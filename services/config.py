@@ -54,6 +54,7 @@ from services.config_files import find_yaml, read_yaml
 from services.config_values import REDACTED, ConfigError, DeclaredFields
 from services.master.lease import DEFAULT_LEASE_SECONDS
 from services.master.placement import DEFAULT_RING_BASE_PORT
+from services.nats import JETSTREAM_SYNC_INTERVAL, SYNC_INTERVAL_PATTERN
 
 ENV_PREFIX = "SHOAL_"
 ENV_NOT_SETTINGS = frozenset({"SHOAL_CONFIG", IDENTITY_ENV})  # SHOAL_* variables that are not settings
@@ -105,6 +106,16 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     data_dir: Annotated[str, _NON_EMPTY, Meta(description="where the embedded nats-server keeps the log")] = (
         "~/.local/share/shoal"
     )
+    nats_sync_interval: Annotated[
+        str,
+        Meta(
+            pattern=SYNC_INTERVAL_PATTERN,
+            extra={"allowed": "always, or a duration such as 500ms, 1s, 2m"},
+            description="how often the embedded nats-server fsyncs its store: an acknowledged event survives "
+            "its process dying either way, and its host losing power once synced; `always` syncs each write "
+            'before acknowledging it, at a large cost in append rate (README "Durability")',
+        ),
+    ] = JETSTREAM_SYNC_INTERVAL
     nats_credentials_dir: Annotated[
         str,
         Meta(

@@ -163,6 +163,7 @@ def embedded_server(config: ShoalConfig, nodes: Iterable[str]) -> tuple[Embedded
         port=config.nats_port,
         tls=config.nats_tls,
         config_file=ensure_identities(directory, identities),
+        sync_interval=config.nats_sync_interval,
     )
     return server, directory
 

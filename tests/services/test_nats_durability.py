@@ -1,6 +1,6 @@
-"""What an acknowledged event survives (README "Durability"): the embedded server fsyncs every
-JetStream write before acknowledging it, and a server killed outright (SIGKILL, nothing flushed
-on the way out) restarts from its store with every event it acknowledged."""
+"""What an acknowledged event survives (README "Durability"): the embedded server runs the fsync
+policy it is given (`nats_sync_interval`, 1 s by default), and a server killed outright (SIGKILL,
+nothing flushed on the way out) restarts from its store with every event it acknowledged."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from eventlog.log import EventLog
 from events.synthetic import synthetic_history
 from services.credentials import ensure_identities
-from services.nats import JETSTREAM_SYNC_INTERVAL, NATS_DEFAULT_SYNC_INTERVAL, EmbeddedNats, free_port
+from services.nats import JETSTREAM_SYNC_INTERVAL, NATS_DEFAULT_SYNC_INTERVAL, SYNC_ALWAYS, EmbeddedNats, free_port
 from services.nats_permissions import CONTROL
 
 
@@ -24,20 +24,30 @@ def jetstream_config(monitor_port: int) -> dict[str, object]:
         return json.load(response)["jetstream"]["config"]
 
 
+S = 1_000_000_000
+
+
 @pytest.mark.parametrize(
-    ("sync_interval", "always"), [(JETSTREAM_SYNC_INTERVAL, True), (NATS_DEFAULT_SYNC_INTERVAL, False)]
+    ("sync_interval", "always", "interval_ns"),
+    [(JETSTREAM_SYNC_INTERVAL, False, S), (SYNC_ALWAYS, True, None), (NATS_DEFAULT_SYNC_INTERVAL, False, 120 * S)],
 )
-def test_the_server_runs_the_fsync_policy_it_was_given(tmp_path: Path, sync_interval: str, always: bool) -> None:
+def test_the_server_runs_the_fsync_policy_it_was_given(
+    tmp_path: Path, sync_interval: str, always: bool, interval_ns: int | None
+) -> None:
     monitor = free_port()
     with EmbeddedNats(data_dir=tmp_path, port=0, sync_interval=sync_interval, extra_args=("-m", str(monitor))):
-        assert jetstream_config(monitor).get("sync_always", False) is always
+        config = jetstream_config(monitor)
+        assert config.get("sync_always", False) is always
+        if interval_ns is not None:
+            assert config["sync_interval"] == interval_ns
 
 
 def test_the_default_policy_holds_with_a_config_of_identities_too(tmp_path: Path) -> None:
-    """The identities' config is included by the server's own; the policy stays `always`."""
+    """The identities' config is included by the server's own, which sets the policy after it."""
     monitor = free_port()
     config = ensure_identities(tmp_path / "credentials", CONTROL)
-    with EmbeddedNats(data_dir=tmp_path, port=0, config_file=config, extra_args=("-m", str(monitor))):
+    args = ("-m", str(monitor))
+    with EmbeddedNats(data_dir=tmp_path, port=0, config_file=config, sync_interval=SYNC_ALWAYS, extra_args=args):
         assert jetstream_config(monitor)["sync_always"] is True
 
 
