@@ -1,7 +1,8 @@
 """`shoal bench log`: append, replay and offline fold rates of the event log, with raw references.
 
 One fresh nats-server (embedded, in a temp dir) unless `--nats-url` is given, with shoal's fsync
-policy (`nats_sync_interval`, 1 s). Beside it two more take the same appends in the same rounds:
+policy (`nats_sync_interval`, 1 s). With `--fsync` (recorded as `log-fsync`: an fsync per write
+is slow, so that run takes fewer events) two more take the same appends in the same rounds:
 one that fsyncs every write before acknowledging it (`always`) and one with nats-server's own
 default (every 2 minutes): `fsync_always_cost` is what acknowledging only what is on disk would
 cost the append, `fsync_1s_cost` what shoal's policy costs against nats-server's. Each round runs
@@ -47,8 +48,8 @@ FOLD_MIN = 300_000
 APPEND_SLOWDOWN_MAX = 2.0
 ABOUT = (
     f"synthetic events: acknowledged pipelined appends (fsync every {JETSTREAM_SYNC_INTERVAL}) vs a raw nats-py "
-    "publish, and vs appends to servers that fsync each write (always) and every 2 min (nats-server's default); "
-    "replay from JetStream by our reader "
+    "publish (with --fsync, also vs appends to servers that fsync each write and every 2 min, nats-server's "
+    "default); replay from JetStream by our reader "
     "and by nats-py's ordered consumer (both decoded and folded); offline fold of an export"
 )
 SIZED = (
@@ -67,26 +68,33 @@ HEADLINE = ("append_per_s", "append_fsync_always_per_s", "fsync_always_cost", "f
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_sized(parser, SIZED)
+    parser.add_argument("--nats-url", default=None, help="use this server (its SHOAL_* streams are reset!)")
     parser.add_argument(
-        "--nats-url", default=None, help="use this server (its SHOAL_* streams are reset!); no fsync comparison"
+        "--fsync",
+        action="store_true",
+        help="also append to embedded servers that fsync each write and every 2 min (not with --nats-url)",
     )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     configure_logging(resolve_config().config)  # log_level from shoal.yaml / SHOAL_LOG_LEVEL, to stderr
     settings = resolve(args, SIZED)
+    fsync = bool(getattr(args, "fsync", False))
+    if fsync and args.nats_url:
+        raise SystemExit("--fsync compares embedded servers' fsync policies: leave out --nats-url")
     with tempfile.TemporaryDirectory(prefix="shoal-bench-log-") as tmp:
         if args.nats_url:
             runs, checks = asyncio.run(_measure(args.nats_url, {}, settings, Path(tmp)))
         else:
+            sides_of = SYNC_SIDES if fsync else {}
             with contextlib.ExitStack() as servers:
                 url = servers.enter_context(EmbeddedNats(data_dir=tmp, port=0)).url
                 sides_urls = {
                     name: servers.enter_context(EmbeddedNats(data_dir=Path(tmp) / name, port=0, sync_interval=sync)).url
-                    for name, sync in SYNC_SIDES.items()
+                    for name, sync in sides_of.items()
                 }
                 runs, checks = asyncio.run(_measure(url, sides_urls, settings, Path(tmp)))
-    return _report(settings, runs, checks, quick=bool(args.quick))
+    return _report(settings, runs, checks, quick=bool(args.quick), variant="fsync" if fsync else "")
 
 
 async def _measure(
@@ -174,7 +182,7 @@ class _Round:
 
 
 def _report(
-    settings: dict[str, Any], runs: dict[str, list[float]], checks: dict[str, bool], quick: bool
+    settings: dict[str, Any], runs: dict[str, list[float]], checks: dict[str, bool], quick: bool, variant: str
 ) -> dict[str, Any]:
     measures = {name: summarize(values, "events/s") for name, values in runs.items()}
     comparisons = {
@@ -198,6 +206,7 @@ def _report(
     }
     return bench_result(
         "log",
+        variant=variant,
         about=ABOUT,
         quick=quick,
         settings=settings,

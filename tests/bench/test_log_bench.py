@@ -29,7 +29,8 @@ def test_without_a_server_it_compares_shoals_fsync_policy_with_always_and_nats_s
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(bench.log, "configure_logging", lambda _config: None)
-    result = run(argparse.Namespace(events=1000, rounds=2, nats_url=None, quick=False))
+    result = run(argparse.Namespace(events=1000, rounds=2, nats_url=None, quick=False, fsync=True))
+    assert result["variant"] == "fsync"
     checks = result["checks"]
     assert {"appended_once_append_fsync_always", "appended_once_append_fsync_2m"} <= set(checks), checks
     assert all(checks.values()), checks
