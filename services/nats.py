@@ -21,14 +21,19 @@ bounds what a host losing power can lose; `always` fsyncs each write before its 
 at a cost `shoal bench log` measures (about 90x slower appends on a VM disk). The server reads
 `<store>/shoal-server.conf`, written at each start: it includes `config_file` and sets the policy.
 
+Off loopback it serves TLS or nothing: a server listening on another address without a
+certificate refuses to start (`PlaintextOffLoopback`) unless told `insecure_plaintext`
+(`--insecure-plaintext`), since anyone on that network would read every prompt and answer.
+
 Errors a user can cause are named and say what to do: `NatsBinaryNotFound`, `PortInUse`,
-`StoreInUse`, `NatsStartFailed`, `NatsTlsError`.
+`StoreInUse`, `NatsStartFailed`, `NatsTlsError`, `PlaintextOffLoopback`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import os
 import re
@@ -62,6 +67,26 @@ NO_TLS = TlsFiles()  # frozen: safe to share as a default
 
 class NatsError(RuntimeError):
     """The embedded NATS server could not be started."""
+
+
+class PlaintextOffLoopback(NatsError):
+    def __init__(self, host: str) -> None:
+        super().__init__(
+            f"refusing to serve NATS on {host} without TLS: every prompt, answer and identity's traffic would cross "
+            "that network in the clear. Give the server a certificate (nats_tls_cert, nats_tls_key and nats_tls_ca; "
+            'any CA will do, e.g. `trustme` or `openssl req -x509 ...` for a home cluster; README "Security"), '
+            "or listen on 127.0.0.1 (nats_host), or, on a network you trust, pass --insecure-plaintext"
+        )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or `localhost`) is reachable only from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: whoever resolves it may reach it
 
 
 class NatsBinaryNotFound(NatsError):
@@ -197,6 +222,7 @@ class EmbeddedNats:
         extra_args: tuple[str, ...] = (),
         config_file: str | os.PathLike[str] | None = None,
         sync_interval: str = JETSTREAM_SYNC_INTERVAL,
+        insecure_plaintext: bool = False,
         ready_timeout: float = 10.0,
         stop_timeout: float = 10.0,
     ) -> None:
@@ -210,6 +236,7 @@ class EmbeddedNats:
             raise ValueError(f"sync_interval {sync_interval!r}: say 'always' or a duration such as '2m', '500ms'")
         self._config_file = config_file
         self.sync_interval = sync_interval
+        self.insecure_plaintext = insecure_plaintext
         self._ready_timeout = ready_timeout
         self._stop_timeout = stop_timeout
         self._process: subprocess.Popen[bytes] | None = None
@@ -265,6 +292,8 @@ class EmbeddedNats:
     def start(self) -> EmbeddedNats:
         if self.running:
             return self
+        if not (self.tls.has_identity or self.insecure_plaintext or is_loopback(self.host)):
+            raise PlaintextOffLoopback(self.host)
         self._forget_exited()
         self._claim_store()
         if self.port == 0:

@@ -138,12 +138,12 @@ async def _fatal_unwrapped() -> AsyncGenerator[None]:
         raise first from None
 
 
-def up(resolved: ResolvedConfig, workers: int) -> int:
+def up(resolved: ResolvedConfig, workers: int, *, insecure_plaintext: bool = False) -> int:
     config = resolved.config
     access = load_api_access(resolved)
     nats: EmbeddedNats | None = None
     if not config.nats_url:
-        nats, directory = embedded_server(config, node_ids(workers))
+        nats, directory = embedded_server(config, node_ids(workers), insecure_plaintext=insecure_plaintext)
         nats.start()
         print(f"shoal: NATS at {nats.url} admits only the identities in {directory}", flush=True)
         resolved = _with_embedded_nats(resolved, nats.url, str(directory))

@@ -36,6 +36,14 @@ from services.nats_permissions import Identity
 from services.worker.service import default_node_id
 
 
+def add_insecure_plaintext_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--insecure-plaintext",
+        action="store_true",
+        help="serve NATS without TLS on an address other than loopback (only on a network you trust)",
+    )
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("nats", help="run the embedded NATS JetStream server (until Ctrl-C)")
     parser.add_argument("--config", metavar="FILE", default=None, help="YAML config file (default: ./shoal.yaml)")
@@ -48,6 +56,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--nodes", default="", help="worker nodes admitted besides this host's (comma-separated node ids)"
     )
+    add_insecure_plaintext_flag(parser)
     parser.set_defaults(handler=nats_command)
     actions = parser.add_subparsers(dest="nats_action", metavar="ACTION")
     credentials = actions.add_parser("credentials", help="write every identity of a cluster, one directory per host")
@@ -127,7 +136,7 @@ def nats_command(args: argparse.Namespace) -> int:
     server: EmbeddedNats | None = None
     try:
         # The control identities and the nodes': `shoal master|api|worker` on this host work as they are.
-        server, directory = embedded_server(config, nodes)
+        server, directory = embedded_server(config, nodes, insecure_plaintext=args.insecure_plaintext)
         server.start()
         admin = endpoint_for(_with_credentials(config, directory), Identity("admin"))
         asyncio.run(_ensure_streams(msgspec.structs.replace(admin, url=server.url), config))
