@@ -243,6 +243,8 @@ class EmbeddedNats:
         self._log_path = self.store_dir / "nats-server.log"
         self._pid_path = self.store_dir / "nats-server.pid"  # written by the server (`-P`)
         self._owner_path = self.store_dir / "nats-server.owner"  # the pid of the process that started it
+        self._log_scanned = 0  # how far this run's log was read for write failures (`store_full`)
+        self._store_full = False
 
     @property
     def url(self) -> str:
@@ -304,6 +306,8 @@ class EmbeddedNats:
         (self.store_dir / WRAPPER_CONFIG).write_text(self.wrapper_config())
         command = self.command()
         logger.debug("starting {}", " ".join(command))
+        self._log_scanned = self._log_path.stat().st_size if self._log_path.exists() else 0  # this run's lines
+        self._store_full = False
         # Its own session: Ctrl-C at a terminal reaches the process that owns the server, which
         # stops its services first (they still record NodeLeft) and the server last, in `stop()`.
         self._process = subprocess.Popen(
@@ -393,6 +397,29 @@ class EmbeddedNats:
         if process.stderr is not None:
             process.stderr.close()
 
+    def store_full(self) -> bool:
+        """Whether this run of the server failed to write its store for want of space (its log says
+        `no space left on device`). It then acknowledges nothing more, even once space returns,
+        until restarted (nats-server 2.15: the stream keeps its write error)."""
+        if self._store_full or not self._log_path.exists():
+            return self._store_full
+        with self._log_path.open("rb") as log:
+            log.seek(self._log_scanned)
+            new = log.read()
+        complete = new[: new.rfind(b"\n") + 1]  # a line still being written is read next time
+        self._log_scanned += len(complete)
+        self._store_full = OUT_OF_SPACE in complete
+        return self._store_full
+
+    def store_has_room(self, room_bytes: int) -> bool:
+        """Whether the store's filesystem has `room_bytes` free again."""
+        return shutil.disk_usage(self.store_dir).free >= room_bytes
+
+    def restart(self) -> EmbeddedNats:
+        """Stop (SIGTERM: JetStream writes out what it holds) and start again on the same port and store."""
+        self.stop()
+        return self.start()
+
     def exit_code(self) -> int | None:
         """How the server process ended, when it ended by itself (None while it runs or when it
         was never started or was stopped)."""
@@ -430,14 +457,38 @@ class EmbeddedNats:
 
 
 KEEP_RUNNING_POLL_SECONDS = 0.5
+OUT_OF_SPACE = b"no space left on device"
+STORE_ROOM_BYTES = 64 << 20  # free space a full store waits for before its server is restarted
 
 
-async def keep_running(server: EmbeddedNats, poll_seconds: float = KEEP_RUNNING_POLL_SECONDS) -> None:
+async def keep_running(
+    server: EmbeddedNats, poll_seconds: float = KEEP_RUNNING_POLL_SECONDS, room_bytes: int = STORE_ROOM_BYTES
+) -> None:
     """Start `server` again each time it exits by itself (killed, crashed, out of memory), on the
     same port with the same store and identities, so every client's reconnect finds it and the log
     continues where it was. Runs until cancelled; a restart that fails raises (`NatsError`), for
-    the caller's supervisor to retry with backoff (`shoal up` runs it as a service)."""
+    the caller's supervisor to retry with backoff (`shoal up` runs it as a service).
+
+    A store that ran out of disk space stops the server acknowledging anything (appends wait, then
+    fail with a 503 at the API; runners keep their backlog) and it would not write again by itself:
+    once `room_bytes` are free again, the server is restarted, and the cluster resumes."""
+    full_since: float | None = None
     while True:
+        if server.running and server.store_full():
+            if full_since is None:
+                full_since = time.monotonic()
+                logger.error(
+                    "the NATS store {} is out of disk space: nothing more is acknowledged, so requests get 503; "
+                    "free space on its disk: the server restarts by itself once {} MiB are free",
+                    server.store_dir,
+                    room_bytes >> 20,
+                )
+            if server.store_has_room(room_bytes):
+                logger.warning("space is back for the NATS store {}: restarting its server", server.store_dir)
+                await asyncio.to_thread(server.restart)
+                full_for = time.monotonic() - full_since
+                logger.info("the embedded nats-server writes again at {} ({:.0f}s full)", server.url, full_for)
+                full_since = None
         if not server.running:
             code = server.exit_code()
             ended = "did not start again" if code is None else f"exited (code {code})"
