@@ -73,8 +73,8 @@ class PlaintextOffLoopback(NatsError):
     def __init__(self, host: str) -> None:
         super().__init__(
             f"refusing to serve NATS on {host} without TLS: every prompt, answer and identity's traffic would cross "
-            "that network in the clear. Give the server a certificate (nats_tls_cert, nats_tls_key and nats_tls_ca; "
-            'any CA will do, e.g. `trustme` or `openssl req -x509 ...` for a home cluster; README "Security"), '
+            "that network in the clear. Give the server a certificate (nats_tls_cert, nats_tls_key and nats_tls_ca: "
+            f'`shoal nats certs --out DIR --hosts {host}` makes a CA and one per host; README "TLS"), '
             "or listen on 127.0.0.1 (nats_host), or, on a network you trust, pass --insecure-plaintext"
         )
 

@@ -66,6 +66,12 @@ def register(subparsers: Any) -> None:
         "--routes", default="", help="a NATS cluster's servers, host:cluster-port comma-separated (compose.nats.yaml)"
     )
     credentials.set_defaults(handler=credentials_command)
+    certs = actions.add_parser("certs", help="make a private CA and a TLS certificate per host (a home cluster)")
+    certs.add_argument("--out", required=True, type=Path, help="directory to write into (must not exist)")
+    certs.add_argument(
+        "--hosts", required=True, help="the names or addresses clients reach each host by, comma-separated"
+    )
+    certs.set_defaults(handler=certs_command)
 
 
 def _node_ids(text: str) -> list[str]:
@@ -93,6 +99,24 @@ def credentials_command(args: argparse.Namespace) -> int:
         "servers' certificates) and, for mutual TLS, its own nats_tls_cert and nats_tls_key; each NATS "
         "host serves its own (`shoal nats` with the same settings; a bare nats-server, a tls block)"
     )
+    return 0
+
+
+def certs_command(args: argparse.Namespace) -> int:
+    from services.nats_certs import CA_CERT, CA_KEY, host_files, write_certs
+
+    out: Path = args.out
+    hosts = [host.strip() for host in str(args.hosts).split(",") if host.strip()]
+    try:
+        write_certs(out, hosts)
+    except ValueError as exc:
+        print(f"shoal nats certs: {exc}", file=sys.stderr)
+        return 2
+    print(f"shoal nats certs: wrote {out} (keys 0600). On every host: nats_tls_ca: {out / CA_CERT}")
+    for host in hosts:
+        cert, key = host_files(host)
+        print(f"  {host}: nats_tls_cert: {cert}, nats_tls_key: {key} (copy both to that host only)")
+    print(f"  keep {CA_KEY} off the cluster: it signs certificates every host trusts")
     return 0
 
 

@@ -3,6 +3,7 @@ without a certificate refuse to start, saying why and how to fix it, unless `--i
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -10,14 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from eventlog.endpoint import NatsEndpoint
+from eventlog.log import EventLog
+from eventlog.tls import TlsFiles
+from events.synthetic import synthetic_history
 from services.nats import EmbeddedNats, PlaintextOffLoopback, free_port, is_loopback, read_info
 
+LOOPBACK = ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"]
+NOT_LOOPBACK = ["0.0.0.0", "::", "10.0.0.5", "192.168.1.20", "nats.example"]
 
-@pytest.mark.parametrize(
-    ("host", "loopback"),
-    [("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("[::1]", True), ("localhost", True),
-     ("0.0.0.0", False), ("::", False), ("10.0.0.5", False), ("192.168.1.20", False), ("nats.example", False)],
-)  # fmt: skip
+
+@pytest.mark.parametrize(("host", "loopback"), [*((h, True) for h in LOOPBACK), *((h, False) for h in NOT_LOOPBACK)])
 def test_what_counts_as_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
 
@@ -51,3 +55,37 @@ def test_shoal_refuses_plaintext_off_loopback_on_its_command_line(tmp_path: Path
     )
     assert done.returncode == 1, done.stderr
     assert "refusing to serve NATS on 0.0.0.0 without TLS" in done.stderr and "--insecure-plaintext" in done.stderr
+
+
+def test_shoal_nats_certs_makes_a_ca_and_host_certificates_a_tls_server_and_its_clients_use(tmp_path: Path) -> None:
+    out = tmp_path / "certs"
+    shoal = [sys.executable, "-m", "services.cli", "nats", "certs"]
+    made = subprocess.run([*shoal, "--out", str(out), "--hosts", "127.0.0.1,node-a"], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    assert "nats_tls_ca" in made.stdout and "ca-key.pem" in made.stdout
+    assert sorted(p.name for p in out.iterdir()) == [
+        "127.0.0.1-key.pem",
+        "127.0.0.1.pem",
+        "ca-key.pem",
+        "ca.pem",
+        "node-a-key.pem",
+        "node-a.pem",
+    ]
+    assert all((out / name).stat().st_mode & 0o077 == 0 for name in ("ca-key.pem", "127.0.0.1-key.pem"))
+    again = subprocess.run([*shoal, "--out", str(out), "--hosts", "x"], capture_output=True, text=True)
+    assert again.returncode == 2 and "exists" in again.stderr  # never overwrites a CA
+
+    server_tls = TlsFiles(ca=str(out / "ca.pem"), cert=str(out / "127.0.0.1.pem"), key=str(out / "127.0.0.1-key.pem"))
+    client_tls = TlsFiles(ca=str(out / "ca.pem"), cert=str(out / "node-a.pem"), key=str(out / "node-a-key.pem"))
+
+    async def append_over_tls(url: str) -> int:
+        log = await EventLog.connect(NatsEndpoint(url=url, tls=client_tls))
+        try:
+            return await log.append(synthetic_history(1)[0])
+        finally:
+            await log.close()
+
+    with EmbeddedNats(data_dir=tmp_path / "store", host="0.0.0.0", port=0, tls=server_tls) as server:  # off loopback
+        assert server.url.startswith("tls://")
+        url = f"tls://127.0.0.1:{server.port}"  # the address its certificate names
+        assert asyncio.run(append_over_tls(url)) == 1  # the client verified the server, and it the client
