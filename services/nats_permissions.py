@@ -68,7 +68,7 @@ from events.subjects import (
     node_subject,
     task_subject,
 )
-from services.nats import JETSTREAM_SYNC_INTERVAL
+from services.nats_durability import JETSTREAM_SYNC_INTERVAL
 
 Role = Literal["admin", "master", "api", "worker", "runner"]
 ROLES: tuple[Role, ...] = ("admin", "master", "api", "worker", "runner")

@@ -29,7 +29,8 @@ from runner.heap import settle_heap
 from services.api.auth import ApiAccess, load_api_access
 from services.config import ConfigError, ResolvedConfig, log_settings
 from services.credentials import CredentialsError, embedded_server, endpoint_for
-from services.nats import EmbeddedNats, keep_running
+from services.nats import EmbeddedNats
+from services.nats_keeper import keep_running
 from services.nats_permissions import Identity
 from services.roles import Service, run_api, run_master, run_worker
 from services.stop_signals import until_stopped

@@ -23,7 +23,7 @@ from services.config import (
 )
 from services.config_files import check_data_dir
 from services.credentials import CredentialsError
-from services.nats import NatsError
+from services.nats_errors import NatsError
 from services.stop_signals import until_stopped
 from services.supervise import supervise
 

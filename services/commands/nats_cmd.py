@@ -31,7 +31,8 @@ from services.credentials import (
     endpoint_for,
     write_bundle,
 )
-from services.nats import EmbeddedNats, NatsError
+from services.nats import EmbeddedNats
+from services.nats_errors import NatsError
 from services.nats_permissions import Identity
 from services.worker.service import default_node_id
 

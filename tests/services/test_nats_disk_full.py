@@ -20,7 +20,8 @@ from eventlog.publish import LogUnreachable
 from eventlog.streams import LogSettings, StreamLimits
 from events.catalogue import LogEvent
 from events.synthetic import synthetic_history
-from services.nats import EmbeddedNats, keep_running
+from services.nats import EmbeddedNats
+from services.nats_keeper import keep_running
 
 MIB = 1 << 20
 BATCH = 500

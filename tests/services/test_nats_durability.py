@@ -15,7 +15,8 @@ import pytest
 from eventlog.log import EventLog
 from events.synthetic import synthetic_history
 from services.credentials import ensure_identities
-from services.nats import JETSTREAM_SYNC_INTERVAL, NATS_DEFAULT_SYNC_INTERVAL, SYNC_ALWAYS, EmbeddedNats, free_port
+from services.nats import EmbeddedNats, free_port
+from services.nats_durability import JETSTREAM_SYNC_INTERVAL, NATS_DEFAULT_SYNC_INTERVAL, SYNC_ALWAYS
 from services.nats_permissions import CONTROL
 
 
