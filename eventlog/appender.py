@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 
 from eventlog.endpoint import NatsEndpoint
-from eventlog.publish import LogError, LogUnreachable, decode_ack, msg_id_headers
+from eventlog.publish import UNACKED, LogError, LogUnreachable, decode_ack, msg_id_headers
 from eventlog.tls import TlsRefused
 from eventlog.wire import Wire, WireClosed, WireError
 from events.catalogue import LogEvent
@@ -70,7 +70,7 @@ class Appender:
                 self.close()  # a fresh connection for the next try: this one may be wedged
                 failure = exc
             if time.monotonic() > deadline:
-                failed = f"append to {subject} not acknowledged for {self._retry_seconds}s: {failure}"
+                failed = f"append to {subject} not acknowledged for {self._retry_seconds}s{UNACKED}: {failure}"
                 raise LogUnreachable(failed) from failure
             await asyncio.sleep(RETRY_PAUSE_S if retrying else 0)  # a closed idle connection: reconnect at once
             retrying = True

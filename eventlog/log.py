@@ -39,7 +39,7 @@ from eventlog.client import NatsClient
 from eventlog.consume import ConsumerRestart, Deliveries, Position, StreamNotFound, StreamReader
 from eventlog.endpoint import NatsEndpoint
 from eventlog.provision import delete_log_storage, ensure_log_storage, reset_stream
-from eventlog.publish import LogError, LogUnreachable, Outbox, pipeline
+from eventlog.publish import UNACKED, LogError, LogUnreachable, Outbox, pipeline
 from eventlog.snapshots import read_snapshot, write_snapshot
 from eventlog.streams import LogSettings, stream_name
 from eventlog.tls import TlsRefused
@@ -170,7 +170,7 @@ class EventLog:
                 nats.errors.OutboundBufferLimitError,
             ) as exc:
                 if time.monotonic() > deadline:
-                    failed = f"append to {subject} not acknowledged for {self.settings.retry_seconds}s: {exc}"
+                    failed = f"append to {subject} not acknowledged for {self.settings.retry_seconds}s{UNACKED}: {exc}"
                     raise LogUnreachable(failed) from exc
                 logger.debug("append to {} not acknowledged ({}); retrying with the same id", subject, exc)
                 await asyncio.sleep(0.1)
@@ -200,7 +200,7 @@ class EventLog:
                 except (WireClosed, TimeoutError, OSError) as exc:
                     self._drop_pub_wire()
                     if time.monotonic() > deadline:
-                        failed = f"append_many not acknowledged for {self.settings.retry_seconds}s: {exc}"
+                        failed = f"append_many not acknowledged for {self.settings.retry_seconds}s{UNACKED}: {exc}"
                         raise LogUnreachable(failed) from exc
                     logger.warning("append_many interrupted ({}); resending {} unacknowledged", exc, len(todo))
                     await asyncio.sleep(0.2)

@@ -31,6 +31,11 @@ class LogUnreachable(LogError):
     the same event ids, so nothing is stored twice), unlike a refusal."""
 
 
+# What an unacknowledged append can mean, for the message the API's 503 carries: a server whose
+# store is out of disk space acknowledges nothing, with no error either (nats-server 2.15).
+UNACKED = " (NATS down or unreachable, or its JetStream store out of disk space: its log says so)"
+
+
 class _PubAck(msgspec.Struct, frozen=True):
     seq: int = 0
     duplicate: bool = False

@@ -54,6 +54,7 @@ from services.config_files import find_yaml, read_yaml
 from services.config_values import REDACTED, ConfigError, DeclaredFields
 from services.master.lease import DEFAULT_LEASE_SECONDS
 from services.master.placement import DEFAULT_RING_BASE_PORT
+from services.nats_durability import JETSTREAM_SYNC_INTERVAL, SyncInterval
 
 ENV_PREFIX = "SHOAL_"
 # SHOAL_* variables that are not settings (SHOAL_ADMIN_KEY: the key `shoal models` sends the API)
@@ -106,6 +107,7 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     data_dir: Annotated[str, _NON_EMPTY, Meta(description="where the embedded nats-server keeps the log")] = (
         "~/.local/share/shoal"
     )
+    nats_sync_interval: SyncInterval = JETSTREAM_SYNC_INTERVAL
     nats_credentials_dir: Annotated[
         str,
         Meta(
@@ -284,8 +286,7 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def nats_endpoint(self) -> NatsEndpoint:
-        """Where this host's NATS is and the TLS files to reach it with; a role's connections add
-        its identity to it (`services.credentials.endpoint_for`)."""
+        """Where this host's NATS is and its TLS files; each role adds its identity (`credentials.endpoint_for`)."""
         return NatsEndpoint(url=self.client_nats_url, tls=self.nats_tls)
 
 

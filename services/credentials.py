@@ -151,10 +151,13 @@ def write_bundle(out: Path, nodes: Sequence[str], routes: Sequence[str] = ()) ->
     return written
 
 
-def embedded_server(config: ShoalConfig, nodes: Iterable[str]) -> tuple[EmbeddedNats, Path]:
+def embedded_server(
+    config: ShoalConfig, nodes: Iterable[str], *, insecure_plaintext: bool = False
+) -> tuple[EmbeddedNats, Path]:
     """The server `shoal up` and `shoal nats` run (not started yet): this host's `nats_host`,
     `nats_port` and TLS files, admitting the control identities and those of `nodes` (made if
-    missing, in the directory returned)."""
+    missing, in the directory returned). Off loopback without TLS it refuses to start unless
+    `insecure_plaintext` (`services.nats.PlaintextOffLoopback`)."""
     directory = embedded_credentials_dir(config)
     identities = [*CONTROL, *(identity for node in nodes for identity in node_identities(node))]
     server = EmbeddedNats(
@@ -163,6 +166,8 @@ def embedded_server(config: ShoalConfig, nodes: Iterable[str]) -> tuple[Embedded
         port=config.nats_port,
         tls=config.nats_tls,
         config_file=ensure_identities(directory, identities),
+        sync_interval=config.nats_sync_interval,
+        insecure_plaintext=insecure_plaintext,
     )
     return server, directory
 

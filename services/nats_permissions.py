@@ -71,6 +71,7 @@ from events.subjects import (
     node_subject,
     task_subject,
 )
+from services.nats_durability import JETSTREAM_SYNC_INTERVAL
 
 Role = Literal["admin", "master", "api", "worker", "runner"]
 ROLES: tuple[Role, ...] = ("admin", "master", "api", "worker", "runner")
@@ -239,7 +240,12 @@ def server_config(users: Mapping[Identity, str], routes: ClusterRoutes | None = 
     entries = [
         {"nkey": public_key, "permissions": permissions(identity)} for identity, public_key in sorted(users.items())
     ]
-    config: dict[str, object] = {"authorization": {"users": entries}}
+    # The fsync policy too: a cluster member run from this file alone (compose) syncs like the
+    # embedded server.
+    config: dict[str, object] = {
+        "authorization": {"users": entries},
+        "jetstream": {"sync_interval": JETSTREAM_SYNC_INTERVAL},
+    }
     if routes is not None:
         config["cluster"] = routes.block(index)
     return json.dumps(config, indent=2) + "\n"

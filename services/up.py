@@ -29,7 +29,8 @@ from runner.heap import settle_heap
 from services.api.auth import ApiAccess, load_api_access
 from services.config import ConfigError, ResolvedConfig, log_settings
 from services.credentials import CredentialsError, embedded_server, endpoint_for
-from services.nats import EmbeddedNats, keep_running
+from services.nats import EmbeddedNats
+from services.nats_keeper import keep_running
 from services.nats_permissions import Identity
 from services.roles import Service, run_api, run_master, run_worker
 from services.stop_signals import until_stopped
@@ -144,12 +145,12 @@ async def _fatal_unwrapped() -> AsyncGenerator[None]:
         raise first from None
 
 
-def up(resolved: ResolvedConfig, workers: int) -> int:
+def up(resolved: ResolvedConfig, workers: int, *, insecure_plaintext: bool = False) -> int:
     config = resolved.config
     access = load_api_access(resolved)
     nats: EmbeddedNats | None = None
     if not config.nats_url:
-        nats, directory = embedded_server(config, node_ids(workers))
+        nats, directory = embedded_server(config, node_ids(workers), insecure_plaintext=insecure_plaintext)
         nats.start()
         print(f"shoal: NATS at {nats.url} admits only the identities in {directory}", flush=True)
         resolved = _with_embedded_nats(resolved, nats.url, str(directory))

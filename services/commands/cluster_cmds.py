@@ -12,6 +12,7 @@ from typing import Any
 
 from eventlog.log import LogError
 from events.ids import InvalidId, check_token
+from services.commands.nats_cmd import add_insecure_plaintext_flag
 from services.config import (
     ConfigError,
     ResolvedConfig,
@@ -23,7 +24,7 @@ from services.config import (
 )
 from services.config_files import check_data_dir
 from services.credentials import CredentialsError
-from services.nats import NatsError
+from services.nats_errors import NatsError
 from services.stop_signals import until_stopped
 from services.supervise import supervise
 
@@ -37,6 +38,7 @@ def register(subparsers: Any) -> None:
     up.add_argument("--port", dest="api_port", default=None, help="API port (default 8000)")
     add_setting_flag(up, "nats_port", "embedded NATS client port (default 4222)")
     add_setting_flag(up, "data_dir", "where the embedded NATS stores the log")
+    add_insecure_plaintext_flag(up)
     up.set_defaults(handler=_up)
 
     master = subparsers.add_parser("master", help="run the master (placement, assignment, watchdog)")
@@ -81,7 +83,7 @@ def _up(args: argparse.Namespace) -> int:
         check_data_dir(resolved.config.data_path, resolved.sources.get("data_dir", "default"))
         for model in resolved.config.models:
             prepare_tiny(model)
-        return up(resolved, resolved.config.workers)
+        return up(resolved, resolved.config.workers, insecure_plaintext=args.insecure_plaintext)
     except (NatsError, LogError, ConfigError, CredentialsError) as exc:
         print(f"shoal up: {exc}", file=sys.stderr)
         return 1

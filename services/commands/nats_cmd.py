@@ -31,9 +31,18 @@ from services.credentials import (
     endpoint_for,
     write_bundle,
 )
-from services.nats import EmbeddedNats, NatsError
+from services.nats import EmbeddedNats
+from services.nats_errors import NatsError
 from services.nats_permissions import Identity
 from services.worker.service import default_node_id
+
+
+def add_insecure_plaintext_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--insecure-plaintext",
+        action="store_true",
+        help="serve NATS without TLS on an address other than loopback (only on a network you trust)",
+    )
 
 
 def register(subparsers: Any) -> None:
@@ -48,6 +57,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--nodes", default="", help="worker nodes admitted besides this host's (comma-separated node ids)"
     )
+    add_insecure_plaintext_flag(parser)
     parser.set_defaults(handler=nats_command)
     actions = parser.add_subparsers(dest="nats_action", metavar="ACTION")
     credentials = actions.add_parser("credentials", help="write every identity of a cluster, one directory per host")
@@ -57,6 +67,12 @@ def register(subparsers: Any) -> None:
         "--routes", default="", help="a NATS cluster's servers, host:cluster-port comma-separated (compose.nats.yaml)"
     )
     credentials.set_defaults(handler=credentials_command)
+    certs = actions.add_parser("certs", help="make a private CA and a TLS certificate per host (a home cluster)")
+    certs.add_argument("--out", required=True, type=Path, help="directory to write into (must not exist)")
+    certs.add_argument(
+        "--hosts", required=True, help="the names or addresses clients reach each host by, comma-separated"
+    )
+    certs.set_defaults(handler=certs_command)
 
 
 def _node_ids(text: str) -> list[str]:
@@ -84,6 +100,24 @@ def credentials_command(args: argparse.Namespace) -> int:
         "servers' certificates) and, for mutual TLS, its own nats_tls_cert and nats_tls_key; each NATS "
         "host serves its own (`shoal nats` with the same settings; a bare nats-server, a tls block)"
     )
+    return 0
+
+
+def certs_command(args: argparse.Namespace) -> int:
+    from services.nats_certs import CA_CERT, CA_KEY, host_files, write_certs
+
+    out: Path = args.out
+    hosts = [host.strip() for host in str(args.hosts).split(",") if host.strip()]
+    try:
+        write_certs(out, hosts)
+    except ValueError as exc:
+        print(f"shoal nats certs: {exc}", file=sys.stderr)
+        return 2
+    print(f"shoal nats certs: wrote {out} (keys 0600). On every host: nats_tls_ca: {out / CA_CERT}")
+    for host in hosts:
+        cert, key = host_files(host)
+        print(f"  {host}: nats_tls_cert: {cert}, nats_tls_key: {key} (copy both to that host only)")
+    print(f"  keep {CA_KEY} off the cluster: it signs certificates every host trusts")
     return 0
 
 
@@ -127,7 +161,7 @@ def nats_command(args: argparse.Namespace) -> int:
     server: EmbeddedNats | None = None
     try:
         # The control identities and the nodes': `shoal master|api|worker` on this host work as they are.
-        server, directory = embedded_server(config, nodes)
+        server, directory = embedded_server(config, nodes, insecure_plaintext=args.insecure_plaintext)
         server.start()
         admin = endpoint_for(_with_credentials(config, directory), Identity("admin"))
         asyncio.run(_ensure_streams(msgspec.structs.replace(admin, url=server.url), config))

@@ -56,15 +56,17 @@ class Master:
         catalog: ModelCatalog,
         *,
         wall_ns: Callable[[], int] = time.time_ns,
+        mono_ns: Callable[[], int] = time.monotonic_ns,  # every duration the watchdog measures
         leadership: Leadership | None = None,  # default: the KV lease; tests force a leader
     ) -> None:
         self.settings = settings
         self._forced_leadership = leadership
         self.leadership: Leadership | None = leadership
-        self.stamper = Stamper(Origin(service="master"), wall_ns=wall_ns)
+        self.stamper = Stamper(Origin(service="master"), wall_ns=wall_ns, mono_ns=mono_ns)
         self.catalog = LookedUpCatalog(catalog, settings.policy.models)  # looked up off the loop
         self.core = MasterCore(settings.policy, self.catalog, self.stamper)
         self.wall_ns = wall_ns
+        self.mono_ns = mono_ns
         self.state = State()
         self.hearing = Hearing(settings.name, settings.tick_seconds)  # by the master's own clock and sight
         self.idle_clock = IdleClock()
@@ -156,17 +158,20 @@ class Master:
         while True:
             await asyncio.sleep(self.settings.tick_seconds)
             await self._probe()
+            # Every master notices, leading or not: a stand-by that takes over keeps the times it
+            # first saw each task and node, so a take-over restarts no deadline.
+            now = self.mono_ns()
+            self.hearing.notice(self.state, now, self.wall_ns())  # what is new counts from now
             if self._snapshots is not None and not self._leading():
                 await self._snapshots.write_if_due(self.state, store=False)  # ready to take over
             if self._awaiting_seq > self.state.last_seq or not self._leading():
                 continue
-            now = self.wall_ns()
-            self.hearing.notice(self.state, now)  # a node newly up (or up before this start) counts from now
             decisions = tick(self.state, now, self.hearing.liveness(), self.settings.policy, self.stamper)
-            idle_seconds = self.idle_clock.observe(self.state, time.monotonic())
-            unloads = self.core.unload_idle(self.state, idle_seconds)
-            replicas = self.core.grow_replicas(self.state, self.wait_clock.observe(self.state, time.monotonic()))
-            retries = self.core.retry_placements(self.state, now)
+            seconds = self.mono_ns() / 1e9  # the idle and waiting clocks are this master's own
+            unloads = self.core.unload_idle(self.state, self.idle_clock.observe(self.state, seconds))
+            replicas = self.core.grow_replicas(self.state, self.wait_clock.observe(self.state, seconds))
+            # Placement backoff compares the masters' own `retired_at` stamps: wall ns.
+            retries = self.core.retry_placements(self.state, self.wall_ns())
             await self._publish([*decisions, *unloads, *(replicas or retries)])
             if self._snapshots is not None:
                 await self._snapshots.write_if_due(self.state)
@@ -187,7 +192,7 @@ class Master:
             await self._log.publish_telemetry(probe)
         except Exception as exc:  # a lost probe is what the sight's gap rule is for
             logger.debug("master probe not sent: {!r}", exc)
-        blind = self.hearing.sight.blind_for(self.wall_ns()) > self.settings.policy.node_timeout_seconds * 1e9
+        blind = self.hearing.sight.blind_for(self.mono_ns()) > self.settings.policy.node_timeout_seconds * 1e9
         if blind != self._blind:
             self._blind = blind
             if blind:
@@ -200,7 +205,7 @@ class Master:
     async def _follow_heartbeats(self, log: EventLog) -> None:
         start = await log.last_seq("telemetry") + 1
         async for _seq, beat in log.follow(from_seq=start, subjects=[f"{PREFIX}.hb.>"], stream="telemetry"):
-            self.hearing.heard(beat, self.wall_ns())  # the arrival on our clock, not the sender's stamp
+            self.hearing.heard(beat, self.mono_ns())  # the arrival on our clock, not the sender's stamp
 
 
 def _describe(event: LogEvent) -> str:

@@ -21,7 +21,7 @@ close together; a wider stretch was blind (the probes in it were late or lost) a
 - A stretch shorter than `gap_ns` is counted even if it hid a short blindness: the error is
   bounded by `gap_ns`, well under any node timeout.
 
-Pure: times are the master's own wall ns, passed in; probes are sent and read by one process,
+Pure: times are the master's own monotonic ns, passed in; probes are sent and read by one process,
 so no other clock is ever compared.
 """
 

@@ -1,5 +1,13 @@
 """The master's clock-driven rules: node timeouts and stalled tasks. Pure: `now_ns` is passed in.
 
+Every duration here is measured on one clock, the master's own (its monotonic clock in the
+shell), from `Liveness`: when the master first saw each thing. A stamp in the State is another
+host's wall clock (the API's `created_at`, a rank's `changed_at`, a worker's download progress);
+compared with the master's clock it turns skew into a deadline (an API whose clock runs minutes
+slow would have its tasks failed at once, one that runs fast never). The State's stamps are the
+fallback only for a caller with no arrivals (a tool replaying a log, where every stamp and `now`
+come from the log itself).
+
 A hang never lasts forever: the task at the head of an instance's queue whose ranks report
 nothing for `task_stall_seconds` gets a `TaskStalled` naming each rank's last position, then a
 `TaskFailed`. A waiting task that no instance serves within `assign_timeout_seconds` fails too,
@@ -16,7 +24,7 @@ import msgspec
 
 from events.catalogue import LogEvent, NodeTimedOut, RunnerHeartbeat, TaskFailed, TaskStalled
 from events.culprit import STALLED_TASK_BOUNDS, Culprit, TaskEvidence, name_culprit
-from events.ids import InstanceId, NodeId
+from events.ids import InstanceId, NodeId, TaskId
 from events.retention import live_tasks_of
 from events.stamp import Stamper
 from events.state import InstanceInfo, State, TaskInfo
@@ -27,22 +35,33 @@ NS = 1_000_000_000
 
 
 RunnerKey = tuple[InstanceId, int]
+RankOfTask = tuple[TaskId, int]
 
 
 class Liveness(msgspec.Struct, frozen=True, kw_only=True):
     """What the master heard, on its own clock (`services.master.hearing`): when it last heard
     each node (wall ns at arrival), each runner's newest heartbeat stamped with its arrival, when
     it first saw each busy instance's head task where it is now (`activity`) and each failed
-    instance's down ranks as they are now (`losses`). An instance missing from `activity` or
-    `losses` is judged by the State's own stamps (a tool replaying a log has no arrivals).
+    instance's down ranks as they are now (`losses`), each live task (`tasks`: its request
+    deadline and assignment timeout count from here), each loading instance's newest sign of
+    loading (`loading`), each rank's prefill position of a stalled-candidate head task
+    (`progress`) and each live task's cancel request (`cancels`). Anything missing from these
+    is judged by the State's own stamps (a tool replaying a log has no arrivals).
     `node_silence` is each node's silence counted only while the master could see
-    (`services.master.sight`); a node missing from it is judged by `now - nodes[node]`."""
+    (`services.master.sight`); a node missing from it is judged by `now - nodes[node]`.
+    `wall_offset_ns` turns a time of this clock into the master's wall time, for the one value
+    written to the log (`NodeTimedOut.last_seen`)."""
 
     nodes: Mapping[NodeId, int] = msgspec.field(default_factory=dict[NodeId, int])
     node_silence: Mapping[NodeId, int] = msgspec.field(default_factory=dict[NodeId, int])
     runners: Mapping[RunnerKey, RunnerHeartbeat] = msgspec.field(default_factory=dict[RunnerKey, RunnerHeartbeat])
     activity: Mapping[InstanceId, int] = msgspec.field(default_factory=dict[InstanceId, int])
     losses: Mapping[InstanceId, int] = msgspec.field(default_factory=dict[InstanceId, int])
+    tasks: Mapping[TaskId, int] = msgspec.field(default_factory=dict[TaskId, int])
+    loading: Mapping[InstanceId, int] = msgspec.field(default_factory=dict[InstanceId, int])
+    progress: Mapping[RankOfTask, int] = msgspec.field(default_factory=dict[RankOfTask, int])
+    cancels: Mapping[TaskId, int] = msgspec.field(default_factory=dict[TaskId, int])
+    wall_offset_ns: int = 0
 
     def beats_of(self, instance: InstanceInfo) -> dict[int, RunnerHeartbeat]:
         keys = [(instance.instance_id, r.rank) for r in instance.runners]
@@ -53,7 +72,7 @@ def tick(state: State, now_ns: int, liveness: Liveness, policy: MasterPolicy, st
     return [
         *_node_timeouts(state, now_ns, liveness, policy, stamper),
         *_stalled_tasks(state, now_ns, liveness, policy, stamper),
-        *_overdue_tasks(state, now_ns, policy, stamper),
+        *_overdue_tasks(state, now_ns, liveness, policy, stamper),
         *_orphaned_instances(state, now_ns, liveness, policy, stamper),
         *_loading_deadlines(state, now_ns, liveness, policy, stamper),
     ]
@@ -71,7 +90,8 @@ def _loading_deadlines(
     for instance in state.instances.values():
         if instance.retired or instance.ready or instance.failed:
             continue
-        if now_ns - loading_since(state, instance) <= limit * NS:
+        since = liveness.loading.get(instance.instance_id, loading_since(state, instance))
+        if now_ns - since <= limit * NS:
             continue
         loading = still_loading(instance, liveness, now_ns)
         reason = f"not ready within {limit:g}s: {loading}"
@@ -87,11 +107,17 @@ def _loading_deadlines(
 
 
 def loading_since(state: State, instance: InstanceInfo) -> int:
-    """Wall ns of the instance's newest sign of loading progress."""
+    """Wall ns of the instance's newest sign of loading progress, by the State's stamps."""
+    return max(loading_signs(state, instance))
+
+
+def loading_signs(state: State, instance: InstanceInfo) -> tuple[int, ...]:
+    """The stamps of every sign of loading: the placement, each rank's newest status, each of its
+    nodes' download progress. Any of them changing is progress, whichever host's clock stamped it."""
     status = state.models.get(instance.model)
     nodes = {s.node_id for s in instance.shards}
-    downloads = [d.at for node, d in status.downloads.items() if node in nodes] if status is not None else []
-    return max(instance.placed_at, *(r.changed_at for r in instance.runners), *downloads)
+    downloads = [d.at for node, d in sorted(status.downloads.items()) if node in nodes] if status is not None else []
+    return (instance.placed_at, *(r.changed_at for r in instance.runners), *downloads)
 
 
 def still_loading(instance: InstanceInfo, liveness: Liveness, now_ns: int) -> str:
@@ -144,7 +170,8 @@ def _node_timeouts(
             continue
         if liveness.node_silence.get(node.node_id, now_ns - last) > policy.node_timeout_seconds * NS:
             env = stamper.stamp(f"timeout-{node.node_id}-{node.changed_at}")
-            timed_out.append(NodeTimedOut(env=env, node_id=node.node_id, last_seen=last))
+            last_seen = last + liveness.wall_offset_ns
+            timed_out.append(NodeTimedOut(env=env, node_id=node.node_id, last_seen=last_seen))
     return timed_out
 
 
@@ -159,7 +186,7 @@ def _stalled_tasks(
         since = liveness.activity.get(instance.instance_id, max(instance.head_since, *batch_activity(state, instance)))
         if now_ns - since <= policy.task_stall_seconds * NS:
             continue
-        diagnosis = describe_positions(task, instance, liveness.beats_of(instance), now_ns)
+        diagnosis = describe_positions(task, instance, liveness, now_ns)
         culprit = blame(state, instance, task, liveness, now_ns)
         decisions.append(
             TaskStalled(env=stamper.stamp(f"stall-{task.task_id}"), task_id=task.task_id, diagnosis=diagnosis)
@@ -192,18 +219,24 @@ def blame(state: State, instance: InstanceInfo, task: TaskInfo, liveness: Livene
     return name_culprit(TaskEvidence.about_task(state, instance, task, beats, now_ns, STALLED_TASK_BOUNDS))
 
 
-def _overdue_tasks(state: State, now_ns: int, policy: MasterPolicy, stamper: Stamper) -> list[LogEvent]:
+def _overdue_tasks(
+    state: State, now_ns: int, liveness: Liveness, policy: MasterPolicy, stamper: Stamper
+) -> list[LogEvent]:
     """Tasks past their request deadline, or waiting too long for an instance to be ready, fail (one
     waiting for a place on a ready instance, `fair_share.py`, waits for its turn). The ranks of
     an assigned one stop it as they stop a cancelled one (a master's `TaskFailed` is a stop for
     them); their own late `TaskCompleted(cancelled)` then finds it ended. Decided here rather than
     by the API that took the request, so the deadline holds when that API restarts or its client
-    is gone, and every replica's client sees the same end."""
+    is gone, and every replica's client sees the same end. A task's age counts from when the master
+    first saw it (`Liveness.tasks`), never from the API's `created_at`: the two are different
+    hosts' clocks. A master that starts after the task was created counts from its start, so
+    across a restart a deadline may run late by up to its length, never early; a stand-by counts
+    as the leader does (it notices every tick), so a take-over keeps the count."""
     failed: list[LogEvent] = []
     deadline_ns = policy.request_timeout_seconds * NS
     served = {i.model for i in state.instances.values() if i.ready}  # a task of these waits for a place
     for task in live_tasks_of(state):  # not ended, by construction
-        age = now_ns - task.created_at
+        age = now_ns - liveness.tasks.get(task.task_id, task.created_at)
         if deadline_ns and age > deadline_ns:
             error = f"request timed out after {policy.request_timeout_seconds:g} s (request_timeout_seconds)"
             env = stamper.stamp(f"master-fail-{task.task_id}")
@@ -216,11 +249,11 @@ def _overdue_tasks(state: State, now_ns: int, policy: MasterPolicy, stamper: Sta
     return failed
 
 
-def describe_positions(
-    task: TaskInfo, instance: InstanceInfo, beats: Mapping[int, RunnerHeartbeat], now_ns: int
-) -> str:
-    """One line per rank: where it last was and how long ago; the decode step its heartbeats
-    last showed (the master folds no chunks: `hearing.activity_tokens`); plus an unacted cancel."""
+def describe_positions(task: TaskInfo, instance: InstanceInfo, liveness: Liveness, now_ns: int) -> str:
+    """One line per rank: where it last was and how long ago (since the master first saw it
+    there); the decode step its heartbeats last showed (the master folds no chunks:
+    `hearing.activity_tokens`); plus an unacted cancel."""
+    beats = liveness.beats_of(instance)
     parts: list[str] = []
     for runner in instance.runners:
         position = task.progress.get(runner.rank)
@@ -228,7 +261,7 @@ def describe_positions(
             where = "no prefill progress" if runner.rank in task.prefill else "never started this task"
             parts.append(f"rank {runner.rank} ({runner.status}): {where}")
             continue
-        ago = (now_ns - position.at) / NS
+        ago = (now_ns - liveness.progress.get((task.task_id, runner.rank), position.at)) / NS
         parts.append(
             f"rank {runner.rank} ({runner.status}): prefill iteration {position.iteration} "
             f"({position.processed}/{position.total} tokens) {ago:.1f}s ago"
@@ -237,7 +270,6 @@ def describe_positions(
     if steps:
         parts.append(f"decoding: step {max(steps)}")
     if task.cancel_reason is not None:
-        parts.append(
-            f"cancel ({task.cancel_reason}) requested {(now_ns - task.cancelled_at) / NS:.1f}s ago, not acted on"
-        )
+        requested = liveness.cancels.get(task.task_id, task.cancelled_at)
+        parts.append(f"cancel ({task.cancel_reason}) requested {(now_ns - requested) / NS:.1f}s ago, not acted on")
     return "; ".join(parts)

@@ -28,6 +28,7 @@ from services.nats import (
     find_nats_server,
     free_port,
 )
+from services.nats_keeper import keep_running
 from services.nats_permissions import Identity
 from services.nats_store import command_and_parent
 
@@ -82,7 +83,7 @@ def test_a_server_that_cannot_start_reports_its_log(tmp_path: Path) -> None:
 @pytest.mark.timeout(60)
 async def test_keep_running_starts_a_killed_server_again_with_its_log(tmp_path: Path) -> None:
     server = EmbeddedNats(data_dir=tmp_path, port=0).start()
-    keeper = asyncio.create_task(embedded.keep_running(server, poll_seconds=0.05))
+    keeper = asyncio.create_task(keep_running(server, poll_seconds=0.05))
     try:
         log = await EventLog.connect(server.url)
         history = synthetic_history(2)
