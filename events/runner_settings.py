@@ -144,9 +144,9 @@ class RunnerSettings(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     @property
     def batches(self) -> bool:
-        """Whether the instance runs a continuous batch: `max_batch` > 1 on an unquantized KV cache
-        (mlx-lm has no batched quantized cache); else one task at a time."""
-        return self.max_batch > 1 and self.kv_bits is None
+        """Whether the instance runs a continuous batch: `max_batch` > 1, quantized KV or not; else one
+        task at a time."""
+        return self.max_batch > 1
 
     @property
     def batch_rows(self) -> int:

@@ -73,8 +73,6 @@ class ContinuousBatch:
         """`prefix_cache_bytes`: None takes the instance's setting (tests give ranks different bounds).
         `preparer`: who prepares newcomers (`preparation.py`; None: at once, on the step loop).
         `cores`: the agreed decode mode and this rank's BLAS threads (`shared_cores.py`; None: the ring)."""
-        if engine.settings.kv_bits is not None:
-            raise ValueError("continuous batching needs an unquantized KV cache (kv_bits is set)")
         self.engine, self.phases = engine, phases
         self.max_batch = max_batch
         self.layout = StepLayout(engine.collectives.world, max_batch)

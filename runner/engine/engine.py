@@ -172,7 +172,8 @@ class Engine:
         placement = self.shard.placement
         layers = model_layers(self.shard.model)[placement.start : placement.end]
         budget = budget_bytes(self.settings.kv_cache_bytes, memory_available_bytes(), self.ranks_on_host)
-        return token_capacity(budget, kv_bytes_per_token(layers))
+        settings = self.settings
+        return token_capacity(budget, kv_bytes_per_token(layers, settings.kv_bits, settings.kv_group_size))
 
     def kv_reservation(self, request: GenerationRequest) -> int:
         """The KV positions `request` may come to hold: its prompt and completion room (alike on every rank)."""
@@ -313,15 +314,15 @@ class Engine:
             task_id=task_id,
             model=self.shard.model,
             placement=self.shard.placement,
-            caches=ShardCache(self.shard.model, self.shard.placement),
+            caches=ShardCache(
+                self.shard.model, self.shard.placement, self.settings.kv_bits, self.settings.kv_group_size
+            ),
             outbox=self.shard.outbox,
             receive_gate=self.shard.receive_gate,
             collectives=self.collectives,
             cancel=cancel,
             sink=sink,
             phases=phases,
-            kv_bits=self.settings.kv_bits,
-            kv_group_size=self.settings.kv_group_size,
         )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from runner.engine.plan import validate_split
 from runner.engine.protocols import PeerWait
@@ -146,12 +146,31 @@ def _config_eos(config: dict[str, Any]) -> list[int] | None:
 
 
 class ShardCache:
-    """The per-task KV cache of one shard: full-length slot list, owned slots real, others aliases."""
+    """The per-task KV cache of one shard: full-length slot list, owned slots real, others aliases.
 
-    def __init__(self, model: nn.Module, placement: ShardPlacement) -> None:
+    `kv_bits`: the owned plain KV caches are quantized from the first token (mlx-lm's
+    `QuantizedKVCache`), so a prompt's first chunk attends to its own keys as every later one does,
+    and a sequence holds the same bits whether it prefills alone, in a batched forward of several
+    prompts or from a prefix cache entry (docs/ARCHITECTURE.md §7). Sliding-window caches stay
+    unquantized: mlx-lm cannot quantize a RotatingKVCache."""
+
+    def __init__(
+        self, model: nn.Module, placement: ShardPlacement, kv_bits: int | None = None, kv_group_size: int = 64
+    ) -> None:
+        self.model, self.placement = model, placement
+        self.kv_bits, self.kv_group_size = kv_bits, kv_group_size
         self.slots: list[Any] = make_prompt_cache(model)
         self.owned = list(range(placement.start, placement.end))
+        if kv_bits is not None:
+            for index in self.owned:
+                cache = self.slots[index]
+                if type(cache) is KVCache:
+                    self.slots[index] = cache.to_quantized(group_size=kv_group_size, bits=kv_bits)
         self._realias()
+
+    def empty_like(self) -> ShardCache:
+        """A fresh cache of the same shard and quantization."""
+        return ShardCache(self.model, self.placement, self.kv_bits, self.kv_group_size)
 
     def _realias(self) -> None:
         by_kind = {}
@@ -176,20 +195,6 @@ class ShardCache:
         for index, cache in zip(self.owned, caches, strict=True):
             self.slots[index] = cache
         self._realias()
-
-    def maybe_quantize(self, kv_bits: int | None, kv_group_size: int) -> None:
-        """Quantize owned KV caches (from the first token, the same on every path and rank)."""
-        if kv_bits is None:
-            return
-        changed = False
-        for index in self.owned:
-            cache = self.slots[index]
-            # Plain KV caches only: mlx-lm cannot quantize a RotatingKVCache (sliding windows).
-            if type(cache).__name__ == "KVCache":
-                self.slots[index] = cache.to_quantized(group_size=kv_group_size, bits=kv_bits)
-                changed = True
-        if changed:
-            self._realias()
 
 
 def _cache_kind(cache: Any) -> tuple[str, Any, Any]:

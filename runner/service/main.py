@@ -201,8 +201,8 @@ def ranks_on_host(ring_hosts: list[str], rank: int) -> int:
 
 
 def continuous_batch(engine: Any, phases: PhaseTracker) -> Any:
-    """The instance's batch when it batches: `max_batch` > 1 on an unquantized KV cache (mlx-lm has
-    no batched quantized cache). The settings are the instance's, so every rank decides alike."""
+    """The instance's batch when it batches: `max_batch` > 1 (`kv_bits` included: the batch's rows
+    share a quantized cache). The settings are the instance's, so every rank decides alike."""
     from runner.engine.batch import ContinuousBatch
     from runner.preparer import ThreadedPreparer
 
