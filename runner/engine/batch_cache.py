@@ -23,7 +23,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache
 
 from runner.engine.quantized_batch_cache import BatchQuantizedKVCache
-from runner.models.shard import ShardCache
+from runner.engine.shard import ShardCache
 
 # The caches whose positions can be taken back, cut to a prefix and joined by copying rows.
 KV_CACHES = (KVCache, BatchKVCache, QuantizedKVCache, BatchQuantizedKVCache)

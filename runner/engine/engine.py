@@ -44,13 +44,14 @@ from runner.engine.sampling import (
     logit_adjustments,
     request_sampler,
 )
+from runner.engine.shard import LoadedShard, ShardCache
 from runner.engine.task_run import TaskRun
 from runner.errors import CallbackError, RequestError
 from runner.memory import memory_available_bytes
 from runner.models.chat import encode_chat
 from runner.models.grammar import TOOL_CALL_PARSER, GrammarError, check_grammar, grammar_for
 from runner.models.kv_size import kv_bytes_per_token
-from runner.models.shard import LoadedShard, ShardCache, model_layers
+from runner.models.shard import model_layers
 
 __all__ = ["Engine", "GenerationOutcome", "GenerationRequest", "encode_chat"]
 
@@ -169,10 +170,9 @@ class Engine:
         """KV positions of this rank's layers its `kv_cache_bytes` holds (0: its share of half the
         memory available at the first call; the batch reads it once built, after the warm-up); a
         batch admits within the least over ranks (`kv_budget.py`)."""
-        placement = self.shard.placement
+        placement, settings = self.shard.placement, self.settings
         layers = model_layers(self.shard.model)[placement.start : placement.end]
-        budget = budget_bytes(self.settings.kv_cache_bytes, memory_available_bytes(), self.ranks_on_host)
-        settings = self.settings
+        budget = budget_bytes(settings.kv_cache_bytes, memory_available_bytes(), self.ranks_on_host)
         return token_capacity(budget, kv_bytes_per_token(layers, settings.kv_bits, settings.kv_group_size))
 
     def kv_reservation(self, request: GenerationRequest) -> int:
@@ -310,13 +310,12 @@ class Engine:
         )
 
     def task_run(self, task_id: str, cancel: CancelSource, sink: RunnerSink, phases: PhaseTracker) -> TaskRun:
+        shard, settings = self.shard, self.settings
         return TaskRun(
             task_id=task_id,
             model=self.shard.model,
             placement=self.shard.placement,
-            caches=ShardCache(
-                self.shard.model, self.shard.placement, self.settings.kv_bits, self.settings.kv_group_size
-            ),
+            caches=ShardCache(shard.model, shard.placement, settings.kv_bits, settings.kv_group_size),
             outbox=self.shard.outbox,
             receive_gate=self.shard.receive_gate,
             collectives=self.collectives,

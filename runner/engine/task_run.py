@@ -12,7 +12,7 @@ from events.vocabulary import ComputePhase
 from runner.engine.collectives import Collectives
 from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
 from runner.engine.sends import PendingSends, ReceiveGate
-from runner.models.shard import ShardCache, ShardPlacement
+from runner.engine.shard import ShardCache, ShardPlacement
 
 
 @dataclass(slots=True)

@@ -78,7 +78,8 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
 
     from runner.engine.collectives import Collectives
     from runner.engine.engine import Engine
-    from runner.models.shard import ShardPlacement, load_shard
+    from runner.engine.shard import ShardPlacement
+    from runner.shard_loading import load_shard
 
     ranges = tuple((int(s), int(e)) for s, e in job["layer_ranges"])
     world = len(ranges)

@@ -142,8 +142,9 @@ def run(
 ) -> None:
     from runner.engine.collectives import Collectives
     from runner.engine.engine import Engine
+    from runner.engine.shard import ShardPlacement
     from runner.models.resolve import resolve_model
-    from runner.models.shard import ShardPlacement, load_shard
+    from runner.shard_loading import load_shard
 
     server_status = _status_publisher(bridge, stamper, args)
     server_status("loading")
