@@ -202,17 +202,14 @@ def ranks_on_host(ring_hosts: list[str], rank: int) -> int:
 
 
 def continuous_batch(engine: Any, phases: PhaseTracker) -> Any:
-    """The instance's batch when it batches: `max_batch` > 1 (`kv_bits` included: the batch's rows
-    share a quantized cache). The settings are the instance's, so every rank decides alike."""
+    """The instance's batch, which serves every task (`max_batch` 1: a batch of one). The settings
+    are the instance's, so every rank builds the same one."""
     from runner.engine.batch import ContinuousBatch
+    from runner.engine.batch_warmup import warm_pace
+    from runner.engine.shared_cores import agreed_cores
     from runner.preparer import ThreadedPreparer
 
     settings = engine.settings
-    if not settings.batches:
-        return None
-    from runner.engine.batch_warmup import warm_pace
-    from runner.engine.shared_cores import agreed_cores
-
     engine.calibrate_prefill()  # every rank: the chunks' exchange rate, measured (`calibration`)
     cores = agreed_cores(engine, os.environ)  # every rank: the decode mode of ranks sharing a machine
     mode = "in lockstep" if cores.lockstep else "on the ring" if engine.collectives.world > 1 else "alone"
