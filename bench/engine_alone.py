@@ -47,8 +47,9 @@ def main(argv: list[str]) -> int:
     pin_compute_threads(os.environ)  # first, as a runner does (runner.affinity)
     from events.runner_settings import RunnerSettings
     from runner.engine.batch_streams import Admission
-    from runner.engine.engine import Engine, GenerationRequest
+    from runner.engine.engine import Engine
     from runner.engine.protocols import NeverCancelled, PhaseTracker
+    from runner.engine.requests import GenerationRequest
     from runner.engine.shard import ShardPlacement
     from runner.heap import settle_heap
     from runner.models.chat import encode_chat

@@ -172,7 +172,7 @@ def _admission(
     flips: dict[int, list[StepCancel]],
 ) -> Admission:
     from runner.engine.batch_streams import CREATED_MISSING, Admission
-    from runner.engine.engine import GenerationRequest
+    from runner.engine.requests import GenerationRequest
     from runner.local.rank_main import CancelAtPoll
 
     request = msgspec.convert(entry["request"], GenerationRequest)

@@ -124,7 +124,7 @@ def _inbound(rank: int) -> RingInbound:
 def run_task(
     engine: Engine, task: dict[str, Any], rank: int, faults: FaultInjector, phases: PhaseTracker
 ) -> dict[str, Any]:
-    from runner.engine.engine import GenerationRequest
+    from runner.engine.requests import GenerationRequest
 
     request = msgspec.convert(task["request"], GenerationRequest)
     cancelled_before = FixedCancel(rank in task.get("cancel_before_start_ranks", []))

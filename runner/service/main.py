@@ -96,7 +96,7 @@ def ring_failure(error: str, ring_hosts: list[str], rank: int) -> str:
 
 
 def make_request_factory() -> Any:
-    from runner.engine.engine import GenerationRequest
+    from runner.engine.requests import GenerationRequest
 
     def make(task_id: str, prompt: list[int], created: TaskCreated) -> GenerationRequest:
         p = created.params

@@ -13,8 +13,9 @@ import pytest
 
 from events.constraints import JsonSchema, ToolCallRequired, ToolFunction
 from events.runner_settings import RunnerSettings
-from runner.engine.engine import Engine, GenerationOutcome, GenerationRequest
+from runner.engine.engine import Engine
 from runner.engine.protocols import NeverCancelled, NullSink, PhaseTracker, RunnerSink
+from runner.engine.requests import GenerationOutcome, GenerationRequest
 from runner.engine.shard import ShardPlacement
 from runner.errors import RequestError
 from runner.local.testing import RecordingSink

@@ -16,8 +16,9 @@ import pytest
 from events.runner_settings import RunnerSettings
 from runner.engine.batch import ContinuousBatch
 from runner.engine.batch_streams import Admission
-from runner.engine.engine import Engine, GenerationRequest
+from runner.engine.engine import Engine
 from runner.engine.protocols import NeverCancelled, PhaseTracker
+from runner.engine.requests import GenerationRequest
 from runner.engine.shard import ShardPlacement
 from runner.local.local_run import synthetic_prompt
 from runner.local.testing import RecordingSink

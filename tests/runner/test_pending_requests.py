@@ -26,8 +26,9 @@ from events.ids import InstanceId, TaskId
 from events.runner_settings import RunnerSettings
 from runner.engine.batch import ContinuousBatch
 from runner.engine.batch_streams import Admission
-from runner.engine.engine import Engine, GenerationRequest
+from runner.engine.engine import Engine
 from runner.engine.protocols import NeverCancelled, NullSink, PhaseTracker
+from runner.engine.requests import GenerationRequest
 from runner.engine.shard import ShardPlacement
 from runner.models.tiny import cached_tiny
 from runner.service.bridge import Assignment
