@@ -47,13 +47,15 @@ def main(argv: list[str]) -> int:
     pin_compute_threads(os.environ)  # first, as a runner does (runner.affinity)
     from events.runner_settings import RunnerSettings
     from runner.engine.batch_streams import Admission
-    from runner.engine.engine import Engine, GenerationRequest
+    from runner.engine.engine import Engine
     from runner.engine.protocols import NeverCancelled, PhaseTracker
+    from runner.engine.requests import GenerationRequest
+    from runner.engine.shard import ShardPlacement
     from runner.heap import settle_heap
     from runner.models.chat import encode_chat
     from runner.models.model_info import read_model_info
-    from runner.models.shard import ShardPlacement, load_shard
     from runner.service.main import continuous_batch
+    from runner.shard_loading import load_shard
 
     model_dir, prompt, max_tokens, step = Path(argv[0]), argv[1], int(argv[2]), int(argv[3])
     layers = read_model_info(model_dir).n_layers

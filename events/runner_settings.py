@@ -5,8 +5,7 @@ Each runner setting is declared here once: its name, its type with its constrain
 same names as config keys with these types and defaults; the master places every instance with
 the `RunnerSettings` of its config, and each rank reads them from the log. One channel, written
 once per instance, so the ranks of an instance cannot disagree, and they must not: they cut the
-prompt into the same chunks and poll for cancellation together (a collective every
-`decode_cancel_poll_tokens` decode steps). `shoal generate` (runner/local) takes the same
+prompt into the same chunks and agree on each step's batch together. `shoal generate` (runner/local) takes the same
 defaults from here.
 
 It lives in events/ because `InstancePlaced` embeds it and both services/ and runner/ import
@@ -35,8 +34,8 @@ DecodeCancelPollTokens = Annotated[
     int,
     msgspec.Meta(
         ge=1,
-        description="decode steps between the ranks' agreed checks for a cancelled task running alone "
-        "(a batch checks at every step: its vote rides the step's all-reduce)",
+        description="decode steps between the ranks' agreed checks for a cancelled task run outside a "
+        "batch (`shoal generate`, the warm-up); a served task is checked at every step of its batch",
     ),
 ]
 MaxBatch = Annotated[
@@ -143,12 +142,7 @@ class RunnerSettings(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     publish_backlog_events: PublishBacklogEvents = 10_000
 
     @property
-    def batches(self) -> bool:
-        """Whether the instance runs a continuous batch: `max_batch` > 1 on an unquantized KV cache
-        (mlx-lm has no batched quantized cache); else one task at a time."""
-        return self.max_batch > 1 and self.kv_bits is None
-
-    @property
     def batch_rows(self) -> int:
-        """How many sequences the instance decodes together."""
-        return self.max_batch if self.batches else 1
+        """How many sequences the instance decodes together: every instance serves through its
+        continuous batch, quantized KV or not (1: a batch of one, one task at a time)."""
+        return self.max_batch

@@ -26,8 +26,8 @@ from runner.serial_worker import SerialWorker, fulfil, settled
 from runner.turns import Turns
 
 if TYPE_CHECKING:
-    from runner.engine.engine import GenerationRequest
     from runner.engine.preparation import Prepared
+    from runner.engine.requests import GenerationRequest
 
 
 class ThreadedPreparer:

@@ -44,7 +44,7 @@ from runner.engine.batch_plan import (
 from runner.engine.batch_rows import RowDecoder
 from runner.engine.batch_streams import UNRUNNABLE_ELSEWHERE, Admission, Ended, StepResult, Stream, reservations
 from runner.engine.decode import Emitter
-from runner.engine.engine import Engine, outcome_of
+from runner.engine.engine import Engine
 from runner.engine.kv_budget import batch_need, too_large
 from runner.engine.logprobs import LazyLogprobs
 from runner.engine.micro_batches import MicroBatch, MicroBatches
@@ -73,8 +73,6 @@ class ContinuousBatch:
         """`prefix_cache_bytes`: None takes the instance's setting (tests give ranks different bounds).
         `preparer`: who prepares newcomers (`preparation.py`; None: at once, on the step loop).
         `cores`: the agreed decode mode and this rank's BLAS threads (`shared_cores.py`; None: the ring)."""
-        if engine.settings.kv_bits is not None:
-            raise ValueError("continuous batching needs an unquantized KV cache (kv_bits is set)")
         self.engine, self.phases = engine, phases
         self.max_batch = max_batch
         self.layout = StepLayout(engine.collectives.world, max_batch)
@@ -253,11 +251,16 @@ class ContinuousBatch:
         prefilled = frozenset(t for t in current.prefilling if self.streams[t].landed(self.steps))
         needs = reservations(self.engine, self.streams, pending, agreed.runnable) if pending else None
         transition = next_composition(
-            current, agreed, stopped_rows=frozenset(stopped), prefilled=prefilled,
+            current,
+            agreed,
+            stopped_rows=frozenset(stopped),
+            prefilled=prefilled,
             join_room=0 if target is None else micro.join_room(len(prefilled)),
-            pending=[a.task_id for a in pending], max_batch=self.max_batch - micro.rows_elsewhere(),
-            reservations=needs, reserved_elsewhere=[needs[t] for t in micro.rows_in_flight()] if needs else (),
-        )  # fmt: skip
+            pending=[a.task_id for a in pending],
+            max_batch=self.max_batch - micro.rows_elsewhere(),
+            reservations=needs,
+            reserved_elsewhere=[needs[t] for t in micro.rows_in_flight()] if needs else (),
+        )
         if boundary is not None:
             self._remember(boundary, transition.kept_rows)
             self._keep_rows(boundary, transition.kept_rows)
@@ -271,9 +274,7 @@ class ContinuousBatch:
         newcomers = [(i, a) for i, a in enumerate(pending) if a.task_id in joining] if joining else []
         room = chunk_room(agreed.decode_share) if micro.rows else 1.0  # agreed: rank 0's pace, the rows
         capacity = agreed.kv_capacity
-        failed = [
-            self._admit(a, agreed.cached[i], agreed.runnable[i], alone, room, capacity) for i, a in newcomers
-        ]  # fmt: skip
+        failed = [self._admit(a, agreed.cached[i], agreed.runnable[i], alone, room, capacity) for i, a in newcomers]
         ended += [f for f in failed if f is not None]
         waiting = Composition((), transition.composition.prefilling, transition.composition.admitted)
         self.composition = waiting.without([f.task_id for f in failed if f is not None])
@@ -346,15 +347,7 @@ class ContinuousBatch:
 
     def _end(self, stream: Stream, finish_reason: Any) -> Ended:
         del self.streams[stream.request.task_id]
-        result, run = stream.emitter.result, stream.run
-        if run.callback_errors:
-            first = run.callback_errors[0]
-            return Ended(run.task_id, None, f"the sink or cancel source failed: {type(first).__name__}: {first}")
-        outcome = outcome_of(
-            stream.request, run, stream.path, finish_reason, result.token_ids, result.text,
-            stream.spec.prefill_iterations, stream.started, result.first_token_at, stream.cached,
-        )  # fmt: skip
-        return Ended(run.task_id, outcome)
+        return stream.ended(finish_reason)
 
     def _admit(
         self, admission: Admission, cached: int, runnable: bool, alone: bool, room: float, capacity: int
@@ -378,9 +371,15 @@ class ContinuousBatch:
         engine, world = self.engine, self.engine.collectives.world
         prompt_len, step = len(request.prompt_token_ids), engine.settings.prefill_step_size
         path, chunks = newcomer_prefill(
-            prompt_len, step, world, request.prefill_path,
-            alone=alone, cached=cached, keys=engine.prefill_keys_per_token, room=room,
-        )  # fmt: skip
+            prompt_len,
+            step,
+            world,
+            request.prefill_path,
+            alone=alone,
+            cached=cached,
+            keys=engine.prefill_keys_per_token,
+            room=room,
+        )
         iterations = len(rank_schedule(engine.rank, world, len(chunks), path))
         run = engine.task_run(request.task_id, admission.cancel, admission.sink, self.phases)
         if match is not None and cached:

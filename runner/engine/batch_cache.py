@@ -1,10 +1,11 @@
 """The KV cache of the decoding rows of a continuous batch, on one rank.
 
-A stream prefills into its own `ShardCache` (plain per-layer caches, as a task alone does); when
+A stream prefills into its own `ShardCache` (per-layer caches, as a task alone does); when
 its prompt is in, `join` merges those caches into the batch's with mlx-lm's batched caches
-(a left-padded `BatchKVCache`; `filter` drops rows: the pieces mlx-lm's own `BatchGenerator` uses;
-`joined` writes plain KV caches into it once, with room to decode into, where `merge` and `extend`
-copy them up to three times). A batch of one does not pay for batching: one row
+(a left-padded `BatchKVCache`, or its quantized counterpart `BatchQuantizedKVCache` under
+`kv_bits`; `filter` drops rows: the pieces mlx-lm's own `BatchGenerator` uses; `joined` writes
+KV caches into it once, with room to decode into, where `merge` and `extend` copy them up to
+three times). A batch of one does not pay for batching: one row
 decodes on its own plain caches, exactly as a task alone does (no padding mask per step), merged
 at the second row's join and extracted back (`extract`) when one row is left. Only distinct cache
 objects are merged: the slots
@@ -19,9 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache
 
-from runner.models.shard import ShardCache
+from runner.engine.quantized_batch_cache import BatchQuantizedKVCache
+from runner.engine.shard import ShardCache
+
+# The caches whose positions can be taken back, cut to a prefix and joined by copying rows.
+KV_CACHES = (KVCache, BatchKVCache, QuantizedKVCache, BatchQuantizedKVCache)
 
 
 class BatchShardCache:
@@ -63,9 +68,9 @@ class BatchShardCache:
         self.rows = len(rows)
 
     def trimmable(self) -> bool:
-        """Whether every row's last position can be taken back (`trim`): plain KV caches only (a
-        sliding window may have overwritten a key, a recurrent state cannot go back)."""
-        return all(type(self.slots[index]) in (KVCache, BatchKVCache) for index in self._owned)
+        """Whether every row's last position can be taken back (`trim`): KV caches only, plain or
+        quantized (a sliding window may have overwritten a key, a recurrent state cannot go back)."""
+        return all(type(self.slots[index]) in KV_CACHES for index in self._owned)
 
     def trim(self, tokens: int) -> None:
         """Take back the last `tokens` positions of every row (a step computed ahead, not needed)."""
@@ -77,16 +82,16 @@ class BatchShardCache:
 
     def snapshot(self, row: int) -> tuple[list[Any], int] | None:
         """A copy of `row`'s KV on this rank's layers, independent of the batch's arrays (a prefix
-        cache entry), and its bytes; None unless every layer holds a plain batched KV cache (a
+        cache entry), and its bytes; None unless every layer holds a KV cache, plain or quantized (a
         sliding window or a recurrent state cannot be cut to a shorter prefix)."""
         owned = [self.slots[index] for index in self._owned]
-        if self.rows == 1 and all(type(cache) is KVCache for cache in owned):
+        if self.rows == 1 and all(type(cache) in (KVCache, QuantizedKVCache) for cache in owned):
             copies: list[Any] = [_prefix_of(cache, cache.offset) for cache in owned]  # the row's own caches
-        elif all(isinstance(cache, BatchKVCache) for cache in owned):
+        elif all(type(cache) in (BatchKVCache, BatchQuantizedKVCache) for cache in owned):
             copies = [cache.extract(row) for cache in owned]
         else:
             return None
-        mx.eval([array for copy in copies for array in (copy.keys, copy.values)])
+        mx.eval([(copy.keys, copy.values) for copy in copies])
         return copies, sum(copy.nbytes for copy in copies)
 
 
@@ -100,58 +105,56 @@ def join_room(remaining_tokens: Sequence[int], slack: int = 2) -> int:
     return max(1, min(BatchKVCache.step, max(remaining_tokens, default=0) + slack))
 
 
-def prefix_caches(entry: list[Any], length: int) -> list[KVCache]:
+def prefix_caches(entry: list[Any], length: int) -> list[Any]:
     """A stream's own caches holding the first `length` tokens of a prefix cache entry. New array
     objects (slices): the stream's prefill writes into its caches, never into the entry."""
     return [_prefix_of(source, length) for source in entry]
 
 
-def row_caches(caches: list[Any], row: int) -> list[KVCache]:
+def row_caches(caches: list[Any], row: int) -> list[Any]:
     """Row `row` of batched plain caches (a forward of several prompts at once), as one stream's own
     caches: its keys and values up to the offset, in new array objects (slices)."""
     return [_prefix_of(source, source.offset, rows=slice(row, row + 1)) for source in caches]
 
 
-def _prefix_of(source: Any, length: int, rows: slice = slice(None)) -> KVCache:
-    """A plain cache of the first `length` tokens of `source` (of its `rows`), in arrays of its own
-    (slices; keys and values are [rows, heads, tokens, dims])."""
-    cache = KVCache()
-    cache.keys, cache.values = source.keys[rows, :, :length, :], source.values[rows, :, :length, :]
+def _prefix_of(source: Any, length: int, rows: slice = slice(None)) -> Any:
+    """A cache of the first `length` tokens of `source` (of its `rows`), of its own kind (plain, or
+    quantized alike), in arrays of its own (slices; keys and values are [rows, heads, tokens, ·])."""
+    if isinstance(source.keys, tuple | list):
+        cache: Any = QuantizedKVCache(group_size=source.group_size, bits=source.bits)
+        cache.keys, cache.values = _parts(source.keys, length, rows), _parts(source.values, length, rows)
+    else:
+        cache = KVCache()
+        cache.keys, cache.values = source.keys[rows, :, :length, :], source.values[rows, :, :length, :]
     cache.offset = length
     return cache
 
 
 def joined(current: Any, newcomers: Sequence[Any], batched: bool, room: int = BatchKVCache.step) -> Any:
-    """One layer's cache of the rows (`current`: batched, or one row's plain cache) with the
-    `newcomers`' plain caches as its last rows. Plain KV caches are written once, right-aligned at
-    the longest, into buffers with `room` positions to spare: mlx-lm's `merge` then `extend` pad,
-    concatenate and leave the buffer full, so the next decode step copies it all again to grow it
-    (a 2,000-token newcomer made that step of every row ~70 ms longer on a CPU), and joining the
-    newcomers of one step one at a time would copy every row once per newcomer (eight newcomers
-    made the next step of 16 short rows ~35 ms longer). Other kinds of cache (sliding windows,
+    """One layer's cache of the rows (`current`: batched, or one row's own cache) with the
+    `newcomers`' own caches as its last rows. KV caches, plain or quantized (`kv_bits`), are written
+    once, right-aligned at the longest, into buffers with `room` positions to spare: mlx-lm's `merge`
+    then `extend` pad, concatenate and leave the buffer full, so the next decode step copies it all
+    again to grow it (a 2,000-token newcomer made that step of every row ~70 ms longer on a CPU),
+    and joining the newcomers of one step one at a time would copy every row once per newcomer
+    (eight newcomers made the next step of 16 short rows ~35 ms longer); mlx-lm has no batched
+    quantized cache at all (`quantized_batch_cache`). Other kinds of cache (sliding windows,
     recurrent states) go through mlx-lm's own `merge` / `extend`."""
-    plain = type(current) in (KVCache, BatchKVCache) and all(type(n) is KVCache for n in newcomers)
-    views = [_view(current), *(_view(n) for n in newcomers)] if plain else []
-    filled = [view for view in views if view.keys is not None and view.length]
-    if not filled:  # another kind of cache, or nothing written yet
+    layout = _layout([current, *newcomers])
+    if layout is None:
         if batched:
             current.extend(_merged(list(newcomers)))
             return current
         return _merged([current, *newcomers])
+    views = [_view(current), *(_view(n) for n in newcomers)]
     longest = max(view.length for view in views)
-    shape, value_shape = filled[0].keys.shape, filled[0].values.shape
     rows = sum(view.offsets.shape[0] for view in views)
-    keys = mx.zeros((rows, shape[1], longest + room, shape[3]), dtype=filled[0].keys.dtype)
-    values = mx.zeros((rows, value_shape[1], longest + room, value_shape[3]), dtype=filled[0].values.dtype)
-    row = 0
-    for view in views:  # written in place: one buffer, each row's KV copied once (no padded copies)
-        count = view.offsets.shape[0]
-        if view.keys is not None and view.length:
-            keys[row : row + count, :, longest - view.length : longest] = view.keys
-            values[row : row + count, :, longest - view.length : longest] = view.values
-        row += count
-    cache = BatchKVCache([0] * rows)
-    cache.keys, cache.values = keys, values
+    cache = layout.batched(rows)
+    filled = [view for view in views if view.keys is not None and view.values is not None and view.length]
+    if filled:
+        assert filled[0].keys is not None and filled[0].values is not None
+        cache.keys = layout.unwrap(_rows_written(views, "keys", filled[0].keys, rows, longest + room, longest))
+        cache.values = layout.unwrap(_rows_written(views, "values", filled[0].values, rows, longest + room, longest))
     cache.left_padding = mx.concatenate([view.left_padding + (longest - view.length) for view in views])
     cache.offset = mx.concatenate([view.offsets for view in views])
     cache._idx = longest
@@ -159,17 +162,61 @@ def joined(current: Any, newcomers: Sequence[Any], batched: bool, room: int = Ba
 
 
 @dataclass(frozen=True, slots=True)
+class _Layout:
+    """How one layer's rows are stored: plain KV arrays, or `mx.quantize` triples (`kv_bits`)."""
+
+    quantization: tuple[int, int] | None  # (group_size, bits), None: plain
+
+    def batched(self, rows: int) -> Any:
+        if self.quantization is None:
+            return BatchKVCache([0] * rows)
+        group_size, bits = self.quantization
+        return BatchQuantizedKVCache([0] * rows, group_size, bits)
+
+    def unwrap(self, parts: tuple[Any, ...]) -> Any:
+        return parts[0] if self.quantization is None else parts
+
+
+def _layout(caches: Sequence[Any]) -> _Layout | None:
+    """The storage every one of these caches shares, or None (another kind, or a mix)."""
+    if all(type(cache) in (KVCache, BatchKVCache) for cache in caches):
+        return _Layout(None)
+    if all(type(cache) in (QuantizedKVCache, BatchQuantizedKVCache) for cache in caches):
+        kinds = {(cache.group_size, cache.bits) for cache in caches}
+        if len(kinds) == 1:
+            return _Layout(kinds.pop())
+    return None
+
+
+def _rows_written(
+    views: Sequence[_KVView], side: str, like: tuple[Any, ...], rows: int, size: int, longest: int
+) -> tuple[Any, ...]:
+    """Buffers of `size` positions holding every view's `side` (keys or values) right-aligned at
+    `longest`, written in place: each row's KV copied once (no padded copies)."""
+    buffers = tuple(mx.zeros((rows, part.shape[1], size, part.shape[3]), dtype=part.dtype) for part in like)
+    row = 0
+    for view in views:
+        count = view.offsets.shape[0]
+        parts = getattr(view, side)
+        if parts is not None and view.length:
+            for buffer, part in zip(buffers, parts, strict=True):
+                buffer[row : row + count, :, longest - view.length : longest] = part
+        row += count
+    return buffers
+
+
+@dataclass(frozen=True, slots=True)
 class _KVView:
-    keys: Any  # [rows, heads, length, dims], or None
-    values: Any
+    keys: tuple[Any, ...] | None  # each [rows, heads, length, ·] (one array plain, three quantized), or None
+    values: tuple[Any, ...] | None
     length: int  # positions written (a batched cache's rows are right-aligned at it)
     left_padding: Any  # per row
     offsets: Any  # tokens per row
 
 
 def _view(cache: Any) -> _KVView:
-    if isinstance(cache, BatchKVCache):
-        if cache._right_padding is not None:
+    if isinstance(cache, BatchKVCache | BatchQuantizedKVCache):
+        if getattr(cache, "_right_padding", None) is not None:
             raise ValueError("a batched cache with right padding cannot be joined (finalize it first)")
         length, left_padding, offsets = cache._idx, cache.left_padding, cache.offset
     else:
@@ -177,7 +224,13 @@ def _view(cache: Any) -> _KVView:
     keys, values = cache.keys, cache.values
     if keys is None or values is None:
         return _KVView(None, None, length, left_padding, offsets)
-    return _KVView(keys[..., :length, :], values[..., :length, :], length, left_padding, offsets)
+    return _KVView(_parts(keys, length), _parts(values, length), length, left_padding, offsets)
+
+
+def _parts(stored: Any, length: int, rows: slice = slice(None)) -> tuple[Any, ...]:
+    """The first `length` positions of `rows` of plain (one array) or quantized (a triple) KV."""
+    parts = stored if isinstance(stored, tuple | list) else (stored,)
+    return tuple(part[rows, :, :length, :] for part in parts)
 
 
 def _merged(caches: list[Any]) -> Any:

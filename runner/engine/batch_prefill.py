@@ -3,13 +3,13 @@
 A burst of requests with prompts of the same length (clients sending the same template, a
 benchmark) would otherwise take one small forward each: on a CPU most of such a forward is
 per-operation overhead, so one batched forward costs about what two or three alone do. Each
-stream's KV then becomes its own plain caches (`batch_cache.row_caches`), exactly as if it had
+stream's KV then becomes its own caches (`batch_cache.row_caches`), exactly as if it had
 prefilled alone, and its later chunks and decode are unchanged.
 
 Only chunks that start a prompt from an empty cache are batched (nothing cached from the prefix
-cache, the first chunk, on a model whose every layer has a plain KV cache): rows of one length need
-no padding or mask beyond the causal one, so each row's attention and projections are those of the
-prompt alone. Which chunks are batched follows from agreed data only (the composition, each
+cache, the first chunk, on a model whose every layer has a KV cache, plain or quantized): rows of
+one length need no padding or mask beyond the causal one, so each row's attention and projections
+are those of the prompt alone. Which chunks are batched follows from agreed data only (the composition, each
 stream's chunks, the model's cache kinds, the same on every rank), so every rank runs the same
 forwards, with the same shapes, in the same order: the activations each rank sends are what the
 next one expects (docs/ARCHITECTURE.md §6).
@@ -21,12 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
 
-from runner.engine.batch_cache import row_caches
+from runner.engine.batch_cache import KV_CACHES, row_caches
 from runner.engine.prefill import compute_chunk
 from runner.engine.task_run import TaskRun
-from runner.models.shard import ShardCache
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +32,7 @@ class ChunkWork:
     """One prefilling stream's chunk at this step, as every rank knows it."""
 
     tokens: list[int]  # the chunk's prompt tokens
-    fresh: bool  # the prompt's first chunk, into an empty cache of plain KV caches only
+    fresh: bool  # the prompt's first chunk, into an empty cache of KV caches only
 
 
 def prefill_groups(work: Sequence[ChunkWork]) -> list[tuple[int, ...]]:
@@ -54,9 +52,9 @@ def prefill_groups(work: Sequence[ChunkWork]) -> list[tuple[int, ...]]:
 
 
 def starts_fresh(run: TaskRun, cached: int, next_chunk: int) -> bool:
-    """Whether a stream's chunk may be batched: its first, from empty plain KV caches (the slots
-    hold every layer's kind, the same on every rank)."""
-    return cached == 0 and next_chunk == 0 and all(type(cache) is KVCache for cache in run.caches.slots)
+    """Whether a stream's chunk may be batched: its first, from empty KV caches, plain or quantized
+    (the slots hold every layer's kind, the same on every rank)."""
+    return cached == 0 and next_chunk == 0 and all(type(cache) in KV_CACHES for cache in run.caches.slots)
 
 
 def compute_chunks(runs: Sequence[TaskRun], work: Sequence[ChunkWork]) -> None:
@@ -67,7 +65,7 @@ def compute_chunks(runs: Sequence[TaskRun], work: Sequence[ChunkWork]) -> None:
             compute_chunk(runs[group[0]], mx.array(work[group[0]].tokens, dtype=mx.int32), "pipeline")
             continue
         first = runs[group[0]]
-        together = replace(first, caches=ShardCache(first.model, first.placement))
+        together = replace(first, caches=first.caches.empty_like())
         compute_chunk(together, mx.array([work[i].tokens for i in group], dtype=mx.int32), "pipeline")
         for row, index in enumerate(group):
             runs[index].caches.replace_owned(row_caches([together.caches.slots[j] for j in first.caches.owned], row))

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from events.vocabulary import PrefillPath
+from events.vocabulary import FinishReason, PrefillPath
 from runner.engine.decode import DecodeSpec, Emitter
-from runner.engine.engine import Engine, GenerationOutcome, GenerationRequest
+from runner.engine.engine import Engine
 from runner.engine.plan import prefill_cost
 from runner.engine.protocols import CancelSource, RunnerSink
+from runner.engine.requests import GenerationOutcome, GenerationRequest, outcome_of
 from runner.engine.task_run import TaskRun
 
 CREATED_MISSING = "TaskCreated not found in the log"  # this rank could not read the task
@@ -85,6 +86,26 @@ class Stream:
     def prompt_done(self) -> int:
         """Prompt tokens whose KV it holds: the cached prefix, then the chunks taken so far."""
         return self.cached + sum(self.chunks[: self.next_chunk])
+
+    def ended(self, finish_reason: FinishReason) -> Ended:
+        """How it leaves the batch: its outcome, or the failure of its sink or cancel source."""
+        result, run = self.emitter.result, self.run
+        if run.callback_errors:
+            first = run.callback_errors[0]
+            return Ended(run.task_id, None, f"the sink or cancel source failed: {type(first).__name__}: {first}")
+        outcome = outcome_of(
+            self.request,
+            run,
+            self.path,
+            finish_reason,
+            result.token_ids,
+            result.text,
+            self.spec.prefill_iterations,
+            self.started,
+            result.first_token_at,
+            self.cached,
+        )
+        return Ended(run.task_id, outcome)
 
     def next_chunk_cost(self, keys: float | None) -> float | None:
         """What its next prompt chunk costs (`plan.prefill_cost`); None once its prompt is in."""

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from runner.engine.batch import ContinuousBatch
 from runner.engine.batch_streams import Admission, still_pending
-from runner.engine.engine import GenerationRequest
 from runner.engine.plan import effective_step
 from runner.engine.protocols import NeverCancelled, NullSink
+from runner.engine.requests import GenerationRequest
 
 ROW_PROMPT = [1, 2, 3, 4]  # small ids: within every vocabulary
 ROW_AT_STEP = 1  # once the long prompt's first chunk is in: it decodes on after the prompt's last

@@ -17,7 +17,8 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
 from runner.engine.sends import StageBoundaryLayer
-from runner.models.shard import LoadedShard, model_layers
+from runner.engine.shard import LoadedShard
+from runner.models.shard import model_layers
 
 SEED = 0  # the activations' own key: the global PRNG, which seeded sampling never reads, is left alone
 

@@ -13,11 +13,9 @@ import time
 from typing import Any
 
 import mlx.core as mx
-import msgspec
 
 from events.constraints import Constraint, ToolCallRequired, ToolFunction
 from events.runner_settings import RunnerSettings
-from events.vocabulary import FinishReason, PrefillPath
 from runner.engine.calibration import agreed_keys, measure_keys_per_token, proposal, time_probes
 from runner.engine.calibration_probe import owned_layers_forward
 from runner.engine.collectives import Collectives
@@ -26,7 +24,6 @@ from runner.engine.decode import DecodeSpec, run_decode
 from runner.engine.kv_budget import budget_bytes, reservation, token_capacity
 from runner.engine.pace import StepPace
 from runner.engine.plan import (
-    PathChoice,
     choose_path,
     chunk_sizes,
     effective_step,
@@ -37,59 +34,31 @@ from runner.engine.plan import (
 from runner.engine.prefill import run_prefill
 from runner.engine.preparation import Prepared
 from runner.engine.protocols import CancelSource, NeverCancelled, NullSink, PhaseTracker, RunnerSink
+from runner.engine.requests import (
+    GenerationOutcome,
+    GenerationRequest,
+    check_request,
+    completion_room,
+    outcome_of,
+    raise_callback_errors,
+    truncation_of,
+)
 from runner.engine.sampling import (
-    Truncation,
     check_adjustments,
     check_truncation,
     logit_adjustments,
     request_sampler,
 )
+from runner.engine.shard import LoadedShard, ShardCache
 from runner.engine.task_run import TaskRun
-from runner.errors import CallbackError, RequestError
+from runner.errors import RequestError
 from runner.memory import memory_available_bytes
 from runner.models.chat import encode_chat
 from runner.models.grammar import TOOL_CALL_PARSER, GrammarError, check_grammar, grammar_for
 from runner.models.kv_size import kv_bytes_per_token
-from runner.models.shard import LoadedShard, ShardCache, model_layers
+from runner.models.shard import model_layers
 
-__all__ = ["Engine", "GenerationOutcome", "GenerationRequest", "encode_chat"]
-
-
-class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
-    task_id: str
-    prompt_token_ids: list[int]
-    max_tokens: int  # always said by the caller: the API's default is `events.catalogue.DEFAULT_MAX_TOKENS`
-    temperature: float = 0.0
-    top_p: float = 1.0
-    min_p: float = 0.0  # the draw's other truncations (`sampling.Truncation`): 0 = off
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] = msgspec.field(default_factory=list)
-    top_logprobs: int | None = None  # logprobs with this many alternatives per token; None: none
-    prefill_path: PathChoice = "auto"  # benchmarks and tests force a path; services leave auto
-    constraint: Constraint | None = None  # a grammar the output must follow (structured output, forced tool call)
-    tools: list[ToolFunction] = msgspec.field(default_factory=list)  # what a tool-call constraint may name
-    frequency_penalty: float = 0.0  # OpenAI's adjustments of the logits (`sampling.LogitAdjustments`)
-    presence_penalty: float = 0.0
-    logit_bias: list[tuple[int, float]] = msgspec.field(default_factory=list)  # (token id, bias)
-    cache_scope: str = ""  # whose prefix-cache entries it may reuse and adds to: its owner's (`prefix_cache`)
-
-
-class GenerationOutcome(msgspec.Struct, kw_only=True):
-    task_id: str
-    finish_reason: FinishReason
-    prompt_tokens: int
-    completion_tokens: int
-    token_ids: list[int]
-    text: str
-    path: PrefillPath
-    ttft_ms: float | None
-    prefill_tps: float | None
-    decode_tps: float | None
-    prefill_iterations: int
-    cancelled_at: str | None  # "prefill:<iteration>" or "decode:<step>": where the ranks agreed to stop
-    progress: list[tuple[int, int]]
-    cached_tokens: int = 0  # prompt tokens reused from the prefix cache, not prefilled
+__all__ = ["Engine", "GenerationOutcome", "GenerationRequest", "encode_chat"]  # the engine's entry point
 
 
 class Engine:
@@ -169,10 +138,10 @@ class Engine:
         """KV positions of this rank's layers its `kv_cache_bytes` holds (0: its share of half the
         memory available at the first call; the batch reads it once built, after the warm-up); a
         batch admits within the least over ranks (`kv_budget.py`)."""
-        placement = self.shard.placement
+        placement, settings = self.shard.placement, self.settings
         layers = model_layers(self.shard.model)[placement.start : placement.end]
-        budget = budget_bytes(self.settings.kv_cache_bytes, memory_available_bytes(), self.ranks_on_host)
-        return token_capacity(budget, kv_bytes_per_token(layers))
+        budget = budget_bytes(settings.kv_cache_bytes, memory_available_bytes(), self.ranks_on_host)
+        return token_capacity(budget, kv_bytes_per_token(layers, settings.kv_bits, settings.kv_group_size))
 
     def kv_reservation(self, request: GenerationRequest) -> int:
         """The KV positions `request` may come to hold: its prompt and completion room (alike on every rank)."""
@@ -281,9 +250,16 @@ class Engine:
             raise RuntimeError("internal error: a send was left pending after decode")
         raise_callback_errors(run)
         return outcome_of(
-            request, run, path, decoded.finish_reason, decoded.token_ids, decoded.text,
-            prefill.iterations, started, decoded.first_token_at,
-        )  # fmt: skip
+            request,
+            run,
+            path,
+            decoded.finish_reason,
+            decoded.token_ids,
+            decoded.text,
+            prefill.iterations,
+            started,
+            decoded.first_token_at,
+        )
 
     def decode_spec(
         self, request: GenerationRequest, prefill_iterations: int, prepared: Prepared | None = None
@@ -309,92 +285,22 @@ class Engine:
         )
 
     def task_run(self, task_id: str, cancel: CancelSource, sink: RunnerSink, phases: PhaseTracker) -> TaskRun:
+        shard, settings = self.shard, self.settings
         return TaskRun(
             task_id=task_id,
             model=self.shard.model,
             placement=self.shard.placement,
-            caches=ShardCache(self.shard.model, self.shard.placement),
+            caches=ShardCache(shard.model, shard.placement, settings.kv_bits, settings.kv_group_size),
             outbox=self.shard.outbox,
             receive_gate=self.shard.receive_gate,
             collectives=self.collectives,
             cancel=cancel,
             sink=sink,
             phases=phases,
-            kv_bits=self.settings.kv_bits,
-            kv_group_size=self.settings.kv_group_size,
         )
-
-
-def completion_room(max_tokens: int, prompt_len: int, context_length: int | None) -> int:
-    """The tokens a request may generate: its `max_tokens`, cut where prompt and completion would
-    pass the model's context (then it ends "length", as at `max_tokens`). At least one: a prompt
-    that fills the context still gets the token its last position predicts. Every rank computes
-    it from the same request and model, so the rows' stops stay agreed data."""
-    if context_length is None:
-        return max_tokens
-    return max(1, min(max_tokens, context_length - prompt_len))
-
-
-def check_request(request: GenerationRequest, context_length: int | None) -> None:
-    """Bad input a user can cause, as one-line errors (same verdict on every rank)."""
-    if not request.prompt_token_ids:
-        raise RequestError("empty prompt: give at least one prompt token")
-    if request.max_tokens <= 0:
-        raise RequestError(f"max_tokens must be > 0, got {request.max_tokens}")
-    if context_length is not None and len(request.prompt_token_ids) > context_length:
-        raise RequestError(
-            f"prompt has {len(request.prompt_token_ids)} tokens but the model's context is {context_length}"
-        )
-
-
-def truncation_of(request: GenerationRequest) -> Truncation:
-    return Truncation(top_p=request.top_p, min_p=request.min_p, top_k=request.top_k)
 
 
 def _tool_parser_name(tokenizer: Any) -> str | None:
     """mlx-lm's tool-call parser of this tokenizer, by module name (None: its template has no tools)."""
     parser = getattr(tokenizer, "tool_parser", None)
     return None if parser is None else parser.__module__.rsplit(".", 1)[-1]
-
-
-def raise_callback_errors(run: TaskRun) -> None:
-    if run.callback_errors:
-        first = run.callback_errors[0]
-        raise CallbackError(
-            f"task {run.task_id}: the sink or cancel source failed {len(run.callback_errors)} time(s), "
-            f"first: {type(first).__name__}: {first}"
-        ) from first
-
-
-def outcome_of(
-    request: GenerationRequest,
-    run: TaskRun,
-    path: PrefillPath,
-    finish_reason: FinishReason,
-    token_ids: list[int],
-    text: str,
-    prefill_iterations: int,
-    started: float,
-    first_token_at: float | None,
-    cached_tokens: int = 0,
-) -> GenerationOutcome:
-    now = time.perf_counter()
-    ttft = None if first_token_at is None else first_token_at - started
-    decode_time = None if first_token_at is None else now - first_token_at
-    prompt_len = len(request.prompt_token_ids)
-    return GenerationOutcome(
-        task_id=request.task_id,
-        finish_reason=finish_reason,
-        prompt_tokens=prompt_len,
-        completion_tokens=len(token_ids),
-        token_ids=token_ids,
-        text=text,
-        path=path,
-        ttft_ms=None if ttft is None else ttft * 1000,
-        prefill_tps=None if not ttft else (prompt_len - cached_tokens) / ttft,
-        decode_tps=(len(token_ids) - 1) / decode_time if decode_time and len(token_ids) > 1 else None,
-        prefill_iterations=prefill_iterations,
-        cancelled_at=run.cancelled_at,
-        progress=list(run.progress),
-        cached_tokens=cached_tokens,
-    )

@@ -25,8 +25,8 @@ from runner.engine.prefix_cache import PrefixIndex, PrefixMatch
 if TYPE_CHECKING:
     from runner.engine.batch_streams import Admission
     from runner.engine.constraints import TokenMask
-    from runner.engine.engine import GenerationRequest
     from runner.engine.protocols import Preparer
+    from runner.engine.requests import GenerationRequest
 
 
 @dataclass(frozen=True, slots=True)

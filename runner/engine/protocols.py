@@ -14,8 +14,8 @@ from events.logprobs import TokenLogprob
 from events.vocabulary import Phase, PrefillPath
 
 if TYPE_CHECKING:
-    from runner.engine.engine import GenerationRequest
     from runner.engine.preparation import Prepared
+    from runner.engine.requests import GenerationRequest
 
 
 class CancelSource(Protocol):

@@ -31,7 +31,8 @@ from mlx.utils import tree_flatten
 from runner.blas import BlasThreads
 from runner.engine.collectives import Collectives
 from runner.engine.engine import Engine
-from runner.models.shard import LoadedShard, model_layers
+from runner.engine.shard import LoadedShard
+from runner.models.shard import model_layers
 
 LOCKSTEP_WEIGHT_BYTES = 64 * 2**20  # a rank's layers from which its weights dominate a decode step here
 

@@ -12,7 +12,7 @@ from events.vocabulary import ComputePhase
 from runner.engine.collectives import Collectives
 from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
 from runner.engine.sends import PendingSends, ReceiveGate
-from runner.models.shard import ShardCache, ShardPlacement
+from runner.engine.shard import ShardCache, ShardPlacement
 
 
 @dataclass(slots=True)
@@ -27,8 +27,6 @@ class TaskRun:
     cancel: CancelSource
     sink: RunnerSink
     phases: PhaseTracker
-    kv_bits: int | None
-    kv_group_size: int
     progress: list[tuple[int, int]] = field(default_factory=list)
     cancelled_at: str | None = None
     callback_errors: list[Exception] = field(default_factory=list)
@@ -64,5 +62,4 @@ class TaskRun:
         """Run this rank's part of the model on a [rows, n] token array (lazily); returns logits."""
         logits = self.model(tokens, cache=self.caches.slots)
         self.receive_gate.wait()  # the graph is built: now wait (without spinning) for the receive's bytes
-        self.caches.maybe_quantize(self.kv_bits, self.kv_group_size)
         return logits

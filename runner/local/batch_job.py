@@ -107,11 +107,18 @@ def run_schedule(
             ended[done.task_id] = _record(done, sinks[done.task_id]) | {"timing": left}
         clock, steps = clock + 1, steps + 1
     prefixes = {"nbytes": batch.prefixes.nbytes, "bound": batch.prefixes.max_bytes, "entries": len(batch.prefixes)}
-    return {"kind": "batch", "ended": ended, "steps": steps, "prefix_cache": prefixes, "overlapped_steps": overlapped,
-            "lockstep": batch.cores.lockstep,
-            "speculated_steps": batch.row_decoder.speculated_steps,
-            "taken_back_steps": batch.row_decoder.taken_back_steps, "step_times": steps_at,
-            "keys_per_token": engine.prefill_keys_per_token}  # fmt: skip
+    return {
+        "kind": "batch",
+        "ended": ended,
+        "steps": steps,
+        "prefix_cache": prefixes,
+        "overlapped_steps": overlapped,
+        "lockstep": batch.cores.lockstep,
+        "speculated_steps": batch.row_decoder.speculated_steps,
+        "taken_back_steps": batch.row_decoder.taken_back_steps,
+        "step_times": steps_at,
+        "keys_per_token": engine.prefill_keys_per_token,
+    }
 
 
 @dataclass(slots=True)
@@ -172,7 +179,7 @@ def _admission(
     flips: dict[int, list[StepCancel]],
 ) -> Admission:
     from runner.engine.batch_streams import CREATED_MISSING, Admission
-    from runner.engine.engine import GenerationRequest
+    from runner.engine.requests import GenerationRequest
     from runner.local.rank_main import CancelAtPoll
 
     request = msgspec.convert(entry["request"], GenerationRequest)

@@ -79,7 +79,8 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
 
     from runner.engine.collectives import Collectives
     from runner.engine.engine import Engine
-    from runner.models.shard import ShardPlacement, load_shard
+    from runner.engine.shard import ShardPlacement
+    from runner.shard_loading import load_shard
 
     ranges = tuple((int(s), int(e)) for s, e in job["layer_ranges"])
     world = len(ranges)
@@ -123,7 +124,7 @@ def _inbound(rank: int) -> RingInbound:
 def run_task(
     engine: Engine, task: dict[str, Any], rank: int, faults: FaultInjector, phases: PhaseTracker
 ) -> dict[str, Any]:
-    from runner.engine.engine import GenerationRequest
+    from runner.engine.requests import GenerationRequest
 
     request = msgspec.convert(task["request"], GenerationRequest)
     cancelled_before = FixedCancel(rank in task.get("cancel_before_start_ranks", []))
@@ -160,9 +161,13 @@ def main(argv: list[str]) -> int:
             snap = phases.snapshot()
             write_json_atomic(
                 out_dir / f"rank{rank}.json",
-                {"rank": rank, "error": f"{type(err).__name__}: {err}", "phase": snap.phase,
-                 "traceback": traceback.format_exc()},
-            )  # fmt: skip
+                {
+                    "rank": rank,
+                    "error": f"{type(err).__name__}: {err}",
+                    "phase": snap.phase,
+                    "traceback": traceback.format_exc(),
+                },
+            )
             return 1
     write_json_atomic(out_dir / f"rank{rank}.json", {"rank": rank, "results": results})
     return 0

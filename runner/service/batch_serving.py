@@ -85,9 +85,11 @@ class BatchServing:
             task_id = TaskId(ended.task_id)
             if ended.outcome is None:
                 failed = TaskFailed(
-                    env=server.stamper.stamp(), task_id=task_id, error=ended.error or "",
+                    env=server.stamper.stamp(),
+                    task_id=task_id,
+                    error=ended.error or "",
                     invalid_request=ended.invalid_request,
-                )  # fmt: skip
+                )
                 server.terminal(failed)
             else:
                 server.completed(task_id, ended.outcome)

@@ -96,7 +96,7 @@ def ring_failure(error: str, ring_hosts: list[str], rank: int) -> str:
 
 
 def make_request_factory() -> Any:
-    from runner.engine.engine import GenerationRequest
+    from runner.engine.requests import GenerationRequest
 
     def make(task_id: str, prompt: list[int], created: TaskCreated) -> GenerationRequest:
         p = created.params
@@ -142,8 +142,9 @@ def run(
 ) -> None:
     from runner.engine.collectives import Collectives
     from runner.engine.engine import Engine
+    from runner.engine.shard import ShardPlacement
     from runner.models.resolve import resolve_model
-    from runner.models.shard import ShardPlacement, load_shard
+    from runner.shard_loading import load_shard
 
     server_status = _status_publisher(bridge, stamper, args)
     server_status("loading")
@@ -201,17 +202,14 @@ def ranks_on_host(ring_hosts: list[str], rank: int) -> int:
 
 
 def continuous_batch(engine: Any, phases: PhaseTracker) -> Any:
-    """The instance's batch when it batches: `max_batch` > 1 on an unquantized KV cache (mlx-lm has
-    no batched quantized cache). The settings are the instance's, so every rank decides alike."""
+    """The instance's batch, which serves every task (`max_batch` 1: a batch of one). The settings
+    are the instance's, so every rank builds the same one."""
     from runner.engine.batch import ContinuousBatch
+    from runner.engine.batch_warmup import warm_pace
+    from runner.engine.shared_cores import agreed_cores
     from runner.preparer import ThreadedPreparer
 
     settings = engine.settings
-    if not settings.batches:
-        return None
-    from runner.engine.batch_warmup import warm_pace
-    from runner.engine.shared_cores import agreed_cores
-
     engine.calibrate_prefill()  # every rank: the chunks' exchange rate, measured (`calibration`)
     cores = agreed_cores(engine, os.environ)  # every rank: the decode mode of ranks sharing a machine
     mode = "in lockstep" if cores.lockstep else "on the ring" if engine.collectives.world > 1 else "alone"

@@ -1,15 +1,11 @@
 """The runner's task loop: assignments from the log, in log order, on every rank alike.
 
-Per assignment every rank:
-1. fetches the task's `TaskCreated` and builds the same request from it (deterministic);
-2. agrees with its peers to start or skip (one all-reduce: a task cancelled or failed before it
-   started is skipped by all, never by some);
-3. checks the request (same verdict everywhere: a bad request fails without any collective);
-4. runs the engine, whose sink publishes progress and chunks.
-The sampling rank (the last) publishes the terminal event, after its last chunk, so a reader
-of the task's subjects sees every chunk before `TaskCompleted`. With a `batch` (max_batch > 1) the
-loop is `batch_serving.BatchServing`: the same requests and terminal events, but tasks join and
-leave a running batch at step boundaries instead of running one after another.
+Every instance serves through its continuous batch (`batch_serving.BatchServing`; `max_batch` = 1
+is a batch of one, one task at a time): every rank fetches each task's `TaskCreated` and builds
+the same request from it (deterministic), and the batch admits, runs and ends it at step
+boundaries, its cancel vote and its checks agreed at the batch's steps (a bad request fails alike
+on every rank). The sampling rank (the last) publishes the terminal event, after its last chunk,
+so a reader of the task's subjects sees every chunk before `TaskCompleted`.
 """
 
 from __future__ import annotations
@@ -33,9 +29,7 @@ from events.ids import InstanceId, TaskId
 from events.stamp import Stamper
 from events.subjects import task_subject
 from events.vocabulary import FinishReason, RunnerStatus
-from runner.engine.batch_streams import CREATED_MISSING
 from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
-from runner.errors import RequestError
 from runner.models.chat import encode_task_prompt
 from runner.service.batch_serving import BatchLike, BatchServing
 from runner.service.bridge import Assignment
@@ -62,9 +56,6 @@ class Outcome(Protocol):
 class EngineLike(Protocol):
     @property
     def tokenizer(self) -> Any: ...
-    def agree_start(self, task_id: str, cancel: CancelSource, phases: PhaseTracker | None = None) -> bool: ...
-    def validate(self, request: Any) -> None: ...
-    def generate(self, request: Any, cancel: CancelSource, sink: RunnerSink, phases: PhaseTracker) -> Outcome: ...
 
 
 class Inbox(Protocol):
@@ -87,7 +78,7 @@ class TaskServer:
         rank: int,
         is_sampling_rank: bool,
         make_request: Callable[[str, list[int], TaskCreated], Any],
-        batch: BatchLike | None = None,
+        batch: BatchLike,
         running: RunningTasks | None = None,
     ) -> None:
         """`running`: where the tasks being run are kept, for error reports and the heartbeats."""
@@ -101,7 +92,7 @@ class TaskServer:
         self.rank = rank
         self.is_sampling_rank = is_sampling_rank
         self.make_request = make_request
-        self.batch = batch  # continuous batching (max_batch > 1); None: one task at a time
+        self.batch = batch  # the instance's continuous batch (max_batch 1: a batch of one)
         self._running = running or RunningTasks()
 
     @property
@@ -120,35 +111,7 @@ class TaskServer:
     def serve(self, stop: threading.Event, poll_seconds: float = 0.2) -> None:
         """Run assignments until `stop` is set. Engine errors propagate (the group is broken), and so
         does `LogBridgeDown` (no assignment can come any more)."""
-        if self.batch is not None:
-            BatchServing(self, self.batch).serve(stop, poll_seconds)
-            return
-        while not stop.is_set():
-            assignment = self.inbox.next_assignment(poll_seconds)
-            if assignment is not None:
-                self.running = (assignment.assigned.task_id,)
-                self.run_one(assignment.assigned.task_id, assignment.created)
-                self.running = ()
-
-    def run_one(self, task_id: TaskId, created: TaskCreated | None = None) -> None:
-        request = self.request_for(task_id, created)
-        if request is None:
-            # Every rank reads the same log, so every rank takes this branch together.
-            self.terminal(TaskFailed(env=self.stamper.stamp(), task_id=task_id, error=CREATED_MISSING))
-            return
-        if not self.engine.agree_start(task_id, self.cancel, self.phases):
-            self.terminal(TaskCompleted(env=self.stamper.stamp(), task_id=task_id, finish_reason="cancelled"))
-            return
-        try:
-            self.engine.validate(request)
-        except RequestError as exc:
-            refused = TaskFailed(env=self.stamper.stamp(), task_id=task_id, error=str(exc), invalid_request=True)
-            self.terminal(refused)
-            return
-        self.status("running", task_id)
-        outcome = self.engine.generate(request, self.cancel, self.sink, self.phases)
-        self.completed(task_id, outcome)
-        self.status("ready", task_id)
+        BatchServing(self, self.batch).serve(stop, poll_seconds)
 
     def request_for(self, task_id: TaskId, created: TaskCreated | None) -> Any | None:
         """The task's request, built alike on every rank from its `TaskCreated` (None: not in the log)."""

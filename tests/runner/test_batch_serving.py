@@ -14,13 +14,15 @@ from events.catalogue import LogEvent, RunnerStatusChanged, TaskAssigned, TaskCo
 from events.ids import InstanceId, TaskId
 from events.runner_settings import RunnerSettings
 from runner.engine.batch import ContinuousBatch
-from runner.engine.engine import Engine, GenerationRequest
+from runner.engine.engine import Engine
 from runner.engine.protocols import NeverCancelled, NullSink, PhaseTracker
+from runner.engine.requests import GenerationRequest
+from runner.engine.shard import ShardPlacement
 from runner.local.local_run import synthetic_prompt
-from runner.models.shard import ShardPlacement, load_shard
 from runner.models.tiny import cached_tiny
 from runner.service.bridge import Assignment
 from runner.service.tasks import TaskServer
+from runner.shard_loading import load_shard
 from tests.events.builders import Events, fake_stamper
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,13 +13,15 @@ import pytest
 
 from events.constraints import JsonSchema, ToolCallRequired, ToolFunction
 from events.runner_settings import RunnerSettings
-from runner.engine.engine import Engine, GenerationOutcome, GenerationRequest
+from runner.engine.engine import Engine
 from runner.engine.protocols import NeverCancelled, NullSink, PhaseTracker, RunnerSink
+from runner.engine.requests import GenerationOutcome, GenerationRequest
+from runner.engine.shard import ShardPlacement
 from runner.errors import RequestError
 from runner.local.testing import RecordingSink
 from runner.models.chat import encode_chat
-from runner.models.shard import ShardPlacement, load_shard
 from runner.models.tiny import cached_tiny
+from runner.shard_loading import load_shard
 
 SCHEMA = {
     "type": "object",

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from runner.engine.engine import completion_room
+from runner.engine.requests import completion_room
 from runner.local.launch import run_group
 from runner.local.local_run import synthetic_prompt
 from runner.models.tiny import cached_tiny

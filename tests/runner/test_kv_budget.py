@@ -124,6 +124,10 @@ def test_a_ranks_kv_per_token_is_its_layers_key_and_value_widths() -> None:
     assert kv_bytes_per_token(layers) == len(layers) * per_layer
     assert kv_bytes_per_token(layers[2:5]) == 3 * per_layer
     assert kv_bytes_per_token([*layers[:1], nn.Linear(4, 4)]) is None
+    # kv_bits: the packed values plus a float32 scale and bias per group (mx.quantize's layout)
+    width = per_layer // 4
+    assert kv_bytes_per_token(layers, 8, 64) == len(layers) * (width + 2 * (width // 64) * 4)
+    assert kv_bytes_per_token(layers, 4, 32) == len(layers) * (width // 2 + 2 * (width // 32) * 4)
 
 
 def test_the_ranks_on_a_machine_are_those_with_its_ring_host() -> None:

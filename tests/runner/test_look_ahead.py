@@ -16,12 +16,14 @@ import pytest
 from events.runner_settings import RunnerSettings
 from runner.engine.batch import ContinuousBatch
 from runner.engine.batch_streams import Admission
-from runner.engine.engine import Engine, GenerationRequest
+from runner.engine.engine import Engine
 from runner.engine.protocols import NeverCancelled, PhaseTracker
+from runner.engine.requests import GenerationRequest
+from runner.engine.shard import ShardPlacement
 from runner.local.local_run import synthetic_prompt
 from runner.local.testing import RecordingSink
-from runner.models.shard import ShardPlacement, load_shard
 from runner.models.tiny import cached_tiny
+from runner.shard_loading import load_shard
 
 pytestmark = pytest.mark.timeout(120)
 ARRIVAL = 6  # the step at which the newcomer reaches the rank: the running streams decode by then

@@ -26,13 +26,15 @@ from events.ids import InstanceId, TaskId
 from events.runner_settings import RunnerSettings
 from runner.engine.batch import ContinuousBatch
 from runner.engine.batch_streams import Admission
-from runner.engine.engine import Engine, GenerationRequest
+from runner.engine.engine import Engine
 from runner.engine.protocols import NeverCancelled, NullSink, PhaseTracker
-from runner.models.shard import ShardPlacement, load_shard
+from runner.engine.requests import GenerationRequest
+from runner.engine.shard import ShardPlacement
 from runner.models.tiny import cached_tiny
 from runner.service.bridge import Assignment
 from runner.service.pending import LARGE_PROMPT_BYTES, PendingAdmissions, is_large
 from runner.service.tasks import TaskServer
+from runner.shard_loading import load_shard
 from tests.events.builders import Events, fake_stamper
 
 pytestmark = pytest.mark.timeout(120)

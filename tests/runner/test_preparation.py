@@ -9,10 +9,10 @@ import pytest
 from events.constraints import JsonObject
 from runner.engine.batch_plan import PREPARING
 from runner.engine.batch_streams import Admission
-from runner.engine.engine import GenerationRequest
 from runner.engine.prefix_cache import PrefixIndex
 from runner.engine.preparation import IDLE_WAIT_SECONDS, Newcomers, Prepared, PrepareInline
 from runner.engine.protocols import NeverCancelled, NullSink
+from runner.engine.requests import GenerationRequest
 from runner.preparer import ThreadedPreparer
 
 pytestmark = pytest.mark.timeout(30)

@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-from runner.models.shard import ShardCache, ShardPlacement, load_shard
+from runner.engine.shard import ShardCache, ShardPlacement
 from runner.models.tiny import cached_tiny
+from runner.shard_loading import load_shard
 
 pytestmark = pytest.mark.timeout(60)
 

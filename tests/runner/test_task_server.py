@@ -1,7 +1,11 @@
-"""The runner's task loop with a fake engine and inbox: what each rank publishes, and when."""
+"""The runner's task loop (`TaskServer` serving through `BatchServing`) with a fake batch and inbox:
+what each rank publishes, and when. The batch's own decisions (admission, cancel votes, checks)
+are the real `ContinuousBatch`'s, tested on real groups (tests/runner/test_group_batch.py)."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,8 +14,8 @@ import pytest
 from events.catalogue import LogEvent, RunnerStatusChanged, TaskAssigned, TaskCompleted, TaskFailed, TelemetryEvent
 from events.ids import InstanceId, TaskId
 from events.vocabulary import FinishReason
-from runner.engine.protocols import CancelSource, NullSink, PhaseTracker, RunnerSink
-from runner.errors import RequestError
+from runner.engine.batch_streams import CREATED_MISSING, Admission, Ended, StepResult
+from runner.engine.protocols import NullSink, PhaseTracker
 from runner.service.bridge import Assignment
 from runner.service.tasks import TaskServer
 from tests.events.builders import Events, fake_stamper
@@ -37,24 +41,41 @@ class FakeOutcome:
 
 @dataclass
 class FakeEngine:
-    start: bool = True
-    invalid: bool = False
-    generated: list[Any] = field(default_factory=list)
-
     @property
     def tokenizer(self) -> Any:
         return FakeTokenizer()
 
-    def agree_start(self, task_id: str, cancel: CancelSource, phases: PhaseTracker | None = None) -> bool:
-        return self.start
 
-    def validate(self, request: Any) -> None:
-        if self.invalid:
-            raise RequestError("prompt has 9000 tokens but the model's context is 4096")
+@dataclass
+class OneAtATime:
+    """A batch of one: admits the first pending admission at a step and ends it at the next, with
+    the outcome the test gives it (an error for an admission whose request could not be built, as
+    `ContinuousBatch` does)."""
 
-    def generate(self, request: Any, cancel: CancelSource, sink: RunnerSink, phases: PhaseTracker) -> FakeOutcome:
-        self.generated.append(request)
-        return FakeOutcome()
+    ends: dict[str, Ended | None] = field(default_factory=dict)  # task -> how it ends (None: completes)
+    members: tuple[str, ...] = ()
+    admitted: list[Any] = field(default_factory=list)  # the requests the batch ran
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.members)
+
+    def step(self, read_pending: Callable[[], Sequence[Admission]]) -> StepResult:
+        pending = read_pending()
+        ended = [self._end(task_id) for task_id in self.members]
+        self.members = ()
+        if not pending:
+            return StepResult((), ended)
+        first = pending[0]
+        if first.request is None:
+            return StepResult((first.task_id,), [*ended, Ended(first.task_id, None, first.error)])
+        self.admitted.append(first.request)
+        self.members = (first.task_id,)
+        return StepResult((first.task_id,), ended)
+
+    def _end(self, task_id: str) -> Ended:
+        how = self.ends.get(task_id)
+        return how if how is not None else Ended(task_id, FakeOutcome())  # pyright: ignore[reportArgumentType]
 
 
 @dataclass
@@ -67,8 +88,13 @@ class FakeInbox:
     def publish(self, event: LogEvent | TelemetryEvent) -> None:
         self.published.append(event)
 
+    stop: threading.Event = field(default_factory=threading.Event)
+
     def next_assignment(self, timeout: float) -> Assignment | None:
-        return self.assignments.pop(0) if self.assignments else None
+        if not self.assignments:
+            self.stop.set()  # all served: the loop stops once the batch is idle
+            return None
+        return self.assignments.pop(0)
 
     def fetch(self, subject: str, timeout: float = 10.0) -> Any:
         self.fetched.append(subject)
@@ -78,9 +104,9 @@ class FakeInbox:
         return False
 
 
-def _server(engine: FakeEngine, inbox: FakeInbox, *, sampling: bool) -> TaskServer:
+def _server(batch: OneAtATime, inbox: FakeInbox, *, sampling: bool) -> TaskServer:
     return TaskServer(
-        engine=engine,
+        engine=FakeEngine(),
         inbox=inbox,
         cancel=inbox,
         sink=NullSink(),
@@ -90,6 +116,7 @@ def _server(engine: FakeEngine, inbox: FakeInbox, *, sampling: bool) -> TaskServ
         rank=1 if sampling else 0,
         is_sampling_rank=sampling,
         make_request=lambda task_id, prompt, created: (task_id, prompt, created.params.max_tokens),
+        batch=batch,
     )
 
 
@@ -99,18 +126,15 @@ def _assignment(ev: Events, task_id: str, with_created: bool = True) -> Assignme
 
 
 def _serve_all(server: TaskServer, inbox: FakeInbox) -> None:
-    while inbox.assignments:
-        assignment = inbox.next_assignment(0)
-        assert assignment is not None
-        server.run_one(assignment.assigned.task_id, assignment.created)
+    server.serve(inbox.stop, poll_seconds=0)
 
 
 @pytest.mark.parametrize("sampling", [True, False])
 def test_a_task_runs_and_only_the_sampling_rank_ends_it(sampling: bool) -> None:
-    ev, inbox, engine = Events(), FakeInbox(), FakeEngine()
+    ev, inbox, batch = Events(), FakeInbox(), OneAtATime()
     inbox.assignments.append(_assignment(ev, "t1"))
-    _serve_all(_server(engine, inbox, sampling=sampling), inbox)
-    assert len(engine.generated) == 1 and engine.generated[0][0] == "t1"
+    _serve_all(_server(batch, inbox, sampling=sampling), inbox)
+    assert len(batch.admitted) == 1 and batch.admitted[0][0] == "t1"
     statuses = [e.status for e in inbox.published if isinstance(e, RunnerStatusChanged)]
     assert statuses == ["running", "ready"]
     ends = [e for e in inbox.published if isinstance(e, TaskCompleted)]
@@ -119,34 +143,36 @@ def test_a_task_runs_and_only_the_sampling_rank_ends_it(sampling: bool) -> None:
         assert ends[0].finish_reason == "length" and ends[0].usage.completion_tokens == 3
 
 
-def test_a_task_skipped_by_agreement_ends_cancelled_without_generating() -> None:
-    ev, inbox, engine = Events(), FakeInbox(), FakeEngine(start=False)
-    inbox.assignments.append(_assignment(ev, "t1"))
-    _serve_all(_server(engine, inbox, sampling=True), inbox)
-    assert engine.generated == []
-    assert [type(e).__name__ for e in inbox.published] == ["TaskCompleted"]
-    assert isinstance(inbox.published[0], TaskCompleted) and inbox.published[0].finish_reason == "cancelled"
+def test_tasks_run_one_after_another_in_log_order() -> None:
+    ev, inbox, batch = Events(), FakeInbox(), OneAtATime()
+    inbox.assignments += [_assignment(ev, "t1"), _assignment(ev, "t2")]
+    _serve_all(_server(batch, inbox, sampling=True), inbox)
+    assert [request[0] for request in batch.admitted] == ["t1", "t2"]
+    assert [e.task_id for e in inbox.published if isinstance(e, TaskCompleted)] == ["t1", "t2"]
 
 
 def test_a_bad_request_fails_the_task_with_the_runners_message() -> None:
-    ev, inbox, engine = Events(), FakeInbox(), FakeEngine(invalid=True)
+    ev, inbox = Events(), FakeInbox()
+    refused = Ended("t1", None, "prompt has 9000 tokens but the model's context is 4096", invalid_request=True)
+    batch = OneAtATime(ends={"t1": refused})
     inbox.assignments.append(_assignment(ev, "t1"))
-    _serve_all(_server(engine, inbox, sampling=True), inbox)
+    _serve_all(_server(batch, inbox, sampling=True), inbox)
     failed = [e for e in inbox.published if isinstance(e, TaskFailed)]
-    assert engine.generated == [] and "context is 4096" in failed[0].error
+    assert "context is 4096" in failed[0].error and failed[0].invalid_request
 
 
 def test_created_before_the_runner_watched_is_fetched_from_the_log() -> None:
-    ev, inbox, engine = Events(), FakeInbox(), FakeEngine()
+    ev, inbox, batch = Events(), FakeInbox(), OneAtATime()
     inbox.created["t1"] = ev.created("t1")
     inbox.assignments.append(_assignment(ev, "t1", with_created=False))
-    _serve_all(_server(engine, inbox, sampling=True), inbox)
-    assert inbox.fetched == ["shoal.ev.task.t1.created"] and len(engine.generated) == 1
+    _serve_all(_server(batch, inbox, sampling=True), inbox)
+    assert inbox.fetched == ["shoal.ev.task.t1.created"] and len(batch.admitted) == 1
 
 
 def test_a_task_missing_from_the_log_fails_on_every_rank_alike() -> None:
-    ev, inbox, engine = Events(), FakeInbox(), FakeEngine()
+    ev, inbox, batch = Events(), FakeInbox(), OneAtATime()
     inbox.assignments.append(_assignment(ev, "ghost", with_created=False))
-    _serve_all(_server(engine, inbox, sampling=True), inbox)
-    assert engine.generated == []
-    assert isinstance(inbox.published[0], TaskFailed) and "not found" in inbox.published[0].error
+    _serve_all(_server(batch, inbox, sampling=True), inbox)
+    assert batch.admitted == []
+    failed = [e for e in inbox.published if isinstance(e, TaskFailed)]
+    assert len(failed) == 1 and failed[0].error == CREATED_MISSING

@@ -196,6 +196,10 @@ def test_a_task_waiting_for_a_place_is_not_failed_as_unassigned() -> None:
 
 
 def test_an_instance_that_does_not_batch_is_handed_one_task_and_a_few_ahead() -> None:
+    assert held_limit(instance("one", 1)) == 1 + handed_ahead(1) == 3
+
+
+def test_an_instance_with_a_quantized_kv_cache_batches_like_any_other() -> None:
     quantized = InstanceInfo(
         instance_id=InstanceId("q"),
         model="tiny",
@@ -206,8 +210,7 @@ def test_an_instance_that_does_not_batch_is_handed_one_task_and_a_few_ahead() ->
         placed_at=0,
         settings=RunnerSettings(max_batch=32, kv_bits=8),
     )
-    assert held_limit(quantized) == 1 + handed_ahead(1) == 3
-    assert held_limit(instance("one", 1)) == 3
+    assert held_limit(quantized) == held_limit(instance("plain", 32)) == 32 + handed_ahead(32)
 
 
 def test_diagnose_says_a_task_waits_for_a_place_on_a_full_instance() -> None:

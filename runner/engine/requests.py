@@ -1,0 +1,122 @@
+"""What a rank is asked and what it hands back: a task's request (`GenerationRequest`, built alike on
+every rank from its `TaskCreated`), the checks every rank applies to it with the same verdict, and
+its outcome (`GenerationOutcome`) with the figures the API reports. Pure: no MLX, no collective."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+from events.constraints import Constraint, ToolFunction
+from events.vocabulary import FinishReason, PrefillPath
+from runner.engine.plan import PathChoice
+from runner.engine.sampling import Truncation
+from runner.engine.task_run import TaskRun
+from runner.errors import CallbackError, RequestError
+
+
+class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
+    task_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int  # always said by the caller: the API's default is `events.catalogue.DEFAULT_MAX_TOKENS`
+    temperature: float = 0.0
+    top_p: float = 1.0
+    min_p: float = 0.0  # the draw's other truncations (`sampling.Truncation`): 0 = off
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = msgspec.field(default_factory=list)
+    top_logprobs: int | None = None  # logprobs with this many alternatives per token; None: none
+    prefill_path: PathChoice = "auto"  # benchmarks and tests force a path; services leave auto
+    constraint: Constraint | None = None  # a grammar the output must follow (structured output, forced tool call)
+    tools: list[ToolFunction] = msgspec.field(default_factory=list)  # what a tool-call constraint may name
+    frequency_penalty: float = 0.0  # OpenAI's adjustments of the logits (`sampling.LogitAdjustments`)
+    presence_penalty: float = 0.0
+    logit_bias: list[tuple[int, float]] = msgspec.field(default_factory=list)  # (token id, bias)
+    cache_scope: str = ""  # whose prefix-cache entries it may reuse and adds to: its owner's (`prefix_cache`)
+
+
+class GenerationOutcome(msgspec.Struct, kw_only=True):
+    task_id: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    token_ids: list[int]
+    text: str
+    path: PrefillPath
+    ttft_ms: float | None
+    prefill_tps: float | None
+    decode_tps: float | None
+    prefill_iterations: int
+    cancelled_at: str | None  # "prefill:<iteration>" or "decode:<step>": where the ranks agreed to stop
+    progress: list[tuple[int, int]]
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache, not prefilled
+
+
+def completion_room(max_tokens: int, prompt_len: int, context_length: int | None) -> int:
+    """The tokens a request may generate: its `max_tokens`, cut where prompt and completion would
+    pass the model's context (then it ends "length", as at `max_tokens`). At least one: a prompt
+    that fills the context still gets the token its last position predicts. Every rank computes
+    it from the same request and model, so the rows' stops stay agreed data."""
+    if context_length is None:
+        return max_tokens
+    return max(1, min(max_tokens, context_length - prompt_len))
+
+
+def check_request(request: GenerationRequest, context_length: int | None) -> None:
+    """Bad input a user can cause, as one-line errors (same verdict on every rank)."""
+    if not request.prompt_token_ids:
+        raise RequestError("empty prompt: give at least one prompt token")
+    if request.max_tokens <= 0:
+        raise RequestError(f"max_tokens must be > 0, got {request.max_tokens}")
+    if context_length is not None and len(request.prompt_token_ids) > context_length:
+        raise RequestError(
+            f"prompt has {len(request.prompt_token_ids)} tokens but the model's context is {context_length}"
+        )
+
+
+def truncation_of(request: GenerationRequest) -> Truncation:
+    return Truncation(top_p=request.top_p, min_p=request.min_p, top_k=request.top_k)
+
+
+def raise_callback_errors(run: TaskRun) -> None:
+    if run.callback_errors:
+        first = run.callback_errors[0]
+        raise CallbackError(
+            f"task {run.task_id}: the sink or cancel source failed {len(run.callback_errors)} time(s), "
+            f"first: {type(first).__name__}: {first}"
+        ) from first
+
+
+def outcome_of(
+    request: GenerationRequest,
+    run: TaskRun,
+    path: PrefillPath,
+    finish_reason: FinishReason,
+    token_ids: list[int],
+    text: str,
+    prefill_iterations: int,
+    started: float,
+    first_token_at: float | None,
+    cached_tokens: int = 0,
+) -> GenerationOutcome:
+    now = time.perf_counter()
+    ttft = None if first_token_at is None else first_token_at - started
+    decode_time = None if first_token_at is None else now - first_token_at
+    prompt_len = len(request.prompt_token_ids)
+    return GenerationOutcome(
+        task_id=request.task_id,
+        finish_reason=finish_reason,
+        prompt_tokens=prompt_len,
+        completion_tokens=len(token_ids),
+        token_ids=token_ids,
+        text=text,
+        path=path,
+        ttft_ms=None if ttft is None else ttft * 1000,
+        prefill_tps=None if not ttft else (prompt_len - cached_tokens) / ttft,
+        decode_tps=(len(token_ids) - 1) / decode_time if decode_time and len(token_ids) > 1 else None,
+        prefill_iterations=prefill_iterations,
+        cancelled_at=run.cancelled_at,
+        progress=list(run.progress),
+        cached_tokens=cached_tokens,
+    )
