@@ -353,6 +353,7 @@ class ContinuousBatch:
         outcome = outcome_of(
             stream.request, run, stream.path, finish_reason, result.token_ids, result.text,
             stream.spec.prefill_iterations, stream.started, result.first_token_at, stream.cached,
+            stop_sequence=result.stop_sequence,
         )  # fmt: skip
         return Ended(run.task_id, outcome)
 

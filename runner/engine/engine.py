@@ -90,6 +90,7 @@ class GenerationOutcome(msgspec.Struct, kw_only=True):
     cancelled_at: str | None  # "prefill:<iteration>" or "decode:<step>": where the ranks agreed to stop
     progress: list[tuple[int, int]]
     cached_tokens: int = 0  # prompt tokens reused from the prefix cache, not prefilled
+    stop_sequence: str | None = None  # the request's stop string that ended it, if one did
 
 
 class Engine:
@@ -282,7 +283,7 @@ class Engine:
         raise_callback_errors(run)
         return outcome_of(
             request, run, path, decoded.finish_reason, decoded.token_ids, decoded.text,
-            prefill.iterations, started, decoded.first_token_at,
+            prefill.iterations, started, decoded.first_token_at, stop_sequence=decoded.stop_sequence,
         )  # fmt: skip
 
     def decode_spec(
@@ -377,6 +378,8 @@ def outcome_of(
     started: float,
     first_token_at: float | None,
     cached_tokens: int = 0,
+    *,
+    stop_sequence: str | None = None,
 ) -> GenerationOutcome:
     now = time.perf_counter()
     ttft = None if first_token_at is None else first_token_at - started
@@ -397,4 +400,5 @@ def outcome_of(
         cancelled_at=run.cancelled_at,
         progress=list(run.progress),
         cached_tokens=cached_tokens,
+        stop_sequence=stop_sequence,
     )

@@ -57,6 +57,8 @@ class Outcome(Protocol):
     def decode_tps(self) -> float | None: ...
     @property
     def cached_tokens(self) -> int: ...
+    @property
+    def stop_sequence(self) -> str | None: ...
 
 
 class EngineLike(Protocol):
@@ -165,6 +167,7 @@ class TaskServer:
                 env=self.stamper.stamp(),
                 task_id=task_id,
                 finish_reason=outcome.finish_reason,
+                stop_sequence=outcome.stop_sequence,
                 usage=Usage(
                     prompt_tokens=outcome.prompt_tokens,
                     completion_tokens=outcome.completion_tokens,

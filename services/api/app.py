@@ -18,8 +18,9 @@ from starlette.routing import Route
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from eventlog.publish import LogError
-from services.api import chat, completions, routes
-from services.api.auth import ApiAccess, Caller, Need, Refusal, admit
+from services.api import chat, completions, messages, routes
+from services.api.anthropic_errors import anthropic_error_for, with_anthropic_errors
+from services.api.auth import ApiAccess, Caller, Need, Refusal, admit, presented_key
 from services.api.browser import BrowserGuard, BrowserRules
 from services.api.connections import connection_budget, guarded_protocol
 from services.api.context import ApiContext
@@ -36,18 +37,22 @@ from services.supervise import supervise
 DRAIN_SECONDS = 3.0
 
 Handler = Callable[[Request, ApiContext], Awaitable[Response]]
+ErrorFormat = Callable[[Exception], Response]  # a route's errors in its API's shape
 
 
 def build_app(ctx: ApiContext) -> Starlette:
-    def bind(name: str, handler: Handler, need: Need) -> Callable[[Request], Awaitable[Response]]:
-        """The route `name`: its caller checked against `need`, its problems as JSON errors, counted."""
+    def bind(
+        name: str, handler: Handler, need: Need, errors: ErrorFormat = error_for
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """The route `name`: its caller checked against `need`, its problems as JSON errors in
+        `errors`' shape, counted."""
 
         async def endpoint(request: Request) -> Response:
-            checked = ctx.access.check(request.headers.get("authorization"), need)
+            checked = ctx.access.check(presented_key(request.headers), need)
             if isinstance(checked, Refusal):
-                response = checked.response()
+                response = checked.response() if errors is error_for else errors(checked.problem())
             else:
-                response = await _answer(handler, request, ctx, checked)
+                response = await _answer(handler, request, ctx, checked, errors)
             ctx.metrics.requests[(name, response.status_code)] += 1
             return response
 
@@ -71,6 +76,12 @@ def build_app(ctx: ApiContext) -> Starlette:
     route_table = [
         Route("/v1/chat/completions", bind("chat", chat.chat_completions, "key"), methods=["POST"]),
         Route("/v1/completions", bind("completions", completions.completions, "key"), methods=["POST"]),
+        Route("/v1/messages", bind("messages", messages.create_message, "key", anthropic_error_for), methods=["POST"]),
+        Route(
+            "/v1/messages/count_tokens",
+            bind("count_tokens", messages.count_tokens, "key", anthropic_error_for),
+            methods=["POST"],
+        ),
         Route("/v1/models", bind("models", routes.list_models, "key"), methods=["GET"]),
         Route("/v1/models/{model:path}", bind("model", routes.get_model, "key"), methods=["GET"]),
         Route("/v1/tasks/{task_id}", bind("task", routes.get_task, "key"), methods=["GET"]),
@@ -85,19 +96,23 @@ def build_app(ctx: ApiContext) -> Starlette:
     ]
     route_table.append(Route("/debug/timeline", bind("timeline", timeline_page, "admin"), methods=["GET"]))
     return Starlette(
-        routes=route_table, middleware=_middleware(ctx.resolved.config), exception_handlers=EXCEPTION_HANDLERS
+        routes=route_table,
+        middleware=_middleware(ctx.resolved.config),
+        exception_handlers=with_anthropic_errors(EXCEPTION_HANDLERS),
     )
 
 
-async def _answer(handler: Handler, request: Request, ctx: ApiContext, caller: Caller) -> Response:
+async def _answer(
+    handler: Handler, request: Request, ctx: ApiContext, caller: Caller, errors: ErrorFormat = error_for
+) -> Response:
     admit(request, caller)
     try:
         return await handler(request, ctx)
     except (RequestProblem, LogError) as exc:
-        return error_for(exc)
+        return errors(exc)
     except Exception as exc:  # a bug: answered here, so it is counted and the connection stays open
         logger.exception("{} {} failed", request.method, request.url.path)
-        return error_for(exc)
+        return errors(exc)
 
 
 def _middleware(config: ShoalConfig) -> list[Middleware]:
@@ -108,7 +123,7 @@ def _middleware(config: ShoalConfig) -> list[Middleware]:
             CORSMiddleware,
             allow_origins=list(config.cors_origins),
             allow_methods=["GET", "POST"],
-            allow_headers=["authorization", "content-type"],
+            allow_headers=["authorization", "content-type", "x-api-key", "anthropic-version", "anthropic-beta"],
             expose_headers=["x-shoal-task-id"],
             max_age=600,
         )

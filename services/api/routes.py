@@ -62,8 +62,8 @@ async def cancel_task(request: Request, ctx: ApiContext) -> Response:
     return json_response(CancelAccepted(task_id=task_id, status="cancelling"), status=202)
 
 
-# The ids a client sees on its completion (`chatcmpl-<task id>`, `cmpl-<task id>`) name the task too.
-COMPLETION_ID_PREFIXES = ("chatcmpl-", "cmpl-")
+# The ids a client sees on its completion (`chatcmpl-<task id>`, `cmpl-<task id>`, `msg_<task id>`) name the task too.
+COMPLETION_ID_PREFIXES = ("chatcmpl-", "cmpl-", "msg_")
 
 
 def _task_id(request: Request) -> TaskId:

@@ -78,6 +78,21 @@ async def admit(
 ) -> TaskCreated:
     """The task of a request that passed every check a runner would otherwise fail it on (the
     model's name is checked first, by `check_model`, before the request's values)."""
+    task, _ = await admit_measured(ctx, model_name, params, owner, messages=messages, raw_prompt=raw_prompt)
+    return task
+
+
+async def admit_measured(
+    ctx: ApiContext,
+    model_name: str,
+    params: TaskParams,
+    owner: KeyId,
+    *,
+    messages: list[ChatMessage],
+    raw_prompt: RawPrompt | None = None,
+) -> tuple[TaskCreated, int]:
+    """`admit`, and the prompt's size in tokens as it was checked (a route that states it before
+    the task's usage arrives: Anthropic's `message_start`)."""
     config = ctx.resolved.config
     if params.logit_bias:  # a request that can never run is told so, not to retry (no tokenizing: cheap)
         check_logit_bias(await ctx.prompt_model(model_name), params.logit_bias)
@@ -87,9 +102,9 @@ async def admit(
     param = "messages" if raw_prompt is None else "prompt"
     model = await ctx.prompt_model(model_name)
     # sized on a thread of a lane (long prompts: a lane of their own), in the owner's turn
-    size = await ctx.prompt_lanes.size(owner, model, messages, params.tools, raw_prompt)
-    check_prompt_size(model, size, param)
-    size += stop_tokens(model, params.stop)
+    prompt_size = await ctx.prompt_lanes.size(owner, model, messages, params.tools, raw_prompt)
+    check_prompt_size(model, prompt_size, param)
+    size = prompt_size + stop_tokens(model, params.stop)
     if size > config.max_prompt_tokens:
         raise RequestProblem(
             413,
@@ -102,7 +117,7 @@ async def admit(
             "no worker node has joined the cluster: start one with `shoal worker` (or use `shoal up`)",
             code="no_workers",
         )
-    return TaskCreated(
+    task = TaskCreated(
         env=ctx.stamper.stamp(),
         task_id=new_task_id(),
         model=model_name,
@@ -111,6 +126,7 @@ async def admit(
         owner=owner,
         prompt=raw_prompt,
     )
+    return task, prompt_size
 
 
 async def read_body(request: Request, limit: int, deadline_seconds: float = BODY_DEADLINE_SECONDS) -> bytes:
@@ -287,6 +303,24 @@ class StreamShape(Protocol):
     def chunks(self, event: LogEvent) -> list[bytes]: ...
 
 
+class StreamErrors(Protocol):
+    """How one route's wire format tells its client of a refusal met while its task runs: as the
+    response, before the stream started, or as the stream's last event, after."""
+
+    def response(self, problem: RequestProblem) -> Response: ...
+    def last_event(self, problem: RequestProblem) -> bytes: ...
+
+
+class OpenAIStreamErrors:
+    """OpenAI's: the JSON error, or the stream's last chunk then [DONE]."""
+
+    def response(self, problem: RequestProblem) -> Response:
+        return error_for(problem)
+
+    def last_event(self, problem: RequestProblem) -> bytes:
+        return problem_chunk(problem)
+
+
 class TaskStream(Response):
     """An SSE response that publishes and follows its task while it streams.
 
@@ -303,6 +337,7 @@ class TaskStream(Response):
         shape: StreamShape,
         headers: dict[str, str],
         keepalive_seconds: float | None,
+        errors: StreamErrors | None = None,
     ) -> None:
         self.status_code = 200
         self.background = None
@@ -310,6 +345,7 @@ class TaskStream(Response):
         self._ctx = ctx
         self._task = task
         self._shape = shape
+        self._errors = errors or OpenAIStreamErrors()
         self._keepalive = keepalive_seconds
         self._last_sent = 0.0  # anyio's clock when the client was last sent a byte
         self._started = False  # the response's start was sent: an error can no longer be a status
@@ -322,9 +358,9 @@ class TaskStream(Response):
             await run_task(self._ctx, self._task, receive, stream)
         except RequestProblem as problem:
             if not self._started:  # the task was not taken (or the API stopped before its first event)
-                await error_for(problem)(scope, receive, send)
+                await self._errors.response(problem)(scope, receive, send)
                 return
-            await self._send(send, problem_chunk(problem))  # the API stopped mid-stream
+            await self._send(send, self._errors.last_event(problem))  # the API stopped mid-stream
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except Exception as exc:
             if not self._started:
@@ -332,7 +368,7 @@ class TaskStream(Response):
             # A bug after the stream started (its task is cancelled): the client gets it as the
             # stream's last event and [DONE] rather than a connection cut mid-body.
             logger.exception("streaming task {} failed", self._task.task_id)
-            await self._send(send, internal_error_chunk(exc))
+            await self._send(send, self._errors.last_event(internal_problem(exc)))
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _stream(self, events: TaskEvents, send: Send) -> TaskCompleted | TaskFailed:
@@ -373,10 +409,9 @@ def problem_chunk(problem: RequestProblem) -> bytes:
     return sse(msgspec.to_builtins(body)) + DONE
 
 
-def internal_error_chunk(exc: BaseException) -> bytes:
-    """A bug's error as a stream's last event (in the shape of a failed task's), then [DONE]."""
-    body = error_body(internal_error_message(exc), kind="server_error", code="internal_error")
-    return sse(msgspec.to_builtins(body)) + DONE
+def internal_problem(exc: BaseException) -> RequestProblem:
+    """A bug met after a stream started, told as the stream's last event (its kind only)."""
+    return RequestProblem(500, internal_error_message(exc), code="internal_error")
 
 
 def keepalive_seconds(ctx: ApiContext, wants_progress: bool) -> float | None:
