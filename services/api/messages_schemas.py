@@ -328,6 +328,14 @@ def to_task(request: MessagesRequest, *, max_tokens_limit: int) -> tuple[list[Ch
             f"stop_sequences take {stop_bytes} bytes together, over the limit of {MAX_STOP_BYTES}",
             param="stop_sequences",
         )
+    if request.messages[-1].role == "assistant":
+        last = len(request.messages) - 1
+        raise RequestProblem(
+            400,
+            f"messages[{last}] is the assistant's: Anthropic continues a final assistant turn (a prefilled "
+            "response), which shoal does not do; end the conversation with a user turn",
+            param=f"messages[{last}]",
+        )
     messages = chat_messages(request)
     tools, constraint = tools_and_constraint(request)
     params = TaskParams(
