@@ -44,10 +44,11 @@ from runner.engine.batch_plan import (
 from runner.engine.batch_rows import RowDecoder
 from runner.engine.batch_streams import UNRUNNABLE_ELSEWHERE, Admission, Ended, StepResult, Stream, reservations
 from runner.engine.decode import Emitter
-from runner.engine.engine import Engine, outcome_of
+from runner.engine.engine import Engine
 from runner.engine.kv_budget import batch_need, too_large
 from runner.engine.logprobs import LazyLogprobs
 from runner.engine.micro_batches import MicroBatch, MicroBatches
+from runner.engine.outcome import outcome_of
 from runner.engine.pace import chunk_room
 from runner.engine.plan import effective_step, newcomer_prefill, prefill_cost, rank_schedule
 from runner.engine.prefill import run_prefill

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 from events.vocabulary import PrefillPath
 from runner.engine.decode import DecodeSpec, Emitter
-from runner.engine.engine import Engine, GenerationOutcome, GenerationRequest
+from runner.engine.engine import Engine, GenerationRequest
+from runner.engine.outcome import GenerationOutcome
 from runner.engine.plan import prefill_cost
 from runner.engine.protocols import CancelSource, RunnerSink
 from runner.engine.task_run import TaskRun

@@ -17,13 +17,13 @@ import msgspec
 
 from events.constraints import Constraint, ToolCallRequired, ToolFunction
 from events.runner_settings import RunnerSettings
-from events.vocabulary import FinishReason, PrefillPath
 from runner.engine.calibration import agreed_keys, measure_keys_per_token, proposal, time_probes
 from runner.engine.calibration_probe import owned_layers_forward
 from runner.engine.collectives import Collectives
 from runner.engine.constraints import GrammarCompiler, TokenMask
 from runner.engine.decode import DecodeSpec, run_decode
 from runner.engine.kv_budget import budget_bytes, reservation, token_capacity
+from runner.engine.outcome import GenerationOutcome, outcome_of
 from runner.engine.pace import StepPace
 from runner.engine.plan import (
     PathChoice,
@@ -73,24 +73,6 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     presence_penalty: float = 0.0
     logit_bias: list[tuple[int, float]] = msgspec.field(default_factory=list)  # (token id, bias)
     cache_scope: str = ""  # whose prefix-cache entries it may reuse and adds to: its owner's (`prefix_cache`)
-
-
-class GenerationOutcome(msgspec.Struct, kw_only=True):
-    task_id: str
-    finish_reason: FinishReason
-    prompt_tokens: int
-    completion_tokens: int
-    token_ids: list[int]
-    text: str
-    path: PrefillPath
-    ttft_ms: float | None
-    prefill_tps: float | None
-    decode_tps: float | None
-    prefill_iterations: int
-    cancelled_at: str | None  # "prefill:<iteration>" or "decode:<step>": where the ranks agreed to stop
-    progress: list[tuple[int, int]]
-    cached_tokens: int = 0  # prompt tokens reused from the prefix cache, not prefilled
-    stop_sequence: str | None = None  # the request's stop string that ended it, if one did
 
 
 class Engine:
@@ -365,40 +347,3 @@ def raise_callback_errors(run: TaskRun) -> None:
             f"task {run.task_id}: the sink or cancel source failed {len(run.callback_errors)} time(s), "
             f"first: {type(first).__name__}: {first}"
         ) from first
-
-
-def outcome_of(
-    request: GenerationRequest,
-    run: TaskRun,
-    path: PrefillPath,
-    finish_reason: FinishReason,
-    token_ids: list[int],
-    text: str,
-    prefill_iterations: int,
-    started: float,
-    first_token_at: float | None,
-    cached_tokens: int = 0,
-    *,
-    stop_sequence: str | None = None,
-) -> GenerationOutcome:
-    now = time.perf_counter()
-    ttft = None if first_token_at is None else first_token_at - started
-    decode_time = None if first_token_at is None else now - first_token_at
-    prompt_len = len(request.prompt_token_ids)
-    return GenerationOutcome(
-        task_id=request.task_id,
-        finish_reason=finish_reason,
-        prompt_tokens=prompt_len,
-        completion_tokens=len(token_ids),
-        token_ids=token_ids,
-        text=text,
-        path=path,
-        ttft_ms=None if ttft is None else ttft * 1000,
-        prefill_tps=None if not ttft else (prompt_len - cached_tokens) / ttft,
-        decode_tps=(len(token_ids) - 1) / decode_time if decode_time and len(token_ids) > 1 else None,
-        prefill_iterations=prefill_iterations,
-        cancelled_at=run.cancelled_at,
-        progress=list(run.progress),
-        cached_tokens=cached_tokens,
-        stop_sequence=stop_sequence,
-    )

@@ -35,7 +35,7 @@ from services.api.responses import json_response
 from services.api.schemas import RequestProblem
 from services.api.task_stream import (
     TaskStream,
-    admit_measured,
+    admit,
     check_model,
     collect,
     keepalive_seconds,
@@ -53,11 +53,11 @@ async def create_message(request: Request, ctx: ApiContext) -> Response:
     check_model(ctx, body.model)
     key = caller_of(request).key_id
     messages, params = await _to_task(body, config.max_tokens_limit, ctx.prompt_lanes.grammars, key)
-    task, prompt_tokens = await admit_measured(ctx, body.model, params, key, messages=messages)
+    task = await admit(ctx, body.model, params, key, messages=messages)
     message_id = f"{MESSAGE_ID_PREFIX}{task.task_id}"
     headers = {"x-shoal-task-id": str(task.task_id)}
     if body.stream:
-        shape = MessageEvents(message_id, body.model, prompt_tokens, _tool_call_splitter(task))
+        shape = MessageEvents(message_id, body.model, _tool_call_splitter(task))
         return TaskStream(ctx, task, shape, headers, keepalive_seconds(ctx, False), errors=AnthropicStreamErrors())
     outcome = await run_task(ctx, task, request.receive, collect)
     if outcome is None:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from events.catalogue import ChunkGenerated, LogEvent, TaskCompleted, TaskFailed, ToolCall, Usage
+from events.catalogue import ChunkGenerated, LogEvent, PrefillStarted, TaskCompleted, TaskFailed, ToolCall, Usage
 from events.vocabulary import FinishReason
 from services.api.errors import failure_status
 from services.api.tool_calls import Split, ToolCallSplitter
@@ -155,24 +155,28 @@ def error_event(status: int, message: str) -> bytes:
 
 
 class MessageEvents:
-    """The events of one streamed message, from its task's events. `input_tokens` is the prompt's
-    size as the API measured it (the runner's count, with the cache's share, comes in
-    `message_delta`); `splitter` is there when the request offered tools."""
+    """The events of one streamed message, from its task's events; `splitter` is there when the
+    request offered tools. `message_start` waits for the task's `PrefillStarted`, whose prompt size
+    (and the prefix cache's share of it) is the runner's own, so its usage is the one `message_delta`
+    ends with; keepalive comments hold the connection until then."""
 
-    def __init__(
-        self,
-        message_id: str,
-        model: str,
-        input_tokens: int,
-        splitter: ToolCallSplitter | None,
-    ) -> None:
-        self.message_id, self.model, self.input_tokens = message_id, model, input_tokens
+    def __init__(self, message_id: str, model: str, splitter: ToolCallSplitter | None) -> None:
+        self.message_id, self.model = message_id, model
         self.splitter = splitter
+        self.started = False  # message_start was sent
         self.blocks = 0  # content blocks started
         self.text_open = False  # the last block started is a text block still open
         self.calls = 0
 
     def opening(self) -> list[bytes]:
+        return []
+
+    def _start(self, prompt_tokens: int, cached_tokens: int) -> list[bytes]:
+        """`message_start` and a `ping`, once."""
+        if self.started:
+            return []
+        self.started = True
+        usage = message_usage(Usage(prompt_tokens=prompt_tokens, cached_tokens=cached_tokens))
         start: dict[str, Any] = {
             "id": self.message_id,
             "type": "message",
@@ -181,7 +185,7 @@ class MessageEvents:
             "model": self.model,
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
+            "usage": msgspec.to_builtins(usage),
         }
         return [
             sse_event("message_start", {"type": "message_start", "message": start}),
@@ -190,13 +194,16 @@ class MessageEvents:
 
     def chunks(self, event: LogEvent) -> list[bytes]:
         match event:
+            case PrefillStarted(prompt_tokens=prompt_tokens, cached_tokens=cached):
+                return self._start(prompt_tokens, cached)
             case ChunkGenerated(text=text) if self.splitter is not None:
-                return self._released(self.splitter.feed(text))
+                return [*self._start(0, 0), *self._released(self.splitter.feed(text))]  # never before its start
             case ChunkGenerated(text=text) if text:
-                return self._text(text)
-            case TaskCompleted():
+                return [*self._start(0, 0), *self._text(text)]
+            case TaskCompleted(usage=usage):
+                opened = self._start(usage.prompt_tokens, usage.cached_tokens)  # ended before its prefill
                 held = [] if self.splitter is None else self._released(self.splitter.finish())
-                return [*held, *self._close_text(), *self._end(event)]
+                return [*opened, *held, *self._close_text(), *self._end(event)]
             case TaskFailed():
                 status, _, _ = failure_status(event)
                 return [error_event(status, event.error)]

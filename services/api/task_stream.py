@@ -38,18 +38,15 @@ from events.vocabulary import CancelReason
 from services.api.connections import BODY_DEADLINE_SECONDS
 from services.api.context import ApiContext
 from services.api.errors import (
-    error_body,
-    error_for,
     error_response,
     failure_status,
-    internal_error_message,
     log_refused,
 )
 from services.api.hub import TaskEvents
-from services.api.openai_format import DONE, sse
 from services.api.prompts import check_logit_bias, check_prompt_size, stop_tokens
 from services.api.responses import json_response
 from services.api.schemas import RequestProblem
+from services.api.stream_errors import OpenAIStreamErrors, StreamErrors, internal_problem
 
 T = TypeVar("T")
 STOPPING_RETRY_AFTER_SECONDS = 5  # a 503's Retry-After while the API stops: a restart takes seconds
@@ -78,21 +75,6 @@ async def admit(
 ) -> TaskCreated:
     """The task of a request that passed every check a runner would otherwise fail it on (the
     model's name is checked first, by `check_model`, before the request's values)."""
-    task, _ = await admit_measured(ctx, model_name, params, owner, messages=messages, raw_prompt=raw_prompt)
-    return task
-
-
-async def admit_measured(
-    ctx: ApiContext,
-    model_name: str,
-    params: TaskParams,
-    owner: KeyId,
-    *,
-    messages: list[ChatMessage],
-    raw_prompt: RawPrompt | None = None,
-) -> tuple[TaskCreated, int]:
-    """`admit`, and the prompt's size in tokens as it was checked (a route that states it before
-    the task's usage arrives: Anthropic's `message_start`)."""
     config = ctx.resolved.config
     if params.logit_bias:  # a request that can never run is told so, not to retry (no tokenizing: cheap)
         check_logit_bias(await ctx.prompt_model(model_name), params.logit_bias)
@@ -102,9 +84,9 @@ async def admit_measured(
     param = "messages" if raw_prompt is None else "prompt"
     model = await ctx.prompt_model(model_name)
     # sized on a thread of a lane (long prompts: a lane of their own), in the owner's turn
-    prompt_size = await ctx.prompt_lanes.size(owner, model, messages, params.tools, raw_prompt)
-    check_prompt_size(model, prompt_size, param)
-    size = prompt_size + stop_tokens(model, params.stop)
+    size = await ctx.prompt_lanes.size(owner, model, messages, params.tools, raw_prompt)
+    check_prompt_size(model, size, param)
+    size += stop_tokens(model, params.stop)
     if size > config.max_prompt_tokens:
         raise RequestProblem(
             413,
@@ -117,7 +99,7 @@ async def admit_measured(
             "no worker node has joined the cluster: start one with `shoal worker` (or use `shoal up`)",
             code="no_workers",
         )
-    task = TaskCreated(
+    return TaskCreated(
         env=ctx.stamper.stamp(),
         task_id=new_task_id(),
         model=model_name,
@@ -126,7 +108,6 @@ async def admit_measured(
         owner=owner,
         prompt=raw_prompt,
     )
-    return task, prompt_size
 
 
 async def read_body(request: Request, limit: int, deadline_seconds: float = BODY_DEADLINE_SECONDS) -> bytes:
@@ -303,24 +284,6 @@ class StreamShape(Protocol):
     def chunks(self, event: LogEvent) -> list[bytes]: ...
 
 
-class StreamErrors(Protocol):
-    """How one route's wire format tells its client of a refusal met while its task runs: as the
-    response, before the stream started, or as the stream's last event, after."""
-
-    def response(self, problem: RequestProblem) -> Response: ...
-    def last_event(self, problem: RequestProblem) -> bytes: ...
-
-
-class OpenAIStreamErrors:
-    """OpenAI's: the JSON error, or the stream's last chunk then [DONE]."""
-
-    def response(self, problem: RequestProblem) -> Response:
-        return error_for(problem)
-
-    def last_event(self, problem: RequestProblem) -> bytes:
-        return problem_chunk(problem)
-
-
 class TaskStream(Response):
     """An SSE response that publishes and follows its task while it streams.
 
@@ -400,18 +363,6 @@ class TaskStream(Response):
                 return await events.next()
             await self._send(send, KEEPALIVE)
         return await events.next()
-
-
-def problem_chunk(problem: RequestProblem) -> bytes:
-    """A refusal met after the stream started, as its last event, then [DONE]."""
-    kind = "server_error" if problem.status >= 500 else "invalid_request_error"
-    body = error_body(problem.message, kind=kind, param=problem.param, code=problem.code)
-    return sse(msgspec.to_builtins(body)) + DONE
-
-
-def internal_problem(exc: BaseException) -> RequestProblem:
-    """A bug met after a stream started, told as the stream's last event (its kind only)."""
-    return RequestProblem(500, internal_error_message(exc), code="internal_error")
 
 
 def keepalive_seconds(ctx: ApiContext, wants_progress: bool) -> float | None:

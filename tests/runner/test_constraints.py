@@ -13,7 +13,8 @@ import pytest
 
 from events.constraints import JsonSchema, ToolCallRequired, ToolFunction
 from events.runner_settings import RunnerSettings
-from runner.engine.engine import Engine, GenerationOutcome, GenerationRequest
+from runner.engine.engine import Engine, GenerationRequest
+from runner.engine.outcome import GenerationOutcome
 from runner.engine.protocols import NeverCancelled, NullSink, PhaseTracker, RunnerSink
 from runner.errors import RequestError
 from runner.local.testing import RecordingSink

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from events.catalogue import ChatMessage, ChunkGenerated, TaskCompleted, TaskFailed, ToolCall, Usage
+from events.catalogue import ChatMessage, ChunkGenerated, PrefillStarted, TaskCompleted, TaskFailed, ToolCall, Usage
 from events.constraints import ToolCallRequired
 from events.ids import TaskId
 from services.api.anthropic_errors import anthropic_error_for, problem_message
@@ -200,6 +200,19 @@ def _completed(finish: Any = "stop", stop_sequence: str | None = None) -> TaskCo
     )
 
 
+def _prefill_started() -> PrefillStarted:
+    return PrefillStarted(
+        env=ev.task_rank("t1").stamp(),
+        task_id=TaskId("t1"),
+        rank=0,
+        path="pipeline",
+        prompt_tokens=20,
+        chunks=1,
+        step=64,
+        cached_tokens=8,
+    )
+
+
 def _events(stream: list[bytes]) -> list[tuple[str, dict[str, Any]]]:
     parsed: list[tuple[str, dict[str, Any]]] = []
     for raw in stream:
@@ -212,9 +225,11 @@ def _events(stream: list[bytes]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_a_text_stream_is_one_text_block_between_message_start_and_message_stop() -> None:
-    shape = MessageEvents("msg_t1", "tiny", 20, splitter=None)
+    shape = MessageEvents("msg_t1", "tiny", splitter=None)
+    assert shape.opening() == []  # message_start waits for the runner's prompt size
     stream = [
-        *shape.opening(),
+        *shape.chunks(_prefill_started()),
+        *shape.chunks(_prefill_started()),  # every rank says it: one message_start
         *shape.chunks(_chunk("Hel")),
         *shape.chunks(_chunk("lo")),
         *shape.chunks(_completed("stop", "END")),
@@ -230,7 +245,12 @@ def test_a_text_stream_is_one_text_block_between_message_start_and_message_stop(
         "message_delta",
         "message_stop",
     ]
-    assert events[0][1]["message"]["usage"] == {"input_tokens": 20, "output_tokens": 0}
+    assert events[0][1]["message"]["usage"] == {
+        "input_tokens": 12,
+        "output_tokens": 0,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 8,
+    }
     assert "".join(p["delta"]["text"] for n, p in events if n == "content_block_delta") == "Hello"
     delta = events[6][1]
     assert delta["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
@@ -243,10 +263,10 @@ def test_a_text_stream_is_one_text_block_between_message_start_and_message_stop(
 
 
 def test_a_tool_call_in_the_stream_is_its_own_block_with_its_input_as_one_json_delta() -> None:
-    shape = MessageEvents("msg_t1", "tiny", 20, ToolCallSplitter(call_id=lambda n: f"toolu_t1_{n}"))
+    shape = MessageEvents("msg_t1", "tiny", ToolCallSplitter(call_id=lambda n: f"toolu_t1_{n}"))
     text = 'Let me see. <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
     stream = [
-        *shape.opening(),
+        *shape.chunks(_prefill_started()),
         *(c for piece in (text[:15], text[15:40], text[40:]) for c in shape.chunks(_chunk(piece))),
     ]
     stream += shape.chunks(_completed("stop"))
@@ -273,8 +293,14 @@ def test_a_tool_call_in_the_stream_is_its_own_block_with_its_input_as_one_json_d
     assert body["stop_reason"] == "tool_use" and body["stop_sequence"] is None
 
 
+def test_a_task_cancelled_before_its_prefill_still_starts_and_ends_its_message() -> None:
+    shape = MessageEvents("msg_t1", "tiny", splitter=None)
+    names = [name for name, _ in _events(shape.chunks(_completed("cancelled")))]
+    assert names == ["message_start", "ping", "message_delta", "message_stop"]
+
+
 def test_a_failed_task_ends_the_stream_with_an_error_event() -> None:
-    shape = MessageEvents("msg_t1", "tiny", 20, splitter=None)
+    shape = MessageEvents("msg_t1", "tiny", splitter=None)
     failed = TaskFailed(env=ev.task_rank("t1").stamp(), task_id=TaskId("t1"), error="boom", invalid_request=True)
     assert _events(shape.chunks(failed)) == [
         ("error", {"type": "error", "error": {"type": "invalid_request_error", "message": "boom"}})
