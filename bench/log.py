@@ -33,7 +33,8 @@ from events.fold import fold
 from events.state import State
 from events.subjects import subject_for
 from events.synthetic import synthetic_history
-from services.config import configure_logging, resolve_config
+from services.config import resolve_config
+from services.log_routing import configure_logging
 from services.nats import EmbeddedNats
 
 REPLAY_MIN = 100_000

@@ -19,6 +19,7 @@ from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from eventlog.publish import LogError
 from services.api import chat, completions, messages, routes
+from services.api.access_log import ROUTE_KEY, AccessLog
 from services.api.anthropic_errors import anthropic_error_for, with_anthropic_errors
 from services.api.auth import ApiAccess, Caller, Need, Refusal, admit, presented_key
 from services.api.browser import BrowserGuard, BrowserRules
@@ -48,6 +49,7 @@ def build_app(ctx: ApiContext) -> Starlette:
         `errors`' shape, counted."""
 
         async def endpoint(request: Request) -> Response:
+            request.scope[ROUTE_KEY] = name  # the access log's name for it
             checked = ctx.access.check(presented_key(request.headers), need)
             if isinstance(checked, Refusal):
                 response = checked.response() if errors is error_for else errors(checked.problem())
@@ -69,8 +71,8 @@ def build_app(ctx: ApiContext) -> Starlette:
 
     # Who may call what: a task's routes any key (ownership is checked in the route); the config and
     # the debug pages an admin key (they show every task and setting); /metrics any key (aggregates
-    # only, but not for anyone on the network, and a scraper needs no admin power); /healthz and the
-    # OpenAPI document nobody (load balancers and client generators have no key). The dashboard's
+    # only, but not for anyone on the network, and a scraper needs no admin power); /healthz, /livez,
+    # /readyz and the OpenAPI document nobody (load balancers and client generators have no key). The dashboard's
     # files nobody (they hold no data); its data an admin key: it shows every key's tasks, hosts
     # and diagnoses, and links to the admin-only timeline.
     route_table = [
@@ -88,6 +90,8 @@ def build_app(ctx: ApiContext) -> Starlette:
         Route("/v1/tasks/{task_id}/cancel", bind("cancel", routes.cancel_task, "key"), methods=["POST"]),
         Route("/v1/config", bind("config", routes.get_config, "admin"), methods=["GET"]),
         Route("/healthz", bind("healthz", routes.healthz, "nothing"), methods=["GET"]),
+        Route("/livez", bind("livez", routes.livez, "nothing"), methods=["GET"]),
+        Route("/readyz", bind("readyz", routes.readyz, "nothing"), methods=["GET"]),
         Route("/metrics", bind("metrics", routes.metrics, "key"), methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/", dashboard_file, methods=["GET"]),
@@ -116,8 +120,9 @@ async def _answer(
 
 
 def _middleware(config: ShoalConfig) -> list[Middleware]:
-    """The browser rules first (a refused Host or origin gets nothing further), then CORS if configured."""
-    layers = [Middleware(BrowserGuard, rules=BrowserRules(config.api_host, config.cors_origins))]
+    """The access log around everything (a refusal gets its line too), then the browser rules (a
+    refused Host or origin gets nothing further), then CORS if configured."""
+    layers = [Middleware(AccessLog), Middleware(BrowserGuard, rules=BrowserRules(config.api_host, config.cors_origins))]
     if config.cors_origins:
         cors = Middleware(
             CORSMiddleware,
@@ -169,6 +174,8 @@ async def _serve_on(
         host=config.api_host,
         port=config.api_port,
         http=guarded_protocol(connection_budget()),
+        log_config=None,  # its loggers go through loguru's sink (`services.log_routing`), not handlers of its own
+        access_log=False,  # one line per request is `AccessLog`'s, with the key id and task
         log_level="warning",
         lifespan="off",
     )

@@ -219,6 +219,12 @@ def admit(request: Request, caller: Caller) -> None:
     request.scope[_CALLER] = caller
 
 
+def caller_in(scope: Mapping[str, object]) -> Caller | None:
+    """The checked caller of a request's scope, None before (or without) the check."""
+    caller = scope.get(_CALLER)
+    return caller if isinstance(caller, Caller) else None
+
+
 def caller_of(request: Request) -> Caller:
     caller = request.scope.get(_CALLER)
     if not isinstance(caller, Caller):

@@ -16,8 +16,10 @@ from services.api.responses import (
     ChatCompletion,
     ErrorResponse,
     Health,
+    Liveness,
     ModelCard,
     ModelList,
+    Readiness,
     TextCompletion,
 )
 from services.api.schemas import ChatCompletionRequest, CompletionRequest
@@ -38,6 +40,8 @@ _TYPES = (
     CountTokensRequest,
     TokenCount,
     AnthropicError,
+    Liveness,
+    Readiness,
 )
 
 
@@ -55,6 +59,8 @@ def openapi_document() -> dict[str, Any]:
         text_request,
         text_completion,
         *anthropic_refs,
+        liveness,
+        readiness,
     ) = refs
 
     def json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -130,6 +136,15 @@ def openapi_document() -> dict[str, Any]:
                 }
             },
             "/healthz": {"get": {"summary": "Health", "responses": {"200": json("health", health)}}},
+            "/livez": {
+                "get": {"summary": "Liveness: the process answers", "responses": {"200": json("alive", liveness)}}
+            },
+            "/readyz": {
+                "get": {
+                    "summary": "Readiness: a model can be served (503 with the reason otherwise)",
+                    "responses": {"200": json("ready", readiness), "503": json("not ready, and why", readiness)},
+                }
+            },
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": text("metrics", "text/plain")}}},
             "/debug/timeline": {
                 "get": {

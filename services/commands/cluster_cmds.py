@@ -18,10 +18,10 @@ from services.config import (
     add_common_flags,
     add_setting_flag,
     config_from_args,
-    configure_logging,
 )
 from services.config_files import check_data_dir
 from services.credentials import CredentialsError
+from services.log_routing import configure_logging
 from services.nats import NatsError
 from services.stop_signals import until_stopped
 from services.supervise import supervise
