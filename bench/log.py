@@ -40,7 +40,8 @@ from events.fold import fold
 from events.state import State
 from events.subjects import subject_for
 from events.synthetic import synthetic_history
-from services.config import configure_logging, resolve_config
+from services.config import resolve_config
+from services.log_routing import configure_logging
 from services.nats import EmbeddedNats
 from services.nats_durability import JETSTREAM_SYNC_INTERVAL, NATS_DEFAULT_SYNC_INTERVAL, SYNC_ALWAYS
 

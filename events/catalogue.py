@@ -310,6 +310,7 @@ class TaskCompleted(Event, tag="task_completed", frozen=True, kw_only=True):
     task_id: TaskIdField
     finish_reason: FinishReason
     usage: Usage = msgspec.field(default_factory=Usage)
+    stop_sequence: str | None = None  # the request's stop string that ended it ("stop"), if one did
 
 
 class TaskFailed(Event, tag="task_failed", frozen=True, kw_only=True):

@@ -67,6 +67,7 @@ _SEE_NATS_URLS = "empty (run an embedded server) or nats://host:port or tls://ho
 _PEM_FILE = "the path of a PEM file, or empty for none"
 _MAX_BYTES = "a byte count of at least 1024, or -1 for unlimited"
 LogLevel = Literal["TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL"]
+LogFormat = Literal["text", "json"]  # json: one object a line, loguru's serializer (`configure_logging`)
 # Bearer tokens as RFC 6750 writes them (no ":"), long enough not to be guessed; ":admin" marks an admin key.
 _API_KEY = Annotated[str, Meta(pattern=r"^[A-Za-z0-9._~+/=-]{16,512}(:admin)?$")]
 _API_KEYS = "keys of 16-512 characters from A-Z a-z 0-9 . _ ~ + / = -, comma-separated, each may end in :admin"
@@ -266,6 +267,9 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     blas: BlasSetting = "auto"
     pin_runner_threads: PinRunnerThreads = True
     log_level: Annotated[LogLevel, Meta(description="the least severe log message printed")] = "INFO"
+    log_format: Annotated[
+        LogFormat, Meta(description="log lines as text, or as one JSON object each (loguru's serializer)")
+    ] = "text"
 
     @property
     def data_path(self) -> Path:
@@ -435,19 +439,6 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = N
     """The resolved config for a parsed command line: every attribute named like a setting counts."""
     overrides = {key: getattr(args, key) for key in KEYS if getattr(args, key, None) is not None}
     return resolve_config(overrides, env=env, yaml_path=getattr(args, "config", None))
-
-
-def configure_logging(config: ShoalConfig) -> None:
-    """Send loguru's output to stderr at `log_level` (called by a command's handler, never at import)."""
-    import sys
-
-    from loguru import logger
-
-    def to_stderr(message: str) -> None:  # looked up per message: survives sys.stderr being swapped
-        sys.stderr.write(message)
-
-    logger.remove()
-    logger.add(to_stderr, level=config.log_level)
 
 
 def log_settings(config: ShoalConfig) -> LogSettings:

@@ -104,6 +104,7 @@ class Stream:
             self.started,
             result.first_token_at,
             self.cached,
+            stop_sequence=result.stop_sequence,
         )
         return Ended(run.task_id, outcome)
 

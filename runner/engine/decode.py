@@ -43,6 +43,7 @@ class DecodeResult:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: FinishReason = "length"
+    stop_sequence: str | None = None  # the request's stop string that ended it, if one did
     first_token_at: float | None = None  # perf_counter() when the first token was agreed
     steps: int = 0
 
@@ -101,6 +102,7 @@ class Emitter:
             self._deliver(self.assembler.add(token, self.detokenizer.last_segment), deliver)
             if self.assembler.stopped:
                 result.finish_reason = "stop"
+                result.stop_sequence = self.assembler.matched
                 return True
         if step % 256 == 255:
             mx.clear_cache()

@@ -259,6 +259,7 @@ class Engine:
             prefill.iterations,
             started,
             decoded.first_token_at,
+            stop_sequence=decoded.stop_sequence,
         )
 
     def decode_spec(

@@ -51,6 +51,7 @@ class GenerationOutcome(msgspec.Struct, kw_only=True):
     cancelled_at: str | None  # "prefill:<iteration>" or "decode:<step>": where the ranks agreed to stop
     progress: list[tuple[int, int]]
     cached_tokens: int = 0  # prompt tokens reused from the prefix cache, not prefilled
+    stop_sequence: str | None = None  # the request's stop string that ended it, if one did
 
 
 def completion_room(max_tokens: int, prompt_len: int, context_length: int | None) -> int:
@@ -99,6 +100,8 @@ def outcome_of(
     started: float,
     first_token_at: float | None,
     cached_tokens: int = 0,
+    *,
+    stop_sequence: str | None = None,
 ) -> GenerationOutcome:
     now = time.perf_counter()
     ttft = None if first_token_at is None else first_token_at - started
@@ -119,4 +122,5 @@ def outcome_of(
         cancelled_at=run.cancelled_at,
         progress=list(run.progress),
         cached_tokens=cached_tokens,
+        stop_sequence=stop_sequence,
     )

@@ -15,6 +15,7 @@ class TextAssembler:
     text: str = ""  # everything accepted so far (stop string and after removed once matched)
     streamed_chars: int = 0
     stopped: bool = False
+    matched: str | None = None  # the stop string that stopped it (the first in the text; the longest there)
     _held_ids: list[int] = field(default_factory=list)
 
     def add(self, token_id: int | None, segment: str) -> tuple[str, list[int]]:
@@ -25,8 +26,9 @@ class TextAssembler:
         if self.stopped:
             return "", []
         self.text += segment
-        cut = self._stop_position()
-        if cut is not None:
+        hit = self._stop_hit()
+        if hit is not None:
+            cut, self.matched = hit
             self.text = self.text[:cut]
             self.stopped = True
             return self._release(len(self.text))
@@ -36,12 +38,16 @@ class TextAssembler:
         """Everything still held, at the end of the completion."""
         return self._release(len(self.text))
 
-    def _stop_position(self) -> int | None:
+    def _stop_hit(self) -> tuple[int, str] | None:
+        """Where the first stop string in the text starts, and which it is."""
         # Only the tail can contain a new match: search from where the longest stop could start.
         window = max((len(s) for s in self.stop), default=0)
         start = max(0, self.streamed_chars - window)
-        hits = [pos for s in self.stop if s and (pos := self.text.find(s, start)) >= 0]
-        return min(hits) if hits else None
+        hits = [(pos, -len(s), s) for s in self.stop if s and (pos := self.text.find(s, start)) >= 0]
+        if not hits:
+            return None
+        pos, _, stop = min(hits)
+        return pos, stop
 
     def _holdback(self) -> int:
         """Length of the longest tail of the text that is a proper prefix of a stop string."""

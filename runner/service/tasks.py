@@ -51,6 +51,8 @@ class Outcome(Protocol):
     def decode_tps(self) -> float | None: ...
     @property
     def cached_tokens(self) -> int: ...
+    @property
+    def stop_sequence(self) -> str | None: ...
 
 
 class EngineLike(Protocol):
@@ -128,6 +130,7 @@ class TaskServer:
                 env=self.stamper.stamp(),
                 task_id=task_id,
                 finish_reason=outcome.finish_reason,
+                stop_sequence=outcome.stop_sequence,
                 usage=Usage(
                     prompt_tokens=outcome.prompt_tokens,
                     completion_tokens=outcome.completion_tokens,

@@ -18,8 +18,10 @@ from starlette.routing import Route
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from eventlog.publish import LogError
-from services.api import chat, completions, routes
-from services.api.auth import ApiAccess, Caller, Need, Refusal, admit
+from services.api import chat, completions, messages, routes
+from services.api.access_log import ROUTE_KEY, AccessLog
+from services.api.anthropic_errors import anthropic_error_for, with_anthropic_errors
+from services.api.auth import ApiAccess, Caller, Need, Refusal, admit, presented_key
 from services.api.browser import BrowserGuard, BrowserRules
 from services.api.connections import connection_budget, guarded_protocol
 from services.api.context import ApiContext
@@ -36,18 +38,23 @@ from services.supervise import supervise
 DRAIN_SECONDS = 3.0
 
 Handler = Callable[[Request, ApiContext], Awaitable[Response]]
+ErrorFormat = Callable[[Exception], Response]  # a route's errors in its API's shape
 
 
 def build_app(ctx: ApiContext) -> Starlette:
-    def bind(name: str, handler: Handler, need: Need) -> Callable[[Request], Awaitable[Response]]:
-        """The route `name`: its caller checked against `need`, its problems as JSON errors, counted."""
+    def bind(
+        name: str, handler: Handler, need: Need, errors: ErrorFormat = error_for
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """The route `name`: its caller checked against `need`, its problems as JSON errors in
+        `errors`' shape, counted."""
 
         async def endpoint(request: Request) -> Response:
-            checked = ctx.access.check(request.headers.get("authorization"), need)
+            request.scope[ROUTE_KEY] = name  # the access log's name for it
+            checked = ctx.access.check(presented_key(request.headers), need)
             if isinstance(checked, Refusal):
-                response = checked.response()
+                response = checked.response() if errors is error_for else errors(checked.problem())
             else:
-                response = await _answer(handler, request, ctx, checked)
+                response = await _answer(handler, request, ctx, checked, errors)
             ctx.metrics.requests[(name, response.status_code)] += 1
             return response
 
@@ -64,13 +71,19 @@ def build_app(ctx: ApiContext) -> Starlette:
 
     # Who may call what: a task's routes any key (ownership is checked in the route); the config and
     # the debug pages an admin key (they show every task and setting); /metrics any key (aggregates
-    # only, but not for anyone on the network, and a scraper needs no admin power); /healthz and the
-    # OpenAPI document nobody (load balancers and client generators have no key). The dashboard's
+    # only, but not for anyone on the network, and a scraper needs no admin power); /healthz, /livez,
+    # /readyz and the OpenAPI document nobody (load balancers and client generators have no key). The dashboard's
     # files nobody (they hold no data); its data an admin key: it shows every key's tasks, hosts
     # and diagnoses, and links to the admin-only timeline.
     route_table = [
         Route("/v1/chat/completions", bind("chat", chat.chat_completions, "key"), methods=["POST"]),
         Route("/v1/completions", bind("completions", completions.completions, "key"), methods=["POST"]),
+        Route("/v1/messages", bind("messages", messages.create_message, "key", anthropic_error_for), methods=["POST"]),
+        Route(
+            "/v1/messages/count_tokens",
+            bind("count_tokens", messages.count_tokens, "key", anthropic_error_for),
+            methods=["POST"],
+        ),
         Route("/v1/models", bind("models", routes.list_models, "key"), methods=["GET"]),
         Route("/v1/models/{model:path}", bind("model", routes.get_model, "key"), methods=["GET"]),
         Route("/v1/tasks/{task_id}", bind("task", routes.get_task, "key"), methods=["GET"]),
@@ -79,6 +92,8 @@ def build_app(ctx: ApiContext) -> Starlette:
         Route("/v1/admin/models/load", bind("load_model", routes.load_model, "admin"), methods=["POST"]),
         Route("/v1/admin/models/unload", bind("unload_model", routes.unload_model, "admin"), methods=["POST"]),
         Route("/healthz", bind("healthz", routes.healthz, "nothing"), methods=["GET"]),
+        Route("/livez", bind("livez", routes.livez, "nothing"), methods=["GET"]),
+        Route("/readyz", bind("readyz", routes.readyz, "nothing"), methods=["GET"]),
         Route("/metrics", bind("metrics", routes.metrics, "key"), methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/", dashboard_file, methods=["GET"]),
@@ -87,30 +102,35 @@ def build_app(ctx: ApiContext) -> Starlette:
     ]
     route_table.append(Route("/debug/timeline", bind("timeline", timeline_page, "admin"), methods=["GET"]))
     return Starlette(
-        routes=route_table, middleware=_middleware(ctx.resolved.config), exception_handlers=EXCEPTION_HANDLERS
+        routes=route_table,
+        middleware=_middleware(ctx.resolved.config),
+        exception_handlers=with_anthropic_errors(EXCEPTION_HANDLERS),
     )
 
 
-async def _answer(handler: Handler, request: Request, ctx: ApiContext, caller: Caller) -> Response:
+async def _answer(
+    handler: Handler, request: Request, ctx: ApiContext, caller: Caller, errors: ErrorFormat = error_for
+) -> Response:
     admit(request, caller)
     try:
         return await handler(request, ctx)
     except (RequestProblem, LogError) as exc:
-        return error_for(exc)
+        return errors(exc)
     except Exception as exc:  # a bug: answered here, so it is counted and the connection stays open
         logger.exception("{} {} failed", request.method, request.url.path)
-        return error_for(exc)
+        return errors(exc)
 
 
 def _middleware(config: ShoalConfig) -> list[Middleware]:
-    """The browser rules first (a refused Host or origin gets nothing further), then CORS if configured."""
-    layers = [Middleware(BrowserGuard, rules=BrowserRules(config.api_host, config.cors_origins))]
+    """The access log around everything (a refusal gets its line too), then the browser rules (a
+    refused Host or origin gets nothing further), then CORS if configured."""
+    layers = [Middleware(AccessLog), Middleware(BrowserGuard, rules=BrowserRules(config.api_host, config.cors_origins))]
     if config.cors_origins:
         cors = Middleware(
             CORSMiddleware,
             allow_origins=list(config.cors_origins),
             allow_methods=["GET", "POST"],
-            allow_headers=["authorization", "content-type"],
+            allow_headers=["authorization", "content-type", "x-api-key", "anthropic-version", "anthropic-beta"],
             expose_headers=["x-shoal-task-id"],
             max_age=600,
         )
@@ -156,6 +176,8 @@ async def _serve_on(
         host=config.api_host,
         port=config.api_port,
         http=guarded_protocol(connection_budget()),
+        log_config=None,  # its loggers go through loguru's sink (`services.log_routing`), not handlers of its own
+        access_log=False,  # one line per request is `AccessLog`'s, with the key id and task
         log_level="warning",
         lifespan="off",
     )

@@ -20,6 +20,7 @@ import hashlib
 import hmac
 import ipaddress
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -30,6 +31,7 @@ from starlette.responses import Response
 
 from events.ids import KeyId
 from services.api.errors import error_response
+from services.api.schemas import RequestProblem
 from services.config import FIELDS, ConfigError, ResolvedConfig
 
 Need = Literal["nothing", "key", "admin"]  # what a route asks of its caller
@@ -64,6 +66,11 @@ class Refusal:
     def response(self) -> Response:
         headers = {"WWW-Authenticate": self.challenge} if self.challenge else None
         return error_response(self.status, self.message, code=self.code, headers=headers)
+
+    def problem(self) -> RequestProblem:
+        """The refusal as a route's problem, for a route that answers in another API's shape."""
+        headers = {"WWW-Authenticate": self.challenge} if self.challenge else None
+        return RequestProblem(self.status, self.message, code=self.code, headers=headers)
 
 
 @dataclass(frozen=True)
@@ -101,7 +108,10 @@ class ApiAccess:
             return OPEN_CALLER
         scheme, _, token = (authorization or "").strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            message = "this API needs a key: send `Authorization: Bearer <key>` (the OpenAI clients' api_key)"
+            message = (
+                "this API needs a key: send `Authorization: Bearer <key>` (the OpenAI clients' api_key) "
+                "or `x-api-key: <key>` (the Anthropic clients')"
+            )
             return Refusal(401, message, "missing_api_key", _REALM)
         caller = self._identify(token.strip())
         if caller is None:
@@ -118,6 +128,16 @@ class ApiAccess:
             if hmac.compare_digest(entry.digest, presented):
                 found = entry
         return Caller(found.key_id, found.admin) if found is not None else None
+
+
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """The request's credentials as an `Authorization` value: that header, or else Anthropic's
+    `x-api-key` (the Anthropic clients send their key there), as a bearer token."""
+    authorization = headers.get("authorization")
+    if authorization is not None:
+        return authorization
+    api_key = headers.get("x-api-key")
+    return None if api_key is None else f"Bearer {api_key}"
 
 
 def key_id(key: str) -> KeyId:
@@ -197,6 +217,12 @@ def is_loopback(host: str) -> bool:
 def admit(request: Request, caller: Caller) -> None:
     """Record the checked caller on the request, for the route to read with `caller_of`."""
     request.scope[_CALLER] = caller
+
+
+def caller_in(scope: Mapping[str, object]) -> Caller | None:
+    """The checked caller of a request's scope, None before (or without) the check."""
+    caller = scope.get(_CALLER)
+    return caller if isinstance(caller, Caller) else None
 
 
 def caller_of(request: Request) -> Caller:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from services.api.anthropic_errors import ANTHROPIC_PATHS, anthropic_error_for
 from services.api.auth import Refusal, is_loopback
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -82,6 +83,8 @@ class BrowserGuard:
         if scope["type"] == "http":
             refusal = self.rules.refusal(scope["method"], Headers(scope=scope))
             if refusal is not None:
-                await refusal.response()(scope, receive, send)
+                anthropic = str(scope["path"]).startswith(ANTHROPIC_PATHS)  # that API's clients read its shape
+                response = anthropic_error_for(refusal.problem()) if anthropic else refusal.response()
+                await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

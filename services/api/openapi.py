@@ -9,13 +9,17 @@ from typing import Any
 import msgspec
 
 from events.state import TaskInfo
+from services.api.messages_format import AnthropicError, Message, TokenCount
+from services.api.messages_schemas import CountTokensRequest, MessagesRequest
 from services.api.responses import (
     CancelAccepted,
     ChatCompletion,
     ErrorResponse,
     Health,
+    Liveness,
     ModelCard,
     ModelList,
+    Readiness,
     TextCompletion,
 )
 from services.api.schemas import ChatCompletionRequest, CompletionRequest
@@ -31,6 +35,13 @@ _TYPES = (
     Health,
     CompletionRequest,
     TextCompletion,
+    MessagesRequest,
+    Message,
+    CountTokensRequest,
+    TokenCount,
+    AnthropicError,
+    Liveness,
+    Readiness,
 )
 
 
@@ -47,6 +58,9 @@ def openapi_document() -> dict[str, Any]:
         health,
         text_request,
         text_completion,
+        *anthropic_refs,
+        liveness,
+        readiness,
     ) = refs
 
     def json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -92,6 +106,7 @@ def openapi_document() -> dict[str, Any]:
                     },
                 }
             },
+            **_anthropic_paths(*anthropic_refs),
             "/v1/models": {"get": {"summary": "List models", "responses": {"200": json("models", model_list)}}},
             "/v1/models/{model}": {
                 "get": {
@@ -121,6 +136,15 @@ def openapi_document() -> dict[str, Any]:
                 }
             },
             "/healthz": {"get": {"summary": "Health", "responses": {"200": json("health", health)}}},
+            "/livez": {
+                "get": {"summary": "Liveness: the process answers", "responses": {"200": json("alive", liveness)}}
+            },
+            "/readyz": {
+                "get": {
+                    "summary": "Readiness: a model can be served (503 with the reason otherwise)",
+                    "responses": {"200": json("ready", readiness), "503": json("not ready, and why", readiness)},
+                }
+            },
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": text("metrics", "text/plain")}}},
             "/debug/timeline": {
                 "get": {
@@ -131,4 +155,43 @@ def openapi_document() -> dict[str, Any]:
             },
         },
         "components": {"schemas": components},
+    }
+
+
+def _anthropic_paths(
+    request: dict[str, Any],
+    message: dict[str, Any],
+    count_request: dict[str, Any],
+    token_count: dict[str, Any],
+    error_schema: dict[str, Any],
+) -> dict[str, Any]:
+    """Anthropic's Messages routes: their errors in Anthropic's shape (`AnthropicError`)."""
+
+    def json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+        return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+    def errors(*statuses: int) -> dict[str, Any]:
+        return {str(status): json("error (Anthropic's shape)", error_schema) for status in statuses}
+
+    streamed = json("message (with stream=true: text/event-stream of Anthropic's message events)", message)
+    # each server-sent event has an `event:` name and a JSON `data`; `: keepalive` comments may come first
+    event = {"type": "object", "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}
+    streamed["content"]["text/event-stream"] = {"schema": event}
+    # 401: no or a wrong key (x-api-key or Authorization: Bearer); 408: the body came too slowly;
+    # 429: the queue is full; 500: the task failed on its runner; 503: no worker, the log is full, or stopping
+    return {
+        "/v1/messages": {
+            "post": {
+                "summary": "Create a message (Anthropic's Messages API)",
+                "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+                "responses": {"200": streamed, **errors(400, 401, 404, 408, 413, 429, 500, 503)},
+            }
+        },
+        "/v1/messages/count_tokens": {
+            "post": {
+                "summary": "Count a message's prompt tokens in the model's chat template",
+                "requestBody": {"required": True, "content": {"application/json": {"schema": count_request}}},
+                "responses": {"200": json("token count", token_count), **errors(400, 401, 404, 408, 413, 429, 503)},
+            }
+        },
     }

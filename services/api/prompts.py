@@ -36,11 +36,12 @@ class PromptModel:
 def load_prompt_model(model_dir: Path) -> PromptModel | None:
     """The model's tokenizer and context; None (with a warning) when the directory has no usable
     model, which the master reports when it places it."""
-    from transformers import AutoTokenizer  # lazy: seconds to import, and only once a model is known
+    from services.log_routing import import_transformers
 
+    transformers = import_transformers()  # lazy: seconds to import, and only once a model is known
     try:
         info = read_model_info(model_dir)
-        tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+        tokenizer: Any = transformers.AutoTokenizer.from_pretrained(str(model_dir))  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
     except (ModelDirError, OSError, ValueError) as exc:
         logger.warning("cannot check prompts against {}: {}", model_dir, exc)
         return None

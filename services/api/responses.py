@@ -201,5 +201,19 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     degraded: str = ""  # why the API cannot serve from the log now (its follow or connection is down)
 
 
+class Liveness(msgspec.Struct, frozen=True, kw_only=True):
+    """`/livez`: the process answers (always 200 while it does)."""
+
+    status: Literal["ok"]
+
+
+class Readiness(msgspec.Struct, frozen=True, kw_only=True):
+    """`/readyz`: 200 when a model can be served, else 503 with the reason."""
+
+    ready: bool
+    status: Literal["ok", "starting", "no_workers", "model_unavailable", "degraded"]  # as `Health.status`
+    reason: str  # "" when ready
+
+
 def json_response(body: msgspec.Struct, *, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     return Response(msgspec.json.encode(body), status_code=status, headers=headers, media_type="application/json")

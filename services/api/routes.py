@@ -15,7 +15,16 @@ from services.api.auth import caller_of
 from services.api.context import ApiContext
 from services.api.metrics import exposition
 from services.api.model_cards import model_card
-from services.api.responses import CancelAccepted, Health, ModelAction, ModelCard, ModelList, json_response
+from services.api.responses import (
+    CancelAccepted,
+    Health,
+    Liveness,
+    ModelAction,
+    ModelCard,
+    ModelList,
+    Readiness,
+    json_response,
+)
 from services.api.schemas import RequestProblem
 from services.api.task_stream import check_model
 from services.models import existing_model_dir, is_hub_model, model_error
@@ -65,8 +74,8 @@ async def cancel_task(request: Request, ctx: ApiContext) -> Response:
     return json_response(CancelAccepted(task_id=task_id, status="cancelling"), status=202)
 
 
-# The ids a client sees on its completion (`chatcmpl-<task id>`, `cmpl-<task id>`) name the task too.
-COMPLETION_ID_PREFIXES = ("chatcmpl-", "cmpl-")
+# The ids a client sees on its completion (`chatcmpl-<task id>`, `cmpl-<task id>`, `msg_<task id>`) name the task too.
+COMPLETION_ID_PREFIXES = ("chatcmpl-", "cmpl-", "msg_")
 
 
 def _task_id(request: Request) -> TaskId:
@@ -85,14 +94,14 @@ async def get_config(request: Request, ctx: ApiContext) -> Response:
     return Response(msgspec.json.encode(ctx.resolved.to_dict()), media_type="application/json")
 
 
-async def healthz(request: Request, ctx: ApiContext) -> Response:
+def _health(ctx: ApiContext) -> Health:
     state = ctx.hub.state
     nodes_up = sum(1 for n in state.nodes.values() if n.status == "up")
     ready = sum(1 for i in state.instances.values() if i.ready)
     errors = {model: error for model in ctx.known_models() if (error := model_error(state, model))}
     degraded = ctx.hub.degraded
     serving = "ok" if ready else "model_unavailable" if errors else "starting" if nodes_up else "no_workers"
-    body = Health(
+    return Health(
         status="degraded" if degraded else serving,
         last_seq=state.last_seq,
         nodes_up=nodes_up,
@@ -101,7 +110,42 @@ async def healthz(request: Request, ctx: ApiContext) -> Response:
         errors=errors,
         degraded=degraded,
     )
-    return json_response(body, status=503 if degraded else 200)
+
+
+async def healthz(request: Request, ctx: ApiContext) -> Response:
+    body = _health(ctx)
+    return json_response(body, status=503 if body.degraded else 200)
+
+
+async def livez(request: Request, ctx: ApiContext) -> Response:
+    """The process answers: its event loop runs this. Nothing else is checked, so a load balancer or
+    an orchestrator restarts the API only when it is stuck, never while the cluster is starting."""
+    return json_response(Liveness(status="ok"))
+
+
+async def readyz(request: Request, ctx: ApiContext) -> Response:
+    """A model can be served now (an instance is ready and the API follows the log): 200, else 503
+    with the reason, so a load balancer sends requests only to an API that can answer them."""
+    health = _health(ctx)
+    reason = not_ready_reason(health)
+    return json_response(
+        Readiness(ready=not reason, status=health.status, reason=reason), status=503 if reason else 200
+    )
+
+
+def not_ready_reason(health: Health) -> str:
+    """Why no model can be served now ("" when one can)."""
+    match health.status:
+        case "ok":
+            return ""
+        case "degraded":
+            return f"the API cannot follow the event log: {health.degraded}"
+        case "no_workers":
+            return "no worker node is up: start one with `shoal worker` (or use `shoal up`)"
+        case "starting":
+            return f"no instance is ready yet ({health.nodes_up} nodes up): the model is being placed or loaded"
+        case "model_unavailable":
+            return "no model can be served: " + "; ".join(f"{model}: {error}" for model, error in health.errors.items())
 
 
 async def metrics(request: Request, ctx: ApiContext) -> Response:

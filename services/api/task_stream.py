@@ -38,18 +38,15 @@ from events.vocabulary import CancelReason
 from services.api.connections import BODY_DEADLINE_SECONDS
 from services.api.context import ApiContext
 from services.api.errors import (
-    error_body,
-    error_for,
     error_response,
     failure_status,
-    internal_error_message,
     log_refused,
 )
 from services.api.hub import TaskEvents
-from services.api.openai_format import DONE, sse
 from services.api.prompts import check_logit_bias, check_prompt_size, stop_tokens
 from services.api.responses import json_response
 from services.api.schemas import RequestProblem
+from services.api.stream_errors import OpenAIStreamErrors, StreamErrors, internal_problem
 
 T = TypeVar("T")
 STOPPING_RETRY_AFTER_SECONDS = 5  # a 503's Retry-After while the API stops: a restart takes seconds
@@ -303,6 +300,7 @@ class TaskStream(Response):
         shape: StreamShape,
         headers: dict[str, str],
         keepalive_seconds: float | None,
+        errors: StreamErrors | None = None,
     ) -> None:
         self.status_code = 200
         self.background = None
@@ -310,6 +308,7 @@ class TaskStream(Response):
         self._ctx = ctx
         self._task = task
         self._shape = shape
+        self._errors = errors or OpenAIStreamErrors()
         self._keepalive = keepalive_seconds
         self._last_sent = 0.0  # anyio's clock when the client was last sent a byte
         self._started = False  # the response's start was sent: an error can no longer be a status
@@ -322,9 +321,9 @@ class TaskStream(Response):
             await run_task(self._ctx, self._task, receive, stream)
         except RequestProblem as problem:
             if not self._started:  # the task was not taken (or the API stopped before its first event)
-                await error_for(problem)(scope, receive, send)
+                await self._errors.response(problem)(scope, receive, send)
                 return
-            await self._send(send, problem_chunk(problem))  # the API stopped mid-stream
+            await self._send(send, self._errors.last_event(problem))  # the API stopped mid-stream
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except Exception as exc:
             if not self._started:
@@ -332,7 +331,7 @@ class TaskStream(Response):
             # A bug after the stream started (its task is cancelled): the client gets it as the
             # stream's last event and [DONE] rather than a connection cut mid-body.
             logger.exception("streaming task {} failed", self._task.task_id)
-            await self._send(send, internal_error_chunk(exc))
+            await self._send(send, self._errors.last_event(internal_problem(exc)))
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _stream(self, events: TaskEvents, send: Send) -> TaskCompleted | TaskFailed:
@@ -364,19 +363,6 @@ class TaskStream(Response):
                 return await events.next()
             await self._send(send, KEEPALIVE)
         return await events.next()
-
-
-def problem_chunk(problem: RequestProblem) -> bytes:
-    """A refusal met after the stream started, as its last event, then [DONE]."""
-    kind = "server_error" if problem.status >= 500 else "invalid_request_error"
-    body = error_body(problem.message, kind=kind, param=problem.param, code=problem.code)
-    return sse(msgspec.to_builtins(body)) + DONE
-
-
-def internal_error_chunk(exc: BaseException) -> bytes:
-    """A bug's error as a stream's last event (in the shape of a failed task's), then [DONE]."""
-    body = error_body(internal_error_message(exc), kind="server_error", code="internal_error")
-    return sse(msgspec.to_builtins(body)) + DONE
 
 
 def keepalive_seconds(ctx: ApiContext, wants_progress: bool) -> float | None:

@@ -20,10 +20,10 @@ from services.config import (
     add_models_flag,
     add_setting_flag,
     config_from_args,
-    configure_logging,
 )
 from services.config_files import check_data_dir
 from services.credentials import CredentialsError
+from services.log_routing import configure_logging
 from services.nats_errors import NatsError
 from services.stop_signals import until_stopped
 from services.supervise import supervise

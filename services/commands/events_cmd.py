@@ -25,10 +25,10 @@ from services.config import (
     ShoalConfig,
     add_common_flags,
     config_from_args,
-    configure_logging,
     log_settings,
 )
 from services.credentials import endpoint_for
+from services.log_routing import configure_logging
 from services.nats_permissions import Identity
 
 

@@ -21,7 +21,6 @@ from services.config import (
     ShoalConfig,
     add_setting_flag,
     config_from_args,
-    configure_logging,
     log_settings,
 )
 from services.config_files import check_data_dir
@@ -31,6 +30,7 @@ from services.credentials import (
     endpoint_for,
     write_bundle,
 )
+from services.log_routing import configure_logging
 from services.nats import EmbeddedNats
 from services.nats_errors import NatsError
 from services.nats_permissions import Identity

@@ -211,8 +211,16 @@ def test_no_worker_means_503_not_a_hang(services_without_workers: Services) -> N
         response = http.post(
             "/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
         )
+        ready, live = http.get("/readyz"), http.get("/livez")
+        message = http.post(
+            "/v1/messages", json={"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+        )
     assert response.status_code == 503
     assert "shoal worker" in response.json()["error"]["message"]
+    assert ready.status_code == 503 and ready.json()["status"] == "no_workers" and not ready.json()["ready"]
+    assert "shoal worker" in ready.json()["reason"]
+    assert (live.status_code, live.json()) == (200, {"status": "ok"})  # the process answers: nothing to restart
+    assert message.status_code == 503 and message.json()["error"]["type"] == "overloaded_error"
 
 
 def _read(path: Path) -> str:

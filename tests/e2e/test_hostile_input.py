@@ -26,6 +26,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from services.api.messages_schemas import MAX_STOP_SEQUENCES, UNSUPPORTED_MESSAGES_FIELDS
 from services.api.schemas import MAX_STOP_BYTES, UNSUPPORTED_PARAMS
 from tests.e2e.cluster import Cluster
 from tests.services.strict_model import REFUSAL, strict_tiny_model
@@ -120,6 +121,106 @@ def _deep_schema_format(depth: int) -> dict[str, Any]:
 HOSTILE = sorted(hostile_requests("m"))
 
 
+def anthropic_hostile_requests(model: str) -> dict[str, dict[str, Any]]:
+    """name -> httpx.request keyword arguments for the Anthropic routes; each must be refused with
+    a 4xx in Anthropic's error shape."""
+    ok: dict[str, Any] = {"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    tool: dict[str, Any] = {"name": "t", "input_schema": {"type": "object", "properties": {}}}
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
+    document = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}
+
+    def user(*blocks: Any) -> dict[str, Any]:
+        return {**ok, "messages": [{"role": "user", "content": list(blocks)}]}
+
+    deep = b'{"model": "m", "max_tokens": 8, "messages": [], "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    as_json = {"content-type": "application/json"}
+    requests: dict[str, dict[str, Any]] = {
+        "empty messages": {"json": {**ok, "messages": []}},
+        "no max_tokens": {"json": {"model": model, "messages": ok["messages"]}},
+        "max_tokens 0": {"json": {**ok, "max_tokens": 0}},
+        "max_tokens over the limit": {"json": {**ok, "max_tokens": MAX_TOKENS_LIMIT + 1}},
+        "not json": {"content": b"\x00\xff{", "headers": as_json},
+        "form-encoded body": {"data": {"model": model, "messages": "hi"}},
+        "deeply nested unknown field": {"content": deep, "headers": as_json},
+        "body over the limit": {"content": b" " * 1_100_000, "headers": as_json},
+        "temperature 1.5": {"json": {**ok, "temperature": 1.5}},
+        "negative top_k": {"json": {**ok, "top_k": -1}},
+        "role system in messages": {"json": {**ok, "messages": [{"role": "system", "content": "hi"}]}},
+        "image block": {"json": user(image)},
+        "document block": {"json": user(document)},
+        "thinking block": {"json": user({"type": "thinking", "thinking": "hm", "signature": "s"})},
+        "tool_use in a user turn": {"json": user({"type": "tool_use", "id": "a", "name": "t", "input": {}})},
+        "tool_result in an assistant turn": {
+            "json": {
+                **ok,
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "a"}]},
+                    {"role": "user", "content": "and?"},
+                ],
+            }
+        },
+        "a final assistant turn (prefill)": {
+            "json": {**ok, "messages": [*ok["messages"], {"role": "assistant", "content": "Sure"}]}
+        },
+        "server tool": {"json": {**ok, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}},
+        "tool_choice names no tool": {"json": {**ok, "tools": [tool], "tool_choice": {"type": "tool", "name": "x"}}},
+        "tool_choice any without tools": {"json": {**ok, "tool_choice": {"type": "any"}}},
+        "auto with one call at most": {
+            "json": {**ok, "tools": [tool], "tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}
+        },
+        "schema the grammar refuses": {
+            "json": {
+                **ok,
+                "tools": [{"name": "t", "input_schema": {"type": "nope"}}],
+                "tool_choice": {"type": "any"},
+            }
+        },
+        "too many stop_sequences": {"json": {**ok, "stop_sequences": ["s"] * (MAX_STOP_SEQUENCES + 1)}},
+        "empty stop sequence": {"json": {**ok, "stop_sequences": [""]}},
+        "stop_sequences too long": {"json": {**ok, "stop_sequences": ["x" * (MAX_STOP_BYTES + 1)]}},
+        "unknown model": {"json": {**ok, "model": "no-such-model"}},
+        "prompt over the context": {"json": {**ok, "messages": [{"role": "user", "content": "river stone " * 3000}]}},
+        "chat template refuses": {
+            "json": {**ok, "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}
+        },
+        **{f"unsupported {name}": {"json": {**ok, name: {"not": "default"}}} for name in UNSUPPORTED_MESSAGES_FIELDS},
+    }
+    return {name: {"method": "POST", "url": "/v1/messages", **kw} for name, kw in requests.items()} | {
+        "count_tokens of no messages": {
+            "method": "POST",
+            "url": "/v1/messages/count_tokens",
+            "json": {"model": model, "messages": []},
+        },
+        "count_tokens of an image": {"method": "POST", "url": "/v1/messages/count_tokens", "json": user(image)},
+        "wrong method": {"method": "GET", "url": "/v1/messages"},
+        "unknown sub-route": {"method": "POST", "url": "/v1/messages/batches", "json": ok},
+    }
+
+
+ANTHROPIC_HOSTILE = sorted(anthropic_hostile_requests("m"))
+
+
+@pytest.mark.parametrize("name", ANTHROPIC_HOSTILE)
+def test_hostile_input_to_messages_is_a_4xx_anthropic_error_and_the_cluster_answers_the_next_request_unchanged(
+    cluster: Cluster, model: str, reference: str, name: str
+) -> None:
+    pids = cluster.runner_pids()
+    with cluster.http() as http:
+        response = http.request(**anthropic_hostile_requests(model)[name])
+    assert 400 <= response.status_code < 500, response.text
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert set(body) == {"type", "error"} and body["type"] == "error"
+    assert set(body["error"]) == {"type", "message"} and body["error"]["message"]
+    expected = {404: "not_found_error", 413: "request_too_large"}.get(response.status_code, "invalid_request_error")
+    assert body["error"]["type"] == expected
+    if name == "chat template refuses":
+        assert REFUSAL in body["error"]["message"]
+    assert ordinary_answer(cluster, model) == reference
+    assert cluster.runner_pids() == pids  # no runner crashed, no instance was retired and replaced
+
+
 @pytest.mark.parametrize("name", HOSTILE)
 def test_hostile_input_is_a_4xx_openai_error_and_the_cluster_answers_the_next_request_unchanged(
     cluster: Cluster, model: str, reference: str, name: str
@@ -137,6 +238,7 @@ def test_hostile_input_is_a_4xx_openai_error_and_the_cluster_answers_the_next_re
     assert cluster.runner_pids() == pids  # no runner crashed, no instance was retired and replaced
 
 
+MODEL_IN_BODY = ("/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens")
 SLOW_IS_FINE = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
@@ -159,7 +261,7 @@ def test_fuzzing_the_openapi_document_finds_no_5xx_and_no_schema_mismatch(
             max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, suppress_health_check=SLOW_IS_FINE
         )
         def call(case: schemathesis.Case) -> None:
-            if case.path == "/v1/chat/completions" and isinstance(case.body, dict):
+            if case.path in MODEL_IN_BODY and isinstance(case.body, dict):
                 case.body["model"] = model  # otherwise nearly every request is an unknown model's 404
             case.call_and_validate(base_url=cluster.base_url, timeout=60, checks=CHECKS)
 

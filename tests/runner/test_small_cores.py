@@ -85,6 +85,17 @@ def test_text_assembler_holds_back_a_possible_stop_string() -> None:
     assert text.add(2, "N") == ("", [])
     assert text.add(3, "Dx") == ("", [2, 3])
     assert text.stopped and text.text == "hello "
+    assert text.matched == "END"
+
+
+def test_text_assembler_names_the_stop_string_that_matched_first_in_the_text() -> None:
+    text = TextAssembler(stop=["zz", "b", "ab"])
+    assert text.add(1, "xab")[0] == "x"
+    assert text.stopped and text.matched == "ab"  # starts before "b" does
+    alone = TextAssembler(stop=["END"])
+    alone.add(1, "done")
+    alone.finish()
+    assert alone.matched is None
 
 
 def test_text_assembler_releases_false_alarms_and_finishes() -> None:

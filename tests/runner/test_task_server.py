@@ -37,6 +37,7 @@ class FakeOutcome:
     prefill_tps: float | None = 100.0
     decode_tps: float | None = 50.0
     cached_tokens: int = 0
+    stop_sequence: str | None = None
 
 
 @dataclass
