@@ -18,6 +18,12 @@ streamed request for it is timed: its TTFT, request sent to first token. It is c
 model's warm-up at `shoal up`: from its first `InstancePlaced` to every rank of that instance ready
 (`RunnerStatusChanged`), by the log's wall times (`bench.warmups`); the cold instance's own warm-up
 (same definition) is reported beside it, so what load on demand adds beyond a warm-up shows.
+
+Why `--workers 1` (with `min_nodes_per_instance` 1): mlx_lm.server is one process on one machine,
+and so is a one-worker shoal: one node holding both models. Both models fit one node, so with
+`--workers 2` each instance still runs on one node, in one runner process of its own, on the same
+two cores; the second worker only adds a process that competes for them and a node that shares the
+first one's memory (workers on one host share it). `--workers 2` measures that configuration.
 """
 
 from __future__ import annotations
@@ -27,12 +33,13 @@ import asyncio
 import contextlib
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.models_sides import HEADERS, ShoalModels
 from bench.options import Sized, add_sized, resolve
-from bench.result import bench_result
+from bench.result import bench_result, readable
 from bench.rounds import rotated
 from bench.serve_load import run_alternating, summarize_level
 from bench.serve_sides import AnchorServer, model_dir
@@ -88,6 +95,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for url in urls.values():  # warm-up: each model once on each side (compile, allocate)
             asyncio.run(run_alternating(url, paths, 1, len(paths), max_tokens, HEADERS))
         figures: dict[str, dict[int, list[dict[str, Any]]]] = {side: {c: [] for c in levels} for side in SIDES}
+        steady: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
         cold: dict[str, list[dict[str, Any]]] = {label: [] for label in MODELS}
         turn = 0
         for _ in range(int(settings["rounds"])):
@@ -95,12 +103,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for side in rotated(list(SIDES), turn):
                     figures[side][concurrency].append(_measure(urls[side], paths, labels, concurrency, settings))
                 turn += 1
+            for side in rotated(list(SIDES), turn):  # one model, no switching: what alternating costs
+                asyncio.run(run_alternating(urls[side], paths[:1], 1, 1, max_tokens, HEADERS))  # loaded again
+                steady[side].append(_measure(urls[side], paths[:1], labels, 1, settings))
+            turn += 1
             for path in paths:
                 cold[labels[path]].append(shoal.cold(path, max_tokens, args.ready_timeout))
         found = shoal.warmups()
     startup = {labels[p]: first_warmup(found, p) for p in paths}
     placements = {labels[p]: card["instances"] for p, card in placed.items()}
-    return report(settings, figures, cold, startup, found, placements, quick=bool(args.quick))
+    runs = Runs(figures, steady, cold, startup, found)
+    return report(settings, runs, placements, quick=bool(args.quick))
 
 
 def _measure(
@@ -127,15 +140,19 @@ def _measure(
     return level | {"by_model": by_model, "retries": sum(s.retries for _, s in served)}
 
 
-def report(
-    settings: dict[str, Any],
-    figures: dict[str, dict[int, list[dict[str, Any]]]],
-    cold: dict[str, list[dict[str, Any]]],
-    startup: dict[str, Warmup | None],
-    found: list[Warmup],
-    placements: dict[str, Any],
-    quick: bool,
-) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Runs:
+    """What a run measured, every list in round order."""
+
+    figures: dict[str, dict[int, list[dict[str, Any]]]]  # side -> clients -> alternating level per round
+    steady: dict[str, list[dict[str, Any]]]  # side -> one client on the first model only, per round
+    cold: dict[str, list[dict[str, Any]]]  # model label -> shoal's cold requests
+    startup: dict[str, Warmup | None]  # model label -> its warm-up at `shoal up`
+    found: list[Warmup]  # every instance the run placed
+
+
+def report(settings: dict[str, Any], runs: Runs, placements: dict[str, Any], quick: bool) -> dict[str, Any]:
+    figures, cold, startup, found = runs.figures, runs.cold, runs.startup, runs.found
     measures: dict[str, Any] = {}
     comparisons: dict[str, Any] = {}
     targets: dict[str, Any] = {}
@@ -144,6 +161,16 @@ def report(
             measures[f"{side}_c{c}_ttft_p50_ms"] = summarize(_values(rounds, "ttft_ms_p50"), "ms")
             measures[f"{side}_c{c}_ttft_p99_ms"] = summarize(_values(rounds, "ttft_ms_p99"), "ms")
             measures[f"{side}_c{c}_tps"] = summarize(_values(rounds, "aggregate_tps"), "tok/s")
+    for side, rounds in runs.steady.items():
+        measures[f"{side}_steady_c1_ttft_p50_ms"] = summarize(_values(rounds, "ttft_ms_p50"), "ms")
+        measures[f"{side}_steady_c1_tps"] = summarize(_values(rounds, "aggregate_tps"), "tok/s")
+    if all(runs.steady.get(side) for side in SIDES):
+        comparisons["shoal_over_mlx_lm_steady_tps_c1"] = compare(
+            _values(runs.steady["shoal"], "aggregate_tps"),
+            _values(runs.steady["mlx_lm_server"], "aggregate_tps"),
+            "ratio",
+            "aggregate tok/s on one model, no switching, 1 client: shoal / mlx_lm_server",
+        )
     anchor, shoal = figures.get("mlx_lm_server", {}), figures.get("shoal", {})
     for c in sorted(set(anchor) & set(shoal)):
         ttft = f"mlx_lm_over_shoal_ttft_p50_c{c}"
@@ -211,6 +238,7 @@ def report(
     }
     details = {
         "levels": {side: {str(c): rounds for c, rounds in levels.items()} for side, levels in figures.items()},
+        "steady": runs.steady,
         "cold": cold,
         "warmups": [
             {
@@ -235,9 +263,52 @@ def report(
         headline=headline,
         checks=checks,
         details=details,
+        notes=_notes(measures, targets),
     )
 
 
 def _values(rounds: list[dict[str, Any]], key: str) -> list[float]:
     """`key` of each round, in round order (round i of two sides are paired)."""
     return [float(r[key]) for r in rounds]
+
+
+def _notes(measures: dict[str, Any], targets: dict[str, Any]) -> list[str]:
+    """Sentences for the README, from this run's medians only."""
+
+    def ms(name: str) -> str:
+        value = (measures.get(name) or {}).get("median")
+        return "none" if value is None else readable(value)
+
+    notes = [
+        "cold load on demand = one streamed request after `POST /v1/admin/models/unload` (once `/v1/models` says "
+        "`unloaded`), TTFT from sending it to its first token; `up_warmup` = the model's first instance at `shoal up`, "
+        "from its `InstancePlaced` to every rank ready (`RunnerStatusChanged`), by the log's wall times; the cold "
+        "instance's own warm-up (same definition) was "
+        + ", ".join(
+            f"{ms(f'{label}_cold_instance_warmup_ms')} ms of {label}'s {ms(f'{label}_cold_ttft_ms')} ms"
+            for label in (name.removesuffix("_cold_ttft_ms") for name in measures if name.endswith("_cold_ttft_ms"))
+        )
+        + " (runner start, load, warm-up: `details.warmups` splits each)."
+    ]
+    if "mlx_lm_server_steady_c1_ttft_p50_ms" in measures and "mlx_lm_server_c1_ttft_p50_ms" in measures:
+        notes.append(
+            f"switching models: mlx_lm.server's TTFT p50 at 1 client is {ms('mlx_lm_server_c1_ttft_p50_ms')} ms "
+            f"alternating against {ms('mlx_lm_server_steady_c1_ttft_p50_ms')} ms on one model (it reloads on each "
+            f"switch); shoal's {ms('shoal_c1_ttft_p50_ms')} ms against {ms('shoal_steady_c1_ttft_p50_ms')} ms."
+        )
+    missed = [name for name, judged in targets.items() if not judged["met"]]
+    shoal_tps, anchor_tps = ((measures.get(f"{side}_steady_c1_tps") or {}).get("median") for side in SIDES[::-1])
+    if missed and shoal_tps is not None and anchor_tps is not None:
+        note = (
+            f"not met: {', '.join(missed)}. With no switching at all (one model, 1 client) shoal made "
+            f"{ms('shoal_steady_c1_tps')} tok/s and mlx_lm.server {ms('mlx_lm_server_steady_c1_tps')}"
+        )
+        if shoal_tps < anchor_tps:
+            note += (
+                ": what bounds them in this run is shoal's own per-token rate on this machine, not the switching. "
+                "The machine (its load is in the row) was shared with other work; a likely cause is that shoal's "
+                "path crosses processes (API, NATS, master, runner) where mlx_lm.server's is one loop, so an "
+                "oversubscribed CPU delays each of shoal's tokens more"
+            )
+        notes.append(note + ".")
+    return notes

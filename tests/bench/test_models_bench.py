@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bench.models import report
+from bench.models import Runs, report
 from bench.result import KEYS
 from bench.warmups import Warmup, first_warmup, warmups
 from events.catalogue import LogEvent
@@ -78,7 +78,8 @@ def test_ratios_pair_the_sides_round_by_round_and_cold_loads_are_judged_against_
         ],
     }
     found = [_warm("a0", 1000, 1), _warm("b0", 2000, 2), _warm("a1", 1000, 3), _warm("b1", 700, 4)]
-    result = report({}, figures, cold, {"a": found[0], "b": found[1]}, found, {}, quick=True)
+    steady = {"mlx_lm_server": [_level(200, 40), _level(100, 40)], "shoal": [_level(20, 20), _level(60, 30)]}
+    result = report({}, Runs(figures, steady, cold, {"a": found[0], "b": found[1]}, found), {}, quick=True)
     comparisons, targets = result["comparisons"], result["targets"]
     assert comparisons["mlx_lm_over_shoal_ttft_p50_c1"]["samples"] == [20.0, 5.0]
     assert targets["mlx_lm_over_shoal_ttft_p50_c1"] == {"target": ">= 10", "value": 12.5, "met": True}
@@ -90,13 +91,20 @@ def test_ratios_pair_the_sides_round_by_round_and_cold_loads_are_judged_against_
     assert result["measures"]["a_cold_instance_warmup_ms"]["samples"] == [1000.0]  # a2 never warmed up
     assert result["checks"]["every_cold_request_placed_a_new_instance"] is False  # b1 reused an instance
     assert result["checks"]["both_models_served_in_every_level"] is True
+    assert comparisons["shoal_over_mlx_lm_steady_tps_c1"]["samples"] == [0.5, 0.75]
+    assert "1,100 ms of a's 1,200 ms" not in result["notes"][0] and "1,000 ms of a's 1,200 ms" in result["notes"][0]
+    assert not any("not met" in note for note in result["notes"])  # every target above is met
 
 
-def test_a_level_where_one_model_was_never_served_fails_its_check() -> None:
-    figures = {"mlx_lm_server": {1: [_level(400, 10, served=1)]}, "shoal": {1: [_level(20, 30)]}}
-    result = report({}, figures, {"a": [], "b": []}, {"a": None, "b": None}, [], {}, quick=True)
+def test_a_level_where_one_model_was_never_served_fails_its_check_and_a_missed_target_is_explained() -> None:
+    figures = {"mlx_lm_server": {1: [_level(400, 10, served=1)]}, "shoal": {1: [_level(200, 5)]}}
+    steady = {"mlx_lm_server": [_level(100, 40)], "shoal": [_level(150, 20)]}
+    result = report({}, Runs(figures, steady, {"a": [], "b": []}, {"a": None, "b": None}, []), {}, quick=True)
     assert result["checks"]["both_models_served_in_every_level"] is False
     assert result["checks"]["every_model_warmed_up_at_shoal_up"] is False
+    missed = result["notes"][-1]
+    assert missed.startswith("not met: mlx_lm_over_shoal_ttft_p50_c1, shoal_over_mlx_lm_tps_c1.")
+    assert "shoal made 20 tok/s and mlx_lm.server 40: what bounds them" in missed
 
 
 @pytest.mark.timeout(420)
