@@ -293,8 +293,9 @@ def _notes(measures: dict[str, Any], targets: dict[str, Any]) -> list[str]:
     if "mlx_lm_server_steady_c1_ttft_p50_ms" in measures and "mlx_lm_server_c1_ttft_p50_ms" in measures:
         notes.append(
             f"switching models: mlx_lm.server's TTFT p50 at 1 client is {ms('mlx_lm_server_c1_ttft_p50_ms')} ms "
-            f"alternating against {ms('mlx_lm_server_steady_c1_ttft_p50_ms')} ms on one model (it reloads on each "
-            f"switch); shoal's {ms('shoal_c1_ttft_p50_ms')} ms against {ms('shoal_steady_c1_ttft_p50_ms')} ms."
+            f"alternating against {ms('mlx_lm_server_steady_c1_ttft_p50_ms')} ms on the first model ({MODELS[0]}) "
+            f"alone (it reloads on each switch); shoal's {ms('shoal_c1_ttft_p50_ms')} ms against "
+            f"{ms('shoal_steady_c1_ttft_p50_ms')} ms (alternating, half the requests are the larger model's)."
         )
     missed = [name for name, judged in targets.items() if not judged["met"]]
     shoal_tps, anchor_tps = ((measures.get(f"{side}_steady_c1_tps") or {}).get("median") for side in SIDES[::-1])
