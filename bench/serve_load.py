@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ import httpx
 from bench.stats import percentile, rounded
 
 PROMPT = "Write a long story about a river, a stone and a lantern."
+CONNECT_ATTEMPTS = 20
 
 
 @dataclass(slots=True)
@@ -128,3 +130,49 @@ def summarize_level(served: list[Served], wall_s: float, events: int | None) -> 
         "first_errors": sorted({s.error for s in served if s.error})[:3],
         "wall_s": rounded(wall_s, 4),
     }
+
+
+async def stream_chat_retried(
+    client: httpx.AsyncClient, model: str, max_tokens: int, attempts: int = CONNECT_ATTEMPTS
+) -> Served:
+    """`stream_chat`, sent again (as a client would) while its connection is refused or reset
+    before any answer (mlx_lm.server's listening socket queues 5 connections, `http.server`); its
+    TTFT counts from the first attempt, and the retries are counted."""
+    first = time.perf_counter()
+    served = await stream_chat(client, model, max_tokens)
+    while served.status == 0 and served.retries < attempts:
+        await asyncio.sleep(0.05 * (served.retries + 1))
+        retries = served.retries + 1
+        served = await stream_chat(client, model, max_tokens)
+        served.retries = retries
+    if served.ttft_ms is not None:
+        served.ttft_ms += (served.sent_at - first) * 1000
+    served.sent_at = first
+    return served
+
+
+async def run_alternating(
+    base_url: str,
+    models: Sequence[str],
+    concurrency: int,
+    requests_each: int,
+    max_tokens: int,
+    headers: Mapping[str, str] | None = None,
+) -> list[tuple[str, Served]]:
+    """`concurrency` clients at once, each sending `requests_each` requests in turn, alternating
+    between `models`: client j's k-th request names `models[(j + k) % len(models)]`, so one client
+    switches model on every request and, from two clients up, every model is asked for at once."""
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(
+        base_url=base_url, timeout=httpx.Timeout(600.0), limits=limits, headers=dict(headers or {})
+    ) as client:
+
+        async def one_client(j: int) -> list[tuple[str, Served]]:
+            out: list[tuple[str, Served]] = []
+            for k in range(requests_each):
+                model = models[(j + k) % len(models)]
+                out.append((model, await stream_chat_retried(client, model, max_tokens)))
+            return out
+
+        per_client = await asyncio.gather(*(one_client(j) for j in range(concurrency)))
+    return [served for done in per_client for served in done]

@@ -1,8 +1,9 @@
 """What `shoal bench serve` serves and with what: its models and its sides.
 
 Models are random weights in standard mlx-lm directories, sharing the tiny model's tokenizer:
-`tiny` (the 8-layer llama of the tests), and `qwen3-100m`, a qwen3 shape of about 100M
-parameters, so that compute, not only overhead, is measured. Sides are servers that speak the
+`tiny` (the 8-layer llama of the tests), `qwen3-100m`, a qwen3 shape of about 100M
+parameters, so that compute, not only overhead, is measured, and `qwen3-25m` (`shoal bench
+models`' second model). Sides are servers that speak the
 OpenAI API on a port: `mlx_lm.server` (the anchor, its batching on) and `shoal up` clusters.
 """
 
@@ -37,7 +38,19 @@ QWEN3_100M: dict[str, Any] = {
     "rope_theta": 10000.0,
     "tie_word_embeddings": True,
 }
-MODELS = ("tiny", "qwen3-100m")
+# A qwen3 of ~25M parameters: 8 layers of 3.1M (attention 0.8M, MLP 2.4M), `shoal bench models`'
+# second model, a family other than the tiny llama, small enough to load in a fraction of a second.
+QWEN3_25M: dict[str, Any] = {
+    **QWEN3_100M,
+    "hidden_size": 512,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+}
+RANDOM_SHAPES: dict[str, dict[str, Any]] = {"qwen3-100m": QWEN3_100M, "qwen3-25m": QWEN3_25M}
+MODELS = ("tiny", "qwen3-100m")  # what `shoal bench serve` measures
+KNOWN_MODELS = ("tiny", *RANDOM_SHAPES)
 # mlx_lm.server batches up to this many decodes and prefills at once (its defaults are lower).
 ANCHOR_DECODE_CONCURRENCY = 64
 ANCHOR_PROMPT_CONCURRENCY = 8
@@ -46,8 +59,8 @@ ANCHOR_PROMPT_CONCURRENCY = 8
 def model_dir(name: str, data_dir: Path) -> Path:
     """The directory of model `name` under `data_dir`, written on first use, in a subprocess
     (`main`): writing weights imports mlx, which the bench's own process never does."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+    if name not in KNOWN_MODELS:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(KNOWN_MODELS)}")
     out = data_dir / "models" / name
     if name != "tiny" and (out / "model.safetensors").exists():
         return out
@@ -69,7 +82,7 @@ def main(argv: list[str]) -> int:
     for file in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tiny / file, out / file)
     eos = json.loads((tiny / "config.json").read_text())["eos_token_id"]
-    print(write_random_model(out, {**QWEN3_100M, "eos_token_id": eos}, seed=1))
+    print(write_random_model(out, {**RANDOM_SHAPES[name], "eos_token_id": eos}, seed=1))
     return 0
 
 

@@ -33,6 +33,7 @@ BENCHES: dict[str, str] = {
     "batch": "a running batch on 1 and 2 local ranks: a newcomer's prefill vs inter-token p99, cancelling 1 of 16",
     "kv": "a burst of long requests on 1 worker: runner peak memory and wall time, KV unbounded vs kv_cache_bytes",
     "fair": "one client's flood and another's single request: its TTFT, mlx_lm.server vs shoal up (a key each)",
+    "models": "two models, requests alternating: TTFT and tok/s, mlx_lm.server vs shoal up; cold load on demand",
 }
 # What `shoal bench all` runs: every figure the README's table quotes, in its order.
 ALL_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -52,6 +53,7 @@ NOT_IN_ALL: dict[str, str] = {
     "batch": "a couple of minutes of ring groups on a small machine: run it on its own",
     "kv": "starts two clusters per round: run it on its own",
     "fair": "starts mlx_lm.server and a cluster, floods each for a few rounds: run it on its own",
+    "models": "starts mlx_lm.server and a two-model cluster, unloads and reloads each model per round: run it on its own",
 }
 SKIPPED_IN_COMMAND = {"json", "record", "handler", "bench", "command"}
 
