@@ -18,7 +18,7 @@ from starlette.routing import Route
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from eventlog.publish import LogError
-from services.api import chat, completions, routes
+from services.api import chat, completions, responses_api, routes
 from services.api.auth import ApiAccess, Caller, Need, Refusal, admit
 from services.api.browser import BrowserGuard, BrowserRules
 from services.api.connections import connection_budget, guarded_protocol
@@ -71,6 +71,7 @@ def build_app(ctx: ApiContext) -> Starlette:
     route_table = [
         Route("/v1/chat/completions", bind("chat", chat.chat_completions, "key"), methods=["POST"]),
         Route("/v1/completions", bind("completions", completions.completions, "key"), methods=["POST"]),
+        Route("/v1/responses", bind("responses", responses_api.create_response, "key"), methods=["POST"]),
         Route("/v1/models", bind("models", routes.list_models, "key"), methods=["GET"]),
         Route("/v1/models/{model:path}", bind("model", routes.get_model, "key"), methods=["GET"]),
         Route("/v1/tasks/{task_id}", bind("task", routes.get_task, "key"), methods=["GET"]),

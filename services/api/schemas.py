@@ -216,6 +216,11 @@ def decode_completion_request(body: bytes) -> CompletionRequest:
     return _decode(body, _completion_decoder, UNSUPPORTED_COMPLETION_PARAMS)
 
 
+def decode_body(body: bytes, decoder: msgspec.json.Decoder[R], unsupported: Mapping[str, tuple[object, ...]]) -> R:
+    """`body` decoded by `decoder`, with the parameters in `unsupported` refused by name (other routes' bodies)."""
+    return _decode(body, decoder, unsupported)
+
+
 def _decode(body: bytes, decoder: msgspec.json.Decoder[R], unsupported: Mapping[str, tuple[object, ...]]) -> R:
     try:
         request = decoder.decode(body)

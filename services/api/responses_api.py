@@ -1,0 +1,134 @@
+"""POST /v1/responses (OpenAI's Responses API): the request becomes the chat request it amounts to
+(`to_chat_request`), so its task is the same `TaskCreated` a chat request makes, admitted and run
+by `task_stream` as chat's is; only the answer's shape is its own (`ResponseBuilder`)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response as HttpResponse
+
+from events.catalogue import ChunkGenerated, LogEvent, TaskCompleted, TaskCreated, TaskFailed, TaskParams
+from services.api.auth import caller_of
+from services.api.context import ApiContext
+from services.api.responses_api_format import Event, Response, ResponseBuilder, event_sse
+from services.api.responses_api_schemas import (
+    PlainText,
+    ResponsesRequest,
+    TextConfig,
+    decode_responses_request,
+    to_chat_request,
+)
+from services.api.schemas import RequestProblem, to_task_off_loop
+from services.api.task_stream import Collected, admit, check_model, read_body, respond
+from services.api.tool_calls import Split, ToolCallSplitter
+
+NANOS = 1_000_000_000
+
+
+async def create_response(request: Request, ctx: ApiContext) -> HttpResponse:
+    config = ctx.resolved.config
+    body = decode_responses_request(await read_body(request, config.max_body_bytes))
+    check_model(ctx, body.model)
+    key, lane = caller_of(request).key_id, ctx.prompt_lanes.grammars
+    try:
+        chat = to_chat_request(body)
+        messages, params = await to_task_off_loop(chat, max_tokens_limit=config.max_tokens_limit, lane=lane, key=key)
+        task = await admit(ctx, body.model, params, key, messages=messages)
+    except RequestProblem as problem:
+        raise in_responses_terms(problem) from problem
+    start = in_progress(body, task)
+
+    def answer(outcome: Collected, terminal: TaskCompleted) -> Response:
+        builder, splitter = ResponseBuilder(start), tool_call_splitter(task)
+        split = Split(content=outcome.text) if splitter is None else splitter.feed(outcome.text)
+        tail = Split() if splitter is None else splitter.finish()
+        feed(builder, split)
+        feed(builder, tail)
+        _, final = builder.finished(terminal.finish_reason, terminal.usage)
+        return final
+
+    shape = ResponsesShape(ResponseBuilder(start), tool_call_splitter(task)) if body.stream else None
+    return await respond(ctx, task, request, shape=shape, wants_progress=False, answer=answer)
+
+
+class ResponsesShape:
+    """A task's events as the Responses API's stream events."""
+
+    def __init__(self, builder: ResponseBuilder, splitter: ToolCallSplitter | None) -> None:
+        self.builder, self.splitter = builder, splitter
+
+    def opening(self) -> list[bytes]:
+        return [event_sse(e) for e in self.builder.opening()]
+
+    def chunks(self, event: LogEvent) -> list[bytes]:
+        builder, splitter = self.builder, self.splitter
+        match event:
+            case ChunkGenerated():
+                split = Split(content=event.text) if splitter is None else splitter.feed(event.text)
+                return [event_sse(e) for e in feed(builder, split)]
+            case TaskCompleted():
+                held = feed(builder, splitter.finish()) if splitter is not None else []
+                ending, _ = builder.finished(event.finish_reason, event.usage)
+                return [event_sse(e) for e in [*held, *ending]]
+            case TaskFailed():
+                return [event_sse(e) for e in builder.failed(event.error, invalid_request=event.invalid_request)]
+            case _:
+                return []
+
+
+def feed(builder: ResponseBuilder, split: Split) -> list[Event]:
+    """What a splitter released, in the order it holds: the text, then each whole call."""
+    events = builder.text(split.content)
+    for call in split.calls:
+        events.extend(builder.call(call))
+    return events
+
+
+def tool_call_splitter(task: TaskCreated) -> ToolCallSplitter | None:
+    """Only a task that offered the model tools has tool calls to look for in its text."""
+    if not task.params.tools:
+        return None
+    return ToolCallSplitter(call_id=lambda n: f"call_{task.task_id}_{n}")
+
+
+def in_progress(body: ResponsesRequest, task: TaskCreated) -> Response:
+    """The response as `response.created` shows it: what was asked, nothing made yet."""
+    params: TaskParams = task.params
+    return Response(
+        id=f"resp_{task.task_id}",
+        object="response",
+        created_at=task.env.wall_time // NANOS,
+        status="in_progress",
+        model=body.model,
+        output=[],
+        usage=None,
+        error=None,
+        incomplete_details=None,
+        instructions=body.instructions,
+        max_output_tokens=body.max_output_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        tools=list(body.tools or []),
+        tool_choice=body.tool_choice or ("auto" if body.tools else "none"),
+        parallel_tool_calls=True,
+        text=body.text or TextConfig(format=PlainText()),
+        store=False,
+        metadata=dict(body.metadata or {}),
+        shoal_finish_reason=None,
+    )
+
+
+# The chat request's names in what `to_task` and `admit` refuse, as this request spells them. A
+# message's index is not carried over (`instructions` and joined function calls shift it).
+_RENAMED = (("response_format", "text.format"), ("max_tokens", "max_output_tokens"), ("messages", "input"))
+
+
+def in_responses_terms(problem: RequestProblem) -> RequestProblem:
+    """A refusal of the chat request, naming the Responses request's field (`text.format`, not
+    `response_format`)."""
+    param, message = problem.param, problem.message
+    for chat_name, name in _RENAMED:
+        if param is not None and param.startswith(chat_name):
+            param = name
+        message = message.replace(f"{chat_name}=", f"{name}=").replace(f"{chat_name} ", f"{name} ")
+    return RequestProblem(problem.status, message, param=param, code=problem.code, headers=problem.headers)
