@@ -159,7 +159,7 @@ def test_fuzzing_the_openapi_document_finds_no_5xx_and_no_schema_mismatch(
             max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, suppress_health_check=SLOW_IS_FINE
         )
         def call(case: schemathesis.Case) -> None:
-            if case.path == "/v1/chat/completions" and isinstance(case.body, dict):
+            if case.path in ("/v1/chat/completions", "/v1/responses") and isinstance(case.body, dict):
                 case.body["model"] = model  # otherwise nearly every request is an unknown model's 404
             case.call_and_validate(base_url=cluster.base_url, timeout=60, checks=CHECKS)
 
