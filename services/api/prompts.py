@@ -22,6 +22,7 @@ from events.constraints import ToolFunction
 from runner.errors import ModelDirError
 from runner.models.chat import encode_task_prompt
 from runner.models.model_info import read_model_info
+from services.api.reasoning import ReasoningMarkers, markers_of
 from services.api.schemas import RequestProblem
 
 CHARS_PER_TOKEN = 4  # the estimate where no tokenizer is at hand
@@ -31,6 +32,7 @@ CHARS_PER_TOKEN = 4  # the estimate where no tokenizer is at hand
 class PromptModel:
     tokenizer: Any  # a transformers tokenizer, as mlx-lm's wrapper holds it
     context_length: int | None
+    reasoning: ReasoningMarkers | None = None  # a thinking model's markers: its reasoning is split from its answer
 
 
 def load_prompt_model(model_dir: Path) -> PromptModel | None:
@@ -44,7 +46,7 @@ def load_prompt_model(model_dir: Path) -> PromptModel | None:
     except (ModelDirError, OSError, ValueError) as exc:
         logger.warning("cannot check prompts against {}: {}", model_dir, exc)
         return None
-    return PromptModel(tokenizer=tokenizer, context_length=info.context_length)
+    return PromptModel(tokenizer=tokenizer, context_length=info.context_length, reasoning=markers_of(tokenizer))
 
 
 def prompt_tokens(

@@ -10,6 +10,7 @@ from starlette.responses import Response as HttpResponse
 from events.catalogue import ChunkGenerated, LogEvent, TaskCompleted, TaskCreated, TaskFailed, TaskParams
 from services.api.auth import caller_of
 from services.api.context import ApiContext
+from services.api.output_split import OutputPiece, OutputSplitter, output_splitter, split_output
 from services.api.responses_api_format import Event, Response, ResponseBuilder, event_sse
 from services.api.responses_api_schemas import (
     PlainText,
@@ -20,7 +21,6 @@ from services.api.responses_api_schemas import (
 )
 from services.api.schemas import RequestProblem, to_task_off_loop
 from services.api.task_stream import Collected, admit, check_model, read_body, respond
-from services.api.tool_calls import Split, ToolCallSplitter
 
 NANOS = 1_000_000_000
 
@@ -37,24 +37,22 @@ async def create_response(request: Request, ctx: ApiContext) -> HttpResponse:
     except RequestProblem as problem:
         raise in_responses_terms(problem) from problem
     start = in_progress(body, task)
+    markers = await ctx.reasoning_markers(body.model)
 
     def answer(outcome: Collected, terminal: TaskCompleted) -> Response:
-        builder, splitter = ResponseBuilder(start), tool_call_splitter(task)
-        split = Split(content=outcome.text) if splitter is None else splitter.feed(outcome.text)
-        tail = Split() if splitter is None else splitter.finish()
-        feed(builder, split)
-        feed(builder, tail)
+        builder = ResponseBuilder(start)
+        feed(builder, split_output(output_splitter(task, markers), outcome.text))
         _, final = builder.finished(terminal.finish_reason, terminal.usage)
         return final
 
-    shape = ResponsesShape(ResponseBuilder(start), tool_call_splitter(task)) if body.stream else None
+    shape = ResponsesShape(ResponseBuilder(start), output_splitter(task, markers)) if body.stream else None
     return await respond(ctx, task, request, shape=shape, wants_progress=False, answer=answer)
 
 
 class ResponsesShape:
     """A task's events as the Responses API's stream events."""
 
-    def __init__(self, builder: ResponseBuilder, splitter: ToolCallSplitter | None) -> None:
+    def __init__(self, builder: ResponseBuilder, splitter: OutputSplitter) -> None:
         self.builder, self.splitter = builder, splitter
 
     def opening(self) -> list[bytes]:
@@ -64,10 +62,9 @@ class ResponsesShape:
         builder, splitter = self.builder, self.splitter
         match event:
             case ChunkGenerated():
-                split = Split(content=event.text) if splitter is None else splitter.feed(event.text)
-                return [event_sse(e) for e in feed(builder, split)]
+                return [event_sse(e) for e in feed(builder, splitter.feed(event.text))]
             case TaskCompleted():
-                held = feed(builder, splitter.finish()) if splitter is not None else []
+                held = feed(builder, splitter.finish())
                 ending, _ = builder.finished(event.finish_reason, event.usage)
                 return [event_sse(e) for e in [*held, *ending]]
             case TaskFailed():
@@ -76,19 +73,12 @@ class ResponsesShape:
                 return []
 
 
-def feed(builder: ResponseBuilder, split: Split) -> list[Event]:
-    """What a splitter released, in the order it holds: the text, then each whole call."""
-    events = builder.text(split.content)
-    for call in split.calls:
+def feed(builder: ResponseBuilder, piece: OutputPiece) -> list[Event]:
+    """What a splitter released, in the order it holds: reasoning, the answer, then each whole call."""
+    events = [*builder.reasoning(piece.reasoning), *builder.text(piece.content)]
+    for call in piece.calls:
         events.extend(builder.call(call))
     return events
-
-
-def tool_call_splitter(task: TaskCreated) -> ToolCallSplitter | None:
-    """Only a task that offered the model tools has tool calls to look for in its text."""
-    if not task.params.tools:
-        return None
-    return ToolCallSplitter(call_id=lambda n: f"call_{task.task_id}_{n}")
 
 
 def in_progress(body: ResponsesRequest, task: TaskCreated) -> Response:

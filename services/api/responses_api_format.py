@@ -49,7 +49,21 @@ class FunctionCallItem(msgspec.Struct, frozen=True, kw_only=True, tag_field="typ
     status: ItemStatus
 
 
-OutputItem = OutputMessage | FunctionCallItem
+class ReasoningText(msgspec.Struct, frozen=True, kw_only=True):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ReasoningItem(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="reasoning"):
+    """A thinking model's reasoning, as it wrote it (no summary is made)."""
+
+    id: str
+    status: ItemStatus
+    summary: list[dict[str, Any]]  # always empty
+    content: list[ReasoningText]
+
+
+OutputItem = OutputMessage | FunctionCallItem | ReasoningItem
 
 
 class InputTokensDetails(msgspec.Struct, frozen=True, kw_only=True):
@@ -121,6 +135,7 @@ class _OpenMessage:
     index: int  # its place in `output`
     item_id: str
     text: str = ""
+    reasoning: bool = False  # a reasoning item (its part `reasoning_text`), else a message (`output_text`)
 
 
 @dataclass(slots=True)
@@ -139,21 +154,24 @@ class ResponseBuilder:
             self._event("response.in_progress", response=self.start),
         ]
 
+    def reasoning(self, delta: str) -> list[Event]:
+        """A thinking model's reasoning, in a reasoning item of its own."""
+        return self._delta(delta, reasoning=True)
+
     def text(self, delta: str) -> list[Event]:
+        return self._delta(delta, reasoning=False)
+
+    def _delta(self, delta: str, *, reasoning: bool) -> list[Event]:
         if not delta:
             return []
-        message, events = (self._open, []) if self._open is not None else self._open_message()
+        events = self._close_message() if self._open is not None and self._open.reasoning != reasoning else []
+        message, opened = (self._open, []) if self._open is not None else self._open_message(reasoning)
         message.text += delta
-        events.append(
-            self._event(
-                "response.output_text.delta",
-                item_id=message.item_id,
-                output_index=message.index,
-                content_index=0,
-                delta=delta,
-                logprobs=[],
-            )
-        )
+        where = {"item_id": message.item_id, "output_index": message.index, "content_index": 0}
+        if reasoning:
+            events += [*opened, self._event("response.reasoning_text.delta", **where, delta=delta)]
+        else:
+            events += [*opened, self._event("response.output_text.delta", **where, delta=delta, logprobs=[])]
         return events
 
     def call(self, call: ToolCall) -> list[Event]:
@@ -193,17 +211,19 @@ class ResponseBuilder:
         final = msgspec.structs.replace(self.start, status="failed", output=list(self._items), error=error)
         return [self._event("response.failed", response=final)]
 
-    def _open_message(self) -> tuple[_OpenMessage, list[Event]]:
+    def _open_message(self, reasoning: bool) -> tuple[_OpenMessage, list[Event]]:
         self._messages += 1
         suffix = "" if self._messages == 1 else f"_{self._messages}"
-        message = _OpenMessage(index=len(self._items), item_id=f"msg_{self.start.id.removeprefix('resp_')}{suffix}")
+        prefix = "rs" if reasoning else "msg"
+        item_id = f"{prefix}_{self.start.id.removeprefix('resp_')}{suffix}"
+        message = _OpenMessage(index=len(self._items), item_id=item_id, reasoning=reasoning)
         self._open = message
-        item = OutputMessage(id=message.item_id, role="assistant", status="in_progress", content=[])
+        item = _item(message, "in_progress", None)
         where = {"item_id": message.item_id, "output_index": message.index}
         self._items.append(item)  # replaced by its completed form when it closes
         return message, [
             self._event("response.output_item.added", output_index=message.index, item=item),
-            self._event("response.content_part.added", **where, content_index=0, part=_part("")),
+            self._event("response.content_part.added", **where, content_index=0, part=_part(message, "")),
         ]
 
     def _close_message(self) -> list[Event]:
@@ -211,12 +231,16 @@ class ResponseBuilder:
         if message is None:
             return []
         self._open = None
-        part = _part(message.text)
-        item = OutputMessage(id=message.item_id, role="assistant", status="completed", content=[part])
+        part = _part(message, message.text)
+        item = _item(message, "completed", part)
         self._items[message.index] = item
         where = {"item_id": message.item_id, "output_index": message.index, "content_index": 0}
+        if message.reasoning:
+            done = self._event("response.reasoning_text.done", **where, text=message.text)
+        else:
+            done = self._event("response.output_text.done", **where, text=message.text, logprobs=[])
         return [
-            self._event("response.output_text.done", **where, text=message.text, logprobs=[]),
+            done,
             self._event("response.content_part.done", **where, part=part),
             self._event("response.output_item.done", output_index=message.index, item=item),
         ]
@@ -227,8 +251,19 @@ class ResponseBuilder:
         return event
 
 
-def _part(text: str) -> OutputText:
+def _part(message: _OpenMessage, text: str) -> OutputText | ReasoningText:
+    if message.reasoning:
+        return ReasoningText(type="reasoning_text", text=text)
     return OutputText(type="output_text", text=text, annotations=[], logprobs=[])
+
+
+def _item(message: _OpenMessage, status: ItemStatus, part: OutputText | ReasoningText | None) -> OutputItem:
+    """The item of an open text, without its part while in progress (as OpenAI adds it)."""
+    if message.reasoning:
+        parts = [part] if isinstance(part, ReasoningText) else []
+        return ReasoningItem(id=message.item_id, status=status, summary=[], content=parts)
+    texts = [part] if isinstance(part, OutputText) else []
+    return OutputMessage(id=message.item_id, role="assistant", status=status, content=texts)
 
 
 def event_sse(event: Event) -> bytes:

@@ -185,3 +185,24 @@ def test_a_failed_task_ends_the_stream_with_response_failed_and_its_error() -> N
 def test_events_are_sent_with_their_type_as_the_sse_event() -> None:
     sent = event_sse({"type": "response.created", "sequence_number": 0})
     assert sent == b'event: response.created\ndata: {"type":"response.created","sequence_number":0}\n\n'
+
+
+def test_reasoning_is_an_item_of_its_own_before_the_answer() -> None:
+    builder = ResponseBuilder(_start())
+    events = builder.opening() + builder.reasoning("hm") + builder.reasoning("m") + builder.text("Hi")
+    ending, final = builder.finished("stop", Usage())
+    kinds = [e["type"] for e in _builtins(events + ending)]
+    assert kinds[2:] == [
+        "response.output_item.added", "response.content_part.added",
+        "response.reasoning_text.delta", "response.reasoning_text.delta",
+        "response.reasoning_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.completed",
+    ]  # fmt: skip
+    reasoning, message = msgspec.to_builtins(final.output)
+    assert reasoning == {
+        "type": "reasoning", "id": "rs_task_1", "status": "completed", "summary": [],
+        "content": [{"type": "reasoning_text", "text": "hmm"}],
+    }  # fmt: skip
+    assert message["type"] == "message" and message["content"][0]["text"] == "Hi"
