@@ -103,6 +103,9 @@ class TaskParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: list[tuple[int, float]] = msgspec.field(default_factory=list)
+    # A thinking model's switch, passed to its chat template as `enable_thinking` (Qwen3's); None:
+    # not passed, the template's own default. The API sets it only for a template that reads it.
+    enable_thinking: bool | None = None
 
 
 # A raw prompt (`/v1/completions`): text, encoded as the tokenizer does without a chat template, or

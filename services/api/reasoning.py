@@ -58,6 +58,13 @@ def markers_of(tokenizer: Any) -> ReasoningMarkers | None:
     return reasoning_markers(vocab, prompt)
 
 
+def has_thinking_switch(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template reads `enable_thinking` (Qwen3's switch; mlx-lm's
+    server passes the same keyword)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and "enable_thinking" in template
+
+
 @dataclass(slots=True)
 class ReasoningSplit:
     reasoning: str = ""

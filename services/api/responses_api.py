@@ -110,7 +110,12 @@ def in_progress(body: ResponsesRequest, task: TaskCreated) -> Response:
 
 # The chat request's names in what `to_task` and `admit` refuse, as this request spells them. A
 # message's index is not carried over (`instructions` and joined function calls shift it).
-_RENAMED = (("response_format", "text.format"), ("max_tokens", "max_output_tokens"), ("messages", "input"))
+_RENAMED = (
+    ("response_format", "text.format"),
+    ("max_tokens", "max_output_tokens"),
+    ("messages", "input"),
+    ("reasoning_effort", "reasoning.effort"),
+)
 
 
 def in_responses_terms(problem: RequestProblem) -> RequestProblem:

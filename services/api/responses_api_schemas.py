@@ -21,6 +21,7 @@ import msgspec
 from services.api.schemas import (
     UNSUPPORTED_SAMPLING_EXTENSIONS,
     ChatCompletionRequest,
+    ReasoningEffort,
     RequestMessage,
     RequestProblem,
     TextPart,
@@ -56,7 +57,6 @@ UNSUPPORTED_RESPONSES_PARAMS: Mapping[str, tuple[object, ...]] = {
     "max_tool_calls": (),
     "parallel_tool_calls": (True,),  # a model may call several tools at once; shoal cannot stop it at one
     "prompt": (),
-    "reasoning": (),
     "service_tier": ("auto", "default"),
     "top_logprobs": (0,),
     "truncation": ("disabled",),
@@ -146,6 +146,11 @@ class TextConfig(msgspec.Struct, frozen=True, kw_only=True):
     verbosity: Literal["medium"] | None = None  # the only one a model without the setting has
 
 
+class ReasoningConfig(msgspec.Struct, frozen=True, kw_only=True):
+    effort: ReasoningEffort | None = None  # as chat's reasoning_effort: a thinking model's switch
+    summary: None = None  # shoal writes no summaries: the reasoning item carries the reasoning itself
+
+
 class ResponsesRequest(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     input: str | Annotated[list[InputItem], msgspec.Meta(min_length=1)]
@@ -157,6 +162,7 @@ class ResponsesRequest(msgspec.Struct, frozen=True, kw_only=True):
     tools: list[FunctionTool] | None = None
     tool_choice: ResponsesToolChoice | None = None
     text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
     store: Literal[False] | None = None  # nothing is kept: `true` is refused (see the module's doc)
     metadata: Annotated[dict[str, str], msgspec.Meta(max_length=16)] | None = None  # echoed back
     user: str | None = None
@@ -228,6 +234,7 @@ def to_chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
         tools=[_chat_tool(t) for t in request.tools] if request.tools else None,
         tool_choice=_chat_tool_choice(request.tool_choice),
         response_format=_response_format(request.text),
+        reasoning_effort=None if request.reasoning is None else request.reasoning.effort,
     )
 
 

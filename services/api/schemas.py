@@ -58,7 +58,6 @@ UNSUPPORTED_PARAMS: Mapping[str, tuple[object, ...]] = {
     "modalities": (["text"],),
     "audio": (),
     "prediction": (),
-    "reasoning_effort": (),
     "web_search_options": (),
     "store": (False,),
     **UNSUPPORTED_SAMPLING_EXTENSIONS,
@@ -77,6 +76,7 @@ MAX_TOP_LOGPROBS = 20  # chat's bound in OpenAI's API
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' bound
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
 Penalty = Annotated[float, msgspec.Meta(ge=-PENALTY_BOUND, le=PENALTY_BOUND)]
 Bias = Annotated[float, msgspec.Meta(ge=-BIAS_BOUND, le=BIAS_BOUND)]
 BiasedToken = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}$")]  # a token id, as JSON keys are strings
@@ -148,6 +148,7 @@ class ChatCompletionRequest(SamplingRequest, frozen=True, kw_only=True):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None  # none given: "auto" with tools, "none" without
     response_format: ResponseFormat | None = None
+    reasoning_effort: ReasoningEffort | None = None  # a thinking switch: see `thinking_switch_of`
 
     @property
     def wants_progress(self) -> bool:
@@ -337,7 +338,17 @@ def to_task(request: ChatCompletionRequest, *, max_tokens_limit: int) -> tuple[l
         tools, constraint = task_tools_and_constraint(request.tools or [], request.tool_choice, request.response_format)
     except ToolProblem as problem:
         raise RequestProblem(400, str(problem), param=problem.param) from problem
-    return messages, msgspec.structs.replace(params, tools=tools, constraint=constraint)
+    thinking = thinking_switch_of(request.reasoning_effort)
+    return messages, msgspec.structs.replace(params, tools=tools, constraint=constraint, enable_thinking=thinking)
+
+
+def thinking_switch_of(effort: ReasoningEffort | None) -> bool | None:
+    """`reasoning_effort` as the only control a chat template gives: Qwen3's `enable_thinking`
+    switch. "none" turns thinking off; any other effort turns it on (a template has no levels);
+    none given leaves the template's default. A model without the switch refuses it (`admit`)."""
+    if effort is None:
+        return None
+    return effort != "none"
 
 
 def _task_message(message: RequestMessage, where: str) -> ChatMessage:

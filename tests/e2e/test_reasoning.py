@@ -90,3 +90,43 @@ def test_responses_give_the_reasoning_its_own_item(cluster: Cluster, model: str,
     assert item.type == "reasoning"
     assert item.content is not None and item.content[0].text == expected.reasoning
     assert response.output_text == expected.content
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Qwen3's hybrid template: the model opens `<think>` itself; `enable_thinking=False` closes an
+    empty block in the generation prompt."""
+    model = make_tiny_family(tmp_path_factory.mktemp("models") / "qwen3", "qwen3")
+    running = Cluster(tmp_path_factory.mktemp("hybrid"), workers=1, model=str(model))
+    try:
+        yield running.wait_ready()
+    finally:
+        running.stop()
+
+
+def test_reasoning_effort_none_turns_the_templates_thinking_off(hybrid: Cluster) -> None:
+    """The switch reaches the runner's template: reasoning_effort "none" is the raw completion of
+    the prompt with the empty block Qwen3's template closes; another effort is the default prompt."""
+    model, client = hybrid.env["SHOAL_MODEL"], hybrid.client()
+    opened = f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
+    raw_off = client.completions.create(model=model, prompt=opened + "<think>\n\n</think>\n\n", max_tokens=MAX_TOKENS)
+    raw_on = client.completions.create(model=model, prompt=opened, max_tokens=MAX_TOKENS)
+    messages: Any = [{"role": "user", "content": QUESTION}]
+    for effort, raw in (("none", raw_off), ("high", raw_on)):
+        expected = split_reasoning(ReasoningMarkers("<think>", "</think>", opened_by_prompt=False), raw.choices[0].text)
+        message: Any = (
+            client.chat.completions.create(
+                model=model, messages=messages, max_tokens=MAX_TOKENS, reasoning_effort=effort
+            )
+            .choices[0]
+            .message
+        )
+        assert (message.content or "", message.reasoning_content or "") == (expected.content, expected.reasoning)
+
+
+def test_reasoning_effort_is_refused_by_a_template_without_the_switch(cluster: Cluster, model: str) -> None:
+    """Qwen3-Thinking-2507's template always thinks: it has no switch to turn."""
+    with pytest.raises(openai.BadRequestError, match="no thinking switch"):
+        cluster.client().chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, reasoning_effort="none"
+        )

@@ -63,6 +63,12 @@ def test_message_items_and_a_tool_round_trip_become_chat_messages() -> None:
     assert [t.name for t in params.tools] == ["get_weather"]
 
 
+def test_reasoning_effort_is_the_templates_thinking_switch() -> None:
+    assert _task()[1].enable_thinking is None
+    assert _task(reasoning={"effort": "none"})[1].enable_thinking is False
+    assert _task(reasoning={"effort": "low"})[1].enable_thinking is True
+
+
 def test_tool_choice_and_text_format_become_the_chat_constraints() -> None:
     assert _task(tools=[WEATHER], tool_choice="required")[1].constraint == ToolCallRequired(names=["get_weather"])
     named = {"type": "function", "name": "get_weather"}
@@ -80,7 +86,8 @@ def test_tool_choice_and_text_format_become_the_chat_constraints() -> None:
         ({"conversation": "conv_1"}, "conversation", "no server-side conversation state"),
         ({"store": True}, "store", "no server-side conversation state"),
         ({"background": True}, "background", "does not implement `background`"),
-        ({"reasoning": {"effort": "high"}}, "reasoning", "does not implement `reasoning`"),
+        ({"reasoning": {"summary": "auto"}}, "reasoning.summary", "Expected `null`"),
+        ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", "Invalid enum value"),
         ({"include": ["reasoning.encrypted_content"]}, "include", "does not implement `include`"),
         ({"parallel_tool_calls": False}, "parallel_tool_calls", "parallel_tool_calls"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type", "no built-in tools"),
