@@ -4,6 +4,8 @@ by `task_stream` as chat's is; only the answer's shape is its own (`ResponseBuil
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from starlette.requests import Request
 from starlette.responses import Response as HttpResponse
 
@@ -11,6 +13,7 @@ from events.catalogue import ChunkGenerated, LogEvent, TaskCompleted, TaskCreate
 from services.api.auth import caller_of
 from services.api.context import ApiContext
 from services.api.output_split import OutputPiece, OutputSplitter, output_splitter, split_output
+from services.api.prompts import PromptModel
 from services.api.responses_api_format import Event, Response, ResponseBuilder, event_sse
 from services.api.responses_api_schemas import (
     PlainText,
@@ -37,23 +40,25 @@ async def create_response(request: Request, ctx: ApiContext) -> HttpResponse:
     except RequestProblem as problem:
         raise in_responses_terms(problem) from problem
     start = in_progress(body, task)
-    markers = await ctx.reasoning_markers(body.model)
+    prompt_model = await ctx.prompt_model(body.model)
+    markers = None if prompt_model is None else prompt_model.reasoning
+    count = token_counter(prompt_model)
 
     def answer(outcome: Collected, terminal: TaskCompleted) -> Response:
         builder = ResponseBuilder(start)
         feed(builder, split_output(output_splitter(task, markers), outcome.text))
-        _, final = builder.finished(terminal.finish_reason, terminal.usage)
+        _, final = builder.finished(terminal.finish_reason, terminal.usage, count(builder.reasoning_text))
         return final
 
-    shape = ResponsesShape(ResponseBuilder(start), output_splitter(task, markers)) if body.stream else None
+    shape = ResponsesShape(ResponseBuilder(start), output_splitter(task, markers), count) if body.stream else None
     return await respond(ctx, task, request, shape=shape, wants_progress=False, answer=answer)
 
 
 class ResponsesShape:
     """A task's events as the Responses API's stream events."""
 
-    def __init__(self, builder: ResponseBuilder, splitter: OutputSplitter) -> None:
-        self.builder, self.splitter = builder, splitter
+    def __init__(self, builder: ResponseBuilder, splitter: OutputSplitter, count: Callable[[str], int]) -> None:
+        self.builder, self.splitter, self.count = builder, splitter, count
 
     def opening(self) -> list[bytes]:
         return [event_sse(e) for e in self.builder.opening()]
@@ -65,7 +70,7 @@ class ResponsesShape:
                 return [event_sse(e) for e in feed(builder, splitter.feed(event.text))]
             case TaskCompleted():
                 held = feed(builder, splitter.finish())
-                ending, _ = builder.finished(event.finish_reason, event.usage)
+                ending, _ = builder.finished(event.finish_reason, event.usage, self.count(builder.reasoning_text))
                 return [event_sse(e) for e in [*held, *ending]]
             case TaskFailed():
                 return [event_sse(e) for e in builder.failed(event.error, invalid_request=event.invalid_request)]
@@ -79,6 +84,15 @@ def feed(builder: ResponseBuilder, piece: OutputPiece) -> list[Event]:
     for call in piece.calls:
         events.extend(builder.call(call))
     return events
+
+
+def token_counter(model: PromptModel | None) -> Callable[[str], int]:
+    """How many tokens a text is, by the model's tokenizer (reasoning is only split where the API
+    has it: with none, there is no reasoning to count)."""
+    if model is None:
+        return lambda text: 0
+    tokenizer = model.tokenizer
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False)) if text else 0
 
 
 def in_progress(body: ResponsesRequest, task: TaskCreated) -> Response:

@@ -116,12 +116,12 @@ class Response(msgspec.Struct, frozen=True, kw_only=True):
     shoal_finish_reason: FinishReason | None  # None until it ends, and for a failed task
 
 
-def response_usage(usage: Usage) -> ResponseUsage:
+def response_usage(usage: Usage, reasoning_tokens: int = 0) -> ResponseUsage:
     return ResponseUsage(
         input_tokens=usage.prompt_tokens,
         input_tokens_details=InputTokensDetails(cached_tokens=usage.cached_tokens),
         output_tokens=usage.completion_tokens,
-        output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
+        output_tokens_details=OutputTokensDetails(reasoning_tokens=min(reasoning_tokens, usage.completion_tokens)),
         total_tokens=usage.prompt_tokens + usage.completion_tokens,
     )
 
@@ -190,20 +190,30 @@ class ResponseBuilder:
             self._event("response.output_item.done", output_index=index, item=done),
         ]
 
-    def finished(self, finish_reason: FinishReason, usage: Usage) -> tuple[list[Event], Response]:
-        """The events that end a task that completed (or was cancelled), and the final response."""
+    def finished(
+        self, finish_reason: FinishReason, usage: Usage, reasoning_tokens: int = 0
+    ) -> tuple[list[Event], Response]:
+        """The events that end a task that completed (or was cancelled), and the final response;
+        `reasoning_tokens`: how many of its tokens were reasoning (`reasoning_text`, re-tokenized)."""
         events = self._close_message()
         status = _STATUS_OF[finish_reason]
         final = msgspec.structs.replace(
             self.start,
             status=status,
             output=list(self._items),
-            usage=response_usage(usage),
+            usage=response_usage(usage, reasoning_tokens),
             incomplete_details=IncompleteDetails(reason="max_output_tokens") if finish_reason == "length" else None,
             shoal_finish_reason=finish_reason,
         )
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return [*events, self._event(kind, response=final)], final
+
+    @property
+    def reasoning_text(self) -> str:
+        """All the reasoning so far (one block: the splitter takes only the first)."""
+        open_text = self._open.text if self._open is not None and self._open.reasoning else ""
+        done = [part.text for item in self._items if isinstance(item, ReasoningItem) for part in item.content]
+        return "".join(done) + open_text
 
     def failed(self, message: str, *, invalid_request: bool) -> list[Event]:
         """The event that ends a task that failed: its output so far, and why."""

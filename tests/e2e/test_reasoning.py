@@ -90,6 +90,8 @@ def test_responses_give_the_reasoning_its_own_item(cluster: Cluster, model: str,
     assert item.type == "reasoning"
     assert item.content is not None and item.content[0].text == expected.reasoning
     assert response.output_text == expected.content
+    usage = response.usage
+    assert usage is not None and 0 < usage.output_tokens_details.reasoning_tokens <= usage.output_tokens
 
 
 @pytest.fixture(scope="module")
