@@ -26,6 +26,18 @@ from jinja2.exceptions import TemplateError
 THINK_MARKERS = (("<think>", "</think>"), ("<longcat_think>", "</longcat_think>"), ("<|think:start|>", "<|think:end|>"))
 
 
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
+
+
+def thinking_switch_of(effort: ReasoningEffort | None) -> bool | None:
+    """`reasoning_effort` as the only control a chat template gives: Qwen3's `enable_thinking`
+    switch. "none" turns thinking off; any other effort turns it on (a template has no levels);
+    none given leaves the template's default. A model without the switch refuses it (`admit`)."""
+    if effort is None:
+        return None
+    return effort != "none"
+
+
 @dataclass(frozen=True, slots=True)
 class ReasoningMarkers:
     start: str

@@ -18,10 +18,10 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
+from services.api.reasoning import ReasoningEffort
 from services.api.schemas import (
     UNSUPPORTED_SAMPLING_EXTENSIONS,
     ChatCompletionRequest,
-    ReasoningEffort,
     RequestMessage,
     RequestProblem,
     TextPart,

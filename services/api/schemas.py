@@ -21,6 +21,7 @@ from events.catalogue import DEFAULT_MAX_TOKENS, ChatMessage, TaskParams
 from events.ids import KeyId
 from events.vocabulary import BIAS_BOUND, MAX_BIASED_TOKENS, PENALTY_BOUND
 from services.api.fair_lane import FairLane
+from services.api.reasoning import ReasoningEffort, thinking_switch_of
 from services.api.tools import (
     RequestToolCall,
     ResponseFormat,
@@ -76,7 +77,6 @@ MAX_TOP_LOGPROBS = 20  # chat's bound in OpenAI's API
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' bound
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
-ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
 Penalty = Annotated[float, msgspec.Meta(ge=-PENALTY_BOUND, le=PENALTY_BOUND)]
 Bias = Annotated[float, msgspec.Meta(ge=-BIAS_BOUND, le=BIAS_BOUND)]
 BiasedToken = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,9}$")]  # a token id, as JSON keys are strings
@@ -340,15 +340,6 @@ def to_task(request: ChatCompletionRequest, *, max_tokens_limit: int) -> tuple[l
         raise RequestProblem(400, str(problem), param=problem.param) from problem
     thinking = thinking_switch_of(request.reasoning_effort)
     return messages, msgspec.structs.replace(params, tools=tools, constraint=constraint, enable_thinking=thinking)
-
-
-def thinking_switch_of(effort: ReasoningEffort | None) -> bool | None:
-    """`reasoning_effort` as the only control a chat template gives: Qwen3's `enable_thinking`
-    switch. "none" turns thinking off; any other effort turns it on (a template has no levels);
-    none given leaves the template's default. A model without the switch refuses it (`admit`)."""
-    if effort is None:
-        return None
-    return effort != "none"
 
 
 def _task_message(message: RequestMessage, where: str) -> ChatMessage:
