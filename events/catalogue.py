@@ -109,6 +109,9 @@ class TaskParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # Ollama's `keep_alive`: how long the instance that serves this task stays loaded once idle
     # (seconds; 0 = unload once done; negative = never); None: the cluster's model_keep_alive_seconds.
     keep_alive_seconds: float | None = None
+    # A thinking model's switch, passed to its chat template as `enable_thinking` (Qwen3's); None:
+    # not passed, the template's own default. The API sets it only for a template that reads it.
+    enable_thinking: bool | None = None
 
 
 # A raw prompt (`/v1/completions`): text, encoded as the tokenizer does without a chat template, or

@@ -15,16 +15,21 @@ from events.constraints import ToolFunction
 
 
 def encode_chat(
-    tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    enable_thinking: bool | None = None,
 ) -> list[int]:
-    """Apply the chat template (with the assistant generation prompt) and tokenize.
+    """Apply the chat template (with the assistant generation prompt) and tokenize; a thinking
+    switch, when given, goes to the template as `enable_thinking` (None: the template's default).
 
     Works with an mlx-lm TokenizerWrapper or a transformers tokenizer. A tokenizer without a
     chat template gets the messages' contents joined by newlines (and cannot be offered tools).
     """
     if getattr(tokenizer, "chat_template", None):
+        switch = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
         ids = tokenizer.apply_chat_template(
-            list(messages), tools=list(tools) if tools else None, add_generation_prompt=True, tokenize=True
+            list(messages), tools=list(tools) if tools else None, add_generation_prompt=True, tokenize=True, **switch
         )
         if isinstance(ids, Mapping):  # some transformers versions return a BatchEncoding
             ids = ids["input_ids"]
@@ -58,7 +63,11 @@ def template_tools(tools: Sequence[ToolFunction]) -> list[dict[str, Any]]:
 
 
 def encode_task_prompt(
-    tokenizer: Any, messages: Sequence[ChatMessage], tools: Sequence[ToolFunction], raw_prompt: RawPrompt | None
+    tokenizer: Any,
+    messages: Sequence[ChatMessage],
+    tools: Sequence[ToolFunction],
+    raw_prompt: RawPrompt | None,
+    enable_thinking: bool | None = None,
 ) -> list[int]:
     """A task's prompt ids: its raw prompt when it has one (`/v1/completions`: text tokenized as the
     tokenizer does by default, special tokens such as BOS included; ids as they are), else its
@@ -67,4 +76,4 @@ def encode_task_prompt(
         return [int(i) for i in tokenizer.encode(raw_prompt)]
     if raw_prompt is not None:
         return list(raw_prompt)
-    return encode_chat(tokenizer, [template_message(m) for m in messages], template_tools(tools))
+    return encode_chat(tokenizer, [template_message(m) for m in messages], template_tools(tools), enable_thinking)

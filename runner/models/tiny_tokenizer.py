@@ -92,13 +92,20 @@ def _merge_pair(symbols: list[str], pair: tuple[str, str]) -> list[str]:
     return merged
 
 
-def write_tokenizer(out_dir: Path, vocab_size: int) -> dict[str, int]:
-    """Write tokenizer.json + tokenizer_config.json; return the special token ids."""
+def write_tokenizer(
+    out_dir: Path,
+    vocab_size: int,
+    *,
+    specials: tuple[str, ...] = SPECIAL_TOKENS,
+    chat_template: str = CHAT_TEMPLATE,
+) -> dict[str, int]:
+    """Write tokenizer.json + tokenizer_config.json; return the special token ids. Another model
+    family's tiny model gives its own special tokens (`<think>`, ...) and chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     words = [piece for piece, _ in pre.pre_tokenize_str(builtin_corpus())]
-    n_specials = len(SPECIAL_TOKENS)
+    n_specials = len(specials)
     if vocab_size < 256 + n_specials:
         raise ValueError(f"vocab must be at least {256 + n_specials} for a byte-level tokenizer")
     merges = learn_merges(words, vocab_size - 256 - n_specials)
@@ -110,9 +117,9 @@ def write_tokenizer(out_dir: Path, vocab_size: int) -> dict[str, int]:
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tokenizer.pre_tokenizer = pre
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    tokenizer.add_special_tokens(list(specials))
     tokenizer.save(str(out_dir / "tokenizer.json"))
-    special_ids = {token: int(tokenizer.token_to_id(token) or 0) for token in SPECIAL_TOKENS}
+    special_ids = {token: int(tokenizer.token_to_id(token) or 0) for token in specials}
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": None,
@@ -121,7 +128,7 @@ def write_tokenizer(out_dir: Path, vocab_size: int) -> dict[str, int]:
         "unk_token": None,
         "model_max_length": 1_000_000,
         "clean_up_tokenization_spaces": False,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return special_ids

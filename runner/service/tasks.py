@@ -121,7 +121,10 @@ class TaskServer:
             created = self.inbox.fetch(task_subject(task_id, "created"))
         if not isinstance(created, TaskCreated):
             return None
-        prompt = encode_task_prompt(self.engine.tokenizer, created.messages, created.params.tools, created.prompt)
+        params = created.params
+        prompt = encode_task_prompt(
+            self.engine.tokenizer, created.messages, params.tools, created.prompt, params.enable_thinking
+        )
         return self.make_request(task_id, prompt, created)
 
     def completed(self, task_id: TaskId, outcome: Outcome) -> None:

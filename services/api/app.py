@@ -18,7 +18,7 @@ from starlette.routing import Route
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from eventlog.publish import LogError
-from services.api import chat, completions, messages, routes
+from services.api import chat, completions, messages, responses_api, routes
 from services.api.access_log import ROUTE_KEY, AccessLog
 from services.api.anthropic_errors import anthropic_error_for, with_anthropic_errors
 from services.api.auth import ApiAccess, Caller, Need, Refusal, admit, presented_key
@@ -84,6 +84,7 @@ def build_app(ctx: ApiContext) -> Starlette:
             bind("count_tokens", messages.count_tokens, "key", anthropic_error_for),
             methods=["POST"],
         ),
+        Route("/v1/responses", bind("responses", responses_api.create_response, "key"), methods=["POST"]),
         Route("/v1/models", bind("models", routes.list_models, "key"), methods=["GET"]),
         Route("/v1/models/{model:path}", bind("model", routes.get_model, "key"), methods=["GET"]),
         Route("/v1/tasks/{task_id}", bind("task", routes.get_task, "key"), methods=["GET"]),

@@ -1,6 +1,7 @@
 """POST /v1/chat/completions: validate, publish `TaskCreated`, turn the task's events into an
-OpenAI response (JSON or SSE). How a task is admitted, run and streamed is `task_stream`'s; a task
-that offered the model tools has its tool calls split out of its text (`tool_calls`)."""
+OpenAI response (JSON or SSE). How a task is admitted, run and streamed is `task_stream`'s; a
+thinking model's reasoning is split out of its text (`reasoning_content`), and a task that offered
+the model tools has its tool calls split out of the answer (`tool_calls`): `output_split`."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from services.api.auth import caller_of
 from services.api.context import ApiContext
 from services.api.errors import error_body, failure_status
 from services.api.openai_format import DONE, ChunkMaker, completion, sse
+from services.api.output_split import OutputPiece, OutputSplitter, output_splitter, split_output
 from services.api.responses import ChatCompletion
 from services.api.schemas import ChatCompletionRequest, decode_chat_request, to_task_off_loop
 from services.api.task_stream import Collected, admit, check_model, read_body, respond
-from services.api.tool_calls import Split, ToolCallSplitter, split_text
 
 
 async def chat_completions(request: Request, ctx: ApiContext) -> Response:
@@ -28,25 +29,31 @@ async def chat_completions(request: Request, ctx: ApiContext) -> Response:
     key, lane = caller_of(request).key_id, ctx.prompt_lanes.grammars
     messages, params = await to_task_off_loop(chat, max_tokens_limit=config.max_tokens_limit, lane=lane, key=key)
     task = await admit(ctx, chat.model, params, key, messages=messages)
+    markers = await ctx.reasoning_markers(chat.model)
 
     def answer(outcome: Collected, terminal: TaskCompleted) -> ChatCompletion:
-        splitter = _tool_call_splitter(task)
-        split = Split(content=outcome.text) if splitter is None else split_text(splitter, outcome.text)
+        split = split_output(output_splitter(task, markers), outcome.text)
         completion_id = f"chatcmpl-{task.task_id}"
         finish, usage = terminal.finish_reason, terminal.usage
-        return completion(completion_id, chat.model, split.content, finish, usage, outcome.logprobs, split.calls)
+        reasoning = split.reasoning or None
+        return completion(
+            completion_id, chat.model, split.content, finish, usage, outcome.logprobs, split.calls, reasoning
+        )
 
-    shape = _ChatShape(ctx, chat, task) if chat.stream else None
+    shape = _ChatShape(ctx, chat, task, output_splitter(task, markers)) if chat.stream else None
     return await respond(ctx, task, request, shape=shape, wants_progress=chat.wants_progress, answer=answer)
 
 
 class _ChatShape:
     """A chat task's events as `chat.completion.chunk`s."""
 
-    def __init__(self, ctx: ApiContext, chat: ChatCompletionRequest, task: TaskCreated) -> None:
+    def __init__(
+        self, ctx: ApiContext, chat: ChatCompletionRequest, task: TaskCreated, splitter: OutputSplitter
+    ) -> None:
         self.ctx, self.chat, self.task_id = ctx, chat, task.task_id
         self.maker = ChunkMaker(f"chatcmpl-{task.task_id}", chat.model)
-        self.splitter = _tool_call_splitter(task)
+        # none when the text is all content: each event's text (and logprobs) as it came
+        self.splitter = splitter if splitter.reasoning is not None or splitter.tools is not None else None
 
     def opening(self) -> list[bytes]:
         return [self.maker.role()]
@@ -75,20 +82,14 @@ class _ChatShape:
 
 
 def _split_chunks(
-    maker: ChunkMaker, splitter: ToolCallSplitter, split: Split, logprobs: list[TokenLogprob] | None
+    maker: ChunkMaker, splitter: OutputSplitter, split: OutputPiece, logprobs: list[TokenLogprob] | None
 ) -> list[bytes]:
-    """What the splitter released: content (with the logprobs of the event's tokens, even when it
-    held their text back), then each whole call as a delta."""
+    """What the splitter released: reasoning, content (with the logprobs of the event's tokens,
+    even when it held their text back), then each whole call as a delta."""
     first = splitter.calls_made - len(split.calls)
+    reasoning = [maker.reasoning(split.reasoning)] if split.reasoning else []
     content = [maker.content(split.content, logprobs)] if split.content or logprobs else []
-    return [*content, *(maker.tool_call(first + i, call) for i, call in enumerate(split.calls))]
-
-
-def _tool_call_splitter(task: TaskCreated) -> ToolCallSplitter | None:
-    """Only a task that offered the model tools has tool calls to look for in its text."""
-    if not task.params.tools:
-        return None
-    return ToolCallSplitter(call_id=lambda n: f"call_{task.task_id}_{n}")
+    return [*reasoning, *content, *(maker.tool_call(first + i, call) for i, call in enumerate(split.calls))]
 
 
 def failed_chunk(event: TaskFailed) -> bytes:

@@ -18,6 +18,7 @@ from services.api.hub import LogHub
 from services.api.metrics import Metrics, metrics_registry
 from services.api.prompt_lanes import PromptLanes
 from services.api.prompts import PromptModel, load_prompt_model
+from services.api.reasoning import ReasoningMarkers
 from services.config import ResolvedConfig
 from services.models import existing_model_dir, served_models
 
@@ -78,6 +79,12 @@ class ApiContext:
                     return None
                 self._prompt_models[model] = await anyio.to_thread.run_sync(load_prompt_model, directory)
         return self._prompt_models[model]
+
+    async def reasoning_markers(self, model: str) -> ReasoningMarkers | None:
+        """The markers `model` thinks between (None: not a thinking model, or its tokenizer is not
+        on this machine, so its reasoning stays in its answer)."""
+        loaded = await self.prompt_model(model)
+        return None if loaded is None else loaded.reasoning
 
     async def preload_prompt_models(self, every_seconds: float = 1.0, longest_wait_seconds: float = 10.0) -> None:
         """Until cancelled: load each served model's tokenizer as soon as its directory exists, so

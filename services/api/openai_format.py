@@ -103,6 +103,10 @@ class ChunkMaker:
             choice["logprobs"] = msgspec.to_builtins(chat_logprobs(logprobs))
         return sse(self._chunk([choice]))
 
+    def reasoning(self, text: str) -> bytes:
+        """A thinking model's reasoning, apart from its answer (`delta.reasoning_content`, as vLLM and mlx-lm send it)."""
+        return sse(self._chunk([{"index": 0, "delta": {"reasoning_content": text}, "finish_reason": None}]))
+
     def progress(self, processed: int, total: int, time_ms: float) -> bytes:
         """Prefill progress shaped like llama.cpp's `prompt_progress` (no choices)."""
         progress = {"total": total, "cache": 0, "processed": processed, "time_ms": round(time_ms, 1)}
@@ -133,6 +137,7 @@ def completion(
     usage: Usage,
     logprobs: list[TokenLogprob] | None = None,
     tool_calls: list[ToolCall] | None = None,
+    reasoning: str | None = None,
 ) -> ChatCompletion:
     """A whole completion; with tool calls, `content` is None unless the model also wrote text.
     `logprobs` are of every generated token, the tool calls' text included."""
@@ -148,6 +153,7 @@ def completion(
                     role="assistant",
                     content=text if text.strip() or not tool_calls else None,
                     tool_calls=[response_tool_call(c) for c in tool_calls] if tool_calls else None,
+                    reasoning_content=reasoning,
                 ),
                 finish_reason=openai_finish(finish_reason, bool(tool_calls)),
                 logprobs=None if logprobs is None else chat_logprobs(logprobs),

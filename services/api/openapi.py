@@ -22,6 +22,8 @@ from services.api.responses import (
     Readiness,
     TextCompletion,
 )
+from services.api.responses_api_format import Response
+from services.api.responses_api_schemas import ResponsesRequest
 from services.api.schemas import ChatCompletionRequest, CompletionRequest
 
 _TYPES = (
@@ -35,6 +37,8 @@ _TYPES = (
     Health,
     CompletionRequest,
     TextCompletion,
+    ResponsesRequest,
+    Response,
     MessagesRequest,
     Message,
     CountTokensRequest,
@@ -58,6 +62,8 @@ def openapi_document() -> dict[str, Any]:
         health,
         text_request,
         text_completion,
+        responses_request,
+        response,
         *anthropic_refs,
         liveness,
         readiness,
@@ -73,12 +79,12 @@ def openapi_document() -> dict[str, Any]:
         return {str(status): json("error", error_schema) for status in statuses}
 
     def streamed(schema: dict[str, Any], chunk: str) -> dict[str, Any]:
-        response = json(f"completion (with stream=true: text/event-stream of {chunk}); header x-shoal-task-id", schema)
+        answer = json(f"completion (with stream=true: text/event-stream of {chunk}); header x-shoal-task-id", schema)
         # each server-sent event's `data` is a JSON chunk, then the literal [DONE]; `: keepalive`
         # comment lines may come before the first token
         event = {"type": "object", "properties": {"data": {"type": "string"}}, "required": ["data"]}
-        response["content"]["text/event-stream"] = {"schema": event}
-        return response
+        answer["content"]["text/event-stream"] = {"schema": event}
+        return answer
 
     task_param = [{"name": "task_id", "in": "path", "required": True, "schema": {"type": "string"}}]
     return {
@@ -102,6 +108,16 @@ def openapi_document() -> dict[str, Any]:
                     "requestBody": {"required": True, "content": {"application/json": {"schema": text_request}}},
                     "responses": {
                         "200": streamed(text_completion, "text_completion"),
+                        **errors(400, 404, 408, 413, 500, 503),
+                    },
+                }
+            },
+            "/v1/responses": {
+                "post": {
+                    "summary": "Create a model response (OpenAI's Responses API; no state is kept: store is false)",
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": responses_request}}},
+                    "responses": {
+                        "200": streamed(response, "Responses events (response.created, ...)"),
                         **errors(400, 404, 408, 413, 500, 503),
                     },
                 }

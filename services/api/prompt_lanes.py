@@ -76,7 +76,8 @@ class PromptLanes:
         messages: Sequence[ChatMessage],
         tools: Sequence[ToolFunction],
         raw_prompt: RawPrompt | None,
+        enable_thinking: bool | None = None,
     ) -> int:
         """The prompt's tokens (`prompt_tokens`), its 400s included, sized in `key`'s turn."""
         lane = self._short if is_short(prompt_chars(messages, tools, raw_prompt)) else self._long
-        return await lane.run_sync(key, prompt_tokens, model, messages, tools, raw_prompt)
+        return await lane.run_sync(key, prompt_tokens, model, messages, tools, raw_prompt, enable_thinking)

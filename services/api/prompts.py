@@ -22,6 +22,7 @@ from events.constraints import ToolFunction
 from runner.errors import ModelDirError
 from runner.models.chat import encode_task_prompt
 from runner.models.model_info import read_model_info
+from services.api.reasoning import ReasoningMarkers, has_thinking_switch, markers_of
 from services.api.schemas import RequestProblem
 
 CHARS_PER_TOKEN = 4  # the estimate where no tokenizer is at hand
@@ -31,6 +32,8 @@ CHARS_PER_TOKEN = 4  # the estimate where no tokenizer is at hand
 class PromptModel:
     tokenizer: Any  # a transformers tokenizer, as mlx-lm's wrapper holds it
     context_length: int | None
+    reasoning: ReasoningMarkers | None = None  # a thinking model's markers: its reasoning is split from its answer
+    thinking_switch: bool = False  # its chat template reads `enable_thinking`
 
 
 def load_prompt_model(model_dir: Path) -> PromptModel | None:
@@ -45,7 +48,12 @@ def load_prompt_model(model_dir: Path) -> PromptModel | None:
     except (ModelDirError, OSError, ValueError) as exc:
         logger.warning("cannot check prompts against {}: {}", model_dir, exc)
         return None
-    return PromptModel(tokenizer=tokenizer, context_length=info.context_length)
+    return PromptModel(
+        tokenizer=tokenizer,
+        context_length=info.context_length,
+        reasoning=markers_of(tokenizer),
+        thinking_switch=has_thinking_switch(tokenizer),
+    )
 
 
 def prompt_tokens(
@@ -53,6 +61,7 @@ def prompt_tokens(
     messages: Sequence[ChatMessage],
     tools: Sequence[ToolFunction],
     raw_prompt: RawPrompt | None,
+    enable_thinking: bool | None = None,
 ) -> int:
     """The prompt's size in tokens as the runner will see it: the raw prompt as it is, or the
     messages and tools in the chat template."""
@@ -63,7 +72,7 @@ def prompt_tokens(
         texts = [raw_prompt] if raw_prompt is not None else [m.content for m in messages]
         return sum(len(text) // CHARS_PER_TOKEN + 1 for text in texts)
     try:
-        ids = encode_task_prompt(model.tokenizer, messages, tools, raw_prompt)
+        ids = encode_task_prompt(model.tokenizer, messages, tools, raw_prompt, enable_thinking)
     except TemplateError as exc:
         raise RequestProblem(
             400,
@@ -92,6 +101,26 @@ def check_logit_bias(model: PromptModel | None, bias: Sequence[tuple[int, float]
             400,
             f"logit_bias names token ids outside the model's vocabulary of {vocabulary}: {', '.join(map(str, outside[:5]))}",
             param="logit_bias",
+        )
+
+
+def check_thinking_switch(model: PromptModel | None) -> None:
+    """`reasoning_effort` turns a thinking model's switch (`enable_thinking`) on or off: a model
+    whose template has none, or whose template the API cannot read, would silently ignore it."""
+    if model is None:
+        raise RequestProblem(
+            400,
+            "reasoning_effort needs the model's chat template, which this API cannot read (its directory is on "
+            "another machine): leave reasoning_effort out",
+            param="reasoning_effort",
+            code="unsupported_parameter",
+        )
+    if not model.thinking_switch:
+        raise RequestProblem(
+            400,
+            "this model's chat template has no thinking switch (enable_thinking): leave reasoning_effort out",
+            param="reasoning_effort",
+            code="unsupported_parameter",
         )
 
 

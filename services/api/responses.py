@@ -42,6 +42,7 @@ class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True):
     role: Literal["assistant"]
     content: str | None  # None when the turn is only tool calls
     tool_calls: list[ResponseToolCall] | None = None
+    reasoning_content: str | None = None  # a thinking model's reasoning, apart from its answer
 
 
 class TopLogprob(msgspec.Struct, frozen=True, kw_only=True):

@@ -21,6 +21,7 @@ from events.catalogue import DEFAULT_MAX_TOKENS, ChatMessage, TaskParams
 from events.ids import KeyId
 from events.vocabulary import BIAS_BOUND, MAX_BIASED_TOKENS, PENALTY_BOUND
 from services.api.fair_lane import FairLane
+from services.api.reasoning import ReasoningEffort, thinking_switch_of
 from services.api.tools import (
     RequestToolCall,
     ResponseFormat,
@@ -58,7 +59,6 @@ UNSUPPORTED_PARAMS: Mapping[str, tuple[object, ...]] = {
     "modalities": (["text"],),
     "audio": (),
     "prediction": (),
-    "reasoning_effort": (),
     "web_search_options": (),
     "store": (False,),
     **UNSUPPORTED_SAMPLING_EXTENSIONS,
@@ -154,6 +154,7 @@ class ChatCompletionRequest(SamplingRequest, frozen=True, kw_only=True):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None  # none given: "auto" with tools, "none" without
     response_format: ResponseFormat | None = None
+    reasoning_effort: ReasoningEffort | None = None  # a thinking switch: see `thinking_switch_of`
 
     @property
     def wants_progress(self) -> bool:
@@ -220,6 +221,11 @@ def decode_chat_request(body: bytes) -> ChatCompletionRequest:
 
 def decode_completion_request(body: bytes) -> CompletionRequest:
     return _decode(body, _completion_decoder, UNSUPPORTED_COMPLETION_PARAMS)
+
+
+def decode_body(body: bytes, decoder: msgspec.json.Decoder[R], unsupported: Mapping[str, tuple[object, ...]]) -> R:
+    """`body` decoded by `decoder`, with the parameters in `unsupported` refused by name (other routes' bodies)."""
+    return _decode(body, decoder, unsupported)
 
 
 def _decode(body: bytes, decoder: msgspec.json.Decoder[R], unsupported: Mapping[str, tuple[object, ...]]) -> R:
@@ -338,7 +344,8 @@ def to_task(request: ChatCompletionRequest, *, max_tokens_limit: int) -> tuple[l
         tools, constraint = task_tools_and_constraint(request.tools or [], request.tool_choice, request.response_format)
     except ToolProblem as problem:
         raise RequestProblem(400, str(problem), param=problem.param) from problem
-    return messages, msgspec.structs.replace(params, tools=tools, constraint=constraint)
+    thinking = thinking_switch_of(request.reasoning_effort)
+    return messages, msgspec.structs.replace(params, tools=tools, constraint=constraint, enable_thinking=thinking)
 
 
 def _task_message(message: RequestMessage, where: str) -> ChatMessage:

@@ -43,7 +43,7 @@ from services.api.errors import (
     log_refused,
 )
 from services.api.hub import TaskEvents
-from services.api.prompts import check_logit_bias, check_prompt_size, stop_tokens
+from services.api.prompts import check_logit_bias, check_prompt_size, check_thinking_switch, stop_tokens
 from services.api.responses import json_response
 from services.api.schemas import RequestProblem
 from services.api.stream_errors import OpenAIStreamErrors, StreamErrors, internal_problem
@@ -84,7 +84,9 @@ async def admit(
     param = "messages" if raw_prompt is None else "prompt"
     model = await ctx.prompt_model(model_name)
     # sized on a thread of a lane (long prompts: a lane of their own), in the owner's turn
-    size = await ctx.prompt_lanes.size(owner, model, messages, params.tools, raw_prompt)
+    size = await ctx.prompt_lanes.size(owner, model, messages, params.tools, raw_prompt, params.enable_thinking)
+    if params.enable_thinking is not None:
+        check_thinking_switch(model)
     check_prompt_size(model, size, param)
     size += stop_tokens(model, params.stop)
     if size > config.max_prompt_tokens:

@@ -16,6 +16,11 @@ def register(subparsers: Any) -> None:
     tiny.add_argument("--hidden", type=int, default=256)
     tiny.add_argument("--vocab", type=int, default=1024)
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument(
+        "--family",
+        choices=["qwen3", "qwen3-thinking"],
+        help="a model family's special tokens and chat template (runner/models/tiny_families.py); default: the tiny model's own",
+    )
     tiny.set_defaults(handler=make_tiny_command)
 
 
@@ -26,5 +31,10 @@ def make_tiny_command(args: argparse.Namespace) -> int:
         print("shoal model make-tiny: need --layers >= 1, --hidden a multiple of 64, --vocab >= 259")
         return 2
     spec = TinySpec(layers=args.layers, hidden=args.hidden, vocab=args.vocab, seed=args.seed)
+    if args.family is not None:
+        from runner.models.tiny_families import make_tiny_family
+
+        print(make_tiny_family(args.out, args.family, spec))
+        return 0
     print(make_tiny(args.out, spec))
     return 0

@@ -238,7 +238,7 @@ def test_hostile_input_is_a_4xx_openai_error_and_the_cluster_answers_the_next_re
     assert cluster.runner_pids() == pids  # no runner crashed, no instance was retired and replaced
 
 
-MODEL_IN_BODY = ("/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens")
+MODEL_IN_BODY = ("/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens")
 SLOW_IS_FINE = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
