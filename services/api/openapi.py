@@ -17,6 +17,7 @@ from services.api.responses import (
     ErrorResponse,
     Health,
     Liveness,
+    ModelAction,
     ModelCard,
     ModelList,
     Readiness,
@@ -24,6 +25,7 @@ from services.api.responses import (
 )
 from services.api.responses_api_format import Response
 from services.api.responses_api_schemas import ResponsesRequest
+from services.api.routes import LoadModel, UnloadModel
 from services.api.schemas import ChatCompletionRequest, CompletionRequest
 
 _TYPES = (
@@ -37,6 +39,9 @@ _TYPES = (
     Health,
     CompletionRequest,
     TextCompletion,
+    LoadModel,
+    UnloadModel,
+    ModelAction,
     ResponsesRequest,
     Response,
     MessagesRequest,
@@ -62,6 +67,9 @@ def openapi_document() -> dict[str, Any]:
         health,
         text_request,
         text_completion,
+        load_request,
+        unload_request,
+        model_action,
         responses_request,
         response,
         *anthropic_refs,
@@ -143,6 +151,26 @@ def openapi_document() -> dict[str, Any]:
                     "summary": "Cancel a task",
                     "parameters": task_param,
                     "responses": {"202": json("cancelling", cancel), **errors(400, 404, 409, 503)},
+                }
+            },
+            "/v1/admin/models/load": {
+                "post": {
+                    "summary": "Place a model now, optionally pinned and on given nodes (an admin key)",
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": load_request}}},
+                    "responses": {
+                        "202": json("the load request is on the log", model_action),
+                        **errors(400, 401, 403, 404, 503),
+                    },
+                }
+            },
+            "/v1/admin/models/unload": {
+                "post": {
+                    "summary": "Retire a model's instances once their running tasks end (an admin key)",
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": unload_request}}},
+                    "responses": {
+                        "202": json("the unload request is on the log", model_action),
+                        **errors(400, 404, 503),
+                    },
                 }
             },
             "/v1/config": {

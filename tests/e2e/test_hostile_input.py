@@ -255,6 +255,8 @@ def test_fuzzing_the_openapi_document_finds_no_5xx_and_no_schema_mismatch(
         operation = result.ok()
         if mode is GenerationMode.NEGATIVE and not len(operation.body):
             continue  # a string in a path or query cannot be made other than a string: only bodies break
+        if mode is GenerationMode.POSITIVE and operation.path.startswith("/v1/admin/"):
+            continue  # a valid load or unload changes what the cluster serves: only broken bodies here
 
         @hypothesis.given(case=operation.as_strategy(generation_mode=mode))
         @hypothesis.settings(
