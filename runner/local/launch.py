@@ -90,12 +90,17 @@ class CpuProgress:
         return now - self.changed_at
 
 
-def is_frozen(heartbeat_age: float | None, cpu_idle: float | None, bound: float = HEARTBEAT_STALE_S) -> bool:
+def is_frozen(
+    heartbeat_age: float | None, cpu_idle: float | None, bound: float = HEARTBEAT_STALE_S, phase: str | None = None
+) -> bool:
     """A rank is frozen when its heartbeat is older than `bound` and its process used no CPU for as
     long: one that is busy holding the GIL is working, not frozen (the deadline bounds it). Where
     the CPU time cannot be read (`cpu_idle` None) the heartbeat decides alone; a rank with no
-    heartbeat yet is judged by the deadline."""
-    if heartbeat_age is None or heartbeat_age <= bound:
+    heartbeat yet is judged by the deadline, and so is one still `loading`: it forms the ring in
+    `mx.distributed.init`, which waits for the slowest peer to start without letting the heartbeat
+    thread run and without using CPU (a peer still importing MLX on a loaded host takes tens of
+    seconds)."""
+    if heartbeat_age is None or heartbeat_age <= bound or phase == "loading":
         return False
     return cpu_idle is None or cpu_idle > bound
 
@@ -167,7 +172,8 @@ def _wait(ranks: list[RankProcess], workdir: Path, deadline: float) -> None:
         now = time.monotonic()
         for rp, code in zip(ranks, codes, strict=True):
             age = _heartbeat_age(workdir, rp.rank)
-            if code is None and is_frozen(age, rp.cpu.idle_for(now)):
+            phase = (_load(workdir / f"rank{rp.rank}.phase") or {}).get("phase") if age is not None else None
+            if code is None and is_frozen(age, rp.cpu.idle_for(now), phase=phase):
                 raise RankFailedError(rp.rank, _frozen_message(rp.rank, age or 0.0, workdir))
         if time.monotonic() > deadline:
             raise _stall_error([rp for rp, code in zip(ranks, codes, strict=True) if code is None], workdir)

@@ -31,9 +31,10 @@ def test_a_request_past_its_deadline_gets_504_and_its_ranks_let_it_go(tmp_path: 
             task = http.get(f"/v1/tasks/{response.headers['x-shoal-task-id']}").json()
             assert (task["status"], task["error"]) == ("failed", error["message"])
 
+            # Not behind the timed-out task: held behind its 4,000 tokens, the same deadline would
+            # have failed this one too (a 504); its 200 says it ended within the deadline, judged by
+            # the cluster's own clock rather than by a bound on this loaded machine's wall time.
             short = {**long, "max_tokens": 4}
-            started = time.monotonic()
             assert http.post("/v1/chat/completions", json=short, timeout=120).status_code == 200
-            assert time.monotonic() - started < DEADLINE_S  # not behind the timed-out task, nor timed out itself
     finally:
         cluster.stop()

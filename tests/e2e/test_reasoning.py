@@ -25,7 +25,7 @@ MAX_TOKENS = 12
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     model = make_tiny_family(tmp_path_factory.mktemp("models") / "qwen3-thinking", "qwen3-thinking")
-    running = Cluster(tmp_path_factory.mktemp("cluster"), workers=1, model=str(model))
+    running = Cluster(tmp_path_factory.mktemp("cluster"), workers=1, models=str(model))
     try:
         yield running.wait_ready()
     finally:
@@ -34,7 +34,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def model(cluster: Cluster) -> str:
-    return cluster.env["SHOAL_MODEL"]
+    return cluster.env["SHOAL_MODELS"]
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Qwen3's hybrid template: the model opens `<think>` itself; `enable_thinking=False` closes an
     empty block in the generation prompt."""
     model = make_tiny_family(tmp_path_factory.mktemp("models") / "qwen3", "qwen3")
-    running = Cluster(tmp_path_factory.mktemp("hybrid"), workers=1, model=str(model))
+    running = Cluster(tmp_path_factory.mktemp("hybrid"), workers=1, models=str(model))
     try:
         yield running.wait_ready()
     finally:
@@ -109,7 +109,7 @@ def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def test_reasoning_effort_none_turns_the_templates_thinking_off(hybrid: Cluster) -> None:
     """The switch reaches the runner's template: reasoning_effort "none" is the raw completion of
     the prompt with the empty block Qwen3's template closes; another effort is the default prompt."""
-    model, client = hybrid.env["SHOAL_MODEL"], hybrid.client()
+    model, client = hybrid.env["SHOAL_MODELS"], hybrid.client()
     opened = f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
     raw_off = client.completions.create(model=model, prompt=opened + "<think>\n\n</think>\n\n", max_tokens=MAX_TOKENS)
     raw_on = client.completions.create(model=model, prompt=opened, max_tokens=MAX_TOKENS)

@@ -46,6 +46,12 @@ with FlightRecorder(PhaseTracker(), PhaseFile(path), rank=0, interval_s=0.01, st
 )
 def test_frozen_means_silent_and_idle(heartbeat_age: float | None, cpu_idle: float | None, frozen: bool) -> None:
     assert is_frozen(heartbeat_age, cpu_idle, bound=10.0) is frozen
+    assert not is_frozen(heartbeat_age, cpu_idle, bound=10.0, phase="loading")  # forming the ring: the deadline's
+
+
+def test_a_rank_silent_in_any_later_phase_is_frozen() -> None:
+    assert is_frozen(30.0, 30.0, bound=10.0, phase="prefill")
+    assert is_frozen(30.0, None, bound=10.0, phase="decode")
 
 
 def test_cpu_progress_counts_from_the_last_poll_that_saw_the_cpu_time_grow() -> None:
