@@ -140,6 +140,9 @@ def run(
     stop: threading.Event,
     running: RunningTasks,
 ) -> None:
+    # Loading from here: importing the engine (MLX, mlx-lm, transformers) takes seconds on a busy
+    # host, and a heartbeat that says "idle" meanwhile reads as a rank stuck doing nothing.
+    phases.enter("loading")
     from runner.engine.collectives import Collectives
     from runner.engine.engine import Engine
     from runner.engine.shard import ShardPlacement
@@ -148,7 +151,6 @@ def run(
 
     server_status = _status_publisher(bridge, stamper, args)
     server_status("loading")
-    phases.enter("loading")
     faults = FaultInjector.from_env(args.rank)
     faults.loading()
     ranges = tuple((s.start_layer, s.end_layer) for s in sorted(placed.shards, key=lambda s: s.rank))
