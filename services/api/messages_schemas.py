@@ -27,7 +27,7 @@ import msgspec
 
 from events.catalogue import ChatMessage, TaskParams, ToolCall
 from events.constraints import Constraint, ToolFunction
-from services.api.schemas import MAX_STOP_BYTES, MAX_TOP_K, RequestProblem
+from services.api.schemas import MAX_STOP_BYTES, MAX_TOP_K, RequestProblem, field_of, refuse_unsupported
 from services.api.tools import (
     FunctionDefinition,
     FunctionName,
@@ -174,9 +174,9 @@ def decode_count_tokens_request(body: bytes) -> CountTokensRequest:
 def _decode(body: bytes, decoder: msgspec.json.Decoder[R]) -> R:
     try:
         request = decoder.decode(body)
-        _refuse_unsupported(_fields_decoder.decode(body))
+        refuse_unsupported(_fields_decoder.decode(body), UNSUPPORTED_MESSAGES_FIELDS, _WHY)
     except msgspec.ValidationError as exc:
-        param = _field_of(exc)
+        param = field_of(exc)
         raise RequestProblem(400, f"invalid request body: {exc}{_hint_for(param)}", param=param) from exc
     except msgspec.DecodeError as exc:
         raise RequestProblem(400, f"request body is not valid JSON: {exc}") from exc
@@ -203,31 +203,6 @@ def _hint_for(param: str | None) -> str:
     if _BLOCK_TYPE.match(param):
         return BLOCKS_HINT
     return TOOLS_HINT if _TOOL_TYPE.match(param) else ""
-
-
-def _field_of(exc: msgspec.ValidationError) -> str | None:
-    """`messages[0].role` from msgspec's "... - at `$.messages[0].role`" (None at the top level)."""
-    _, at, path = str(exc).rpartition(" - at ")
-    _, _, path = path.rpartition(" in ")
-    return path.strip("`").removeprefix("$.") if at else None
-
-
-def _refuse_unsupported(fields: dict[str, msgspec.Raw]) -> None:
-    for name, harmless in UNSUPPORTED_MESSAGES_FIELDS.items():
-        if name not in fields:
-            continue
-        value = msgspec.json.decode(fields[name])
-        if value is None or any(type(value) is type(ok) and value == ok for ok in harmless):
-            continue
-        allowed = " or ".join(msgspec.json.encode(ok).decode() for ok in harmless)
-        raise RequestProblem(
-            400,
-            f"shoal does not implement `{name}`: leave it out"
-            + (f" (or send {allowed})" if allowed else "")
-            + _WHY.get(name, ""),
-            param=name,
-            code="unsupported_parameter",
-        )
 
 
 _WHY = {

@@ -231,9 +231,9 @@ def decode_body(body: bytes, decoder: msgspec.json.Decoder[R], unsupported: Mapp
 def _decode(body: bytes, decoder: msgspec.json.Decoder[R], unsupported: Mapping[str, tuple[object, ...]]) -> R:
     try:
         request = decoder.decode(body)
-        _refuse_unsupported(_fields_decoder.decode(body), unsupported)
+        refuse_unsupported(_fields_decoder.decode(body), unsupported)
     except msgspec.ValidationError as exc:
-        param = _field_of(exc)
+        param = field_of(exc)
         raise RequestProblem(400, f"invalid request body: {exc}{_hint_for(param)}", param=param) from exc
     except msgspec.DecodeError as exc:
         raise RequestProblem(400, f"request body is not valid JSON: {_lone_surrogate(body) or exc}") from exc
@@ -289,7 +289,7 @@ def _hint_for(param: str | None) -> str:
     return TEXT_ONLY_HINT if param is not None and _CONTENT_PART_TYPE.match(param) else ""
 
 
-def _field_of(exc: msgspec.ValidationError) -> str | None:
+def field_of(exc: msgspec.ValidationError) -> str | None:
     """`messages[0].role` from msgspec's "... - at `$.messages[0].role`" (None at the top level); a
     mapping's key is named by its mapping (`key` in `$.logit_bias`)."""
     _, at, path = str(exc).rpartition(" - at ")
@@ -297,7 +297,13 @@ def _field_of(exc: msgspec.ValidationError) -> str | None:
     return path.strip("`").removeprefix("$.") if at else None
 
 
-def _refuse_unsupported(fields: dict[str, msgspec.Raw], unsupported: Mapping[str, tuple[object, ...]]) -> None:
+def refuse_unsupported(
+    fields: dict[str, msgspec.Raw],
+    unsupported: Mapping[str, tuple[object, ...]],
+    why: Mapping[str, str] | None = None,
+) -> None:
+    """A 400 naming the first field of `unsupported` the body sets to anything but one of its
+    harmless values (`why`: what to say after, per field)."""
     for name, harmless in unsupported.items():
         if name not in fields:
             continue
@@ -307,7 +313,9 @@ def _refuse_unsupported(fields: dict[str, msgspec.Raw], unsupported: Mapping[str
         allowed = " or ".join(msgspec.json.encode(ok).decode() for ok in harmless)
         raise RequestProblem(
             400,
-            f"shoal does not implement `{name}`: leave it out" + (f" (or send {allowed})" if allowed else ""),
+            f"shoal does not implement `{name}`: leave it out"
+            + (f" (or send {allowed})" if allowed else "")
+            + (why or {}).get(name, ""),
             param=name,
             code="unsupported_parameter",
         )
