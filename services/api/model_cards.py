@@ -77,5 +77,5 @@ def _instance_card(state: State, instance: InstanceInfo) -> InstanceCard:
         shards=shards,
         state=instance_state,
         placement=instance.placement_reason,
-        running=len(instance.queue),
+        held=len(instance.queue),
     )

@@ -119,7 +119,7 @@ class InstanceCard(msgspec.Struct, frozen=True, kw_only=True):
     shards: list[ShardCard]  # which node holds which layers, by rank
     state: InstanceState = "loading"
     placement: str = ""  # why these nodes (`shoal placement explain`)
-    running: int = 0  # tasks it holds (decoding, prefilling or handed ahead)
+    held: int = 0  # tasks assigned to it and not ended (in its batch, or handed ahead of it)
 
 
 class ModelAction(msgspec.Struct, frozen=True, kw_only=True):

@@ -14,7 +14,7 @@ State; the core turns them into decisions.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from events.ids import InstanceId
 from events.retention import live_tasks_of
@@ -115,14 +115,9 @@ def keep_alive_of(instance: InstanceInfo, default_seconds: float) -> float:
     return instance.keep_alive_seconds if instance.keep_alive_seconds is not None else default_seconds
 
 
-def unload_drained(state: State, models: Iterable[str] | None = None) -> list[InstanceInfo]:
-    """Draining instances (see `draining`) that hold no task any more (of `models`, or all)."""
-    chosen = None if models is None else set(models)
-    return [
-        i
-        for i in state.instances.values()
-        if not i.retired and not i.queue and draining(state, i) and (chosen is None or i.model in chosen)
-    ]
+def unload_drained(state: State) -> list[InstanceInfo]:
+    """Draining instances (see `draining`) that hold no task any more."""
+    return [i for i in state.instances.values() if not i.retired and not i.queue and draining(state, i)]
 
 
 def operator_loaded(state: State) -> list[str]:

@@ -103,7 +103,7 @@ def test_models_are_placed_by_memory_evicted_when_idle_and_follow_nodes_that_com
     # c on demand while a streams: b is idle (least recently used), a is busy and never evicted
     calls.append(ask(cluster, b))
     streaming = stream_in_thread(cluster.http, "Tell me a long story about the sea", 160, BOUND, model=a)
-    wait_for(cluster, lambda m: m[a]["instances"][0]["running"] >= 1, "a streaming")
+    wait_for(cluster, lambda m: m[a]["instances"][0]["held"] >= 1, "a streaming")
     calls.append(ask(cluster, c))
     streaming.join(BOUND + 10)
     calls.append(streaming.result)
