@@ -237,10 +237,13 @@ class MasterCore:
     def _serve_all_waiting(self, state: State, now_ns: int) -> list[LogEvent]:
         """Serve every model with waiting tasks, each on the State with the decisions before it."""
         decisions: list[LogEvent] = []
+        ahead = state
         for model in sorted({t.model for t in _assignable_tasks(state, model=None)}):
-            ahead = _with_decisions(state, decisions)
-            if not _live_instances(ahead, model) or any(i.ready for i in _live_instances(ahead, model)):
-                decisions += self._serve_waiting(ahead, model, now_ns)
+            live = _live_instances(ahead, model)
+            if not live or any(i.ready for i in live):  # else its instances load, or failed and go first
+                served = self._serve_waiting(ahead, model, now_ns)
+                decisions += served
+                ahead = _with_decisions(ahead, served)
         return decisions
 
     def _serve_waiting(self, state: State, model: str, now_ns: int) -> list[LogEvent]:
