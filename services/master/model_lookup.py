@@ -70,12 +70,7 @@ class LookedUpCatalog:
             self._tried_at[model] = self.clock()
 
     def _ask(self, model: str) -> ModelFacts | UnknownModel:
-        """The model's facts, or why it cannot be served. Any failure is the model's: a name the
-        log carries (an operator's, a task's) must never stop the master, which would meet it again
-        on every restart."""
         try:
             return self.inner.facts_of(model)
         except UnknownModel as exc:
             return exc
-        except Exception as exc:
-            return UnknownModel(f"model {model!r} cannot be looked up: {type(exc).__name__}: {exc}")

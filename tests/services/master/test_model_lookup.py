@@ -68,15 +68,3 @@ def test_a_model_never_looked_up_is_unknown() -> None:
     catalog = LookedUpCatalog(inner, ["tiny"])
     with pytest.raises(UnknownModel, match="was not looked up"):
         catalog.facts_of("other")
-
-
-class Breaking:
-    def facts_of(self, model: str) -> ModelFacts:
-        raise RuntimeError(f"Could not determine home directory for {model!r}")
-
-
-def test_a_look_up_that_breaks_makes_the_model_unknown_not_the_master_fail() -> None:
-    catalog = LookedUpCatalog(Breaking(), [])
-    asyncio.run(catalog.add(["~nobody/model"]))
-    with pytest.raises(UnknownModel, match="cannot be looked up: RuntimeError"):
-        catalog.facts_of("~nobody/model")
