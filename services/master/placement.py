@@ -1,9 +1,10 @@
 """Placement as a pure function: which nodes host which layers, and on which ring ports.
 
 An instance goes on the fewest nodes whose free memory (`capacity.py`) holds the model's weights
-and its KV room, the nodes with the most free memory first; layers are split in proportion to what
-each chosen node can take, at least one layer per node, so a bigger node carries more of the
-model. Ports are the lowest free ones at or above the base on
+and its KV room, the nodes with the most free memory first unless a choice among the next roomiest
+makes a ring with shorter measured round trips (`LinkMeasured`; `ring.py` orders each ring); layers
+are split in proportion to what each chosen node can take, at least one layer per node, so a bigger
+node carries more of the model. Ports are the lowest free ones at or above the base on
 each host, given the instances still alive there and the model's newest placements that never got
 ready: a port another program holds (a long-lived connection's ephemeral port, say) fails every
 placement that takes it, so the next attempt takes other ones.
@@ -164,14 +165,54 @@ def plan_instance(state: State, request: PlacementRequest, *, without: Collectio
     most = min(request.count.most, len(by_free), request.facts.layers)
     least = min(request.count.least, most)  # with fewer nodes up than asked, all of them
     for count in range(least, most + 1):
-        chosen, ring_us = ring_order(by_free[:count])
-        split = _fitting_split(room, chosen, request)
-        if split is not None:
-            why = _why(room, chosen, split, request)
-            if ring_us is not None and count >= 3:
-                why += f"; ring ordered by measured round trips ({ring_us / 1000:.2f} ms around)"
-            return _planned(state, request, chosen, split, why)
+        ring = _fastest_fitting_ring(room, by_free, count, request)
+        if ring is not None:
+            why = _why(room, ring.nodes, ring.split, request)
+            if ring.round_trips_us is not None and count >= 2:
+                why += f"; ring ordered by measured round trips ({ring.round_trips_us / 1000:.2f} ms around)"
+                if ring.nodes_passed_over:
+                    why += f", faster than with {', '.join(ring.nodes_passed_over)}"
+            return _planned(state, request, ring.nodes, ring.split, why)
     raise NoRoom(_no_room(room, by_free[:most], request))
+
+
+# A ring of `count` nodes may take any `count` of the `count + RING_CHOICE_SPARE` roomiest nodes
+# when that makes its measured round trips shorter; searched for rings of up to
+# `RING_CHOICE_MAX_NODES` (each choice's order is itself searched: `ring.py`).
+RING_CHOICE_SPARE = 2
+RING_CHOICE_MAX_NODES = 5
+
+
+class ChosenRing(msgspec.Struct, frozen=True, kw_only=True):
+    nodes: list[NodeInfo]  # in rank order
+    split: list[tuple[int, int]]
+    round_trips_us: int | None  # measured, around the ring; None when a link of it was never measured
+    nodes_passed_over: list[NodeId]  # roomier nodes left out for a faster ring
+
+
+def _fastest_fitting_ring(
+    room: Rooms, by_free: list[NodeInfo], count: int, request: PlacementRequest
+) -> ChosenRing | None:
+    """Of the choices of `count` nodes whose free memory holds the model, the one with the fewest
+    measured round trips around its ring; a ring with an unmeasured link counts as slower than any
+    measured one, and among equals the roomier choice wins (with nothing measured: the `count`
+    roomiest nodes, as memory alone would choose)."""
+    roomiest = by_free[:count]
+    pool = by_free[: count + RING_CHOICE_SPARE] if 2 <= count <= RING_CHOICE_MAX_NODES else roomiest
+    best: tuple[tuple[bool, int], ChosenRing] | None = None
+    for nodes in itertools.combinations(pool, count):  # the roomiest choice comes first
+        ordered, round_trips_us = ring_order(nodes)
+        split = _fitting_split(room, ordered, request)
+        if split is None:
+            continue
+        key = (round_trips_us is None, round_trips_us or 0)
+        if best is None or key < best[0]:
+            passed_over = [n.node_id for n in roomiest if n not in nodes]
+            best = (
+                key,
+                ChosenRing(nodes=ordered, split=split, round_trips_us=round_trips_us, nodes_passed_over=passed_over),
+            )
+    return best[1] if best is not None else None
 
 
 def _fitting_split(room: Rooms, chosen: list[NodeInfo], request: PlacementRequest) -> list[tuple[int, int]] | None:

@@ -61,6 +61,57 @@ def test_placement_over_three_nodes_orders_the_ranks_along_the_fastest_ring() ->
     assert "ring ordered by measured round trips" in instance.reason
 
 
+def _measure(c: Cluster, rtt_us: dict[frozenset[str], int]) -> None:
+    """Every node measures every peer, at the given round trips (both directions alike)."""
+    names = sorted({n for pair in rtt_us for n in pair})
+    for n in names:
+        for p in names:
+            if n != p:
+                rtt = rtt_us[frozenset((n, p))]
+                env = c.ev.worker(n).stamp()
+                c.feed(LinkMeasured(env=env, node_id=NodeId(n), peer=NodeId(p), rtt_us=rtt, bytes_per_second=1))
+
+
+def _links(fast: set[frozenset[str]], names: str) -> dict[frozenset[str], int]:
+    return {frozenset((a, b)): 200 if frozenset((a, b)) in fast else 10_000 for a in names for b in names if a != b}
+
+
+def test_a_split_instance_takes_the_nodes_with_the_fastest_link_over_roomier_ones() -> None:
+    c = Cluster(MasterPolicy(nodes_per_instance=NodeCount(least=2)), Sized(m=1), pipeline=False)
+    c.feed(c.ev.node("a", 9, host="a"), c.ev.node("b", 9, host="b"), c.ev.node("c", 8, host="c"))
+    c.feed(c.ev.node("d", 8, host="d"))
+    _measure(c, _links({frozenset("cd")}, "abcd"))  # a and b are roomier, c - d is the fast link
+    [instance] = placed(c.feed(c.ev.created("t1", model="m")))
+    assert sorted(s.node_id for s in instance.shards) == ["c", "d"]
+    assert "faster than with a, b" in instance.reason
+
+
+def test_with_no_link_measured_the_roomiest_nodes_are_taken() -> None:
+    c = Cluster(MasterPolicy(nodes_per_instance=NodeCount(least=2)), Sized(m=1), pipeline=False)
+    c.feed(c.ev.node("a", 8, host="a"), c.ev.node("b", 9, host="b"), c.ev.node("c", 9, host="c"))
+    [instance] = placed(c.feed(c.ev.created("t1", model="m")))
+    assert sorted(s.node_id for s in instance.shards) == ["b", "c"]
+    assert "round trips" not in instance.reason
+
+
+def test_a_fast_link_never_buys_more_nodes_than_the_model_needs() -> None:
+    c = Cluster(MasterPolicy(), Sized(m=1), pipeline=False)
+    c.feed(c.ev.node("a", 4, host="a"), c.ev.node("b", 4, host="b"))
+    _measure(c, _links({frozenset("ab")}, "ab"))
+    [instance] = placed(c.feed(c.ev.created("t1", model="m")))
+    assert len(instance.shards) == 1
+
+
+def test_a_fast_link_to_a_node_without_room_is_passed_over() -> None:
+    c = Cluster(MasterPolicy(nodes_per_instance=NodeCount(least=2)), Sized(m=6), pipeline=False)
+    # m needs 7.5 GiB with its KV room: c - d is fast but d (1 GiB) cannot take its share
+    c.feed(c.ev.node("a", 6, host="a"), c.ev.node("b", 6, host="b"), c.ev.node("c", 6, host="c"))
+    c.feed(c.ev.node("d", 1, host="d"))
+    _measure(c, _links({frozenset("cd"), frozenset("bc")}, "abcd"))
+    [instance] = placed(c.feed(c.ev.created("t1", model="m")))
+    assert sorted(s.node_id for s in instance.shards) == ["b", "c"]
+
+
 def _all_orders(nodes: list[NodeInfo]) -> list[list[NodeInfo]]:
     import itertools
 
