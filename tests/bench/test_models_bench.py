@@ -102,9 +102,12 @@ def test_a_level_where_one_model_was_never_served_fails_its_check_and_a_missed_t
     result = report({}, Runs(figures, steady, {"a": [], "b": []}, {"a": None, "b": None}, []), {}, quick=True)
     assert result["checks"]["both_models_served_in_every_level"] is False
     assert result["checks"]["every_model_warmed_up_at_shoal_up"] is False
+    ceilings = result["comparisons"]
+    assert ceilings["ceiling_ttft_p50_c1"]["samples"] == [4.0] and ceilings["ceiling_tps_c1"]["samples"] == [4.0]
     missed = result["notes"][-1]
     assert missed.startswith("not met: mlx_lm_over_shoal_ttft_p50_c1, shoal_over_mlx_lm_tps_c1.")
-    assert "shoal made 20 tok/s and mlx_lm.server 40: what bounds them" in missed
+    assert "would reach 4 x on mlx_lm_over_shoal_ttft_p50_c1 and 4 x on shoal_over_mlx_lm_tps_c1" in missed
+    assert "without switching: 0.5 x tok/s, TTFT p50 150 ms against 100 ms" in missed
 
 
 @pytest.mark.timeout(420)
