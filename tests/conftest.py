@@ -8,6 +8,8 @@
   (one worker at a time: the suite runs on two, pyproject's `-n 2`).
 - `pytest_configure`: Ctrl-C (SIGINT) reaches the suite's processes even when it was started where
   SIGINT is ignored.
+- Hypothesis runs without its per-example deadline and too-slow health check: the suite must pass
+  on a loaded machine, and a property's examples are judged by what they return, never by time.
 
 Every test has a timeout (pyproject: pytest-timeout, 120 s by default).
 """
@@ -25,12 +27,16 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from eventlog.log import EventLog
 from services.nats import EmbeddedNats
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("events", "eventlog", "services", "runner", "bench", "tests")
+
+settings.register_profile("loaded-machine", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("loaded-machine")
 
 
 def pytest_configure(config: pytest.Config) -> None:
