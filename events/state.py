@@ -62,7 +62,8 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     links: dict[NodeId, LinkInfo] = msgspec.field(default_factory=dict)  # to each peer, as it measured
     status: NodeStatus = "up"
     reason: str = ""
-    changed_at: int = 0  # wall ns of the last status change
+    changed_at: int = 0  # wall ns of the last status change (the announcing service's clock)
+    changed_seq: int = 0  # the log's seq of the last status change: its order, on no one's clock
     last_outage: NodeOutage | None = None  # None: never went away since it first joined
 
 

@@ -319,14 +319,10 @@ def placement_failures(state: State, model: str, *, after_seq: int = 0) -> Place
     """Retired instances of `model` in a row (newest first) that never got ready and were not
     stopped: a node leaving (a worker shut down, a machine gone) or a rank told to stop is not the
     model's fault, and neither is anything before `after_seq` (a fresh master forgives the past)
-    or before the newest node (re)joined (new capacity is worth a new attempt)."""
-    joined_at = max((n.changed_at for n in nodes_up(state)), default=0)
-    counted = list(
-        itertools.takewhile(
-            lambda instance: instance.placed_seq > after_seq and instance.placed_at >= joined_at,
-            _failure_streak(state, model),
-        )
-    )
+    or before the newest node (re)joined (new capacity is worth a new attempt). "Before" is the
+    log's order: a join is stamped by its worker's clock, a placement by a master's."""
+    since = max(after_seq, max((n.changed_seq for n in nodes_up(state)), default=0))
+    counted = list(itertools.takewhile(lambda instance: instance.placed_seq > since, _failure_streak(state, model)))
     if not counted:
         return PlacementFailures()
     newest = counted[0]

@@ -137,6 +137,25 @@ def test_a_joining_node_and_a_fresh_master_forgive_failures() -> None:
     assert _kinds(placed) == ["InstancePlaced"]
 
 
+def test_a_node_whose_clock_runs_ahead_forgives_nothing_by_its_clock() -> None:
+    """Forgiveness follows the log's order: a worker's clock minutes ahead stamps its join "after"
+    every later placement by the master's clock, and must not wipe out failures that came after it."""
+    c = Cluster(MasterPolicy(placement_retry=RETRY))
+    ahead = c.ev.node("n3")
+    c.feed(
+        msgspec.structs.replace(
+            ahead, env=msgspec.structs.replace(ahead.env, wall_time=ahead.env.wall_time + 600 * 10**9)
+        )
+    )
+    c.feed(c.ev.node("n1"), c.ev.node("n2"))
+    c.feed(c.ev.created("t1"))
+    _fail_newest(c)
+    c.clock.advance(10)
+    _retry(c)
+    _fail_newest(c)
+    assert placement_failures(c.state, "tiny").count == 2
+
+
 def _loading(c: Cluster) -> str:
     c.feed(c.ev.node("n1"), c.ev.node("n2"))
     c.feed(c.ev.created("t1"))
