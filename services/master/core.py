@@ -13,6 +13,7 @@ carry the same id, and JetStream's de-duplication stores one of them.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Protocol
 
 import msgspec
@@ -78,6 +79,11 @@ from services.master.placement import (
     refusal,
 )
 
+# Seconds since this master first saw each failed placement retired (`placement.RetryClock`): what a
+# placement backoff is judged by. On an event nothing has waited: the tick retries.
+Waited = Mapping[InstanceId, float]
+NO_WAIT: Waited = MappingProxyType({})
+
 
 class UnknownModel(Exception):
     """A task names a model that no node can load; the message lists the known ones."""
@@ -120,7 +126,9 @@ class MasterCore:
     # --- entry points ------------------------------------------------------------------------
 
     def decide(self, state: State, event: LogEvent) -> list[LogEvent]:
-        now = event.env.wall_time  # "now" as of the event, so a decision is a function of the log
+        # A decision is a function of the log: no clock is read, so a model backing off after
+        # failed placements is placed again by the tick (`retry_placements`), never on an event.
+        now = NO_WAIT
         match event:
             case TaskCreated():
                 return self._serve_waiting(state, event.model, now)
@@ -140,7 +148,7 @@ class MasterCore:
                 return self._keep_placed(state, now)  # one placement at a time: the next sees this one
             case NodeJoined():
                 served = self._then(state, self._serve_all_waiting(state, now), self._keep_placed, now)
-                return served or self._move_to_fewer_nodes(state, now)
+                return served or self._move_to_fewer_nodes(state)
             case NodeLeft() | NodeTimedOut():
                 return self._retire_on_node(state, event.node_id)
             case ModelLoadRequested():
@@ -152,7 +160,7 @@ class MasterCore:
             case _:
                 return []
 
-    def _on_runner_status(self, state: State, instance: InstanceInfo, now_ns: int) -> list[LogEvent]:
+    def _on_runner_status(self, state: State, instance: InstanceInfo, waited: Waited) -> list[LogEvent]:
         if instance.retired:
             return []
         if instance.failed:
@@ -163,7 +171,7 @@ class MasterCore:
         if not instance.ready:
             return []
         # a replacement that got ready takes the new tasks; the one it replaces goes once idle
-        return [*self._serve_waiting(state, instance.model, now_ns), *self._retire_drained(state)]
+        return [*self._serve_waiting(state, instance.model, waited), *self._retire_drained(state)]
 
     def reconcile(self, state: State) -> list[LogEvent]:
         """Everything owed by the current State, for a master that just (re)started. Earlier failed
@@ -181,14 +189,14 @@ class MasterCore:
         decisions += self._retire_drained(state)
         if decisions:
             return decisions  # placement and assignment follow once these are in the log
-        return self._then(state, self._serve_all_waiting(state, now_ns=0), self._keep_placed, 0)
+        return self._then(state, self._serve_all_waiting(state, NO_WAIT), self._keep_placed, NO_WAIT)
 
-    def retry_placements(self, state: State, now_ns: int) -> list[LogEvent]:
+    def retry_placements(self, state: State, waited: Waited) -> list[LogEvent]:
         """Place again each model whose last placements failed once its backoff is over (or was
         forgiven), or that waited for memory, if tasks wait for it or it is kept placed. The
         master's tick calls this: no event marks the end of a backoff."""
-        placed = self._then(state, self._serve_all_waiting(state, now_ns), self._keep_placed, now_ns)
-        return placed or self._move_to_fewer_nodes(state, now_ns)
+        placed = self._then(state, self._serve_all_waiting(state, waited), self._keep_placed, waited)
+        return placed or self._move_to_fewer_nodes(state)
 
     def unload_idle(self, state: State, idle_seconds: Mapping[InstanceId, float]) -> list[LogEvent]:
         """Retire the instances idle for longer than the keep-alive (`idle_seconds`: by the master's
@@ -227,26 +235,26 @@ class MasterCore:
         self,
         state: State,
         first: list[LogEvent],
-        rule: Callable[[State, int], list[LogEvent]],
-        now_ns: int,
+        rule: Callable[[State, Waited], list[LogEvent]],
+        waited: Waited,
     ) -> list[LogEvent]:
         """`first`, then what `rule` decides on the State as it will be once `first` is folded: a
         placement decided after another must see the memory the first one takes."""
-        return [*first, *rule(_with_decisions(state, first), now_ns)]
+        return [*first, *rule(_with_decisions(state, first), waited)]
 
-    def _serve_all_waiting(self, state: State, now_ns: int) -> list[LogEvent]:
+    def _serve_all_waiting(self, state: State, waited: Waited) -> list[LogEvent]:
         """Serve every model with waiting tasks, each on the State with the decisions before it."""
         decisions: list[LogEvent] = []
         ahead = state
         for model in sorted({t.model for t in _assignable_tasks(state, model=None)}):
             live = _live_instances(ahead, model)
             if not live or any(i.ready for i in live):  # else its instances load, or failed and go first
-                served = self._serve_waiting(ahead, model, now_ns)
+                served = self._serve_waiting(ahead, model, waited)
                 decisions += served
                 ahead = _with_decisions(ahead, served)
         return decisions
 
-    def _serve_waiting(self, state: State, model: str, now_ns: int) -> list[LogEvent]:
+    def _serve_waiting(self, state: State, model: str, waited: Waited) -> list[LogEvent]:
         waiting = _assignable_tasks(state, model)
         if not waiting:
             return []
@@ -256,7 +264,7 @@ class MasterCore:
             return self._assign(state, waiting, ready)
         if any(not i.failed for i in live):
             return []  # an instance is loading (or draining); the tasks are served once it is ready (gone)
-        return self._place(state, model, waiting, now_ns)
+        return self._place(state, model, waiting, waited)
 
     def _assign(self, state: State, waiting: Sequence[TaskInfo], ready: Sequence[InstanceInfo]) -> list[LogEvent]:
         """Hand waiting tasks to the ready instances while they have room, a fair share per API key
@@ -281,13 +289,13 @@ class MasterCore:
                 decisions += self._assign(state, waiting, ready)
         return decisions
 
-    def _place(self, state: State, model: str, waiting: Sequence[TaskInfo], now_ns: int) -> list[LogEvent]:
+    def _place(self, state: State, model: str, waiting: Sequence[TaskInfo], waited: Waited) -> list[LogEvent]:
         """Place an instance for the waiting tasks; after failed placements, only once the backoff is
         over (else the tick places it then), and refuse the tasks while the model is refused. With
         no room now but room once busy instances finish, the tasks wait (the tick tries again)."""
         failures = self.failures(state, model)
         retry = self.policy.placement_retry
-        if failures.count and not retry.due(failures, now_ns):
+        if self._backing_off(failures, waited):
             return self._fail_all(waiting, refusal(model, failures, retry)) if retry.refused(failures) else []
         try:
             return self._plan_with_room(state, model)
@@ -354,7 +362,14 @@ class MasterCore:
             reason=plan.reason,
         )
 
-    def _keep_placed(self, state: State, now_ns: int) -> list[LogEvent]:
+    def _backing_off(self, failures: PlacementFailures, waited: Waited) -> bool:
+        """Whether the model's last placements failed and its backoff is not over yet."""
+        if not failures.count:
+            return False
+        since = waited.get(failures.newest) if failures.newest is not None else None
+        return since is None or not self.policy.placement_retry.due(failures, since)
+
+    def _keep_placed(self, state: State, waited: Waited) -> list[LogEvent]:
         """Place the first model kept placed (configured, or loaded by an operator) that has no live
         instance, once enough nodes joined; the next one follows when this placement is folded
         (`decide` on `InstancePlaced`), so it sees the memory this one takes."""
@@ -363,8 +378,7 @@ class MasterCore:
         for model in wanted_placed(state, self.policy.models):
             if _live_instances(state, model):
                 continue
-            failures = self.failures(state, model)
-            if failures.count and not self.policy.placement_retry.due(failures, now_ns):
+            if self._backing_off(self.failures(state, model), waited):
                 continue  # the tick places it once the backoff is over
             decisions = self._try_plan(state, model, evict=operator_wants(state, model))
             if decisions:
@@ -405,7 +419,7 @@ class MasterCore:
             decisions += self._retire(state, instance, reason, cause)
         return decisions
 
-    def _move_to_fewer_nodes(self, state: State, now_ns: int) -> list[LogEvent]:
+    def _move_to_fewer_nodes(self, state: State) -> list[LogEvent]:
         """An instance split over more nodes than its model needs now (a bigger node joined, memory
         freed) is moved: a new instance on fewer nodes is placed beside it and warmed; once it is
         ready it takes the new tasks, and the old one is retired when it holds none (no running

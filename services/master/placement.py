@@ -289,10 +289,11 @@ def _no_room(room: Rooms, largest: list[NodeInfo], request: PlacementRequest) ->
 
 class PlacementFailures(msgspec.Struct, frozen=True, kw_only=True):
     """The model's placements in a row that never got ready for a reason of its own (see
-    `placement_failures`), newest first: how many, when the newest was retired, and why."""
+    `placement_failures`): how many, the newest (its backoff runs from when the master first saw
+    it retired: `RetryClock`), and why it ended."""
 
     count: int = 0
-    last_at: int = 0  # wall ns of the newest one's retirement
+    newest: InstanceId | None = None
     last_reason: str = ""
 
 
@@ -307,9 +308,10 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
     def delay_ns(self, failures: int) -> int:
         return int(self.backoff.delay(failures) * 1e9)
 
-    def due(self, failures: PlacementFailures, now_ns: int) -> bool:
-        """Whether the next attempt may be placed at `now_ns`."""
-        return now_ns >= failures.last_at + self.delay_ns(failures.count)
+    def due(self, failures: PlacementFailures, waited_seconds: float) -> bool:
+        """Whether the next attempt may be placed, `waited_seconds` after the master first saw the
+        newest failure."""
+        return waited_seconds >= self.backoff.delay(failures.count)
 
     def refused(self, failures: PlacementFailures) -> bool:
         return failures.count >= self.refuse_after
@@ -326,7 +328,34 @@ def placement_failures(state: State, model: str, *, after_seq: int = 0) -> Place
     if not counted:
         return PlacementFailures()
     newest = counted[0]
-    return PlacementFailures(count=len(counted), last_at=newest.retired_at, last_reason=newest.retire_reason)
+    return PlacementFailures(count=len(counted), newest=newest.instance_id, last_reason=newest.retire_reason)
+
+
+def newest_failed(state: State) -> dict[str, InstanceId]:
+    """Each model's newest retired placement that never got ready and was not stopped: the one a
+    backoff runs from, when it is part of a failure streak (`placement_failures`)."""
+    newest: dict[str, InstanceInfo] = {}
+    for instance in state.instances.values():
+        if not instance.retired or instance.became_ready_at or _stopped(instance):
+            continue
+        known = newest.get(instance.model)
+        if known is None or instance.placed_seq > known.placed_seq:
+            newest[instance.model] = instance
+    return {model: instance.instance_id for model, instance in newest.items()}
+
+
+class RetryClock:
+    """How long ago this master first saw each model's newest failed placement retired, by its own
+    monotonic clock (the backoff before the next attempt): no host's wall clock is compared with
+    another's. A master that starts (or takes over) counts from its start, and forgives the past
+    anyway (`MasterCore.reconcile`)."""
+
+    def __init__(self) -> None:
+        self._since: dict[InstanceId, float] = {}
+
+    def observe(self, state: State, now: float) -> dict[InstanceId, float]:
+        self._since = {iid: self._since.get(iid, now) for iid in newest_failed(state).values()}
+        return {iid: now - at for iid, at in self._since.items()}
 
 
 # Retirements that say nothing about the model: its node went away, or it was unloaded on purpose.

@@ -35,6 +35,7 @@ from services.master.hearing import Hearing
 from services.master.lease import DEFAULT_LEASE_SECONDS, KvLease, Leadership
 from services.master.lifecycle import IdleClock, WaitClock, operator_loaded
 from services.master.model_lookup import LookedUpCatalog
+from services.master.placement import RetryClock
 from services.master.snapshots import SnapshotWriter
 from services.master.watchdog import tick
 
@@ -71,6 +72,7 @@ class Master:
         self.hearing = Hearing(settings.name, settings.tick_seconds)  # by the master's own clock and sight
         self.idle_clock = IdleClock()
         self.wait_clock = WaitClock()
+        self.retry_clock = RetryClock()
         self._awaiting_seq = 0
         self._undecided: collections.deque[LogEvent] = collections.deque()
         self._log: EventLog | None = None
@@ -170,8 +172,7 @@ class Master:
             seconds = self.mono_ns() / 1e9  # the idle and waiting clocks are this master's own
             unloads = self.core.unload_idle(self.state, self.idle_clock.observe(self.state, seconds))
             replicas = self.core.grow_replicas(self.state, self.wait_clock.observe(self.state, seconds))
-            # Placement backoff compares the masters' own `retired_at` stamps: wall ns.
-            retries = self.core.retry_placements(self.state, self.wall_ns())
+            retries = self.core.retry_placements(self.state, self.retry_clock.observe(self.state, seconds))
             await self._publish([*decisions, *unloads, *(replicas or retries)])
             if self._snapshots is not None:
                 await self._snapshots.write_if_due(self.state)

@@ -28,7 +28,7 @@ from events.state import State
 from events.vocabulary import RunnerStatusCause
 from services.master.capacity import ModelFacts
 from services.master.core import MasterCore, MasterPolicy, ModelCatalog, UnknownModel
-from services.master.placement import NodeCount
+from services.master.placement import NodeCount, RetryClock
 from services.master.watchdog import Liveness, tick
 from tests.events.builders import Events, FakeClock, fake_stamper
 
@@ -67,6 +67,11 @@ class Cluster:
         self.state = State()
         self.decided: list[LogEvent] = []
         self.stored_ids: set[str] = set()
+        self.retry_clock = RetryClock()  # observed after every fold: a tick right after each event
+
+    def retry_placements(self) -> list[LogEvent]:
+        """The tick's retry of failed placements, by the backoff as `retry_clock` saw it."""
+        return self.core.retry_placements(self.state, self.retry_clock.observe(self.state, self.clock.mono() / 1e9))
 
     def feed(self, *events: LogEvent, echo: bool = True) -> list[LogEvent]:
         """Append events; with `echo`, the master's decisions are appended too, like the log would.
@@ -92,6 +97,7 @@ class Cluster:
             self.stored_ids.add(event.env.event_id)
             self.ev.learn(event)
             self.state = apply(self.state, self.state.last_seq + 1, event)
+        self.retry_clock.observe(self.state, self.clock.mono() / 1e9)
         out: list[LogEvent] = []
         for event in stored:
             decisions = self.core.decide(self.state, event)

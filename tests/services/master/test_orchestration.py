@@ -236,7 +236,7 @@ def test_a_busy_instance_is_never_evicted_the_new_model_waits_for_it() -> None:
     assert retired(out) == [] and placed(out) == []
     assert c.state.tasks[TaskId("t2")].status == "created"  # waits, not failed
     complete(c, "t1")  # a is idle now: the tick evicts it for b
-    out = c.core.retry_placements(c.state, c.clock.now_ns)
+    out = c.retry_placements()
     assert [r.cause for r in retired(out)] == ["evicted"] and [p.model for p in placed(out)] == ["b"]
     c.feed(*out)
     assert_within_memory(c)

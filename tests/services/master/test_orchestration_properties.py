@@ -111,7 +111,7 @@ class Run:
                 self.feed(*c.core.grow_replicas(c.state, waited), own=True)
             case _:
                 c.clock.advance(1)
-                self.feed(*c.core.retry_placements(c.state, c.clock.now_ns), own=True)
+                self.feed(*c.retry_placements(), own=True)
 
     def ready(self, instance: InstanceInfo) -> None:
         self.feed(*(self.c.ev.runner(s.rank, "ready", instance.instance_id) for s in instance.shards))
@@ -129,7 +129,7 @@ class Run:
             for instance in [i for i in self.c.state.instances.values() if not i.retired and not i.ready]:
                 self.ready(instance)
             self.c.clock.advance(600)  # past every placement backoff
-            self.feed(*self.c.core.retry_placements(self.c.state, self.c.clock.now_ns), own=True)
+            self.feed(*self.c.retry_placements(), own=True)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

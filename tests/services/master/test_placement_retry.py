@@ -37,8 +37,8 @@ def test_retry_delay_doubles_up_to_its_cap(failures: int, seconds: float) -> Non
 
 
 def test_due_and_refused() -> None:
-    two = PlacementFailures(count=2, last_at=1_000)
-    assert not RETRY.due(two, 1_000 + int(3.9e9)) and RETRY.due(two, 1_000 + int(4e9))
+    two = PlacementFailures(count=2)
+    assert not RETRY.due(two, 3.9) and RETRY.due(two, 4.0)
     assert not RETRY.refused(two) and RETRY.refused(PlacementFailures(count=3))
 
 
@@ -51,7 +51,7 @@ def _fail_newest(c: Cluster, cause: RunnerStatusCause | None = "error") -> str:
 
 
 def _retry(c: Cluster) -> list[LogEvent]:
-    decisions = c.core.retry_placements(c.state, c.clock.wall())
+    decisions = c.retry_placements()
     c.feed(*decisions)
     return decisions
 
@@ -154,6 +154,22 @@ def test_a_node_whose_clock_runs_ahead_forgives_nothing_by_its_clock() -> None:
     _retry(c)
     _fail_newest(c)
     assert placement_failures(c.state, "tiny").count == 2
+
+
+def test_a_request_stamped_by_a_clock_ahead_does_not_cut_the_backoff_short() -> None:
+    """A decision on an event reads no clock: a task created by an API whose clock runs minutes
+    ahead waits for the tick, which judges the backoff by the master's own clock."""
+    c = Cluster(MasterPolicy(placement_retry=RETRY))
+    c.feed(c.ev.node("n1"), c.ev.node("n2"))
+    c.feed(c.ev.created("t1"))
+    _fail_newest(c)
+    ahead = c.ev.created("t2")
+    later = msgspec.structs.replace(ahead.env, wall_time=ahead.env.wall_time + 600 * 10**9)
+    assert c.feed(msgspec.structs.replace(ahead, env=later)) == []
+    c.clock.advance(1.9)
+    assert _retry(c) == []
+    c.clock.advance(0.1)
+    assert _kinds(_retry(c)) == ["InstancePlaced"]
 
 
 def _loading(c: Cluster) -> str:
