@@ -128,10 +128,10 @@ class MasterCore:
     def decide(self, state: State, event: LogEvent) -> list[LogEvent]:
         # A decision is a function of the log: no clock is read, so a model backing off after
         # failed placements is placed again by the tick (`retry_placements`), never on an event.
-        now = NO_WAIT
+        waited = NO_WAIT
         match event:
             case TaskCreated():
-                return self._serve_waiting(state, event.model, now)
+                return self._serve_waiting(state, event.model, waited)
             case TaskCancelled():
                 task = state.tasks.get(event.task_id)  # None: a late cancel of an evicted task
                 return [] if task is None else self._finish_if_waiting(task)
@@ -140,23 +140,23 @@ class MasterCore:
                 # instance that just ended its last task goes
                 return [*self._fill_places(state), *self._retire_drained(state)]
             case RunnerStatusChanged():
-                return self._on_runner_status(state, state.instances[event.instance_id], now)
+                return self._on_runner_status(state, state.instances[event.instance_id], waited)
             case InstanceRetired():
                 model = state.instances[event.instance_id].model
-                return self._then(state, self._serve_waiting(state, model, now), self._keep_placed, now)
+                return self._then(state, self._serve_waiting(state, model, waited), self._keep_placed, waited)
             case InstancePlaced():
-                return self._keep_placed(state, now)  # one placement at a time: the next sees this one
+                return self._keep_placed(state, waited)  # one placement at a time: the next sees this one
             case NodeJoined():
-                served = self._then(state, self._serve_all_waiting(state, now), self._keep_placed, now)
+                served = self._then(state, self._serve_all_waiting(state, waited), self._keep_placed, waited)
                 return served or self._move_to_fewer_nodes(state)
             case NodeLeft() | NodeTimedOut():
                 return self._retire_on_node(state, event.node_id)
             case ModelLoadRequested():
-                return self._keep_placed(state, now)
+                return self._keep_placed(state, waited)
             case ModelUnloadRequested():
                 return self._retire_drained(state)
             case ModelUnavailable():
-                return self._keep_placed(state, now)  # the models kept placed after this one
+                return self._keep_placed(state, waited)  # the models kept placed after this one
             case _:
                 return []
 
