@@ -12,8 +12,9 @@ request served, exports the log, asks `shoal diagnose` about it, and judges ever
 (`bench/chaos_check.py`). A run with a violation prints its seed and schedule and exits 1.
 
 Bounds are the run's own, never absolute: a client call may take the cluster's measured start-up
-time plus the longest fault plus twice the stall deadline; recovery after the last heal, twice the
-start-up time plus the stall deadline.
+time plus twice the stall deadline, plus, for each fault that held while it ran, the fault's length
+and one stall deadline (`chaos_check.call_bound`); recovery after the last heal, twice the start-up
+time plus the stall deadline.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class ChaosReport:
     recovery: Recovery
     violations: list[str]
     startup_seconds: float
-    client_bound: float
+    base_bound: float
     events: int
     failure_reasons: dict[str, int] = field(default_factory=dict)
 
@@ -158,7 +159,9 @@ def _run(cluster: NetCluster, schedule: Schedule, count: int, booted: float, nem
     if warm.outcome != "completed":
         raise SystemExit(f"shoal bench chaos: the first request ended {warm.outcome}: {warm.error}\n{cluster.tails()}")
     startup = time.monotonic() - booted
-    bound = startup + schedule.longest_fault + 2 * STALL
+    base_bound = startup + 2 * STALL
+    recovery_bound = 2 * startup + STALL
+    bound = schedule.seconds + recovery_bound  # when a client gives up: a call this long is a hang, whatever held
     started = time.monotonic()
 
     def clock() -> float:
@@ -178,11 +181,10 @@ def _run(cluster: NetCluster, schedule: Schedule, count: int, booted: float, nem
         nemesis.heal_all_left()
         clients.stop_sending()
     last_heal = clock()
-    recovery_bound = 2 * startup + STALL
     recovery, probes = _recover(cluster, nemesis, clock, last_heal, recovery_bound)
     calls = [*clients.stop(), *probes]
     nemesis.check_exits()
-    return _judge(cluster, nemesis, calls, windows, recovery, startup, bound)
+    return _judge(cluster, nemesis, calls, windows, recovery, startup, base_bound)
 
 
 def _follow(schedule: Schedule, nemesis: Nemesis, clock: Callable[[], float], windows: list[FaultWindow]) -> None:
@@ -252,6 +254,8 @@ def _judge(
         faults=windows,
         recovery=recovery,
         workers=[worker.name for worker in cluster.workers],
+        base_bound=bound,
+        fault_grace=STALL,
         exits=nemesis.exits,
         diagnosed=diagnosed,
     )
@@ -261,7 +265,7 @@ def _judge(
         recovery=recovery,
         violations=violations(run),
         startup_seconds=startup,
-        client_bound=bound,
+        base_bound=bound,
         events=len(records),
         failure_reasons=_reasons(history),
     )
@@ -328,7 +332,7 @@ def _result(schedule: Schedule, report: ChaosReport | None, *, quick: bool, clie
                 "served_after_s": report.recovery.served_after,
             },
             "startup_s": round(report.startup_seconds, 1),
-            "client_bound_s": round(report.client_bound, 1),
+            "call_bound_base_s": round(report.base_bound, 1),
             "events_on_log": report.events,
             "violations": report.violations,
         }

@@ -9,7 +9,8 @@ every broken guarantee as a sentence (empty: all held):
   and the log's sequence has no hole;
 - nothing decided twice: no task assigned twice, no chunk index twice, no task's text published
   from a node outside the instance it was assigned to;
-- no client call longer than its bound, and none cut off unless a fault hit the API while it ran;
+- no client call longer than its bound (`call_bound`: the run's own base, plus each fault that
+  held while it ran), and none cut off unless a fault hit the API while it ran;
 - no service exited by itself; after the last heal every worker node is back `up` (on the log and
   at /healthz) and a request is served, each within the recovery bound.
 
@@ -50,7 +51,7 @@ class ClientRecord:
     key: int
     started: float
     ended: float = 0.0
-    bound: float = 0.0  # the longest the call may take
+    bound: float = 0.0  # when its client gives up (outcome "hung"); the checker's bound is `call_bound`
     task_id: str = ""  # from x-shoal-task-id: the API acknowledged the task
     text: str = ""
     outcome: Outcome = "broken"
@@ -163,6 +164,8 @@ class Run:
     faults: Sequence[FaultWindow]
     recovery: Recovery
     workers: Sequence[str]  # the worker node ids that must be up at the end
+    base_bound: float  # the longest a call may take with no fault while it runs (`call_bound`)
+    fault_grace: float  # what each fault during a call adds to its bound, beyond the fault's own length
     exits: Sequence[str] = ()  # services that exited while no fault of the nemesis had stopped them
     diagnosed: frozenset[str] | None = None  # task ids `shoal diagnose` has a finding for (None: not run)
 
@@ -182,8 +185,9 @@ def violations(run: Run) -> list[str]:
 def _call_violations(call: ClientRecord, run: Run) -> list[str]:
     name = f"request {call.number} ({call.kind}, task {call.task_id or '-'})"
     found: list[str] = []
-    if call.outcome == "hung" or call.ended - call.started > call.bound:
-        found.append(f"{name} took {call.ended - call.started:.1f}s, past its bound {call.bound:.0f}s ({call.outcome})")
+    bound = call_bound(call, run)
+    if call.outcome == "hung" or call.ended - call.started > bound:
+        found.append(f"{name} took {call.ended - call.started:.1f}s, past its bound {bound:.0f}s ({call.outcome})")
     if call.outcome == "broken" and not _api_hit(call, run.faults):
         found.append(f"{name} was cut off with no fault on the API while it ran: {call.error}")
     if not call.task_id:
@@ -198,6 +202,14 @@ def _call_violations(call: ClientRecord, run: Run) -> list[str]:
     if task is None or not task.created:
         return [*found, f"{name}: acknowledged to its client, but no TaskCreated on the log"]
     return found + _agreement(name, call, task)
+
+
+def call_bound(call: ClientRecord, run: Run) -> float:
+    """How long `call` may take: the run's base bound, plus, for each fault that held while it
+    ran, the fault's length and one grace (a fault can blind the master, whose deadlines then
+    start again from its first sight of the task once it sees again)."""
+    overlapping = [f for f in run.faults if f.start <= call.ended and f.end >= call.started]
+    return run.base_bound + sum(f.end - f.start + run.fault_grace for f in overlapping)
 
 
 def _agreement(name: str, call: ClientRecord, task: TaskHistory) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,9 +202,13 @@ def _write_offset(path: Path, seconds: str) -> None:
 
 
 def _fill(path: Path) -> None:
-    """Write `path` until its filesystem is full."""
+    """Grow `path` until its filesystem is full: allocated at once (writing hundreds of MiB takes
+    seconds on a loaded machine), then written until ENOSPC for whatever the allocation left."""
     chunk = b"\0" * MIB
     with path.open("wb") as filler, contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):
+            os.posix_fallocate(filler.fileno(), 0, max(1, shutil.disk_usage(path.parent).free - MIB))
+        filler.seek(0, os.SEEK_END)
         while True:
             filler.write(chunk)
             filler.flush()

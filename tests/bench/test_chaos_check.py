@@ -57,6 +57,8 @@ class Case:
             faults=self.faults,
             recovery=self.recovery,
             workers=WORKERS,
+            base_bound=30.0,
+            fault_grace=12.0,
             exits=self.exits,
             diagnosed=frozenset(self.diagnosed),
         )
@@ -87,6 +89,16 @@ def test_a_call_cut_off_while_a_fault_hit_the_api_is_explained() -> None:
     case.call("t4", "broken", "he", error="RemoteProtocolError")
     case.faults.append(FaultWindow("kill", "api", case.calls[-1].started + 1, case.calls[-1].ended + 5))
     assert violations(case.run()) == []
+
+
+def test_each_fault_while_a_call_ran_extends_its_bound_by_its_length_and_a_grace() -> None:
+    case = clean()
+    call = case.calls[0]
+    call.ended = call.started + 30 + 10 + 12  # the base, one fault of 10 s, and its grace
+    case.faults.append(FaultWindow("partition_majority", "nats1", call.started + 1, call.started + 11, "nats2"))
+    assert violations(case.run()) == []
+    call.ended += 1
+    assert any("past its bound 52s" in line for line in violations(case.run()))
 
 
 def _edit(case: Case, index: int, **changes: object) -> None:
