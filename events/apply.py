@@ -343,7 +343,7 @@ def _node_gone(state: State, seq: int, node_id: NodeId, status: str, reason: str
     node = state.nodes.get(node_id)
     if node is None:
         raise UnknownNode(node_id, kind)
-    gone = replace(node, status=status, reason=reason, changed_at=at)
+    gone = replace(node, status=status, reason=reason, changed_at=at, changed_seq=seq)
     return replace(state, last_seq=seq, nodes=state.nodes.set(node_id, gone))
 
 

@@ -25,6 +25,7 @@ def node_joined(state: State, seq: int, event: NodeJoined) -> State:
         backend=event.backend,
         version=event.version,
         changed_at=event.env.wall_time,
+        changed_seq=seq,
         last_outage=_outage_ended(state.nodes.get(event.node_id), event.env.wall_time),
     )
     return msgspec.structs.replace(state, last_seq=seq, nodes=state.nodes.set(node.node_id, node))

@@ -63,6 +63,9 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     status: NodeStatus = "up"
     reason: str = ""
     changed_at: int = 0  # wall ns of the last status change
+    # The log position of the last status change: what decisions compare (its stamp is the
+    # sender's clock: a worker's join against the master's placement would compare two hosts' clocks).
+    changed_seq: int = 0
     last_outage: NodeOutage | None = None  # None: never went away since it first joined
 
 

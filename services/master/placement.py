@@ -278,11 +278,13 @@ def placement_failures(state: State, model: str, *, after_seq: int = 0) -> Place
     """Retired instances of `model` in a row (newest first) that never got ready and were not
     stopped: a node leaving (a worker shut down, a machine gone) or a rank told to stop is not the
     model's fault, and neither is anything before `after_seq` (a fresh master forgives the past)
-    or before the newest node (re)joined (new capacity is worth a new attempt)."""
-    joined_at = max((n.changed_at for n in nodes_up(state)), default=0)
+    or before the newest node (re)joined (new capacity is worth a new attempt). "Before" is the
+    log's order: a join's stamp is its worker's clock, a placement's the master's, and a worker
+    whose clock ran ahead made every placement look older than its join (no backoff, no refusal)."""
+    joined_seq = max((n.changed_seq for n in nodes_up(state)), default=0)
     counted = list(
         itertools.takewhile(
-            lambda instance: instance.placed_seq > after_seq and instance.placed_at >= joined_at,
+            lambda instance: instance.placed_seq > max(after_seq, joined_seq),
             _failure_streak(state, model),
         )
     )
