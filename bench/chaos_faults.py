@@ -15,6 +15,7 @@ import os
 import random
 import shutil
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from services.nats_durability import OutOfSpaceWatch
 CLOCK_FILE_ENV = "SHOAL_CHAOS_CLOCK_FILE"
 CLOCK_MODULE_DIR = Path(__file__).parent / "chaos_clock"  # its sitecustomize reads the file
 MIB = 1 << 20
+API_START_SECONDS = 120.0  # the longest a heal waits for a restarted API to answer
 
 
 def clock_env(clock_dir: Path, hosts: list[str]) -> dict[str, dict[str, str]]:
@@ -135,6 +137,7 @@ class Nemesis:
             cluster.start_master(int(name.removeprefix("master")))
         elif name == "api":
             cluster.start_service(cluster.control, "api", "api")
+            _wait_listening(cluster)
         else:
             cluster.start_worker(cluster.net.hosts[name])
 
@@ -183,6 +186,14 @@ class Nemesis:
                 os.kill(proc.process.pid, signal.SIGCONT)
         for index in range(3):
             (self.cluster.store_of(index) / "chaos-filler").unlink(missing_ok=True)
+
+
+def _wait_listening(cluster: NetCluster, timeout: float = API_START_SECONDS) -> None:
+    """Until the restarted API answers /healthz (a start takes seconds): the heal of a killed API
+    ends when it is back, so a client refused meanwhile is within the fault's window."""
+    deadline = time.monotonic() + timeout
+    while not cluster.health() and time.monotonic() < deadline:
+        time.sleep(0.25)
 
 
 def _runner_pids(cluster: NetCluster, host: Host) -> list[int]:
