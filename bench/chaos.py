@@ -196,7 +196,7 @@ def _follow(schedule: Schedule, nemesis: Nemesis, clock: Callable[[], float], wi
         held: list[Applied] = [nemesis.inject(fault, clock()) for fault in step.faults]
         for applied in sorted(held, key=lambda a: a.start + a.fault.seconds):
             _wait_until(applied.start + applied.fault.seconds, nemesis, clock)
-            windows.append(nemesis.heal(applied, clock()))
+            windows.append(nemesis.heal(applied, clock))
     _wait_until(schedule.seconds, nemesis, clock)
 
 

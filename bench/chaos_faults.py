@@ -16,6 +16,7 @@ import random
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,7 +81,9 @@ class Nemesis:
             self._signal(applied, signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
         return applied
 
-    def heal(self, applied: Applied, now: float) -> FaultWindow:
+    def heal(self, applied: Applied, clock: Callable[[], float]) -> FaultWindow:
+        """Undo `applied`; its window ends when the heal is done (`clock()` then: a restarted API
+        answering again), so what the heal itself took counts as the fault's."""
         fault, net = applied.fault, self.cluster.net
         if fault.kind == "partition":
             net.heal(fault.target)
@@ -102,7 +105,7 @@ class Nemesis:
             self._restart(applied.process)
         self._held.discard(applied.process)
         detail = " ".join(p for p in (fault.detail, applied.note) if p)
-        return FaultWindow(fault.kind, fault.target, applied.start, now, detail)
+        return FaultWindow(fault.kind, fault.target, applied.start, clock(), detail)
 
     # --- processes -------------------------------------------------------------------------
 
