@@ -217,12 +217,16 @@ def _write_offset(path: Path, seconds: str) -> None:
 
 def _fill(path: Path) -> None:
     """Grow `path` until its filesystem is full: allocated at once (writing hundreds of MiB takes
-    seconds on a loaded machine), then written until ENOSPC for whatever the allocation left."""
+    seconds on a loaded machine), then written until ENOSPC for whatever the allocation left.
+    Unbuffered: a buffered file's close would try the failed write again and raise."""
     chunk = b"\0" * MIB
-    with path.open("wb") as filler, contextlib.suppress(OSError):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
         with contextlib.suppress(OSError):
-            os.posix_fallocate(filler.fileno(), 0, max(1, shutil.disk_usage(path.parent).free - MIB))
-        filler.seek(0, os.SEEK_END)
-        while True:
-            filler.write(chunk)
-            filler.flush()
+            os.posix_fallocate(fd, 0, max(1, shutil.disk_usage(path.parent).free - MIB))
+        os.lseek(fd, 0, os.SEEK_END)
+        with contextlib.suppress(OSError):  # ENOSPC: full
+            while os.write(fd, chunk):
+                pass
+    finally:
+        os.close(fd)
