@@ -131,6 +131,7 @@ class Host:
     namespace: str
     address: str
     link: str
+    inner: str = ""  # the host's own end of its link (inside its namespace)
 
     def argv(self, *command: str) -> list[str]:
         """`command` run inside this host (`ip netns exec` execs it: the pid is the command's)."""
@@ -155,8 +156,8 @@ class Network:
 
     def add(self, name: str) -> Host:
         index = len(self.hosts) + 2
-        host = Host(name, f"{self.tag}{name}", f"10.213.{self.octet}.{index}", f"{self.tag}h{index}")
         inner = f"{self.tag}i{index}"
+        host = Host(name, f"{self.tag}{name}", f"10.213.{self.octet}.{index}", f"{self.tag}h{index}", inner)
         _ip("netns", "add", host.namespace)
         self.hosts[name] = host
         _ip("link", "add", host.link, "type", "veth", "peer", "name", inner)
@@ -182,6 +183,23 @@ class Network:
 
     def unshape(self, name: str) -> None:
         subprocess.run(["tc", "qdisc", "del", "dev", self.hosts[name].link, "root"], capture_output=True, timeout=20)
+
+    def deafen(self, name: str) -> None:
+        """An asymmetric partition: nothing reaches `name` (a zero-length queue on the way in),
+        while what it sends still leaves; `unshape` heals it."""
+        self.shape(name, "pfifo", "limit", "0")
+
+    def mute(self, name: str) -> None:
+        """The other asymmetric partition: what `name` sends is dropped at its own end of the
+        link, while what is sent to it arrives; `unmute` heals it."""
+        host = self.hosts[name]
+        _tc("-n", host.namespace, "qdisc", "replace", "dev", host.inner, "root", "pfifo", "limit", "0")
+
+    def unmute(self, name: str) -> None:
+        host = self.hosts[name]
+        subprocess.run(
+            ["tc", "-n", host.namespace, "qdisc", "del", "dev", host.inner, "root"], capture_output=True, timeout=20
+        )
 
     def pids(self, host: Host) -> list[int]:
         return [int(pid) for pid in _ip("netns", "pids", host.namespace, check=False).stdout.split()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -51,11 +52,18 @@ class NetCluster:
         settings: Mapping[str, str] | None = None,
         worker_settings: Mapping[int, Mapping[str, str]] | None = None,
         start_workers: int | None = None,
+        host_env: Mapping[str, Mapping[str, str]] | None = None,
+        store_bytes: int | None = None,
     ) -> None:
         """`settings`: more SHOAL_* settings for every service (`{"models": "a,b"}`);
         `worker_settings`: per worker index (`{0: {"node_memory_bytes": "..."}}`); `start_workers`:
-        how many workers start with the cluster (the others join later, `start_worker`)."""
+        how many workers start with the cluster (the others join later, `start_worker`);
+        `host_env`: more environment for every process on a host, by host name; `store_bytes`:
+        each NATS server's store on a tmpfs of its own of this size (needs root), so one can fill up."""
         self.root = root
+        self.host_env = {name: dict(values) for name, values in (host_env or {}).items()}
+        self.store_bytes = store_bytes
+        self.mounts: list[Path] = []
         self.settings = dict(settings or {})
         self.worker_settings = {index: dict(values) for index, values in (worker_settings or {}).items()}
         self.start_workers = workers if start_workers is None else start_workers
@@ -111,6 +119,7 @@ class NetCluster:
             **self.env,
             "SHOAL_NATS_CREDENTIALS_DIR": str(directory),
             **{f"SHOAL_{k.upper()}": v for k, v in own.items()},
+            **self.host_env.get(host.name, {}),
         }
 
     def start_worker(self, worker: Host) -> Proc:
@@ -168,9 +177,16 @@ class NetCluster:
         names = [n for n, p in self.procs.items() if n.startswith("master") and str(p.process.pid) == pid]
         return names[0] if names else ""
 
+    def store_of(self, index: int) -> Path:
+        return self.root / f"nats{index}-store"
+
     def start_nats(self, index: int) -> Proc:
         host = self.nats_hosts[index]
-        store = self.root / f"nats{index}-store"
+        store = self.store_of(index)
+        if self.store_bytes is not None and store not in self.mounts:
+            store.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.store_bytes}", "tmpfs", str(store)], check=True)
+            self.mounts.append(store)
         config = self.credentials["nats-server"] / cluster_config_name(index)
         argv = [
             find_nats_server(),
@@ -186,7 +202,8 @@ class NetCluster:
             "--config",
             str(config),
         ]
-        self.procs[f"nats{index}"] = Proc(f"nats{index}", host.argv(*argv), dict(os.environ), self.root)
+        env = {**os.environ, **self.host_env.get(host.name, {})}
+        self.procs[f"nats{index}"] = Proc(f"nats{index}", host.argv(*argv), env, self.root)
         return self.procs[f"nats{index}"]
 
     def signal_nats(self, sig: int) -> None:
@@ -306,3 +323,6 @@ class NetCluster:
         for name in sorted(self.procs, key=lambda n: n.startswith("nats")):  # services first, NATS last
             self.procs[name].stop(signal.SIGINT, grace=5)
         self.net.close()
+        for store in self.mounts:
+            subprocess.run(["umount", "-l", str(store)], check=False, capture_output=True, timeout=20)
+        self.mounts.clear()

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 
 from eventlog.endpoint import NatsEndpoint
-from eventlog.publish import UNACKED, LogError, LogUnreachable, decode_ack, msg_id_headers
+from eventlog.publish import UNACKED, LogError, LogUnreachable, NotYetDecided, decode_ack, msg_id_headers
 from eventlog.tls import TlsRefused
 from eventlog.wire import Wire, WireClosed, WireError
 from events.catalogue import LogEvent
@@ -66,7 +66,7 @@ class Appender:
                 if any(refusal in str(exc) for refusal in REFUSALS):
                     raise LogError(f"append to {subject} refused: {exc}") from exc
                 failure: Exception = exc  # e.g. a stale connection the server closed while we were idle
-            except (_NotAcknowledged, WireClosed, OSError, TimeoutError) as exc:
+            except (_NotAcknowledged, NotYetDecided, WireClosed, OSError, TimeoutError) as exc:
                 self.close()  # a fresh connection for the next try: this one may be wedged
                 failure = exc
             if time.monotonic() > deadline:

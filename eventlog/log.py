@@ -39,7 +39,7 @@ from eventlog.client import NatsClient
 from eventlog.consume import ConsumerRestart, Deliveries, Position, StreamNotFound, StreamReader
 from eventlog.endpoint import NatsEndpoint
 from eventlog.provision import delete_log_storage, ensure_log_storage, reset_stream
-from eventlog.publish import UNACKED, LogError, LogUnreachable, Outbox, pipeline
+from eventlog.publish import NOT_YET_DECIDED, UNACKED, LogError, LogUnreachable, NotYetDecided, Outbox, pipeline
 from eventlog.snapshots import read_snapshot, write_snapshot
 from eventlog.streams import LogSettings, stream_name
 from eventlog.tls import TlsRefused
@@ -175,7 +175,13 @@ class EventLog:
                 logger.debug("append to {} not acknowledged ({}); retrying with the same id", subject, exc)
                 await asyncio.sleep(0.1)
             except nats.js.errors.APIError as exc:
-                raise LogError(f"append to {subject} refused: {exc}") from exc
+                if exc.err_code not in NOT_YET_DECIDED:
+                    raise LogError(f"append to {subject} refused: {exc}") from exc
+                if time.monotonic() > deadline:
+                    failed = f"append to {subject} not decided for {self.settings.retry_seconds}s: {exc}"
+                    raise LogUnreachable(failed) from exc
+                logger.debug("append to {} not yet decided ({}); resending with the same id", subject, exc)
+                await asyncio.sleep(0.1)
 
     async def append_many(self, events: Iterable[AnyEvent]) -> list[int]:
         """Store many events in order, pipelined; their seqs. Retries resend only unacknowledged ones.
@@ -197,7 +203,7 @@ class EventLog:
                     await pipeline(wire, outbox, todo)
                 except TlsRefused as exc:
                     raise LogError(str(exc)) from exc
-                except (WireClosed, TimeoutError, OSError) as exc:
+                except (WireClosed, TimeoutError, OSError, NotYetDecided) as exc:
                     self._drop_pub_wire()
                     if time.monotonic() > deadline:
                         failed = f"append_many not acknowledged for {self.settings.retry_seconds}s{UNACKED}: {exc}"

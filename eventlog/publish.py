@@ -31,6 +31,18 @@ class LogUnreachable(LogError):
     the same event ids, so nothing is stored twice), unlike a refusal."""
 
 
+class NotYetDecided(LogError):
+    """The server answered without deciding about the message (`NOT_YET_DECIDED`): the same
+    message, resent with the same id, gets the real answer (its seq, or a duplicate's)."""
+
+
+# JetStream answers that are no decision about a message. 10158: an earlier send of the same
+# message id is still being proposed in the stream's raft group (a resend after a lost quorum or a
+# leader change, while the first try may yet commit); 10167: the stream's ingest queue is full.
+# Taken as refusals, they failed tasks whose events were about to be stored (issue 46's nemesis).
+NOT_YET_DECIDED = frozenset({10158, 10167})
+
+
 # What an unacknowledged append can mean, for the message the API's 503 carries: a server whose
 # store is out of disk space acknowledges nothing, with no error either (nats-server 2.15).
 UNACKED = " (NATS down or unreachable, or its JetStream store out of disk space: its log says so)"
@@ -47,8 +59,10 @@ _pub_ack = msgspec.json.Decoder(_PubAck)
 
 def decode_ack(payload: bytes) -> int:
     """The seq of a JetStream publish acknowledgement (a duplicate's: the original's); `LogError`
-    when the server refused the message."""
+    when the server refused the message, `NotYetDecided` when it has not decided yet."""
     ack = _pub_ack.decode(payload)
+    if ack.error is not None and ack.error.get("err_code") in NOT_YET_DECIDED:
+        raise NotYetDecided(f"append not yet decided: {ack.error.get('description', ack.error)}")
     if ack.error is not None:
         raise LogError(f"append refused: {ack.error.get('description', ack.error)}")
     return ack.seq

@@ -34,6 +34,7 @@ BENCHES: dict[str, str] = {
     "kv": "a burst of long requests on 1 worker: runner peak memory and wall time, KV unbounded vs kv_cache_bytes",
     "fair": "one client's flood and another's single request: its TTFT, mlx_lm.server vs shoal up (a key each)",
     "models": "two models, requests alternating: TTFT and tok/s, mlx_lm.server vs shoal up; cold load on demand",
+    "chaos": "a seeded nemesis against a live workload across namespaced hosts, then the history checked (needs root)",
 }
 # What `shoal bench all` runs: every figure the README's table quotes, in its order.
 ALL_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -54,6 +55,7 @@ NOT_IN_ALL: dict[str, str] = {
     "kv": "starts two clusters per round: run it on its own",
     "fair": "starts mlx_lm.server and a cluster, floods each for a few rounds: run it on its own",
     "models": "starts mlx_lm.server and a two-model cluster, unloads and reloads each model per round: run it on its own",
+    "chaos": "minutes of faults against a cluster across namespaced hosts (needs root): run it on its own",
 }
 SKIPPED_IN_COMMAND = {"json", "record", "handler", "bench", "command"}
 
@@ -131,8 +133,11 @@ def _measure(name: str, parser: argparse.ArgumentParser, args: argparse.Namespac
 
 
 def _run_one(name: str, parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    _print(_measure(name, parser, args), one_line=args.json)
-    return 0
+    result = _measure(name, parser, args)
+    _print(result, one_line=args.json)
+    # A bench whose checks are its verdict (chaos: no violation) fails its command when one is false.
+    failed = getattr(_load(name), "FAIL_ON_CHECKS", False) and not all(result["checks"].values())
+    return 1 if failed else 0
 
 
 def _run_all(parsers: dict[str, argparse.ArgumentParser], args: argparse.Namespace) -> int:

@@ -172,6 +172,23 @@ def test_a_request_stamped_by_a_clock_ahead_does_not_cut_the_backoff_short() -> 
     assert _kinds(_retry(c)) == ["InstancePlaced"]
 
 
+@pytest.mark.parametrize("skew_seconds", [-600, 600])
+def test_a_node_whose_clock_is_off_neither_forgives_failures_nor_hides_its_join(skew_seconds: float) -> None:
+    """Failures are counted after the newest join in the log's order, not by comparing the join's
+    stamp (its worker's clock) with the placements' (the master's): a worker ten minutes ahead
+    forgave every failure (the master retried at once, never refused); one behind hid its rejoin."""
+    c = _failing(3)
+    join = c.ev.node("n2")
+    skewed = msgspec.structs.replace(join.env, wall_time=join.env.wall_time + int(skew_seconds * 1e9))
+    c.feed(
+        msgspec.structs.replace(join, env=skewed)
+    )  # a re-announce: new capacity, so what failed before is forgiven either way
+    assert placement_failures(c.state, "tiny").count == 0
+    c.feed(c.ev.created("t2"))
+    _fail_newest(c)
+    assert placement_failures(c.state, "tiny").count == 1  # the failure after the join counts, whatever the clocks
+
+
 def _loading(c: Cluster) -> str:
     c.feed(c.ev.node("n1"), c.ev.node("n2"))
     c.feed(c.ev.created("t1"))
