@@ -1,8 +1,9 @@
 """The MLX engine and its two process shells. MLX is imported only under this package.
 
 Rooms (docs/ARCHITECTURE.md §1):
-- `engine/`: the per-rank engine — plan, prefill, decode, sends, collectives, stop rules and the
-  seams (`protocols`). Compute only: no sockets, files, threads or subprocesses.
+- `engine/`: the per-rank engine — the continuous batch every request runs through (a request
+  alone: a batch of one), plan, prefill, decode, sends, collectives, stop rules and the seams
+  (`protocols`). Compute only: no sockets, files, threads or subprocesses.
 - `models/`: load and shard an mlx-lm model, model facts readable without MLX, the tiny model
   and tokenizer, chat templates.
 - `local/`: the local ring launcher behind `shoal generate` and its rank process; `local.testing`

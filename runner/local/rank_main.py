@@ -21,7 +21,6 @@ from events.runner_settings import RunnerSettings
 from runner.affinity import pin_compute_threads
 from runner.blas import BlasThreads
 from runner.engine.protocols import CancelSource, NeverCancelled, PhaseTracker
-from runner.errors import CallbackError
 from runner.flight.faults import FaultInjector
 from runner.flight.recorder import FlightReading, FlightRecorder
 from runner.heap import settle_heap
@@ -59,9 +58,10 @@ class PhaseFile:
 class CancelAtPoll:
     """`shoal generate --cancel-at-iteration N`: cancelled from the task's poll N on.
 
-    Poll i of a task is prefill iteration i while prefill lasts (the engine polls exactly once
-    per iteration, idle ones included), then decode polls, so "cancel at prefill iteration 3 on
-    rank 1" is exact.
+    A request served alone is polled once per batch step from the step after its admission, and
+    within a whole pipeline prefill once per iteration (idle ones included) instead, then once at
+    that step's agreement: so "cancel at prefill iteration 3 on rank 1" is exact, and every poll
+    after the prefill's is a decode step's (`tests/runner/test_group_sweep.py` pins the count).
     """
 
     fire_at_poll: int
@@ -77,6 +77,7 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
     phases.enter("loading")  # importing MLX, mlx-lm and transformers takes seconds (20 s on a busy 2-core host)
     import mlx.core as mx
 
+    from runner.engine.alone import warm_up
     from runner.engine.collectives import Collectives
     from runner.engine.engine import Engine
     from runner.engine.shard import ShardPlacement
@@ -101,7 +102,7 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
         return engines[key]
 
     if job.get("warmup", True):
-        engine_for({}).warm_up(phases)
+        warm_up(engine_for({}), phases)
     settle_heap()  # as a served runner once it is ready: no full collection walks the model's libraries mid-run
     results = []
     for task in job["tasks"]:
@@ -124,21 +125,23 @@ def _inbound(rank: int) -> RingInbound:
 def run_task(
     engine: Engine, task: dict[str, Any], rank: int, faults: FaultInjector, phases: PhaseTracker
 ) -> dict[str, Any]:
+    """One request served alone (`runner.engine.alone`): its outcome and sink, or why it failed."""
+    from runner.engine.alone import alone_batch, serve_alone
+    from runner.engine.batch_streams import Admission
     from runner.engine.requests import GenerationRequest
 
     request = msgspec.convert(task["request"], GenerationRequest)
-    cancelled_before = FixedCancel(rank in task.get("cancel_before_start_ranks", []))
-    if not engine.agree_start(request.task_id, faults.around(cancelled_before), phases):
-        return {"task_id": request.task_id, "skipped": True}
     sink = RecordingSink(fail_on_tokens=task.get("failing_sink_rank") == rank)
-    try:
-        outcome = engine.generate(request, faults.around(task_cancel(task, rank)), sink, phases)
-    except CallbackError as err:
-        return {"task_id": request.task_id, "callback_error": str(err)}
-    return {**msgspec.to_builtins(outcome), "sink": msgspec.to_builtins(sink)}
+    admission = Admission(request.task_id, request, faults.around(task_cancel(task, rank)), sink)
+    ended = serve_alone(alone_batch(engine, phases), admission)
+    if ended.outcome is None:
+        return {"task_id": request.task_id, "error": ended.error, "invalid_request": ended.invalid_request}
+    return {**msgspec.to_builtins(ended.outcome), "sink": msgspec.to_builtins(sink)}
 
 
 def task_cancel(task: dict[str, Any], rank: int) -> CancelSource:
+    if rank in task.get("cancel_before_start_ranks", []):
+        return FixedCancel(True)
     if task.get("failing_cancel_rank") == rank:
         return BrokenCancel()
     if task.get("cancel_rank") == rank and task.get("cancel_at_poll") is not None:

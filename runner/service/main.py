@@ -143,6 +143,7 @@ def run(
     # Loading from here: importing the engine (MLX, mlx-lm, transformers) takes seconds on a busy
     # host, and a heartbeat that says "idle" meanwhile reads as a rank stuck doing nothing.
     phases.enter("loading")
+    from runner.engine.alone import warm_up
     from runner.engine.collectives import Collectives
     from runner.engine.engine import Engine
     from runner.engine.shard import ShardPlacement
@@ -169,7 +170,7 @@ def run(
     shard = load_shard(model_dir, ShardPlacement(args.rank, len(ranges), ranges), group, inbound)
     engine = Engine(group, shard, placed.settings, ranks_on_host(list(placed.ring_hosts), args.rank))
     server_status("warming_up")
-    engine.warm_up(phases)
+    warm_up(engine, phases)  # a batch of one through the batch loop (`runner.engine.alone`)
     bridge.watch(args.instance, placed_seq + 1)
     server = TaskServer(
         engine=engine,

@@ -109,9 +109,9 @@ def test_bad_requests(overrides: dict, error: type, message: str) -> None:
         build_job(_spec(**overrides), cached_tiny())
 
 
-def test_a_local_group_runs_with_the_cluster_defaults_polling_every_token() -> None:
+def test_a_local_group_runs_with_the_cluster_defaults() -> None:
     settings = msgspec.convert(build_job(_spec(), cached_tiny())["settings"], RunnerSettings)
-    assert settings == RunnerSettings(decode_cancel_poll_tokens=1)
+    assert settings == RunnerSettings()
 
 
 def test_shoal_generate_prints_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
