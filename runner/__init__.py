@@ -7,7 +7,8 @@ Rooms (docs/ARCHITECTURE.md §1):
 - `models/`: load and shard an mlx-lm model, model facts readable without MLX, the tiny model
   and tokenizer, chat templates.
 - `local/`: the local ring launcher behind `shoal generate` and its rank process; `local.testing`
-  is the test tooling a rank runs for test jobs (shipped, since tests spawn real rank processes).
+  is the test tooling a rank runs for test jobs (test-only: excluded from the wheel; the tests
+  spawn real rank processes from a checkout, which import it from there).
 - `service/`: the long-lived runner process a worker spawns per rank, plugged into the log.
 - `flight/`: what both shells share to observe and test a rank: the flight recorder (one thread;
   the service publishes heartbeats, a local rank writes a phase file) and the test-only fault

@@ -156,6 +156,7 @@ def sweep_job(world: int, ranges: list[tuple[int, int]] | None = None) -> dict[s
     tasks = sweep_tasks(world) + (reference_tasks() if world == 1 else [])
     return {
         "model_dir": str(cached_tiny()),
+        "testing": True,  # its tasks are run by the test-only runner.local.testing
         "layer_ranges": ranges or even_split(8, world),
         "settings": {"prefill_step_size": step_for(world), "decode_cancel_poll_tokens": 1},
         "warmup": True,
@@ -193,6 +194,7 @@ def run_tiny_group(world: int, tasks: list[dict[str, Any]], settings: dict[str, 
 
     job = {
         "model_dir": str(cached_tiny()),
+        "testing": True,  # its tasks are run by the test-only runner.local.testing
         "layer_ranges": even_split(8, world),
         "settings": settings,
         "warmup": True,

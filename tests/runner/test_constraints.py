@@ -18,7 +18,7 @@ from runner.engine.protocols import RunnerSink
 from runner.engine.requests import GenerationOutcome, GenerationRequest
 from runner.engine.shard import ShardPlacement
 from runner.errors import RequestError
-from runner.local.testing import RecordingSink
+from runner.local.testing.tools import RecordingSink
 from runner.models.chat import encode_chat
 from runner.models.tiny import cached_tiny
 from runner.shard_loading import load_shard

@@ -19,6 +19,7 @@ def test_uneven_splits_match_one_rank(ranges: tuple[tuple[int, int], ...]) -> No
     world = len(ranges)
     job = {
         "model_dir": str(cached_tiny()),
+        "testing": True,  # its tasks are run by the test-only runner.local.testing
         "layer_ranges": [list(r) for r in ranges],
         "settings": {"prefill_step_size": step_for(world)},
         "warmup": False,
@@ -33,6 +34,7 @@ def _long_job(world: int) -> dict:
     task = {"request": request("victim", 40, "pipeline", max_tokens=4)}
     return {
         "model_dir": str(cached_tiny()),
+        "testing": True,  # its tasks are run by the test-only runner.local.testing
         "layer_ranges": {2: [[0, 4], [4, 8]], 3: [[0, 3], [3, 6], [6, 8]]}[world],
         "settings": {"prefill_step_size": 12},
         "warmup": False,
@@ -86,6 +88,7 @@ def _batch_job() -> dict:
     streams = [{"request": request(f"mate{n}", 13, max_tokens=200), "at": n} for n in range(3)]
     return {
         "model_dir": str(cached_tiny()),
+        "testing": True,  # its tasks are run by the test-only runner.local.testing
         "layer_ranges": [[0, 4], [4, 8]],
         "settings": {"prefill_step_size": 12},
         "warmup": False,

@@ -21,7 +21,7 @@ from runner.engine.protocols import NeverCancelled, PhaseTracker
 from runner.engine.requests import GenerationRequest
 from runner.engine.shard import ShardPlacement
 from runner.local.local_run import synthetic_prompt
-from runner.local.testing import RecordingSink
+from runner.local.testing.tools import RecordingSink
 from runner.models.tiny import cached_tiny
 from runner.shard_loading import load_shard
 
