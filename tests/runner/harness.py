@@ -158,7 +158,7 @@ def sweep_job(world: int, ranges: list[tuple[int, int]] | None = None) -> dict[s
         "model_dir": str(cached_tiny()),
         "testing": True,  # its tasks are run by the test-only runner.local.testing
         "layer_ranges": ranges or even_split(8, world),
-        "settings": {"prefill_step_size": step_for(world), "decode_cancel_poll_tokens": 1},
+        "settings": {"prefill_step_size": step_for(world)},
         "warmup": True,
         "tasks": tasks,
     }

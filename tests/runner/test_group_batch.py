@@ -142,7 +142,7 @@ def group_results(world: int, lockstep: bool = False) -> list[list[dict[str, Any
     tasks: list[dict[str, Any]] = [{**schedule, "lockstep_decode": lockstep} for schedule in schedules(world)]
     if world == 1:  # every request of every schedule served alone (a batch of one, as `shoal generate`)
         tasks += [{"request": entry["request"]} for schedule in schedules(3) for entry in schedule["tasks"]]
-    return run_tiny_group(world, tasks, {"prefill_step_size": step_for(world), "decode_cancel_poll_tokens": 1})
+    return run_tiny_group(world, tasks, {"prefill_step_size": step_for(world)})
 
 
 @functools.cache

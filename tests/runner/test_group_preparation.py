@@ -52,7 +52,7 @@ def results(world: int) -> list[list[dict[str, Any]]]:
     tasks: list[dict[str, Any]] = [schedule()]
     if world == 1:  # each request served alone (a batch of one, as `shoal generate`)
         tasks += [{"request": r} for r in requests()]
-    return run_tiny_group(world, tasks, {"prefill_step_size": step_for(world), "decode_cancel_poll_tokens": 1})
+    return run_tiny_group(world, tasks, {"prefill_step_size": step_for(world)})
 
 
 @pytest.mark.parametrize("world", (1, 2))
