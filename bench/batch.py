@@ -1,7 +1,7 @@
 """`shoal bench batch`: what a newcomer's prefill and a cancel cost the streams of a running batch.
 
 Engine level, on local ring groups of 1 and 2 ranks (no NATS, no HTTP: the least noise), one
-group per world size running every schedule one after another (`runner.local.batch_job`, whose
+group per world size running every schedule one after another (`runner.local.testing.schedule`, test-only: run from a checkout; whose
 ranks timestamp each token, step, cancel and departure on one monotonic clock). The group's first
 batch teaches the engine its pace before it runs, as `shoal up` does before it is ready
 (`runner.engine.batch_warmup`); the pace carries over from schedule to schedule:
@@ -62,7 +62,7 @@ NEWCOMERS = ("newcomer", "grammar")
 
 def _slow_constraint() -> dict[str, Any]:
     """The newcomer's constraint: a JSON schema llguidance takes long to turn into a grammar."""
-    from runner.local.testing import slow_json_schema
+    from runner.local.testing.tools import slow_json_schema
 
     return {"kind": "json_schema", "name": "slow", "schema": json.dumps(slow_json_schema(GRAMMAR_ALTERNATIVES))}
 
@@ -161,6 +161,7 @@ def _job(model_dir: Path, world: int, settings: dict[str, Any], plan: list[dict[
 
     return {
         "model_dir": str(model_dir),
+        "testing": True,  # its tasks are run by the test-only runner.local.testing
         "layer_ranges": even_split(read_model_info(model_dir).n_layers, world),
         # Every token reaches the sink as it is decoded: the inter-token times are the schedule's,
         # not those of a fast stream's chunks held to `stream_chunk_min_interval_seconds` (25 ms,

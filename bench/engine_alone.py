@@ -46,6 +46,7 @@ class TextTimes(NullSink):
 def main(argv: list[str]) -> int:
     pin_compute_threads(os.environ)  # first, as a runner does (runner.affinity)
     from events.runner_settings import RunnerSettings
+    from runner.engine.alone import warm_up
     from runner.engine.batch_streams import Admission
     from runner.engine.engine import Engine
     from runner.engine.protocols import NeverCancelled, PhaseTracker
@@ -62,7 +63,7 @@ def main(argv: list[str]) -> int:
     shard = load_shard(model_dir, ShardPlacement(0, 1, ((0, layers),)), None)
     engine = Engine(None, shard, RunnerSettings(prefill_step_size=step))
     phases = PhaseTracker()
-    engine.warm_up(phases)
+    warm_up(engine, phases)
     batch = continuous_batch(engine, phases)
     prompt_ids = encode_chat(shard.tokenizer, [{"role": "user", "content": prompt}])
     settle_heap()

@@ -22,11 +22,6 @@ class RequestError(RunnerError):
     """A generation request cannot run: empty prompt, max_tokens <= 0, prompt over the context."""
 
 
-class CallbackError(RunnerError):
-    """The sink or cancel source raised during a task. Raised once the task has ended in step
-    with every rank, because a local failure must never change the sequence of collectives."""
-
-
 class RingMismatch(RunnerError):
     """The ring group joined a rank of another instance: its ports were taken by another cluster's
     ranks on the same host, whose connections mlx's ring backend accepts without asking who calls."""

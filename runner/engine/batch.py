@@ -48,9 +48,9 @@ from runner.engine.engine import Engine
 from runner.engine.kv_budget import batch_need, too_large
 from runner.engine.logprobs import LazyLogprobs
 from runner.engine.micro_batches import MicroBatch, MicroBatches
-from runner.engine.pace import chunk_room
+from runner.engine.pace import StepPace, chunk_room
 from runner.engine.plan import effective_step, newcomer_prefill, prefill_cost, rank_schedule
-from runner.engine.prefill import run_prefill
+from runner.engine.prefill import run_pipeline_prefill
 from runner.engine.prefix_cache import PrefixIndex
 from runner.engine.preparation import Newcomers, PrepareInline
 from runner.engine.protocols import PhaseTracker, Preparer
@@ -69,11 +69,15 @@ class ContinuousBatch:
         prefix_cache_bytes: int | None = None,
         preparer: Preparer | None = None,
         cores: SharedCores | None = None,
+        pace: StepPace | None = None,
     ) -> None:
         """`prefix_cache_bytes`: None takes the instance's setting (tests give ranks different bounds).
         `preparer`: who prepares newcomers (`preparation.py`; None: at once, on the step loop).
-        `cores`: the agreed decode mode and this rank's BLAS threads (`shared_cores.py`; None: the ring)."""
+        `cores`: the agreed decode mode and this rank's BLAS threads (`shared_cores.py`; None: the ring).
+        `pace`: what its steps teach and its newcomers' chunks are sized by (None: the engine's, which
+        the served batch learns; a batch of one takes its own: `alone.py`)."""
         self.engine, self.phases = engine, phases
+        self.pace = engine.pace if pace is None else pace
         self.max_batch = max_batch
         self.layout = StepLayout(engine.collectives.world, max_batch)
         world = engine.collectives.world
@@ -134,7 +138,7 @@ class ContinuousBatch:
         self.phases.enter("agree_cancel", members[0] if members else None, self.steps)
         pending = read_pending()
         received = current.admitted + len(pending)
-        share = self.engine.pace.decode_share()
+        share = self.pace.decode_share()
         proposals = self.newcomers.propose(pending[: self.max_batch], idle=not members)
         vector = self.layout.encode(self.engine.rank, received, votes, tokens, proposals, share, self.kv_capacity)
         agreed = self.layout.decode(self._agree(vector), len(votes), len(pending))
@@ -158,7 +162,7 @@ class ContinuousBatch:
         pace is agreed: `pace.py`); none after an idle wait or a lone prompt's whole prefill."""
         now = time.perf_counter()
         if self._agreed_at is not None and chunk_cost is not None:
-            self.engine.pace.observe(now - self._agreed_at, rows, chunk_cost)
+            self.pace.observe(now - self._agreed_at, rows, chunk_cost)
         self._agreed_at = now
 
     def _agree(self, vector: list[int]) -> list[int]:
@@ -204,18 +208,17 @@ class ContinuousBatch:
         return takers, self.chunks.compute(self.steps)
 
     def _pipeline_prefill(self, head: Stream) -> None:
-        """Nothing else runs (agreed at admission): every rank overlaps the chunks as a task alone
-        does, agreeing on cancel at every iteration; newcomers wait for the step's agreement."""
+        """Nothing else runs (agreed at admission): every rank overlaps the chunks on the GPipe
+        schedule, agreeing on cancel at every iteration; newcomers wait for the step's agreement."""
         engine = self.engine
         schedule = rank_schedule(engine.rank, engine.collectives.world, len(head.chunks), "pipeline")
         prompt = mx.array(head.request.prompt_token_ids, dtype=mx.int32)
-        head.prefill_cancelled = run_prefill(head.run, prompt, head.chunks, schedule, "pipeline").cancelled
+        head.prefill_cancelled = run_pipeline_prefill(head.run, prompt, head.chunks, schedule).cancelled
         head.next_chunk = len(head.chunks)
 
     def _vote(self, stream: Stream) -> bool:
         """Every step: the vote rides the step's all-reduce, which runs anyway, so polling costs a
-        lookup, and a cancelled slot is free one step after the cancel is read. (A task alone polls
-        every `decode_cancel_poll_tokens` steps: there each poll is a collective of its own.)"""
+        lookup, and a cancelled slot is free one step after the cancel is read."""
         if stream.prefill_cancelled:
             return True  # agreed on every rank already
         return stream.run.wants_stop()
@@ -392,6 +395,6 @@ class ContinuousBatch:
         self.streams[request.task_id] = stream
         chunk = effective_step(step, world)
         run.notify(admission.sink.prefill_started, request.task_id, path, prompt_len, len(chunks), chunk, cached)
-        if path == "sequential":  # the pipeline prefill reports its own start
+        if path == "sequential" or not chunks:  # a pipeline prefill (one to run) reports its own start
             run.report_progress(cached, prompt_len, 0)
         return None

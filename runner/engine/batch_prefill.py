@@ -62,10 +62,10 @@ def compute_chunks(runs: Sequence[TaskRun], work: Sequence[ChunkWork]) -> None:
     for after the step's agreement (the next rank computes them at the next step: `batch_chunks`)."""
     for group in prefill_groups(work):
         if len(group) == 1:
-            compute_chunk(runs[group[0]], mx.array(work[group[0]].tokens, dtype=mx.int32), "pipeline")
+            compute_chunk(runs[group[0]], mx.array(work[group[0]].tokens, dtype=mx.int32))
             continue
         first = runs[group[0]]
         together = replace(first, caches=first.caches.empty_like())
-        compute_chunk(together, mx.array([work[i].tokens for i in group], dtype=mx.int32), "pipeline")
+        compute_chunk(together, mx.array([work[i].tokens for i in group], dtype=mx.int32))
         for row, index in enumerate(group):
             runs[index].caches.replace_owned(row_caches([together.caches.slots[j] for j in first.caches.owned], row))

@@ -1,9 +1,9 @@
-"""The decode loop: one token per step through every rank, no step left in flight.
+"""A decoding stream's own rules: how it samples (`DecodeSpec`, `sample_token`) and what every rank
+does with each agreed token (`Emitter`).
 
-Each step runs the shard on the previous token, the last rank samples, and one all-reduce of
-[token, cancel vote] hands the token to every rank and agrees on stopping. Every rank then
-applies the same stop rules (EOS, stop strings, max_tokens) to the same agreed tokens, so all
-of them leave the loop at the same step.
+The batch's step (`batch.py`) hands every rank the same agreed token of each row; every rank then
+applies the same stop rules (EOS, stop strings, max_tokens) to it, so all of them end a stream at
+the same step.
 """
 
 from __future__ import annotations
@@ -25,13 +25,11 @@ from runner.engine.task_run import TaskRun
 
 @dataclass(slots=True)
 class DecodeSpec:
-    first_input: int  # the last prompt token
     prompt_len: int
     max_tokens: int
     stop: list[str]
     sampler: Any
     eos_ids: frozenset[int]
-    cancel_interval: int
     prefill_iterations: int
     top_logprobs: int | None = None  # logprobs with this many alternatives; None: not computed
     token_mask: TokenMask | None = None  # the request's grammar, on the sampling rank only
@@ -46,14 +44,6 @@ class DecodeResult:
     stop_sequence: str | None = None  # the request's stop string that ended it, if one did
     first_token_at: float | None = None  # perf_counter() when the first token was agreed
     steps: int = 0
-
-
-def run_decode(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResult:
-    """The world size is agreed data: every rank takes the same loop. A grammar needs each token
-    before it can mask the next, so one rank with a grammar steps without look-ahead."""
-    if run.collectives.world == 1 and spec.token_mask is None:
-        return _decode_alone(run, spec, tokenizer)
-    return _decode_in_step(run, spec, tokenizer)
 
 
 class Emitter:
@@ -130,58 +120,6 @@ class Emitter:
             self.run.notify(self.run.sink.tokens, self.run.task_id, index, text, ids, logprobs)
 
 
-def _decode_in_step(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResult:
-    """Several ranks: one step at a time, each ending in the all-reduce of [token, stop vote]."""
-    emitter = Emitter(run, spec, tokenizer)
-    next_input = spec.first_input
-    for step in range(spec.max_tokens):
-        run.phases.enter("decode", run.task_id, step)
-        local_token, logprobs = _step(run, next_input, spec)
-        run.phases.enter("agree_cancel", run.task_id, step)
-        poll = step % spec.cancel_interval == 0
-        wants_stop = poll and run.wants_stop()
-        token, stop_votes = run.collectives.agree([local_token if emitter.sampling else 0, int(wants_stop)])
-        if stop_votes > 0:
-            return emitter.cancelled(step)
-        if emitter.accept(step, token, logprobs):
-            break
-        next_input = token
-    return emitter.finish()
-
-
-def _decode_alone(run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> DecodeResult:
-    """One rank: no collective to keep in step with, so, like mlx-lm, step n+1 is computed while
-    token n is handled (the look-ahead crosses no collective: there is none). The step still in
-    flight when decoding ends is waited for, so nothing is left running for the next task."""
-    emitter = Emitter(run, spec, tokenizer)
-    pending, pending_logprobs = _sample_lazily(run, mx.array([[spec.first_input]], dtype=mx.int32), spec)
-    mx.async_eval(pending, *(pending_logprobs or ()))
-    ahead: Any = None
-    ahead_logprobs: LazyLogprobs | None = None
-    try:
-        for step in range(spec.max_tokens):
-            run.phases.enter("decode", run.task_id, step)
-            ahead, ahead_logprobs = None, None
-            if step + 1 < spec.max_tokens:
-                ahead, ahead_logprobs = _sample_lazily(run, pending.reshape(1, 1), spec)
-                mx.async_eval(ahead, *(ahead_logprobs or ()))
-            token = int(pending.item())
-            if step % spec.cancel_interval == 0 and run.wants_stop():
-                return emitter.cancelled(step)
-            if emitter.accept(step, token, pending_logprobs):
-                break
-            pending, pending_logprobs = ahead, ahead_logprobs
-        return emitter.finish()
-    finally:
-        if ahead is not None:
-            mx.eval(ahead, *(ahead_logprobs or ()))
-
-
-def _sample_lazily(run: TaskRun, tokens: Any, spec: DecodeSpec) -> tuple[Any, LazyLogprobs | None]:
-    logits = run.forward(tokens)[:, -1, :]
-    return sample_token(logits, spec)
-
-
 def sample_token(logits: Any, spec: DecodeSpec) -> tuple[Any, LazyLogprobs | None]:
     """The sampled token and, when the request asks, its logprobs (lazily). They are of the
     distribution the sampler drew from: the model's, adjusted by the request's penalties and
@@ -200,15 +138,3 @@ def sample_token(logits: Any, spec: DecodeSpec) -> tuple[Any, LazyLogprobs | Non
     if spec.token_mask is not None:
         logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
     return sampled, token_logprobs(logprobs, sampled, spec.top_logprobs)
-
-
-def _step(run: TaskRun, token: int, spec: DecodeSpec) -> tuple[int, LazyLogprobs | None]:
-    """One forward step on this rank; the sampled token (and its logprobs, if asked) on the last
-    rank, 0 elsewhere."""
-    logits = run.forward(mx.array([[token]], dtype=mx.int32))
-    if not run.placement.is_last:
-        mx.eval([*run.caches.states(), *run.outbox.take_all()])
-        return 0, None
-    sampled, logprobs = sample_token(logits[:, -1, :], spec)
-    mx.eval(sampled, *(logprobs or ()), *run.caches.states())
-    return int(sampled.item()), logprobs

@@ -9,7 +9,6 @@ that could change it is taken on agreed data (the request, the world size, an al
 from __future__ import annotations
 
 import functools
-import time
 from typing import Any
 
 import mlx.core as mx
@@ -19,28 +18,22 @@ from events.runner_settings import RunnerSettings
 from runner.engine.calibration import agreed_keys, measure_keys_per_token, proposal, time_probes
 from runner.engine.calibration_probe import owned_layers_forward
 from runner.engine.collectives import Collectives
-from runner.engine.constraints import GrammarCompiler, TokenMask
-from runner.engine.decode import DecodeSpec, run_decode
+from runner.engine.constraints import GrammarCompiler
+from runner.engine.decode import DecodeSpec
 from runner.engine.kv_budget import budget_bytes, reservation, token_capacity
 from runner.engine.pace import StepPace
 from runner.engine.plan import (
-    choose_path,
-    chunk_sizes,
     effective_step,
     model_keys_per_token,
     prefill_cost,
-    rank_schedule,
 )
-from runner.engine.prefill import run_prefill
 from runner.engine.preparation import Prepared
-from runner.engine.protocols import CancelSource, NeverCancelled, NullSink, PhaseTracker, RunnerSink
+from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
 from runner.engine.requests import (
     GenerationOutcome,
     GenerationRequest,
     check_request,
     completion_room,
-    outcome_of,
-    raise_callback_errors,
     truncation_of,
 )
 from runner.engine.sampling import (
@@ -62,8 +55,10 @@ __all__ = ["Engine", "GenerationOutcome", "GenerationRequest", "encode_chat"]  #
 
 
 class Engine:
-    """One rank's engine. `settings` are the instance's (`InstancePlaced.settings`), the same on every
-    rank; the engine uses the prefill step, the KV-cache quantization and the cancel poll interval."""
+    """One rank's engine: the loaded shard, the checks every rank applies to a request alike, the
+    agreed prefill rate and the KV budget. It runs nothing itself: every request goes through a
+    `ContinuousBatch` built on it (`batch.py`; alone: `alone.py`). `settings` are the instance's
+    (`InstancePlaced.settings`), the same on every rank."""
 
     def __init__(
         self,
@@ -136,7 +131,7 @@ class Engine:
     @functools.cached_property
     def kv_capacity(self) -> int:
         """KV positions of this rank's layers its `kv_cache_bytes` holds (0: its share of half the
-        memory available at the first call; the batch reads it once built, after the warm-up); a
+        memory available at the first call: the first batch built reads it, the warm-up's); a
         batch admits within the least over ranks (`kv_budget.py`)."""
         placement, settings = self.shard.placement, self.settings
         layers = model_layers(self.shard.model)[placement.start : placement.end]
@@ -151,22 +146,6 @@ class Engine:
     @property
     def tokenizer(self):  # mlx_lm TokenizerWrapper
         return self.shard.tokenizer
-
-    def agree_start(self, task_id: str, cancel: CancelSource, phases: PhaseTracker | None = None) -> bool:
-        """Every rank, before each task: False on all ranks if any rank saw it cancelled."""
-        (phases or PhaseTracker()).enter("agree_start", task_id, 0)
-        try:
-            wants_skip = bool(cancel.is_cancelled(task_id))
-        except Exception:
-            wants_skip = True  # cannot tell: skip it on every rank rather than diverge
-        return not self.collectives.any(wants_skip)
-
-    def warm_up(self, phases: PhaseTracker | None = None) -> None:
-        """A tiny task through every path so the first real one does not pay for setup."""
-        phases = phases or PhaseTracker()
-        phases.enter("warming_up")
-        request = GenerationRequest(task_id="warmup", prompt_token_ids=[0, 1, 2, 3], max_tokens=2)
-        self.generate(request, NeverCancelled(), NullSink(), phases)
 
     def validate(self, request: GenerationRequest) -> None:
         self._checked_grammar(request)
@@ -202,11 +181,6 @@ class Engine:
             raise RequestError(f"cannot constrain the output: {exc}") from exc
         return grammar
 
-    def token_mask(self, request: GenerationRequest) -> TokenMask | None:
-        if request.constraint is None or not self.is_sampling_rank:
-            return None
-        return self._grammar_compiler().mask(self._grammar(request.constraint, request.tools))
-
     def _grammar_compiler(self) -> GrammarCompiler:
         """Built once; a shell's preparer thread and the step loop racing to build it would each
         build a valid one (the last kept), never a broken one."""
@@ -215,69 +189,18 @@ class Engine:
             self.grammars = GrammarCompiler(self.tokenizer._tokenizer, self.tokenizer.eos_token_id, vocab_size)
         return self.grammars
 
-    def generate(
-        self, request: GenerationRequest, cancel: CancelSource, sink: RunnerSink, phases: PhaseTracker
-    ) -> GenerationOutcome:
-        self.validate(request)
-        try:
-            return self._generate(request, cancel, sink, phases)
-        except BaseException:
-            self.shard.outbox.abandon()  # never wait on a peer that may be gone
-            raise
-        finally:
-            phases.enter("idle")
-
-    def _generate(
-        self, request: GenerationRequest, cancel: CancelSource, sink: RunnerSink, phases: PhaseTracker
-    ) -> GenerationOutcome:
-        started = time.perf_counter()
-        placement, settings = self.shard.placement, self.settings
-        prompt_len = len(request.prompt_token_ids)
-        path = choose_path(prompt_len, settings.prefill_step_size, placement.world, request.prefill_path)
-        step = effective_step(settings.prefill_step_size, placement.world)
-        chunks = chunk_sizes(prompt_len, step)
-        schedule = rank_schedule(placement.rank, placement.world, len(chunks), path)
-        run = self.task_run(request.task_id, cancel, sink, phases)
-        run.notify(sink.prefill_started, request.task_id, path, prompt_len, len(chunks), step)
-        prompt = mx.array(request.prompt_token_ids, dtype=mx.int32)
-        prefill = run_prefill(run, prompt, chunks, schedule, path)
-        if prefill.cancelled:
-            raise_callback_errors(run)
-            return outcome_of(request, run, path, "cancelled", [], "", prefill.iterations, started, None)
-        spec = self.decode_spec(request, prefill.iterations)
-        decoded = run_decode(run, spec, self.tokenizer)
-        if not self.shard.outbox.is_empty():
-            raise RuntimeError("internal error: a send was left pending after decode")
-        raise_callback_errors(run)
-        return outcome_of(
-            request,
-            run,
-            path,
-            decoded.finish_reason,
-            decoded.token_ids,
-            decoded.text,
-            prefill.iterations,
-            started,
-            decoded.first_token_at,
-            stop_sequence=decoded.stop_sequence,
-        )
-
-    def decode_spec(
-        self, request: GenerationRequest, prefill_iterations: int, prepared: Prepared | None = None
-    ) -> DecodeSpec:
+    def decode_spec(self, request: GenerationRequest, prefill_iterations: int, prepared: Prepared) -> DecodeSpec:
         """How `request` decodes on this rank: its sampler (its own PRNG key when seeded), stop rules
-        and, on the sampling rank, its grammar mask (`prepared`'s, or compiled now)."""
+        and, on the sampling rank, its grammar mask (`prepared`'s)."""
         return DecodeSpec(
-            first_input=request.prompt_token_ids[-1],
             prompt_len=len(request.prompt_token_ids),
             max_tokens=completion_room(request.max_tokens, len(request.prompt_token_ids), self.shard.context_length),
             stop=list(request.stop),
             sampler=request_sampler(request.temperature, truncation_of(request), request.seed),
             eos_ids=frozenset(int(i) for i in self.tokenizer.eos_token_ids),
-            cancel_interval=self.settings.decode_cancel_poll_tokens,
             prefill_iterations=prefill_iterations,
             top_logprobs=request.top_logprobs,
-            token_mask=self.token_mask(request) if prepared is None else prepared.token_mask,
+            token_mask=prepared.token_mask,
             adjustments=(
                 logit_adjustments(request.frequency_penalty, request.presence_penalty, request.logit_bias)
                 if self.is_sampling_rank

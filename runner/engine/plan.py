@@ -167,17 +167,6 @@ def rank_schedule(rank: int, world: int, n_chunks: int, path: PrefillPath) -> li
     return [None] * rank + chunks + [None] * (world - 1 - rank)
 
 
-def expected_callbacks(prompt_len: int, step: int) -> list[tuple[int, int]]:
-    """The progress sequence of mlx-lm `stream_generate` for this prompt and step."""
-    calls = [(0, prompt_len)]
-    processed = 0
-    for size in chunk_sizes(prompt_len, step):
-        processed += size
-        calls.append((processed, prompt_len))
-    calls.append((prompt_len, prompt_len))
-    return calls
-
-
 def even_split(n_layers: int, world: int) -> list[tuple[int, int]]:
     """Contiguous ranges, the first `n_layers % world` ranks taking one extra layer."""
     if world < 1:

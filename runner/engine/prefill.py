@@ -1,10 +1,11 @@
-"""The two prefill paths. Both process the first L-1 prompt tokens and report progress exactly
-like mlx-lm's `generate_step`; the last token goes through the first decode step.
+"""A prompt's prefill outside the batch's steps: the overlapped GPipe schedule (`plan.rank_schedule`)
+of a prompt admitted into an empty batch (`batch.ContinuousBatch._pipeline_prefill`), and the
+forward of one prompt chunk that it and the batch's pipelined chunks (`batch_prefill`) share.
 
-Sequential: one chunk travels through every rank (recv, compute, send at once), then the
-ranks agree on cancel. Pipeline: the GPipe schedule from `plan.rank_schedule`; a rank's sends
-of an iteration start only after that iteration's agreement, so on an agreed stop no receiver
-is left waiting and no send is left unreceived.
+The whole prefill processes the first L-1 prompt tokens and reports progress exactly like mlx-lm's
+`generate_step` (the last token goes through the first decode step). A rank's sends of an iteration
+start only after that iteration's agreement on cancel, so on an agreed stop no receiver is left
+waiting and no send is left unreceived.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from itertools import accumulate
 
 import mlx.core as mx
 
-from events.vocabulary import PrefillPath
 from runner.engine.task_run import TaskRun
 
 
@@ -24,9 +24,10 @@ class PrefillResult:
     cancelled: bool
 
 
-def run_prefill(
-    run: TaskRun, prompt: mx.array, chunks: list[int], schedule: list[int | None], path: PrefillPath
+def run_pipeline_prefill(
+    run: TaskRun, prompt: mx.array, chunks: list[int], schedule: list[int | None]
 ) -> PrefillResult:
+    """`schedule`: this rank's chunk at each iteration (None: idle), the same length on every rank."""
     total = int(prompt.shape[0])
     starts = [0, *accumulate(chunks)]
     run.report_progress(0, total, 0)
@@ -34,7 +35,7 @@ def run_prefill(
         for iteration, chunk in enumerate(schedule):
             run.phases.enter("prefill", run.task_id, iteration)
             if chunk is not None:
-                compute_chunk(run, prompt[starts[chunk] : starts[chunk + 1]], path)
+                compute_chunk(run, prompt[starts[chunk] : starts[chunk + 1]])
             if run.agree_to_stop("prefill", iteration):
                 run.outbox.discard_queued()
                 return PrefillResult(iteration + 1, cancelled=True)
@@ -50,13 +51,9 @@ def run_prefill(
     return PrefillResult(len(schedule), cancelled=False)
 
 
-def compute_chunk(run: TaskRun, piece: mx.array, path: PrefillPath) -> None:
-    """`piece`: [n] prompt tokens, or [k, n]: k prompts' chunks of one length (`batch_prefill`)."""
-    mark = run.outbox.mark()  # sends queued before (a pipelined decode's) wait for their agreement
+def compute_chunk(run: TaskRun, piece: mx.array) -> None:
+    """`piece`: [n] prompt tokens, or [k, n]: k prompts' chunks of one length (`batch_prefill`). Its
+    send stays queued: it starts after the step's (or the iteration's) agreement."""
     run.forward(piece if piece.ndim == 2 else piece[None])
-    if path == "sequential":
-        # The next rank needs this chunk before anyone can reach the agreement collective.
-        mx.eval([*run.caches.states(), *run.outbox.take_all(since=mark)])
-    else:
-        mx.eval([*run.caches.states(), *run.outbox.activations()])
+    mx.eval([*run.caches.states(), *run.outbox.activations()])
     mx.clear_cache()

@@ -13,7 +13,7 @@ from events.vocabulary import FinishReason, PrefillPath
 from runner.engine.plan import PathChoice
 from runner.engine.sampling import Truncation
 from runner.engine.task_run import TaskRun
-from runner.errors import CallbackError, RequestError
+from runner.errors import RequestError
 
 
 class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,15 +78,6 @@ def check_request(request: GenerationRequest, context_length: int | None) -> Non
 
 def truncation_of(request: GenerationRequest) -> Truncation:
     return Truncation(top_p=request.top_p, min_p=request.min_p, top_k=request.top_k)
-
-
-def raise_callback_errors(run: TaskRun) -> None:
-    if run.callback_errors:
-        first = run.callback_errors[0]
-        raise CallbackError(
-            f"task {run.task_id}: the sink or cancel source failed {len(run.callback_errors)} time(s), "
-            f"first: {type(first).__name__}: {first}"
-        ) from first
 
 
 def outcome_of(

@@ -6,8 +6,9 @@ SHOAL_TEST_FAULT="<action>:<rank>:<poll>[:<seconds>]" makes rank <rank> act once
 - `sleep:<rank>:<poll>:<seconds>`: sleep there, as a wedged collective or a slow rank would;
 - `freeze:<rank>:<poll>`: SIGSTOP the process, so every thread stops and its heartbeats go silent;
 - `die:<rank>:<poll>`: SIGKILL it.
-Both shells count polls the same way: poll 0 is the start agreement, poll i >= 1 prefill
-iteration i-1, then the decode polls. Production never sets it; `shoal up`, the worker and the
+Both shells count polls the same way, as both serve every task through the batch loop: a task's
+polls are its cancel votes, one per batch step it is a member of (a whole pipeline prefill: one per
+iteration, then its step's). Production never sets it; `shoal up`, the worker and the
 local launcher pass the environment through unchanged (a local group test hands it to
 `run_group(..., extra_env=...)`).
 """
@@ -83,8 +84,8 @@ def perform(action: FaultAction) -> None:
 class FaultInjector:
     """One per rank process: counts the cancel polls of the first task it sees, acts once at the chosen one.
 
-    The shells wrap every cancel source they hand the engine with `around`, so the count covers the
-    start agreement as well as the task's own polls.
+    The shells wrap every cancel source they hand the engine with `around`, so the count covers
+    every poll of the task.
     """
 
     def __init__(self, fault: Fault | None, rank: int, act: Callable[[FaultAction], None] = perform) -> None:

@@ -112,9 +112,8 @@ def build_job(spec: LocalRunSpec, model_dir: Path) -> dict[str, Any]:
 
 
 def runner_settings(spec: LocalRunSpec) -> RunnerSettings:
-    """The cluster's defaults with the flags given. Cancellation is polled at every decode step, so
-    `--cancel-at-iteration` counts the same polls in prefill and decode."""
-    given = {"prefill_step_size": spec.prefill_step, "kv_bits": spec.kv_bits, "decode_cancel_poll_tokens": 1}
+    """The cluster's defaults with the flags given."""
+    given = {"prefill_step_size": spec.prefill_step, "kv_bits": spec.kv_bits}
     try:
         return msgspec.convert(given, RunnerSettings)  # checked here, before any rank starts
     except msgspec.ValidationError as exc:
@@ -122,8 +121,12 @@ def runner_settings(spec: LocalRunSpec) -> RunnerSettings:
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """One JSON object for `shoal generate --json`, from every rank's outcome of the one task."""
+    """One JSON object for `shoal generate --json`, from every rank's outcome of the one task (a
+    request every rank refused fails alike on every rank: the first one's error says why)."""
     outcomes = [r["results"][0] for r in results]
+    failed = next((o for o in outcomes if "error" in o), None)
+    if failed is not None:
+        raise RequestError(f"the request failed: {failed['error']}")
     sampler = outcomes[-1]
     return {
         "text": sampler["text"],

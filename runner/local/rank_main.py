@@ -1,8 +1,11 @@
 """One rank of a local group: `python -m runner.local.rank_main JOB.json OUT_DIR` (MLX_RANK set).
 
 Joins the ring group, loads its shard once, runs the job's tasks in order on the same group
-and writes `rank<r>.json`. The flight recorder keeps `rank<r>.phase` fresh so the launcher
-can say where a stalled rank is; SHOAL_TEST_FAULT, if set, acts here as in the service.
+and writes `rank<r>.json`. `shoal generate`'s task is a request served alone (a batch of one:
+`runner.engine.alone`); a job that sets `"testing"` has its tasks run by the test-only
+`runner.local.testing` instead (its keys are refused elsewhere). The flight recorder keeps
+`rank<r>.phase` fresh so the launcher can say where a stalled rank is; SHOAL_TEST_FAULT, if set,
+acts here as in the service.
 """
 
 from __future__ import annotations
@@ -20,13 +23,10 @@ import msgspec
 from events.runner_settings import RunnerSettings
 from runner.affinity import pin_compute_threads
 from runner.blas import BlasThreads
-from runner.engine.protocols import CancelSource, NeverCancelled, PhaseTracker
-from runner.errors import CallbackError
+from runner.engine.protocols import CancelSource, NeverCancelled, NullSink, PhaseTracker
 from runner.flight.faults import FaultInjector
 from runner.flight.recorder import FlightReading, FlightRecorder
 from runner.heap import settle_heap
-from runner.local.batch_job import run_schedule
-from runner.local.testing import BrokenCancel, FixedCancel, RecordingSink, mlx_reference
 from runner.ring_wait import RingInbound
 
 if TYPE_CHECKING:
@@ -59,9 +59,10 @@ class PhaseFile:
 class CancelAtPoll:
     """`shoal generate --cancel-at-iteration N`: cancelled from the task's poll N on.
 
-    Poll i of a task is prefill iteration i while prefill lasts (the engine polls exactly once
-    per iteration, idle ones included), then decode polls, so "cancel at prefill iteration 3 on
-    rank 1" is exact.
+    A request served alone is polled once per batch step from the step after its admission, and
+    within a whole pipeline prefill once per iteration (idle ones included) instead, then once at
+    that step's agreement: so "cancel at prefill iteration 3 on rank 1" is exact, and every poll
+    after the prefill's is a decode step's (`tests/runner/test_group_sweep.py` pins the count).
     """
 
     fire_at_poll: int
@@ -77,6 +78,7 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
     phases.enter("loading")  # importing MLX, mlx-lm and transformers takes seconds (20 s on a busy 2-core host)
     import mlx.core as mx
 
+    from runner.engine.alone import warm_up
     from runner.engine.collectives import Collectives
     from runner.engine.engine import Engine
     from runner.engine.shard import ShardPlacement
@@ -101,16 +103,17 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
         return engines[key]
 
     if job.get("warmup", True):
-        engine_for({}).warm_up(phases)
+        warm_up(engine_for({}), phases)
     settle_heap()  # as a served runner once it is ready: no full collection walks the model's libraries mid-run
     results = []
     for task in job["tasks"]:
-        if task.get("kind") == "mlx_reference":
-            results.append(mlx_reference(shard, task))
-        elif task.get("kind") == "batch":
-            results.append(run_schedule(engine_for(task.get("settings", {})), task, rank, faults, phases))
+        engine = engine_for(task.get("settings", {}))
+        if job.get("testing"):
+            from runner.local.testing.jobs import run_test_task  # test-only: not in the wheel
+
+            results.append(run_test_task(engine, shard, task, rank, faults, phases))
         else:
-            results.append(run_task(engine_for(task.get("settings", {})), task, rank, faults, phases))
+            results.append(run_task(engine, task, rank, faults, phases))
     phases.enter("idle")
     return results
 
@@ -121,26 +124,30 @@ def _inbound(rank: int) -> RingInbound:
     return RingInbound.find([entry[0] for entry in hosts], rank)
 
 
+TEST_KEYS = ("kind", "cancel_before_start_ranks", "failing_cancel_rank", "failing_sink_rank")
+
+
 def run_task(
     engine: Engine, task: dict[str, Any], rank: int, faults: FaultInjector, phases: PhaseTracker
 ) -> dict[str, Any]:
+    """`shoal generate`'s request served alone (`runner.engine.alone`): its outcome, or why it failed."""
+    from runner.engine.alone import alone_batch, serve_alone
+    from runner.engine.batch_streams import Admission
     from runner.engine.requests import GenerationRequest
 
+    asked = [key for key in TEST_KEYS if key in task]
+    if asked:
+        raise ValueError(f'task keys {asked} are test tooling: only a job with "testing" set takes them')
     request = msgspec.convert(task["request"], GenerationRequest)
-    cancelled_before = FixedCancel(rank in task.get("cancel_before_start_ranks", []))
-    if not engine.agree_start(request.task_id, faults.around(cancelled_before), phases):
-        return {"task_id": request.task_id, "skipped": True}
-    sink = RecordingSink(fail_on_tokens=task.get("failing_sink_rank") == rank)
-    try:
-        outcome = engine.generate(request, faults.around(task_cancel(task, rank)), sink, phases)
-    except CallbackError as err:
-        return {"task_id": request.task_id, "callback_error": str(err)}
-    return {**msgspec.to_builtins(outcome), "sink": msgspec.to_builtins(sink)}
+    admission = Admission(request.task_id, request, faults.around(task_cancel(task, rank)), NullSink())
+    ended = serve_alone(alone_batch(engine, phases), admission)
+    if ended.outcome is None:
+        return {"task_id": request.task_id, "error": ended.error, "invalid_request": ended.invalid_request}
+    return msgspec.to_builtins(ended.outcome)
 
 
 def task_cancel(task: dict[str, Any], rank: int) -> CancelSource:
-    if task.get("failing_cancel_rank") == rank:
-        return BrokenCancel()
+    """`--cancel-at-iteration N --cancel-rank R`: that rank's poll N on; else never."""
     if task.get("cancel_rank") == rank and task.get("cancel_at_poll") is not None:
         return CancelAtPoll(task["cancel_at_poll"])
     return NeverCancelled()

@@ -19,8 +19,9 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
@@ -43,6 +44,13 @@ from runner.service.heartbeats import LogHeartbeats, RunningTasks
 from runner.service.sink import LogSink
 from runner.service.tasks import TaskServer
 
+if TYPE_CHECKING:
+    import mlx.core as mx
+
+    from runner.engine.batch import ContinuousBatch
+    from runner.engine.engine import Engine
+    from runner.engine.requests import GenerationRequest
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="runner.service.main")
@@ -60,7 +68,7 @@ def write_hostfile(ring_hosts: list[str]) -> Path:
     return Path(name)
 
 
-def join_group(placed: InstancePlaced, rank: int) -> Any:
+def join_group(placed: InstancePlaced, rank: int) -> mx.distributed.Group | None:
     """The ring group of this instance (None for one rank)."""
     import mlx.core as mx
 
@@ -95,7 +103,7 @@ def ring_failure(error: str, ring_hosts: list[str], rank: int) -> str:
     )
 
 
-def make_request_factory() -> Any:
+def make_request_factory() -> Callable[[str, list[int], TaskCreated], GenerationRequest]:
     from runner.engine.requests import GenerationRequest
 
     def make(task_id: str, prompt: list[int], created: TaskCreated) -> GenerationRequest:
@@ -143,6 +151,7 @@ def run(
     # Loading from here: importing the engine (MLX, mlx-lm, transformers) takes seconds on a busy
     # host, and a heartbeat that says "idle" meanwhile reads as a rank stuck doing nothing.
     phases.enter("loading")
+    from runner.engine.alone import warm_up
     from runner.engine.collectives import Collectives
     from runner.engine.engine import Engine
     from runner.engine.shard import ShardPlacement
@@ -169,7 +178,7 @@ def run(
     shard = load_shard(model_dir, ShardPlacement(args.rank, len(ranges), ranges), group, inbound)
     engine = Engine(group, shard, placed.settings, ranks_on_host(list(placed.ring_hosts), args.rank))
     server_status("warming_up")
-    engine.warm_up(phases)
+    warm_up(engine, phases)  # a batch of one through the batch loop (`runner.engine.alone`)
     bridge.watch(args.instance, placed_seq + 1)
     server = TaskServer(
         engine=engine,
@@ -203,7 +212,7 @@ def ranks_on_host(ring_hosts: list[str], rank: int) -> int:
     return sum(1 for address in ring_hosts if address.rsplit(":", 1)[0] == host)
 
 
-def continuous_batch(engine: Any, phases: PhaseTracker) -> Any:
+def continuous_batch(engine: Engine, phases: PhaseTracker) -> ContinuousBatch:
     """The instance's batch, which serves every task (`max_batch` 1: a batch of one). The settings
     are the instance's, so every rank builds the same one."""
     from runner.engine.batch import ContinuousBatch
@@ -233,7 +242,7 @@ def continuous_batch(engine: Any, phases: PhaseTracker) -> Any:
 DOWNLOAD_REPORT_SECONDS = 2.0
 
 
-def _download_reporter(bridge: LogBridge, stamper: Stamper, node_id: str, model: str) -> Any:
+def _download_reporter(bridge: LogBridge, stamper: Stamper, node_id: str, model: str) -> Callable[[int, int], None]:
     """Publishes a Hub download's byte progress, at most every DOWNLOAD_REPORT_SECONDS and once
     when it completes (huggingface_hub calls it from its download threads; `publish` is thread-safe)."""
     from events.catalogue import ModelDownloadProgress
@@ -251,7 +260,7 @@ def _download_reporter(bridge: LogBridge, stamper: Stamper, node_id: str, model:
     return report
 
 
-def _status_publisher(bridge: LogBridge, stamper: Stamper, args: argparse.Namespace) -> Any:
+def _status_publisher(bridge: LogBridge, stamper: Stamper, args: argparse.Namespace) -> Callable[..., None]:
     from events.catalogue import RunnerStatusChanged
 
     def publish(status: RunnerStatus, detail: str = "", cause: RunnerStatusCause | None = None) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from loguru import logger
 
@@ -34,6 +34,9 @@ from runner.models.chat import encode_task_prompt
 from runner.service.batch_serving import BatchLike, BatchServing
 from runner.service.bridge import Assignment
 from runner.service.heartbeats import RunningTasks
+
+if TYPE_CHECKING:
+    from runner.engine.requests import GenerationRequest
 
 
 class Outcome(Protocol):
@@ -79,7 +82,7 @@ class TaskServer:
         instance_id: InstanceId,
         rank: int,
         is_sampling_rank: bool,
-        make_request: Callable[[str, list[int], TaskCreated], Any],
+        make_request: Callable[[str, list[int], TaskCreated], GenerationRequest],
         batch: BatchLike,
         running: RunningTasks | None = None,
     ) -> None:
@@ -115,7 +118,7 @@ class TaskServer:
         does `LogBridgeDown` (no assignment can come any more)."""
         BatchServing(self, self.batch).serve(stop, poll_seconds)
 
-    def request_for(self, task_id: TaskId, created: TaskCreated | None) -> Any | None:
+    def request_for(self, task_id: TaskId, created: TaskCreated | None) -> GenerationRequest | None:
         """The task's request, built alike on every rank from its `TaskCreated` (None: not in the log)."""
         if created is None:
             created = self.inbox.fetch(task_subject(task_id, "created"))

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from events.runner_settings import RunnerSettings
+from runner.engine.protocols import PhaseTracker
 from runner.errors import ModelDirError, RequestError, SplitError
 from runner.local.local_run import LocalRunSpec, build_job
 from runner.models.tiny import cached_tiny
@@ -109,9 +110,9 @@ def test_bad_requests(overrides: dict, error: type, message: str) -> None:
         build_job(_spec(**overrides), cached_tiny())
 
 
-def test_a_local_group_runs_with_the_cluster_defaults_polling_every_token() -> None:
+def test_a_local_group_runs_with_the_cluster_defaults() -> None:
     settings = msgspec.convert(build_job(_spec(), cached_tiny())["settings"], RunnerSettings)
-    assert settings == RunnerSettings(decode_cancel_poll_tokens=1)
+    assert settings == RunnerSettings()
 
 
 def test_shoal_generate_prints_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -147,3 +148,14 @@ def test_shoal_generate_json_on_three_ranks_matches_one_rank() -> None:
     assert three["path"] == "sequential" and len(three["progress"]) == 3
     assert three["progress"][0] == [[0, 23], [22, 23], [23, 23]]
     assert not three["cancelled"]
+
+
+def test_a_product_job_refuses_the_test_tooling_keys() -> None:
+    """`shoal generate`'s rank runs a request alone; a task asking for test tooling (a scripted batch,
+    a failing sink...) must come in a job marked `testing` (`runner.local.testing`, not in the wheel)."""
+    from runner.flight.faults import FaultInjector
+    from runner.local.rank_main import run_task
+
+    task = {"request": {"task_id": "t", "prompt_token_ids": [1, 2], "max_tokens": 1}, "failing_sink_rank": 0}
+    with pytest.raises(ValueError, match=r"\['failing_sink_rank'\] are test tooling"):
+        run_task(None, task, 0, FaultInjector(None, 0), PhaseTracker())  # type: ignore[arg-type]

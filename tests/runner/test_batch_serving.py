@@ -24,6 +24,7 @@ from runner.service.bridge import Assignment
 from runner.service.tasks import TaskServer
 from runner.shard_loading import load_shard
 from tests.events.builders import Events, fake_stamper
+from tests.runner.harness import served_alone
 
 pytestmark = pytest.mark.timeout(120)
 LENGTHS = {"t1": 9, "bad": 4, "t2": 17, "t3": 1}
@@ -86,7 +87,7 @@ def test_tasks_share_the_batch_and_bad_ones_fail_alone() -> None:
     completed = {str(e.task_id): e for e in inbox.published if isinstance(e, TaskCompleted)}
     assert set(completed) == {"t1", "t2", "t3"}
     for task_id, event in completed.items():
-        alone = engine.generate(make_request(task_id, [], None), NeverCancelled(), NullSink(), PhaseTracker())
+        alone = served_alone(engine, make_request(task_id, [], None))
         assert event.usage.completion_tokens == alone.completion_tokens
         assert event.finish_reason == alone.finish_reason
     statuses = [(e.status, e.detail) for e in inbox.published if isinstance(e, RunnerStatusChanged)]

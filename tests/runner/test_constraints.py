@@ -14,14 +14,15 @@ import pytest
 from events.constraints import JsonSchema, ToolCallRequired, ToolFunction
 from events.runner_settings import RunnerSettings
 from runner.engine.engine import Engine
-from runner.engine.protocols import NeverCancelled, NullSink, PhaseTracker, RunnerSink
+from runner.engine.protocols import RunnerSink
 from runner.engine.requests import GenerationOutcome, GenerationRequest
 from runner.engine.shard import ShardPlacement
 from runner.errors import RequestError
-from runner.local.testing import RecordingSink
+from runner.local.testing.tools import RecordingSink
 from runner.models.chat import encode_chat
 from runner.models.tiny import cached_tiny
 from runner.shard_loading import load_shard
+from tests.runner.harness import served_alone
 
 SCHEMA = {
     "type": "object",
@@ -40,7 +41,7 @@ def engine() -> Iterator[Engine]:
 def _generate(engine: Engine, max_tokens: int, sink: RunnerSink | None = None, **request: object) -> GenerationOutcome:
     prompt = encode_chat(engine.tokenizer, [{"role": "user", "content": "hello"}])
     asked = GenerationRequest(task_id="t", prompt_token_ids=prompt, max_tokens=max_tokens, **request)  # pyright: ignore[reportArgumentType]
-    return engine.generate(asked, NeverCancelled(), sink or NullSink(), PhaseTracker())
+    return served_alone(engine, asked, sink)
 
 
 def test_the_schema_holds_and_the_answer_ends_at_eos(engine: Engine) -> None:

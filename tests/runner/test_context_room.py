@@ -54,6 +54,7 @@ def test_max_tokens_past_the_context_ends_length_at_the_context(tmp_path: Path, 
     lengths = {"alone": 30, "in-batch-a": 40, "in-batch-b": 20}
     job = {
         "model_dir": str(_short_context_model(tmp_path)),
+        "testing": True,  # its tasks are run by the test-only runner.local.testing
         "layer_ranges": [[0, 8]] if world == 1 else [[0, 4], [4, 8]],
         "settings": {"prefill_step_size": 16},
         "warmup": False,

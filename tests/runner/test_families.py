@@ -44,6 +44,7 @@ def test_two_ranks_match_mlx_lm_one_rank(family: str, tmp_path: Path) -> None:
     ]
     job = {
         "model_dir": str(model_dir),
+        "testing": True,  # its tasks are run by the test-only runner.local.testing
         "layer_ranges": [[0, n // 2], [n // 2, n]],
         "settings": {"prefill_step_size": 2 * CHUNK},
         "warmup": False,

@@ -7,7 +7,7 @@ import pytest
 
 from runner.engine.protocols import NeverCancelled
 from runner.flight.faults import FAULT_ENV, Die, Fault, FaultAction, FaultInjector, Freeze, Sleep, parse_fault
-from runner.local.testing import FixedCancel
+from runner.local.testing.tools import FixedCancel
 
 
 def test_parse_reads_every_action() -> None:

@@ -76,7 +76,7 @@ def group_results(world: int) -> list[list[dict[str, Any]]]:
         ]
         tasks += [with_logprobs({**conversation(True), "warm_pace": False, "name": "talk-plain"})]
         tasks += [with_logprobs(schedule) for schedule in schedules(1)]
-    return run_tiny_group(world, tasks, {"prefill_step_size": step_for(world), "decode_cancel_poll_tokens": 1})
+    return run_tiny_group(world, tasks, {"prefill_step_size": step_for(world)})
 
 
 @functools.cache

@@ -19,6 +19,7 @@ def test_uneven_splits_match_one_rank(ranges: tuple[tuple[int, int], ...]) -> No
     world = len(ranges)
     job = {
         "model_dir": str(cached_tiny()),
+        "testing": True,  # its tasks are run by the test-only runner.local.testing
         "layer_ranges": [list(r) for r in ranges],
         "settings": {"prefill_step_size": step_for(world)},
         "warmup": False,
@@ -33,6 +34,7 @@ def _long_job(world: int) -> dict:
     task = {"request": request("victim", 40, "pipeline", max_tokens=4)}
     return {
         "model_dir": str(cached_tiny()),
+        "testing": True,  # its tasks are run by the test-only runner.local.testing
         "layer_ranges": {2: [[0, 4], [4, 8]], 3: [[0, 3], [3, 6], [6, 8]]}[world],
         "settings": {"prefill_step_size": 12},
         "warmup": False,
@@ -41,7 +43,7 @@ def _long_job(world: int) -> dict:
 
 
 def fault(spec: str) -> dict[str, str]:
-    """The fault injector the service uses too: poll 0 is the start agreement, poll i prefill iteration i-1."""
+    """The fault injector the service uses too: on the pipeline, poll i is prefill iteration i."""
     return {FAULT_ENV: spec}
 
 
@@ -49,7 +51,7 @@ def fault(spec: str) -> dict[str, str]:
 def test_rank_killed_mid_prefill_fails_fast_naming_it() -> None:
     started = time.monotonic()
     with pytest.raises(RankFailedError) as failure:
-        run_group(_long_job(3), 3, deadline_s=60, extra_env=fault("die:1:3"))  # poll 3: prefill iteration 2
+        run_group(_long_job(3), 3, deadline_s=60, extra_env=fault("die:1:3"))  # poll 3: prefill iteration 3
     assert failure.value.rank == 1
     assert "rank 1" in str(failure.value) and "SIGKILL" in str(failure.value)
     assert time.monotonic() - started < 45
@@ -61,9 +63,9 @@ def test_frozen_rank_is_named_from_its_silent_heartbeat() -> None:
     job = _long_job(3)
     job["tasks"][0]["request"]["max_tokens"] = 400
     with pytest.raises(RankFailedError) as failure:
-        # Polls 1-12 are the prefill's iterations, then one per 8 decode steps: poll 40 is some 200 tokens
-        # in, well past the first heartbeats (every 0.2 s) after loading, even on a fast idle host.
-        run_group(job, 3, deadline_s=80, extra_env=fault("freeze:2:40"))
+        # Polls 0-11 are the prefill's iterations, 12 its step's, then one per decode token: poll 200 is
+        # some 187 tokens in, well past the first heartbeats (every 0.2 s) after loading, even on a fast idle host.
+        run_group(job, 3, deadline_s=80, extra_env=fault("freeze:2:200"))
     assert failure.value.rank == 2
     message = str(failure.value)
     # The last heartbeat may be a step or two older than the freeze; it names the task either way.
@@ -86,6 +88,7 @@ def _batch_job() -> dict:
     streams = [{"request": request(f"mate{n}", 13, max_tokens=200), "at": n} for n in range(3)]
     return {
         "model_dir": str(cached_tiny()),
+        "testing": True,  # its tasks are run by the test-only runner.local.testing
         "layer_ranges": [[0, 4], [4, 8]],
         "settings": {"prefill_step_size": 12},
         "warmup": False,

@@ -55,6 +55,7 @@ def results(world: int) -> list[list[dict[str, Any]]]:
     }
     job = {
         "model_dir": str(cached_tiny()),
+        "testing": True,  # its tasks are run by the test-only runner.local.testing
         "layer_ranges": ranges,
         "settings": {"kv_cache_bytes": CAPACITY * most_layers * kv_bytes_per_layer_token()},
         "warmup": True,
@@ -122,6 +123,7 @@ def random_results(world: int) -> list[list[dict[str, Any]]]:
         tasks += [{"request": entry["request"]} for schedule in schedules for entry in schedule["tasks"]]
     job = {
         "model_dir": str(cached_tiny()),
+        "testing": True,  # its tasks are run by the test-only runner.local.testing
         "layer_ranges": ranges,
         "settings": {
             "kv_cache_bytes": RANDOM_CAPACITY * most_layers * kv_bytes_per_layer_token(),

@@ -75,8 +75,9 @@ def runs(world: int) -> list[list[dict[str, Any]]]:
     """Per rank: the conversation with the cache, without it, and the eviction schedule."""
     job = {
         "model_dir": str(cached_tiny()),
+        "testing": True,  # its tasks are run by the test-only runner.local.testing
         "layer_ranges": even_split(LAYERS, world),
-        "settings": {"prefill_step_size": step_for(world), "decode_cancel_poll_tokens": 1},
+        "settings": {"prefill_step_size": step_for(world)},
         "warmup": True,
         "tasks": [conversation(True), conversation(False), eviction(world)],
     }

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from runner.local.local_run import synthetic_prompt
-from runner.local.testing import slow_json_schema
+from runner.local.testing.tools import slow_json_schema
 from tests.runner.harness import run_tiny_group, step_for
 
 pytestmark = pytest.mark.timeout(300)
@@ -50,9 +50,9 @@ def schedule() -> dict[str, Any]:
 @functools.cache
 def results(world: int) -> list[list[dict[str, Any]]]:
     tasks: list[dict[str, Any]] = [schedule()]
-    if world == 1:  # each request alone, through the one-task path
+    if world == 1:  # each request served alone (a batch of one, as `shoal generate`)
         tasks += [{"request": r} for r in requests()]
-    return run_tiny_group(world, tasks, {"prefill_step_size": step_for(world), "decode_cancel_poll_tokens": 1})
+    return run_tiny_group(world, tasks, {"prefill_step_size": step_for(world)})
 
 
 @pytest.mark.parametrize("world", (1, 2))

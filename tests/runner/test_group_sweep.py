@@ -1,12 +1,14 @@
-"""Real ring groups of 1, 2 and 3 ranks on the tiny model: lengths across chunk boundaries,
-both paths forced and auto, the 23-token wedge, kv_bits=8, cancel at every iteration on
-every rank, and a cancelled-before-start task. One group per world size runs every task."""
+"""Real ring groups of 1, 2 and 3 ranks on the tiny model, every request served alone through the
+batch loop as `shoal generate` serves it (a batch of one: `runner.engine.alone`): lengths across
+chunk boundaries, both paths forced and auto, the 23-token wedge, kv_bits=8, cancel at every poll
+on every rank (each prefill iteration or step, then decode steps), and a task cancelled before its
+first poll. One group per world size runs every task, in order."""
 
 from __future__ import annotations
 
 import pytest
 
-from runner.engine.plan import chunk_sizes, expected_callbacks
+from runner.engine.plan import chunk_sizes, rank_schedule
 from tests.runner.harness import (
     CANCEL_PROMPT,
     CHUNK,
@@ -15,8 +17,11 @@ from tests.runner.harness import (
     KV8_LENGTHS,
     LENGTHS,
     NEXT_MAX_TOKENS,
+    alone_callbacks,
     cancel_paths,
-    iterations,
+    expected_callbacks,
+    prefill_chunks,
+    prefill_polls,
     step_for,
     sweep_results,
 )
@@ -40,7 +45,9 @@ def test_tokens_callbacks_and_path(world: int, length: int) -> None:
             outcome = table[f"len{length}-{path}"]
             where = f"world={world} rank={rank} len={length} path={path}"
             assert outcome["token_ids"] == reference["token_ids"], where
-            assert outcome["progress"] == reference["progress"], where
+            assert outcome["progress"] == [list(c) for c in alone_callbacks(length, outcome["path"])], where
+            if outcome["path"] == "pipeline":  # a lone task's chunks: mlx-lm's very callbacks
+                assert outcome["progress"] == reference["progress"], where
             assert outcome["finish_reason"] in ("length", "stop"), where
     _check_sink(ranks, f"len{length}-auto")
     gated = "pipeline" if world > 1 and len(chunk_sizes(length, CHUNK)) >= 2 else "sequential"
@@ -81,29 +88,45 @@ def test_kv_bits_8_matches_one_rank(world: int, length: int) -> None:
 
 
 @pytest.mark.parametrize("world", WORLDS)
-def test_task_cancelled_before_start_is_skipped_by_every_rank(world: int) -> None:
+def test_a_task_cancelled_before_its_first_poll_stops_there_on_every_rank(world: int) -> None:
+    """Cancelled on the last rank before it starts: its first poll (the first prefill iteration on
+    the pipeline, its first chunk's step otherwise) stops it on every rank, and the group goes on."""
+    path = "pipeline" if world > 1 else "sequential"  # CANCEL_PROMPT's auto path
+    stops = {table["cancelled-first"]["cancelled_at"] for table in sweep_results(world)}
+    assert stops == {"prefill:0" if path == "pipeline" else "prefill:1"}
     for table in sweep_results(world):
-        assert table["skipped"] == {"task_id": "skipped", "skipped": True}
-        assert table["after-skip"]["token_ids"] == one_rank(f"len{CANCEL_PROMPT}-auto")["token_ids"]
+        assert table["cancelled-first"]["finish_reason"] == "cancelled"
+        assert table["cancelled-first"]["token_ids"] == []
+        assert table["after-cancelled-first"]["token_ids"] == one_rank(f"len{CANCEL_PROMPT}-auto")["token_ids"]
 
 
 CANCEL_CASES = [(world, path) for world in (2, 3) for path in cancel_paths(world)]
 
 
 @pytest.mark.parametrize(("world", "path"), CANCEL_CASES)
-def test_cancel_at_every_prefill_iteration_on_every_rank(world: int, path: str) -> None:
+def test_cancel_at_every_prefill_poll_on_every_rank(world: int, path: str) -> None:
+    """Every poll before the first token: every rank stops at the same place with no token, and the
+    next task on the group runs whole. On the pipeline, poll i is iteration i of the GPipe prefill
+    (then the agreement of the step that ran it); otherwise a step of the batch."""
     ranks = sweep_results(world)
     expected_next = one_rank(f"len{CANCEL_PROMPT}-auto")["token_ids"]
-    n_iter = iterations(CANCEL_PROMPT, world, path)
-    assert n_iter == len(chunk_sizes(CANCEL_PROMPT, CHUNK)) + (world - 1 if path == "pipeline" else 0)
+    polls = prefill_polls(CANCEL_PROMPT, world, path)
+    chunks = len(prefill_chunks(CANCEL_PROMPT, path))
+    if path == "pipeline":
+        assert polls == len(rank_schedule(0, world, chunks, path)) + 1 == chunks + world
     for cancel_rank in range(world):
-        for iteration in range(n_iter):
-            name = f"cancel-{path}-r{cancel_rank}-p{iteration}"
+        for poll in range(polls):
+            name = f"cancel-{path}-r{cancel_rank}-p{poll}"
+            stops = {table[name]["cancelled_at"] for table in ranks}
+            assert len(stops) == 1, (name, stops)  # agreed: every rank stopped at the same place
+            (stop,) = stops
+            if path == "pipeline" and poll < polls - 1:
+                assert stop == f"prefill:{poll}", name
+            else:  # a step's agreement: the chunks taken by then
+                assert stop.startswith("prefill:"), (name, stop)
             for rank, table in enumerate(ranks):
                 outcome, where = table[name], f"{name} seen on rank {rank}"
                 assert outcome["finish_reason"] == "cancelled", where
-                assert outcome["cancelled_at"] == f"prefill:{iteration}", where
-                assert outcome["prefill_iterations"] == iteration + 1, where
                 assert outcome["token_ids"] == [], where
                 assert table[f"{name}-next"]["token_ids"] == expected_next[:NEXT_MAX_TOKENS], where
 
@@ -112,10 +135,10 @@ def test_cancel_at_every_prefill_iteration_on_every_rank(world: int, path: str) 
 def test_cancel_at_decode_token_on_every_rank(world: int, path: str) -> None:
     ranks = sweep_results(world)
     expected = one_rank(f"len{CANCEL_PROMPT}-auto")["token_ids"]
-    n_iter = iterations(CANCEL_PROMPT, world, path)
+    polls = prefill_polls(CANCEL_PROMPT, world, path)
     for cancel_rank in range(world):
         for step in DECODE_CANCEL_STEPS:
-            name = f"cancel-{path}-r{cancel_rank}-p{n_iter + step}"
+            name = f"cancel-{path}-r{cancel_rank}-p{polls + step}"
             for rank, table in enumerate(ranks):
                 outcome, where = table[name], f"{name} seen on rank {rank}"
                 assert outcome["cancelled_at"] == f"decode:{step}", where
@@ -133,12 +156,12 @@ def test_failing_sink_or_cancel_source_never_splits_the_group(world: int) -> Non
     expected = one_rank(f"len{CANCEL_PROMPT}-auto")["token_ids"]
     for rank, table in enumerate(ranks):
         sink_failed, cancel_failed = table["sink-fails"], table["cancel-fails"]
-        if rank == world - 1:  # the sampling rank owns the broken sink
-            assert "publisher closed" in sink_failed["callback_error"]
+        if rank == world - 1:  # the sampling rank owns the broken sink: the task fails there alone
+            assert "publisher closed" in sink_failed["error"]
         else:
             assert sink_failed["token_ids"] == expected
         if rank == 0:  # a broken cancel source votes to stop, the others follow at once
-            assert "cancel subscription lost" in cancel_failed["callback_error"]
+            assert "cancel subscription lost" in cancel_failed["error"]
         else:
             assert cancel_failed["cancelled_at"] == "prefill:0"
         assert table["after-sink-fails"]["token_ids"] == expected

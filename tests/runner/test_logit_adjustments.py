@@ -108,6 +108,7 @@ def results(world: int) -> list[list[dict[str, Any]]]:
     alone.append({"request": request("seeded", 6, temperature=0.9, seed=3, **ADJUSTED["both"])})
     job = {
         "model_dir": str(cached_tiny()),
+        "testing": True,  # its tasks are run by the test-only runner.local.testing
         "layer_ranges": even_split(8, world),
         "settings": {},
         "tasks": [*alone, schedule()],

@@ -26,6 +26,7 @@ def _job(world: int) -> dict[str, Any]:
     plain = {**greedy, "task_id": "plain", "top_logprobs": None}
     return {
         "model_dir": str(cached_tiny()),
+        "testing": True,  # its tasks are run by the test-only runner.local.testing
         "layer_ranges": even_split(8, world),
         "settings": {"prefill_step_size": 6 * world},
         "warmup": False,

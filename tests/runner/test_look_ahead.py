@@ -21,7 +21,7 @@ from runner.engine.protocols import NeverCancelled, PhaseTracker
 from runner.engine.requests import GenerationRequest
 from runner.engine.shard import ShardPlacement
 from runner.local.local_run import synthetic_prompt
-from runner.local.testing import RecordingSink
+from runner.local.testing.tools import RecordingSink
 from runner.models.tiny import cached_tiny
 from runner.shard_loading import load_shard
 
@@ -93,3 +93,22 @@ def test_the_look_ahead_starts_the_step_after_the_one_that_follows_a_join() -> N
     for name in STREAMS:  # and every stream's tokens are those it gets alone
         single = ContinuousBatch(engine, PhaseTracker(), max_batch=1)
         assert _run(single, counter, [name], 0)[1][name] == tokens[name], name
+
+
+def test_a_request_alone_on_one_rank_decodes_with_mlx_lms_look_ahead() -> None:
+    """Served alone (`shoal generate`, the warm-up: a batch of one), one rank queues each step's
+    forward on the lazily sampled tokens of the last, as mlx-lm's `generate_step` does: once the
+    step after its join has run, one step computes two forwards and every later one one, and its
+    tokens are those it gets in a batch with others."""
+    from runner.engine.alone import alone_batch
+
+    shard = load_shard(cached_tiny(), ShardPlacement(0, 1, ((0, 8),)), None)
+    counter = CountingModel(shard.model)
+    shard.model = counter  # type: ignore[assignment]
+    engine = Engine(None, shard, RunnerSettings(prefill_step_size=128, stream_chunk_min_interval_seconds=0.0))
+    forwards, tokens = _run(alone_batch(engine, PhaseTracker()), counter, ["s0"], 0)
+    decoding = forwards[forwards.index(1) :]
+    assert decoding[:3] == [1, 2, 1] and set(decoding[3:]) <= {0, 1}, forwards
+    assert len(tokens["s0"]) == STREAMS["s0"][2]
+    shared = ContinuousBatch(engine, PhaseTracker(), max_batch=3)
+    assert _run(shared, counter, ["s0", "s1"], 0)[1]["s0"] == tokens["s0"]

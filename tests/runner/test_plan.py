@@ -9,12 +9,12 @@ from runner.engine.plan import (
     chunk_sizes,
     effective_step,
     even_split,
-    expected_callbacks,
     rank_schedule,
     split_from_counts,
     validate_split,
 )
 from runner.errors import SplitError
+from tests.runner.harness import expected_callbacks
 
 pytestmark = pytest.mark.timeout(10)
 

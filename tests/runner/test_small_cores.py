@@ -137,7 +137,7 @@ MLX_FREE = (
     "local/local_run.py",
     "engine/stops.py",
     "models/chat.py",
-    "local/testing.py",
+    "local/testing/tools.py",
     "models/tiny_tokenizer.py",
 )
 

@@ -11,7 +11,7 @@ import pytest
 
 from events.constraints import JsonObject, JsonSchema, ToolCallRequired
 from events.ids import KeyId
-from runner.local.testing import slow_json_schema
+from runner.local.testing.tools import slow_json_schema
 from services.api.prompt_lanes import PromptLanes
 from services.api.schemas import RequestProblem, decode_chat_request, to_task, to_task_off_loop
 from services.api.tool_calls import ToolCallSplitter, split_text

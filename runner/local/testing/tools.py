@@ -1,12 +1,11 @@
-"""Test tooling shipped in the package: what a test job may ask a local rank to do (no MLX at import).
+"""Test tooling: the cancel sources, sinks and references a test job may ask a local rank for (no MLX at import).
 
-The multi-rank tests spawn real rank processes (`python -m runner.local.rank_main`), so what their
-jobs ask for must be importable from the package, not from tests/. Job keys that select it, per
-task: `cancel_before_start_ranks` (`FixedCancel`), `failing_cancel_rank` (`BrokenCancel`),
-`failing_sink_rank` (`RecordingSink.fail_on_tokens`) and `"kind": "mlx_reference"`
-(`mlx_reference`). Every local task records its callbacks in a `RecordingSink`, returned with the
-rank's result for the tests to compare; `shoal generate` ignores it. Killing or freezing a rank
-is not here: that is the fault injector both shells share (`runner.flight.faults`).
+Job keys that select it, per task of a test job (`jobs.run_test_task`): `cancel_before_start_ranks`
+(`FixedCancel`), `failing_cancel_rank` (`BrokenCancel`), `failing_sink_rank`
+(`RecordingSink.fail_on_tokens`) and `"kind": "mlx_reference"` (`mlx_reference`). Every task of a
+test job records its callbacks in a `RecordingSink`, returned with the rank's result for the tests
+to compare. Killing or freezing a rank is not here: that is the fault injector both shells share
+(`runner.flight.faults`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Test tooling: a scripted continuous batch on a local rank (`"batches"` in a job).
+"""A scripted continuous batch on a local rank (a task of `"kind": "batch"` in a test job).
 
 A schedule lists requests with the step at which each reaches the rank (`at`, plus a per-rank
 `lag`, so ranks read the same assignments at different times, as they do from the log; an `at` of
@@ -30,7 +30,7 @@ import msgspec
 
 from runner.engine.protocols import CancelSource, NeverCancelled, PhaseTracker
 from runner.flight.faults import FaultInjector
-from runner.local.testing import FixedCancel, RecordingSink
+from runner.local.testing.tools import FixedCancel, RecordingSink
 
 if TYPE_CHECKING:
     from runner.engine.batch_streams import Admission
