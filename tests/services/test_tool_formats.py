@@ -4,6 +4,7 @@ call's grammar in each format accepting exactly the calls its parser reads."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import subprocess
@@ -316,3 +317,24 @@ def test_parser_shapes_are_mlx_lms() -> None:
     parser: ToolParser = tool_parser(JSON_TOOLS)
     assert (parser.start, parser.end) == ("<tool_call>", "</tool_call>")
     assert (tool_parser(MISTRAL).start, tool_parser(MISTRAL).end) == ("[TOOL_CALLS]", "")
+
+
+def test_a_forced_call_takes_the_models_format_or_is_a_400_naming_tool_choice(tmp_path: Path) -> None:
+    from services.api.prompts import load_prompt_model, model_tool_parser, with_forced_format
+    from services.api.schemas import RequestProblem
+
+    forced = ToolCallRequired(names=["get_weather"])
+    mistral = load_prompt_model(make_tiny_family(tmp_path / "mistral", "mistral"))
+    assert with_forced_format(mistral, forced).format == "mistral"
+    assert with_forced_format(None, forced).format == "json_tools"  # no template here: the runner checks
+    parser = model_tool_parser(None)
+    assert parser is not None and parser.name == "json_tools"
+    assert mistral is not None
+    pythonic = dataclasses.replace(mistral, tool_format=ToolFormat(parser="pythonic", forced=None))
+    with pytest.raises(RequestProblem) as raised:
+        with_forced_format(pythonic, forced)
+    assert (raised.value.status, raised.value.param) == (400, "tool_choice")
+    assert "pythonic" in raised.value.message and '"auto"' in raised.value.message
+    unknown = dataclasses.replace(mistral, tool_format=None)
+    with pytest.raises(RequestProblem, match="no tool-call format shoal knows"):
+        with_forced_format(unknown, forced)
