@@ -44,7 +44,7 @@ async def create_response(request: Request, ctx: ApiContext) -> HttpResponse:
     markers = None if prompt_model is None else prompt_model.reasoning
     count = token_counter(prompt_model)
     parser = await ctx.tool_parser(body.model)
-    max_calls = None if body.parallel_tool_calls is not False else 1
+    max_calls = 1 if chat.parallel_tool_calls is False else None
 
     def answer(outcome: Collected, terminal: TaskCompleted) -> Response:
         builder = ResponseBuilder(start)

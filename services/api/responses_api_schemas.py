@@ -267,6 +267,7 @@ def to_chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
         user=request.user,
         tools=[_chat_tool(t) for t in request.tools] if request.tools else None,
         tool_choice=_chat_tool_choice(request.tool_choice),
+        parallel_tool_calls=request.parallel_tool_calls,
         response_format=_response_format(request.text),
         reasoning_effort=None if request.reasoning is None else request.reasoning.effort,
     )

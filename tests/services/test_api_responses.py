@@ -85,6 +85,8 @@ def test_what_codex_cli_sends_is_accepted() -> None:
     }
     messages, params = _task(**codex)
     assert [m.role for m in messages] == ["system", "user", "assistant", "tool"]
+    chat = to_chat_request(decode_responses_request(msgspec.json.encode({"model": "tiny", **codex})))
+    assert chat.parallel_tool_calls is False  # the splitter keeps one call (`max_calls`)
     assert params.enable_thinking is True and [t.name for t in params.tools] == ["get_weather"]
 
 
