@@ -9,6 +9,10 @@ shoal keeps no server-side conversation state: a client sends the whole conversa
 retrieved later), and input items that point at stored state (`item_reference`) are refused.
 Reasoning items a client replays are accepted and left out of the prompt: chat templates drop a
 past turn's reasoning themselves (Qwen3's does), and shoal has nothing else to do with them.
+
+What Codex CLI sends besides is taken where it can take effect: `parallel_tool_calls: false` holds
+the answer to one call, `reasoning.summary` is accepted (no summary is written: the reasoning item
+carries the reasoning itself), and `include` entries are accepted or refused as `IncludeEntry` says.
 """
 
 from __future__ import annotations

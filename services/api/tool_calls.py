@@ -68,8 +68,8 @@ class ToolCallSplitter:
                     self._held = ""
                     return out
                 case "answer_start":
-                    if not self._answer_start(out):
-                        return out
+                    if not self._answer_begun():
+                        return out  # not yet known
                 case "text":
                     if not self._before_call(out):
                         return out
@@ -114,18 +114,14 @@ class ToolCallSplitter:
         self._phase = "inside"
         return True
 
-    def _answer_start(self, out: Split) -> bool:
-        """A format without a start marker: an answer that begins like a call is held whole."""
+    def _answer_begun(self) -> bool:
+        """A format without a start marker: an answer that begins like a call is held whole, any
+        other is content from here on. False: it has not begun far enough to tell."""
         begun = self._held.lstrip()
         if not begun or (len(begun) < len(PYTHON_TAG) and PYTHON_TAG.startswith(begun)):
-            return False  # not yet known
-        if begun.startswith(("{", PYTHON_TAG)):
-            self._phase = "whole_answer"
-        else:
-            out.content += self._held
-            self._held = ""
-            self._phase = "plain"
-        return False
+            return False
+        self._phase = "whole_answer" if begun.startswith(("{", PYTHON_TAG)) else "plain"
+        return True
 
     def _read(self, body: str, as_written: str, out: Split) -> None:
         calls = self.parser.calls(body, self.tools)
