@@ -5,7 +5,14 @@ so the runner engine may speak them (tests/test_house_rules.py).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
+
+# The tool-call formats a forced call can be written in (runner/models/grammar.py): mlx-lm's
+# `json_tools` (`<tool_call>{...}</tool_call>`), Mistral's `[TOOL_CALLS]` in its v0.3 list form and
+# its newer `name[ARGS]{...}` form, Llama 3's bare `{"name": ..., "parameters": {...}}`.
+ForcedCallFormat = Literal["json_tools", "mistral", "mistral_args", "llama3_json"]
 
 
 class ToolFunction(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -34,6 +41,7 @@ class ToolCallRequired(ConstraintBase, tag="tool_call", frozen=True, kw_only=Tru
     in the tool-call format of the model's chat template."""
 
     names: list[str]
+    format: ForcedCallFormat = "json_tools"  # the model's, as the API read its chat template
 
 
 Constraint = JsonObject | JsonSchema | ToolCallRequired

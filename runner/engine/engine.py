@@ -9,7 +9,6 @@ that could change it is taken on agreed data (the request, the world size, an al
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import mlx.core as mx
 
@@ -47,9 +46,10 @@ from runner.engine.task_run import TaskRun
 from runner.errors import RequestError
 from runner.memory import memory_available_bytes
 from runner.models.chat import encode_chat
-from runner.models.grammar import TOOL_CALL_PARSER, GrammarError, check_grammar, grammar_for
+from runner.models.grammar import GrammarError, check_grammar, grammar_for
 from runner.models.kv_size import kv_bytes_per_token
 from runner.models.shard import model_layers
+from runner.models.tool_formats import special_tokens_of, tool_format_of
 
 __all__ = ["Engine", "GenerationOutcome", "GenerationRequest", "encode_chat"]  # the engine's entry point
 
@@ -90,6 +90,12 @@ class Engine:
         """The rows of the model's logits (None: its config does not say, as no family here does)."""
         size = getattr(getattr(self.shard.model, "args", None), "vocab_size", None)
         return int(size) if isinstance(size, int) else None
+
+    @functools.cached_property
+    def special_tokens(self) -> dict[str, int]:
+        """The tokenizer's special tokens by text: a forced call's markers among them are written as
+        those tokens (`grammar_for`)."""
+        return special_tokens_of(self.tokenizer)
 
     @functools.cached_property
     def priced_keys_per_token(self) -> float | None:
@@ -170,12 +176,17 @@ class Engine:
 
     def _grammar(self, constraint: Constraint, tools: list[ToolFunction]) -> str:
         """The constraint's grammar, checked on every rank (the same verdict everywhere)."""
-        if isinstance(constraint, ToolCallRequired) and _tool_parser_name(self.tokenizer) != TOOL_CALL_PARSER:
-            raise RequestError(
-                f"a forced tool call needs a model whose chat template uses the {TOOL_CALL_PARSER} format"
-            )
+        if isinstance(constraint, ToolCallRequired):
+            # the API chose the format from its own copy of the template; one from elsewhere (the
+            # API could not read the template) must still be the one this model writes
+            own = tool_format_of(getattr(self.tokenizer, "chat_template", None), ())
+            if own is None or own.forced != constraint.format:
+                writes = "no format shoal can force" if own is None or own.forced is None else own.forced
+                raise RequestError(
+                    f"a forced tool call in the {constraint.format} format, but this model's chat template writes {writes}"
+                )
         try:
-            grammar = grammar_for(constraint, tools)
+            grammar = grammar_for(constraint, tools, self.special_tokens)
             check_grammar(grammar)
         except GrammarError as exc:
             raise RequestError(f"cannot constrain the output: {exc}") from exc
@@ -222,9 +233,3 @@ class Engine:
             sink=sink,
             phases=phases,
         )
-
-
-def _tool_parser_name(tokenizer: Any) -> str | None:
-    """mlx-lm's tool-call parser of this tokenizer, by module name (None: its template has no tools)."""
-    parser = getattr(tokenizer, "tool_parser", None)
-    return None if parser is None else parser.__module__.rsplit(".", 1)[-1]

@@ -98,9 +98,13 @@ def write_tokenizer(
     *,
     specials: tuple[str, ...] = SPECIAL_TOKENS,
     chat_template: str = CHAT_TEMPLATE,
+    eos_token: str = EOS_TOKEN,
+    bos_token: str | None = None,
+    pad_token: str = "<|endoftext|>",
 ) -> dict[str, int]:
     """Write tokenizer.json + tokenizer_config.json; return the special token ids. Another model
-    family's tiny model gives its own special tokens (`<think>`, ...) and chat template."""
+    family's tiny model gives its own special tokens (`<think>`, ...), chat template and BOS/EOS
+    (among its specials)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -122,9 +126,9 @@ def write_tokenizer(
     special_ids = {token: int(tokenizer.token_to_id(token) or 0) for token in specials}
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": None,
-        "eos_token": EOS_TOKEN,
-        "pad_token": "<|endoftext|>",
+        "bos_token": bos_token,
+        "eos_token": eos_token,
+        "pad_token": pad_token,
         "unk_token": None,
         "model_max_length": 1_000_000,
         "clean_up_tokenization_spaces": False,

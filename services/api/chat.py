@@ -29,10 +29,11 @@ async def chat_completions(request: Request, ctx: ApiContext) -> Response:
     key, lane = caller_of(request).key_id, ctx.prompt_lanes.grammars
     messages, params = await to_task_off_loop(chat, max_tokens_limit=config.max_tokens_limit, lane=lane, key=key)
     task = await admit(ctx, chat.model, params, key, messages=messages)
-    markers = await ctx.reasoning_markers(chat.model)
+    markers, parser = await ctx.reasoning_markers(chat.model), await ctx.tool_parser(chat.model)
+    max_calls = 1 if chat.parallel_tool_calls is False else None
 
     def answer(outcome: Collected, terminal: TaskCompleted) -> ChatCompletion:
-        split = split_output(output_splitter(task, markers), outcome.text)
+        split = split_output(output_splitter(task, markers, parser, max_calls), outcome.text)
         completion_id = f"chatcmpl-{task.task_id}"
         finish, usage = terminal.finish_reason, terminal.usage
         reasoning = split.reasoning or None
@@ -40,7 +41,7 @@ async def chat_completions(request: Request, ctx: ApiContext) -> Response:
             completion_id, chat.model, split.content, finish, usage, outcome.logprobs, split.calls, reasoning
         )
 
-    shape = _ChatShape(ctx, chat, task, output_splitter(task, markers)) if chat.stream else None
+    shape = _ChatShape(ctx, chat, task, output_splitter(task, markers, parser, max_calls)) if chat.stream else None
     return await respond(ctx, task, request, shape=shape, wants_progress=chat.wants_progress, answer=answer)
 
 

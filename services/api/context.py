@@ -17,8 +17,9 @@ from services.api.auth import ApiAccess
 from services.api.hub import LogHub
 from services.api.metrics import Metrics, metrics_registry
 from services.api.prompt_lanes import PromptLanes
-from services.api.prompts import PromptModel, load_prompt_model
+from services.api.prompts import PromptModel, load_prompt_model, model_tool_parser
 from services.api.reasoning import ReasoningMarkers
+from services.api.tool_parsers import ToolParser
 from services.config import ResolvedConfig
 from services.models import existing_model_dir, served_models
 
@@ -85,6 +86,11 @@ class ApiContext:
         on this machine, so its reasoning stays in its answer)."""
         loaded = await self.prompt_model(model)
         return None if loaded is None else loaded.reasoning
+
+    async def tool_parser(self, model: str) -> ToolParser | None:
+        """The parser of `model`'s tool-call format (None: its template shows none shoal knows,
+        so a call it writes stays in its content); see `prompts.model_tool_format`."""
+        return model_tool_parser(await self.prompt_model(model))
 
     async def preload_prompt_models(self, every_seconds: float = 1.0, longest_wait_seconds: float = 10.0) -> None:
         """Until cancelled: load each served model's tokenizer as soon as its directory exists, so

@@ -28,6 +28,7 @@ from services.api.messages_schemas import (
     chat_messages,
     decode_count_tokens_request,
     decode_messages_request,
+    one_call_at_most,
     to_task,
     tools_and_constraint,
 )
@@ -42,7 +43,8 @@ from services.api.task_stream import (
     read_body,
     run_task,
 )
-from services.api.tool_calls import Split, ToolCallSplitter, split_text
+from services.api.tool_calls import Split, ToolCallSplitter, split_text, task_call_splitter
+from services.api.tool_parsers import ToolParser
 
 MESSAGE_ID_PREFIX = "msg_"  # a message's id is its task's, so /v1/tasks/{id} finds it
 
@@ -56,8 +58,9 @@ async def create_message(request: Request, ctx: ApiContext) -> Response:
     task = await admit(ctx, body.model, params, key, messages=messages)
     message_id = f"{MESSAGE_ID_PREFIX}{task.task_id}"
     headers = {"x-shoal-task-id": str(task.task_id)}
+    parser = await ctx.tool_parser(body.model)
     if body.stream:
-        shape = MessageEvents(message_id, body.model, _tool_call_splitter(task))
+        shape = MessageEvents(message_id, body.model, _tool_call_splitter(task, parser, one_call_at_most(body)))
         return TaskStream(ctx, task, shape, headers, keepalive_seconds(ctx, False), errors=AnthropicStreamErrors())
     outcome = await run_task(ctx, task, request.receive, collect)
     if outcome is None:
@@ -66,7 +69,7 @@ async def create_message(request: Request, ctx: ApiContext) -> Response:
     if not isinstance(terminal, TaskCompleted):
         status, _, _ = failure_status(terminal)
         return anthropic_error_response(status, terminal.error, headers)
-    splitter = _tool_call_splitter(task)
+    splitter = _tool_call_splitter(task, parser, one_call_at_most(body))
     split = Split(content=outcome.text) if splitter is None else split_text(splitter, outcome.text)
     return json_response(message(message_id, body.model, split, terminal), headers=headers)
 
@@ -108,8 +111,9 @@ async def _to_task(
     return await lane.run_sync(key, functools.partial(to_task, body, max_tokens_limit=max_tokens_limit))
 
 
-def _tool_call_splitter(task: TaskCreated) -> ToolCallSplitter | None:
-    """Only a task that offered the model tools has tool calls to look for in its text."""
-    if not task.params.tools:
+def _tool_call_splitter(task: TaskCreated, parser: ToolParser | None, one_call: bool) -> ToolCallSplitter | None:
+    """Only a task that offered the model tools has tool calls to look for in its text (read by
+    the parser of the model's format, when it has one shoal knows)."""
+    if not task.params.tools or parser is None:
         return None
-    return ToolCallSplitter(call_id=lambda n: f"toolu_{task.task_id}_{n}")
+    return task_call_splitter(task, parser, "toolu_", 1 if one_call else None)

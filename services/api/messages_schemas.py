@@ -259,18 +259,19 @@ def tools_and_constraint(request: CountTokensRequest) -> tuple[list[ToolFunction
         for t in request.tools or []
     ]
     choice = request.tool_choice
-    if isinstance(choice, ToolChoiceAuto) and choice.disable_parallel_tool_use and tools:
-        raise RequestProblem(
-            400,
-            "tool_choice auto with disable_parallel_tool_use: shoal cannot hold the model to one call unless it "
-            'forces the call: send tool_choice {"type": "any"} or {"type": "tool", "name": ...} (exactly one '
-            "call, by grammar), or leave disable_parallel_tool_use out",
-            param="tool_choice.disable_parallel_tool_use",
-        )
     try:
         return task_tools_and_constraint(tools, _chat_tool_choice(choice), None)
     except ToolProblem as problem:
         raise RequestProblem(400, str(problem), param=problem.param) from problem
+
+
+def one_call_at_most(request: MessagesRequest) -> bool:
+    """`disable_parallel_tool_use`: a forced call is one call by grammar; with `auto` the model's
+    first call is kept and what it writes after it dropped (`tool_calls.ToolCallSplitter.max_calls`)."""
+    choice = request.tool_choice
+    return isinstance(choice, ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool) and bool(
+        choice.disable_parallel_tool_use
+    )
 
 
 def _chat_tool_choice(choice: MessagesToolChoice | None) -> ToolChoice | None:

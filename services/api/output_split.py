@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from events.catalogue import TaskCreated, ToolCall
 from services.api.reasoning import ReasoningMarkers, ReasoningSplit, ReasoningSplitter
-from services.api.tool_calls import Split, ToolCallSplitter
+from services.api.tool_calls import Split, ToolCallSplitter, task_call_splitter
+from services.api.tool_parsers import ToolParser
 
 
 @dataclass(slots=True)
@@ -44,14 +45,19 @@ class OutputSplitter:
         split = self.tools.feed(thought.content)
         if finish:
             tail = self.tools.finish()
-            split = Split(content=split.content + tail.content, calls=split.calls)
+            split = Split(content=split.content + tail.content, calls=split.calls + tail.calls)
         return OutputPiece(reasoning=thought.reasoning, content=split.content, calls=split.calls)
 
 
-def output_splitter(task: TaskCreated, markers: ReasoningMarkers | None) -> OutputSplitter:
+def output_splitter(
+    task: TaskCreated,
+    markers: ReasoningMarkers | None,
+    parser: ToolParser | None,
+    max_calls: int | None = None,
+) -> OutputSplitter:
     """The splitter of `task`'s output: reasoning when the model thinks between `markers`, tool
-    calls only when the task offered the model tools."""
-    tools = None if not task.params.tools else ToolCallSplitter(call_id=lambda n: f"call_{task.task_id}_{n}")
+    calls (read by `parser`, at most `max_calls`) only when the task offered the model tools."""
+    tools = None if not task.params.tools or parser is None else task_call_splitter(task, parser, "call_", max_calls)
     return OutputSplitter(reasoning=None if markers is None else ReasoningSplitter(markers), tools=tools)
 
 

@@ -14,16 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from jinja2.exceptions import TemplateError
 from loguru import logger
 
 from events.catalogue import ChatMessage, RawPrompt
-from events.constraints import ToolFunction
+from events.constraints import ToolCallRequired, ToolFunction
 from runner.errors import ModelDirError
 from runner.models.chat import encode_task_prompt
 from runner.models.model_info import read_model_info
+from runner.models.tool_formats import JSON_TOOLS, ToolFormat, tool_format_of
 from services.api.reasoning import ReasoningMarkers, has_thinking_switch, markers_of
 from services.api.schemas import RequestProblem
+from services.api.tool_parsers import ToolParser, tool_parser
 
 CHARS_PER_TOKEN = 4  # the estimate where no tokenizer is at hand
 
@@ -34,6 +37,8 @@ class PromptModel:
     context_length: int | None
     reasoning: ReasoningMarkers | None = None  # a thinking model's markers: its reasoning is split from its answer
     thinking_switch: bool = False  # its chat template reads `enable_thinking`
+    tool_format: ToolFormat | None = None  # the tool-call format its chat template writes (None: none known)
+    tool_parser: ToolParser | None = None  # that format's parser
 
 
 def load_prompt_model(model_dir: Path) -> PromptModel | None:
@@ -48,12 +53,43 @@ def load_prompt_model(model_dir: Path) -> PromptModel | None:
     except (ModelDirError, OSError, ValueError) as exc:
         logger.warning("cannot check prompts against {}: {}", model_dir, exc)
         return None
+    tools = tool_format_of(getattr(tokenizer, "chat_template", None), tokenizer.get_vocab())
     return PromptModel(
         tokenizer=tokenizer,
         context_length=info.context_length,
         reasoning=markers_of(tokenizer),
         thinking_switch=has_thinking_switch(tokenizer),
+        tool_format=tools,
+        tool_parser=None if tools is None else tool_parser(tools),
     )
+
+
+def model_tool_format(model: PromptModel | None) -> ToolFormat | None:
+    """The format a model's calls are read and forced in. One whose template this API cannot read
+    (its directory is on another machine) is taken to write `json_tools`, the tiny model's and
+    Hermes/Qwen 2.5's; a runner whose template says otherwise refuses a forced call (engine.py)."""
+    return JSON_TOOLS if model is None else model.tool_format
+
+
+def model_tool_parser(model: PromptModel | None) -> ToolParser | None:
+    if model is None:
+        return tool_parser(JSON_TOOLS)
+    return model.tool_parser
+
+
+def with_forced_format(model: PromptModel | None, constraint: ToolCallRequired) -> ToolCallRequired:
+    """A forced call in the model's own format; a format shoal has no grammar for is a 400."""
+    form = model_tool_format(model)
+    if form is None or form.forced is None:
+        writes = "no tool-call format shoal knows" if form is None else f"the {form.parser} format"
+        raise RequestProblem(
+            400,
+            f"this model's chat template writes {writes}, which shoal cannot force by grammar: "
+            'use tool_choice "auto" (its calls are still read), or a model in the json_tools, Mistral or Llama 3 format',
+            param="tool_choice",
+            code="unsupported_parameter",
+        )
+    return msgspec.structs.replace(constraint, format=form.forced)
 
 
 def prompt_tokens(

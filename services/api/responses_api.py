@@ -43,14 +43,20 @@ async def create_response(request: Request, ctx: ApiContext) -> HttpResponse:
     prompt_model = await ctx.prompt_model(body.model)
     markers = None if prompt_model is None else prompt_model.reasoning
     count = token_counter(prompt_model)
+    parser = await ctx.tool_parser(body.model)
+    max_calls = 1 if chat.parallel_tool_calls is False else None
 
     def answer(outcome: Collected, terminal: TaskCompleted) -> Response:
         builder = ResponseBuilder(start)
-        feed(builder, split_output(output_splitter(task, markers), outcome.text))
+        feed(builder, split_output(output_splitter(task, markers, parser, max_calls), outcome.text))
         _, final = builder.finished(terminal.finish_reason, terminal.usage, count(builder.reasoning_text))
         return final
 
-    shape = ResponsesShape(ResponseBuilder(start), output_splitter(task, markers), count) if body.stream else None
+    shape = (
+        ResponsesShape(ResponseBuilder(start), output_splitter(task, markers, parser, max_calls), count)
+        if body.stream
+        else None
+    )
     return await respond(ctx, task, request, shape=shape, wants_progress=False, answer=answer)
 
 
@@ -114,7 +120,7 @@ def in_progress(body: ResponsesRequest, task: TaskCreated) -> Response:
         top_p=params.top_p,
         tools=list(body.tools or []),
         tool_choice=body.tool_choice or ("auto" if body.tools else "none"),
-        parallel_tool_calls=True,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
         text=body.text or TextConfig(format=PlainText()),
         store=False,
         metadata=dict(body.metadata or {}),

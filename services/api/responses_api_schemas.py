@@ -9,6 +9,10 @@ shoal keeps no server-side conversation state: a client sends the whole conversa
 retrieved later), and input items that point at stored state (`item_reference`) are refused.
 Reasoning items a client replays are accepted and left out of the prompt: chat templates drop a
 past turn's reasoning themselves (Qwen3's does), and shoal has nothing else to do with them.
+
+What Codex CLI sends besides is taken where it can take effect: `parallel_tool_calls: false` holds
+the answer to one call, `reasoning.summary` is accepted (no summary is written: the reasoning item
+carries the reasoning itself), and `include` entries are accepted or refused as `IncludeEntry` says.
 """
 
 from __future__ import annotations
@@ -53,9 +57,7 @@ NO_STATE = (
 # leaving them out (JSON null always means left out); anything else is a 400 naming the parameter.
 UNSUPPORTED_RESPONSES_PARAMS: Mapping[str, tuple[object, ...]] = {
     "background": (False,),
-    "include": ([],),
     "max_tool_calls": (),
-    "parallel_tool_calls": (True,),  # a model may call several tools at once; shoal cannot stop it at one
     "prompt": (),
     "service_tier": ("auto", "default"),
     "top_logprobs": (0,),
@@ -148,7 +150,33 @@ class TextConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 class ReasoningConfig(msgspec.Struct, frozen=True, kw_only=True):
     effort: ReasoningEffort | None = None  # as chat's reasoning_effort: a thinking model's switch
-    summary: None = None  # shoal writes no summaries: the reasoning item carries the reasoning itself
+    # shoal writes no summaries (it has no model to write them with): the reasoning item carries
+    # the reasoning itself (`reasoning_text`) and an empty `summary`, whichever is asked for
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None  # its older name
+
+
+# What `include` may ask for. "reasoning.encrypted_content" asks for reasoning a stateless server
+# can be given back in the next request: shoal needs none back (chat templates drop a past turn's
+# reasoning, and replayed reasoning items are accepted and left out), so there is nothing to
+# encrypt and the item goes without it. The others name outputs of built-in tools and images, which
+# shoal never produces (it refuses such tools and inputs), so there is nothing to add.
+# "message.output_text.logprobs" is refused (`INCLUDE_REFUSED`): ignoring it would silently drop
+# what the client asked for.
+IncludeEntry = Literal[
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+    "web_search_call.action.sources",
+    "web_search_call.results",
+    "code_interpreter_call.outputs",
+    "computer_call_output.output.image_url",
+    "file_search_call.results",
+    "message.input_image.image_url",
+]
+INCLUDE_REFUSED: Mapping[str, str] = {
+    "message.output_text.logprobs": "shoal's Responses route returns no logprobs: ask /v1/chat/completions "
+    "with logprobs=true for them, or leave this entry out",
+}
 
 
 class ResponsesRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -164,6 +192,8 @@ class ResponsesRequest(msgspec.Struct, frozen=True, kw_only=True):
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
     store: Literal[False] | None = None  # nothing is kept: `true` is refused (see the module's doc)
+    parallel_tool_calls: bool | None = None  # false: at most one call (the splitter keeps the first)
+    include: list[IncludeEntry] | None = None  # see `IncludeEntry`
     metadata: Annotated[dict[str, str], msgspec.Meta(max_length=16)] | None = None  # echoed back
     user: str | None = None
     safety_identifier: str | None = None
@@ -197,6 +227,14 @@ def decode_responses_request(body: bytes) -> ResponsesRequest:
         request = decode_body(body, _decoder, UNSUPPORTED_RESPONSES_PARAMS)
     except RequestProblem as problem:
         raise _with_hint(problem) from problem
+    for index, entry in enumerate(request.include or []):
+        if entry in INCLUDE_REFUSED:
+            raise RequestProblem(
+                400,
+                f"include entry {entry!r} is not supported: {INCLUDE_REFUSED[entry]}",
+                param=f"include[{index}]",
+                code="unsupported_parameter",
+            )
     for name in STATEFUL_PARAMS:
         if getattr(request, name) is not None:
             raise RequestProblem(
@@ -233,6 +271,7 @@ def to_chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
         user=request.user,
         tools=[_chat_tool(t) for t in request.tools] if request.tools else None,
         tool_choice=_chat_tool_choice(request.tool_choice),
+        parallel_tool_calls=request.parallel_tool_calls,
         response_format=_response_format(request.text),
         reasoning_effort=None if request.reasoning is None else request.reasoning.effort,
     )

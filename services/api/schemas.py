@@ -153,6 +153,7 @@ class ChatCompletionRequest(SamplingRequest, frozen=True, kw_only=True):
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None  # none given: "auto" with tools, "none" without
+    parallel_tool_calls: bool | None = None  # false: at most one call (`tool_calls.ToolCallSplitter.max_calls`)
     response_format: ResponseFormat | None = None
     reasoning_effort: ReasoningEffort | None = None  # a thinking switch: see `thinking_switch_of`
 

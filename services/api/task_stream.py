@@ -32,6 +32,7 @@ from events.catalogue import (
     TaskFailed,
     TaskParams,
 )
+from events.constraints import ToolCallRequired
 from events.ids import KeyId, new_task_id
 from events.logprobs import TokenLogprob
 from events.vocabulary import CancelReason
@@ -43,7 +44,13 @@ from services.api.errors import (
     log_refused,
 )
 from services.api.hub import TaskEvents
-from services.api.prompts import check_logit_bias, check_prompt_size, check_thinking_switch, stop_tokens
+from services.api.prompts import (
+    check_logit_bias,
+    check_prompt_size,
+    check_thinking_switch,
+    stop_tokens,
+    with_forced_format,
+)
 from services.api.responses import json_response
 from services.api.schemas import RequestProblem
 from services.api.stream_errors import OpenAIStreamErrors, StreamErrors, internal_problem
@@ -88,6 +95,8 @@ async def admit(
     if params.enable_thinking is not None:
         check_thinking_switch(model)
     check_prompt_size(model, size, param)
+    if isinstance(params.constraint, ToolCallRequired):
+        params = msgspec.structs.replace(params, constraint=with_forced_format(model, params.constraint))
     size += stop_tokens(model, params.stop)
     if size > config.max_prompt_tokens:
         raise RequestProblem(

@@ -18,7 +18,7 @@ def register(subparsers: Any) -> None:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument(
         "--family",
-        choices=["qwen3", "qwen3-thinking"],
+        choices=["qwen3", "qwen3-thinking", "llama3", "mistral"],
         help="a model family's special tokens and chat template (runner/models/tiny_families.py); default: the tiny model's own",
     )
     tiny.set_defaults(handler=make_tiny_command)

@@ -166,9 +166,6 @@ def anthropic_hostile_requests(model: str) -> dict[str, dict[str, Any]]:
         "server tool": {"json": {**ok, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}},
         "tool_choice names no tool": {"json": {**ok, "tools": [tool], "tool_choice": {"type": "tool", "name": "x"}}},
         "tool_choice any without tools": {"json": {**ok, "tool_choice": {"type": "any"}}},
-        "auto with one call at most": {
-            "json": {**ok, "tools": [tool], "tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}
-        },
         "schema the grammar refuses": {
             "json": {
                 **ok,

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import jsonschema
 import pytest
 
-from events.constraints import JsonSchema, ToolCallRequired, ToolFunction
+from events.constraints import ForcedCallFormat, JsonSchema, ToolCallRequired, ToolFunction
 from events.runner_settings import RunnerSettings
 from runner.engine.engine import Engine
 from runner.engine.protocols import RunnerSink
@@ -21,7 +21,11 @@ from runner.errors import RequestError
 from runner.local.testing.tools import RecordingSink
 from runner.models.chat import encode_chat
 from runner.models.tiny import cached_tiny
+from runner.models.tiny_families import Family, make_tiny_family
+from runner.models.tool_formats import tool_format_of
 from runner.shard_loading import load_shard
+from services.api.tool_calls import ToolCallSplitter, split_text
+from services.api.tool_parsers import tool_parser
 from tests.runner.harness import served_alone
 
 SCHEMA = {
@@ -88,3 +92,33 @@ def test_a_schema_llguidance_refuses_is_a_request_error_on_every_rank(engine: En
     prompt = encode_chat(engine.tokenizer, [{"role": "user", "content": "hello"}])
     with pytest.raises(RequestError, match="cannot constrain the output"):
         engine.validate(GenerationRequest(task_id="t", prompt_token_ids=prompt, max_tokens=4, constraint=bad))
+
+
+def test_a_forced_call_in_a_format_the_template_does_not_write_is_a_request_error(engine: Engine) -> None:
+    """The tiny model's template writes `json_tools`: a forced call the API asked in Mistral's
+    format (it read another template) is refused on every rank, never written in a format the
+    API would then read wrong."""
+    tool = ToolFunction(name="pick", parameters=json.dumps(SCHEMA))
+    prompt = encode_chat(engine.tokenizer, [{"role": "user", "content": "hello"}])
+    forced = ToolCallRequired(names=["pick"], format="mistral")
+    asked = GenerationRequest(task_id="t", prompt_token_ids=prompt, max_tokens=4, constraint=forced, tools=[tool])
+    with pytest.raises(RequestError, match="in the mistral format, but this model's chat template writes json_tools"):
+        engine.validate(asked)
+
+
+@pytest.mark.parametrize(("family", "form"), [("llama3", "llama3_json"), ("mistral", "mistral")])
+def test_a_forced_call_is_written_in_the_families_format_and_read_back(
+    tmp_path_factory: pytest.TempPathFactory, family: Family, form: ForcedCallFormat
+) -> None:
+    """The random model of a family, held by the grammar, writes one call its format's parser reads."""
+    directory = make_tiny_family(tmp_path_factory.mktemp(family), family)
+    placement = ShardPlacement(rank=0, world=1, layer_ranges=((0, 8),))
+    family_engine = Engine(None, load_shard(directory, placement, None), RunnerSettings())
+    tool = ToolFunction(name="pick", parameters=json.dumps(SCHEMA))
+    call = _generate(family_engine, 96, constraint=ToolCallRequired(names=["pick"], format=form), tools=[tool])
+    assert call.finish_reason == "stop", call.text
+    found = tool_format_of(family_engine.tokenizer.chat_template, ())
+    assert found is not None
+    split = split_text(ToolCallSplitter(parser=tool_parser(found), call_id=str), call.text)
+    assert split.content == "" and [c.name for c in split.calls] == ["pick"]
+    jsonschema.validate(json.loads(split.calls[0].arguments), SCHEMA)

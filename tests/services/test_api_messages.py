@@ -12,6 +12,7 @@ import pytest
 from events.catalogue import ChatMessage, ChunkGenerated, PrefillStarted, TaskCompleted, TaskFailed, ToolCall, Usage
 from events.constraints import ToolCallRequired
 from events.ids import TaskId
+from runner.models.tool_formats import JSON_TOOLS
 from services.api.anthropic_errors import anthropic_error_for, problem_message
 from services.api.messages_format import MessageEvents, error_kind, message, stop_reason
 from services.api.messages_schemas import (
@@ -24,6 +25,7 @@ from services.api.messages_schemas import (
 )
 from services.api.schemas import RequestProblem
 from services.api.tool_calls import ToolCallSplitter, split_text
+from services.api.tool_parsers import tool_parser
 from tests.events.builders import Events
 
 ev = Events()
@@ -130,11 +132,6 @@ def test_sampling_stops_and_tool_choices_become_task_params() -> None:
         ({"max_tokens": 101}, "max_tokens", "limit of 100"),
         ({"tool_choice": {"type": "any"}}, "tool_choice", "has no tools"),
         ({"tools": [TOOL], "tool_choice": {"type": "tool", "name": "x"}}, "tool_choice", "'x'"),
-        (
-            {"tools": [TOOL], "tool_choice": {"type": "auto", "disable_parallel_tool_use": True}},
-            "tool_choice.disable_parallel_tool_use",
-            "cannot hold the model to one call",
-        ),
         (
             {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
             "messages[1]",
@@ -263,7 +260,9 @@ def test_a_text_stream_is_one_text_block_between_message_start_and_message_stop(
 
 
 def test_a_tool_call_in_the_stream_is_its_own_block_with_its_input_as_one_json_delta() -> None:
-    shape = MessageEvents("msg_t1", "tiny", ToolCallSplitter(call_id=lambda n: f"toolu_t1_{n}"))
+    shape = MessageEvents(
+        "msg_t1", "tiny", ToolCallSplitter(parser=tool_parser(JSON_TOOLS), call_id=lambda n: f"toolu_t1_{n}")
+    )
     text = 'Let me see. <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
     stream = [
         *shape.chunks(_prefill_started()),
@@ -283,7 +282,7 @@ def test_a_tool_call_in_the_stream_is_its_own_block_with_its_input_as_one_json_d
     assert [p["index"] for n, p in events if n == "content_block_stop"] == [0, 1]
     assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
 
-    splitter = ToolCallSplitter(call_id=lambda n: f"toolu_t1_{n}")
+    splitter = ToolCallSplitter(parser=tool_parser(JSON_TOOLS), call_id=lambda n: f"toolu_t1_{n}")
     whole = message("msg_t1", "tiny", split_text(splitter, text), _completed("stop"))
     body = msgspec.to_builtins(whole)
     assert body["content"] == [

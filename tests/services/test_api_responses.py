@@ -63,6 +63,33 @@ def test_message_items_and_a_tool_round_trip_become_chat_messages() -> None:
     assert [t.name for t in params.tools] == ["get_weather"]
 
 
+def test_what_codex_cli_sends_is_accepted() -> None:
+    """Codex CLI's request: stateless, one call at a time, reasoning asked with a summary and its
+    encrypted content, a past turn's reasoning, call and result replayed."""
+    codex = {
+        "instructions": "You are a coding agent.",
+        "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list files"}]},
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": None},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city":"Oslo"}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "rain"},
+        ],
+        "tools": [{**WEATHER, "strict": False}],
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "reasoning": {"effort": "medium", "summary": "auto"},
+        "store": False,
+        "stream": True,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "session-1",
+    }
+    messages, params = _task(**codex)
+    assert [m.role for m in messages] == ["system", "user", "assistant", "tool"]
+    chat = to_chat_request(decode_responses_request(msgspec.json.encode({"model": "tiny", **codex})))
+    assert chat.parallel_tool_calls is False  # the splitter keeps one call (`max_calls`)
+    assert params.enable_thinking is True and [t.name for t in params.tools] == ["get_weather"]
+
+
 def test_reasoning_effort_is_the_templates_thinking_switch() -> None:
     assert _task()[1].enable_thinking is None
     assert _task(reasoning={"effort": "none"})[1].enable_thinking is False
@@ -86,10 +113,11 @@ def test_tool_choice_and_text_format_become_the_chat_constraints() -> None:
         ({"conversation": "conv_1"}, "conversation", "no server-side conversation state"),
         ({"store": True}, "store", "no server-side conversation state"),
         ({"background": True}, "background", "does not implement `background`"),
-        ({"reasoning": {"summary": "auto"}}, "reasoning.summary", "Expected `null`"),
+        ({"reasoning": {"summary": "verbose"}}, "reasoning.summary", "Invalid enum value"),
         ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", "Invalid enum value"),
-        ({"include": ["reasoning.encrypted_content"]}, "include", "does not implement `include`"),
-        ({"parallel_tool_calls": False}, "parallel_tool_calls", "parallel_tool_calls"),
+        ({"include": ["reasoning.encrypted_content", "message.output_text.logprobs"]}, "include[1]", "returns no logprobs"),
+        ({"include": ["everything"]}, "include[0]", "Invalid enum value"),
+        ({"parallel_tool_calls": "no"}, "parallel_tool_calls", "Expected `bool"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type", "no built-in tools"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].type", "input_text"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", "keeps no items"),

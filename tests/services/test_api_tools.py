@@ -12,9 +12,11 @@ import pytest
 from events.constraints import JsonObject, JsonSchema, ToolCallRequired
 from events.ids import KeyId
 from runner.local.testing.tools import slow_json_schema
+from runner.models.tool_formats import JSON_TOOLS
 from services.api.prompt_lanes import PromptLanes
 from services.api.schemas import RequestProblem, decode_chat_request, to_task, to_task_off_loop
 from services.api.tool_calls import ToolCallSplitter, split_text
+from services.api.tool_parsers import tool_parser
 
 WEATHER = {
     "type": "function",
@@ -97,7 +99,7 @@ def test_assistant_tool_calls_need_json_arguments() -> None:
 
 
 def _splitter() -> ToolCallSplitter:
-    return ToolCallSplitter(call_id=lambda n: f"call_{n}")
+    return ToolCallSplitter(parser=tool_parser(JSON_TOOLS), call_id=lambda n: f"call_{n}")
 
 
 def test_calls_split_from_content_whatever_the_pieces() -> None:
