@@ -217,6 +217,17 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
         int, Meta(ge=1, description="tasks of one model waiting or running at once; beyond it the API answers 429")
     ] = 64
     max_queued_tasks_per_key: Annotated[int, Meta(ge=0, description=_KEY_SHARE)] = 0
+    max_choices: Annotated[
+        int,
+        Meta(
+            ge=1,
+            le=128,  # OpenAI's own bound on `n`
+            description=(
+                "the most completions (`n`) one chat or text completion request may ask for; each is a row of "
+                "the batch and counts as a task in the queue limits, so at most max_batch and max_queued_tasks"
+            ),
+        ),
+    ] = 8
     request_timeout_seconds: Annotated[
         float,
         _SECONDS_OR_ZERO,
@@ -348,6 +359,8 @@ def _refuse_nonsense(config: ShoalConfig, sources: Mapping[str, str]) -> None:
             raise ConfigError(
                 key, getattr(config, key), sources[key], f"set together with {pair} (a certificate and its key)"
             )
+    for limit in ("max_batch", "max_queued_tasks"):  # a request of max_choices must fit both
+        _at_most(config, sources, "max_choices", limit, "a request asking for that many completions could never run")
     why = "a node would time out between two of its heartbeats"
     _below(config, sources, "heartbeat_interval_seconds", "node_timeout_seconds", why)
     why = "a stuck task would be failed before a heartbeat carries the stuck rank's stack"
@@ -364,6 +377,16 @@ def _below(config: ShoalConfig, sources: Mapping[str, str], key: str, limit: str
     if sources[key] == "default" and sources[limit] != "default":
         raise ConfigError(limit, bound, sources[limit], f"more than {key}={value!r} (from {sources[key]}): {why}")
     raise ConfigError(key, value, sources[key], f"less than {limit}={bound!r} (from {sources[limit]}): {why}")
+
+
+def _at_most(config: ShoalConfig, sources: Mapping[str, str], key: str, limit: str, why: str) -> None:
+    """Refuse `key > limit`, blaming the one of the two that was set (`key` when both or neither were)."""
+    value, bound = getattr(config, key), getattr(config, limit)
+    if value <= bound:
+        return
+    if sources[key] == "default" and sources[limit] != "default":
+        raise ConfigError(limit, bound, sources[limit], f"less than {key}={value!r} (from {sources[key]}): {why}")
+    raise ConfigError(key, value, sources[key], f"more than {limit}={bound!r} (from {sources[limit]}): {why}")
 
 
 def _closest(name: str) -> str | None:
