@@ -31,7 +31,8 @@ MAX_CHOICES = 4  # the cluster's max_choices
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    running = Cluster(tmp_path_factory.mktemp("cluster"), workers=2, **E2E_SETTINGS, max_choices=str(MAX_CHOICES))
+    settings = {**E2E_SETTINGS, "max_choices": str(MAX_CHOICES)}
+    running = Cluster(tmp_path_factory.mktemp("cluster"), workers=2, env=None, **settings)
     try:
         yield running.wait_ready()
     finally:
