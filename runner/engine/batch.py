@@ -436,9 +436,8 @@ class ContinuousBatch:
         )
         iterations = len(rank_schedule(engine.rank, world, len(chunks), path))
         run = engine.task_run(request.task_id, admission.cancel, admission.sink, self.phases)
-        if (
-            request.n > 1 and (error := hands_prompt(run.caches.slots)) is not None
-        ):  # every layer's kind: alike on every rank
+        # every layer's cache kind (not only this rank's): the same verdict on every rank
+        if request.n > 1 and (error := hands_prompt(run.caches.slots)) is not None:
             return Ended(admission.task_id, None, error, invalid_request=True)
         if match is not None and cached:
             run.caches.replace_owned(prefix_caches(match.value, cached))

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runner.engine.batch_plan import AgreedStep, Composition, next_composition
-from runner.engine.choices import admission_width, choice_rows, choice_seed, row_id, task_of
+from runner.engine.choices import admission_width, choice_rows, choice_seed, hands_prompt, row_id, task_of
 from services.api.schemas import SEED_MAX
 
 
@@ -59,3 +59,11 @@ def test_a_wide_task_joins_whole_in_log_order_and_is_not_passed() -> None:
     assert newcomers == ("wide", "n1")
     assert composition.prefilling == ("wide", "wide#1", "wide#2", "n1")
     assert composition.admitted == current.admitted + 2  # assignments, not rows
+
+
+def test_only_plain_or_quantized_kv_can_be_handed_to_the_other_choices() -> None:
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
+
+    assert hands_prompt([KVCache(), QuantizedKVCache(), KVCache()]) is None
+    refused = hands_prompt([KVCache(), RotatingKVCache(max_size=8)])
+    assert refused is not None and "RotatingKVCache" in refused and refused.startswith("n > 1")
