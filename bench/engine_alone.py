@@ -35,7 +35,13 @@ class TextTimes(NullSink):
         self.count = 0
 
     def tokens(
-        self, task_id: str, index: int, text: str, token_ids: list[int], logprobs: list[TokenLogprob] | None = None
+        self,
+        task_id: str,
+        index: int,
+        text: str,
+        token_ids: list[int],
+        logprobs: list[TokenLogprob] | None = None,
+        choice: int = 0,
     ) -> None:
         self.count += len(token_ids)
         if text:

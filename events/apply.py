@@ -217,6 +217,8 @@ def progress_update(task: TaskInfo, event: PrefillProgress) -> TaskInfo:
 
 
 def chunk_update(task: TaskInfo, event: ChunkGenerated) -> TaskInfo:
+    """Tokens count every choice's (`TaskParams.n`); the text is choice 0's: the others' would
+    interleave with it, chunk by chunk."""
     at = event.env.wall_time
     return replace(
         task,
@@ -224,7 +226,7 @@ def chunk_update(task: TaskInfo, event: ChunkGenerated) -> TaskInfo:
         first_token_at=task.first_token_at or at,
         completion_tokens=task.completion_tokens + len(event.token_ids),
         chunks=task.chunks + 1,
-        text=task.text + event.text,
+        text=task.text + event.text if event.choice == 0 else task.text,
         last_activity_at=at,
     )
 

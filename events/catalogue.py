@@ -112,6 +112,10 @@ class TaskParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # A thinking model's switch, passed to its chat template as `enable_thinking` (Qwen3's); None:
     # not passed, the template's own default. The API sets it only for a template that reads it.
     enable_thinking: bool | None = None
+    # OpenAI's `n`: how many completions (choices) of the one prompt. Each is a row of the
+    # instance's batch with its own seed stream (`runner.engine.choices`); the prompt is prefilled
+    # once and its KV handed to every row. The API bounds it (`max_choices`).
+    n: int = 1
 
 
 # A raw prompt (`/v1/completions`): text, encoded as the tokenizer does without a chat template, or
@@ -298,10 +302,11 @@ class PrefillProgress(Event, tag="prefill_progress", frozen=True, kw_only=True):
 
 class ChunkGenerated(Event, tag="chunk_generated", frozen=True, kw_only=True):
     task_id: TaskIdField
-    index: int  # index of the first token of this chunk in the completion
+    index: int  # index of the first token of this chunk in its choice's completion
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the task asked for them
+    choice: int = 0  # which of the task's `n` completions it belongs to (`TaskParams.n`)
 
 
 class TaskCancelled(Event, tag="task_cancelled", frozen=True, kw_only=True):
@@ -309,11 +314,23 @@ class TaskCancelled(Event, tag="task_cancelled", frozen=True, kw_only=True):
     reason: CancelReason
 
 
+class ChoiceEnd(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """How one of a task's `n` completions ended (`TaskCompleted.choices`)."""
+
+    index: int
+    finish_reason: FinishReason
+    completion_tokens: int
+    stop_sequence: str | None = None
+
+
 class TaskCompleted(Event, tag="task_completed", frozen=True, kw_only=True):
     task_id: TaskIdField
-    finish_reason: FinishReason
-    usage: Usage = msgspec.field(default_factory=Usage)
+    finish_reason: FinishReason  # choice 0's, when the task has several
+    usage: Usage = msgspec.field(default_factory=Usage)  # completion_tokens: all choices' together
     stop_sequence: str | None = None  # the request's stop string that ended it ("stop"), if one did
+    # A task of `n` > 1 completions: one per choice, by index (choice 0's repeats the fields above);
+    # empty for one completion.
+    choices: list[ChoiceEnd] = msgspec.field(default_factory=list)
 
 
 class TaskFailed(Event, tag="task_failed", frozen=True, kw_only=True):

@@ -78,6 +78,9 @@ SECRET = Meta(extra={"secret": True})  # never shown: `shoal config show` and /v
 _KEY_SHARE = "one key's share of max_queued_tasks, then 429; 0 = all but a quarter kept for other keys (no keys: all)"
 
 
+DEFAULT_MAX_CHOICES = 8
+
+
 class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Every setting of shoal: its constraint and meaning in its type, then its default."""
 
@@ -217,6 +220,18 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
         int, Meta(ge=1, description="tasks of one model waiting or running at once; beyond it the API answers 429")
     ] = 64
     max_queued_tasks_per_key: Annotated[int, Meta(ge=0, description=_KEY_SHARE)] = 0
+    max_choices: Annotated[
+        int,
+        Meta(
+            ge=1,
+            le=128,  # OpenAI's own bound on `n`
+            description=(
+                "the most completions (`n`) one chat or text completion request may ask for; each is a row of "
+                "the batch and counts as a task in the queue limits, so at most max_batch and max_queued_tasks "
+                "(left unset: 8, or the less of those)"
+            ),
+        ),
+    ] = DEFAULT_MAX_CHOICES
     request_timeout_seconds: Annotated[
         float,
         _SECONDS_OR_ZERO,
@@ -348,6 +363,8 @@ def _refuse_nonsense(config: ShoalConfig, sources: Mapping[str, str]) -> None:
             raise ConfigError(
                 key, getattr(config, key), sources[key], f"set together with {pair} (a certificate and its key)"
             )
+    for limit in ("max_batch", "max_queued_tasks"):  # a request of max_choices must fit both
+        _at_most(config, sources, "max_choices", limit, "a request asking for that many completions could never run")
     why = "a node would time out between two of its heartbeats"
     _below(config, sources, "heartbeat_interval_seconds", "node_timeout_seconds", why)
     why = "a stuck task would be failed before a heartbeat carries the stuck rank's stack"
@@ -364,6 +381,22 @@ def _below(config: ShoalConfig, sources: Mapping[str, str], key: str, limit: str
     if sources[key] == "default" and sources[limit] != "default":
         raise ConfigError(limit, bound, sources[limit], f"more than {key}={value!r} (from {sources[key]}): {why}")
     raise ConfigError(key, value, sources[key], f"less than {limit}={bound!r} (from {sources[limit]}): {why}")
+
+
+def _fitted_defaults(config: ShoalConfig, sources: Mapping[str, str]) -> ShoalConfig:
+    """Defaults that follow what was set: `max_choices` left unset is at most `max_batch` and
+    `max_queued_tasks` (a batch of 4 takes requests of up to 4 completions); set, it is checked."""
+    if sources["max_choices"] != "default":
+        return config
+    fitted = min(DEFAULT_MAX_CHOICES, config.max_batch, config.max_queued_tasks)
+    return msgspec.structs.replace(config, max_choices=fitted)
+
+
+def _at_most(config: ShoalConfig, sources: Mapping[str, str], key: str, limit: str, why: str) -> None:
+    """Refuse `key > limit`, blaming `key` (a default that would pass `limit` follows it: `_fitted_defaults`)."""
+    value, bound = getattr(config, key), getattr(config, limit)
+    if value > bound:
+        raise ConfigError(key, value, sources[key], f"more than {limit}={bound!r} (from {sources[limit]}): {why}")
 
 
 def _closest(name: str) -> str | None:
@@ -411,7 +444,7 @@ def resolve_config(
         if key not in KEYS:
             raise _unknown_key_error(key, value, flag)
         values[key], sources[key] = FIELDS.checked(key, value, flag), flag
-    config = msgspec.structs.replace(DEFAULTS, **values)
+    config = _fitted_defaults(msgspec.structs.replace(DEFAULTS, **values), sources)
     _refuse_nonsense(config, sources)
     return ResolvedConfig(config=config, sources=sources, yaml_path=str(path) if path else None)
 

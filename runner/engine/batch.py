@@ -21,6 +21,8 @@ sampler, stop rules, logprobs and grammar are its own; a cancelled, finished or 
 touching the others' rows.
 A decoding row that leaves is copied into the rank's prefix cache (`prefix_cache`), and a newcomer
 starts from the prefix every rank agreed it can reuse (the step's all-reduce carries the proposals).
+A task of several completions (`n`) is admitted as that many rows, which share one prefill of its
+prompt (`choices.py`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
+import msgspec
 
 from runner.engine.batch_cache import BatchShardCache, join_room, prefix_caches
 from runner.engine.batch_chunks import PipelinedChunks
@@ -42,7 +45,17 @@ from runner.engine.batch_plan import (
     next_composition,
 )
 from runner.engine.batch_rows import RowDecoder
-from runner.engine.batch_streams import UNRUNNABLE_ELSEWHERE, Admission, Ended, StepResult, Stream, reservations
+from runner.engine.batch_streams import (
+    UNRUNNABLE_ELSEWHERE,
+    Admission,
+    Ended,
+    StepResult,
+    Stream,
+    merged,
+    reservations,
+    widths_of,
+)
+from runner.engine.choices import WAITING_FOR_LEADER, ChoiceSink, choice_seed, hands_prompt, task_of
 from runner.engine.decode import Emitter
 from runner.engine.engine import Engine
 from runner.engine.kv_budget import batch_need, too_large
@@ -52,7 +65,7 @@ from runner.engine.pace import StepPace, chunk_room
 from runner.engine.plan import effective_step, newcomer_prefill, prefill_cost, rank_schedule
 from runner.engine.prefill import run_pipeline_prefill
 from runner.engine.prefix_cache import PrefixIndex
-from runner.engine.preparation import Newcomers, PrepareInline
+from runner.engine.preparation import Newcomers, Prepared, PrepareInline
 from runner.engine.protocols import PhaseTracker, Preparer
 from runner.engine.shared_cores import SharedCores
 
@@ -98,6 +111,7 @@ class ContinuousBatch:
         bound = engine.settings.prefix_cache_bytes if prefix_cache_bytes is None else prefix_cache_bytes
         self.prefixes: PrefixIndex[list[Any]] = PrefixIndex(bound)
         self.newcomers = Newcomers(self.prefixes, preparer or PrepareInline(engine.prepare))
+        self.choices_ended: dict[str, dict[int, Ended]] = {}  # a task of several choices: its rows gone so far
 
     @property
     def busy(self) -> bool:
@@ -106,7 +120,8 @@ class ContinuousBatch:
 
     @property
     def members(self) -> tuple[str, ...]:
-        return self.micro.rows + self.composition.prefilling
+        """The tasks in the batch, each once (a task of several choices holds several rows)."""
+        return tuple(dict.fromkeys(task_of(row) for row in self.micro.rows + self.composition.prefilling))
 
     def step(self, read_pending: Callable[[], Sequence[Admission]]) -> StepResult:
         """One step. `read_pending()`: this rank's assignments read and not yet admitted, in log
@@ -134,7 +149,8 @@ class ContinuousBatch:
         working = self.micro.working(self.engine.rank)
         tokens, logprobs = self._decode_rows(working)  # the boundary's, on the sampling rank; none elsewhere
         logprobs = logprobs or [None] * len(current.rows)
-        votes = [self._vote(self.streams[t]) for t in current.members]
+        asked: dict[str, bool] = {}  # by task: a task's choices vote alike (one read of its cancel)
+        votes = [self._vote(self.streams[t], asked) for t in current.members]
         self.phases.enter("agree_cancel", members[0] if members else None, self.steps)
         pending = read_pending()
         received = current.admitted + len(pending)
@@ -216,12 +232,16 @@ class ContinuousBatch:
         head.prefill_cancelled = run_pipeline_prefill(head.run, prompt, head.chunks, schedule).cancelled
         head.next_chunk = len(head.chunks)
 
-    def _vote(self, stream: Stream) -> bool:
+    def _vote(self, stream: Stream, asked: dict[str, bool]) -> bool:
         """Every step: the vote rides the step's all-reduce, which runs anyway, so polling costs a
-        lookup, and a cancelled slot is free one step after the cancel is read."""
+        lookup, and a cancelled slot is free one step after the cancel is read. The rows of one task
+        read its cancel once (`asked`), so all its choices stop at one step."""
         if stream.prefill_cancelled:
             return True  # agreed on every rank already
-        return stream.run.wants_stop()
+        task_id = stream.request.task_id
+        if task_id not in asked:
+            asked[task_id] = stream.run.wants_stop()
+        return asked[task_id]
 
     def _apply(
         self,
@@ -249,10 +269,12 @@ class ContinuousBatch:
             if stream.decode_step >= stream.spec.max_tokens:
                 stopped.add(task_id)
         self._chunks_done(current, agreed, chunked)
+        self._hand_prompt(current.prefilling)
         micro = self.micro
         boundary, target = micro.boundary(), micro.join_target()
         prefilled = frozenset(t for t in current.prefilling if self.streams[t].landed(self.steps))
-        needs = reservations(self.engine, self.streams, pending, agreed.runnable) if pending else None
+        widths = widths_of(pending, self.max_batch)
+        needs = reservations(self.engine, self.streams, pending, agreed.runnable, widths) if pending else None
         transition = next_composition(
             current,
             agreed,
@@ -263,6 +285,7 @@ class ContinuousBatch:
             max_batch=self.max_batch - micro.rows_elsewhere(),
             reservations=needs,
             reserved_elsewhere=[needs[t] for t in micro.rows_in_flight()] if needs else (),
+            widths=widths,
         )
         if boundary is not None:
             self._remember(boundary, transition.kept_rows)
@@ -270,8 +293,9 @@ class ContinuousBatch:
             boundary.rows = tuple(t for t in transition.composition.rows if t not in transition.joined)
         if target is not None and transition.joined:  # join_room is 0 without a target
             self._join(target, transition.joined)
-        ended = [self._cancelled(t, current.rows) for t in transition.cancelled]
-        ended += [self._finished(t) for t in transition.finished]
+        leaving = [self._cancelled(t, current.rows) for t in transition.cancelled]
+        leaving += [self._finished(t) for t in transition.finished]
+        ended = [e for e in leaving if e is not None]
         alone = not micro.rows and len(transition.composition.prefilling) == 1 and not self.chunks.busy()
         joining = set(transition.newcomers)  # by their index among the pending: the agreed proposals'
         newcomers = [(i, a) for i, a in enumerate(pending) if a.task_id in joining] if joining else []
@@ -291,6 +315,22 @@ class ContinuousBatch:
             if stream.path == "pipeline" or agreed.cancelled[slots[stream.request.task_id]]:
                 continue
             stream.run.report_progress(stream.prompt_done, len(stream.request.prompt_token_ids), stream.next_chunk)
+
+    def _hand_prompt(self, prefilling: tuple[str, ...]) -> None:
+        """At the step a leader's prefill lands (agreed: every rank derives it from the same
+        steps), every follower waiting on it gets its own copy of the leader's prompt KV on this
+        rank's layers and lands with it (`choices.py`): the prompt is prefilled once for all its
+        choices. No collective: each rank copies its own layers."""
+        for row in prefilling:
+            follower = self.streams[row]
+            if follower.leader is None or follower.lands_at != WAITING_FOR_LEADER:
+                continue
+            leader = self.streams.get(follower.leader)
+            if leader is None or not leader.landed(self.steps):
+                continue  # a leader gone (cancelled) takes its followers with it at this very step
+            owned = leader.run.caches
+            follower.run.caches.replace_owned(prefix_caches([owned.slots[i] for i in owned.owned], leader.prompt_done))
+            follower.cached, follower.lands_at = leader.prompt_done, self.steps
 
     def _remember(self, part: MicroBatch, kept_rows: tuple[int, ...]) -> None:
         """Copy every decoding row of the boundary micro-batch that leaves (finished or cancelled)
@@ -335,7 +375,7 @@ class ContinuousBatch:
         part.rows = (*part.rows, *task_ids)
         self.last_join_step = self.steps
 
-    def _cancelled(self, task_id: str, rows: tuple[str, ...]) -> Ended:
+    def _cancelled(self, task_id: str, rows: tuple[str, ...]) -> Ended | None:
         stream = self.streams[task_id]
         if stream.prefilled and task_id in rows:
             stream.emitter.cancelled(stream.decode_step - 1)  # the step whose agreement stopped it
@@ -343,14 +383,25 @@ class ContinuousBatch:
             stream.run.cancelled_at = f"prefill:{stream.next_chunk}"
         return self._end(stream, "cancelled")
 
-    def _finished(self, task_id: str) -> Ended:
+    def _finished(self, task_id: str) -> Ended | None:
         stream = self.streams[task_id]
         stream.emitter.finish()
         return self._end(stream, stream.emitter.result.finish_reason)
 
-    def _end(self, stream: Stream, finish_reason: Any) -> Ended:
-        del self.streams[stream.request.task_id]
-        return stream.ended(finish_reason)
+    def _end(self, stream: Stream, finish_reason: Any) -> Ended | None:
+        """How the row's task ends; None while other choices of its task still run (a task of
+        several choices ends once, when its last row leaves: `batch_streams.merged`)."""
+        del self.streams[stream.row]
+        ended = stream.ended(finish_reason)
+        task_id, n = stream.request.task_id, stream.request.n
+        if n == 1:
+            return ended
+        parts = self.choices_ended.setdefault(task_id, {})
+        parts[stream.choice] = ended
+        if len(parts) < n:
+            return None
+        del self.choices_ended[task_id]
+        return merged(task_id, parts)
 
     def _admit(
         self, admission: Admission, cached: int, runnable: bool, alone: bool, room: float, capacity: int
@@ -368,8 +419,11 @@ class ContinuousBatch:
             return Ended(admission.task_id, None, admission.error or UNRUNNABLE_ELSEWHERE)
         if prepared.error is not None:  # the same verdict on every rank
             return Ended(admission.task_id, None, prepared.error, invalid_request=True)
+        if request.n > self.max_batch:
+            error = f"n={request.n} completions need as many rows of the batch, over this instance's max_batch={self.max_batch}"
+            return Ended(admission.task_id, None, error, invalid_request=True)
         reserved = self.engine.kv_reservation(request)
-        if (error := too_large(reserved, capacity)) is not None:
+        if (error := too_large(reserved * request.n, capacity)) is not None:
             return Ended(admission.task_id, None, error, invalid_request=True)
         engine, world = self.engine, self.engine.collectives.world
         prompt_len, step = len(request.prompt_token_ids), engine.settings.prefill_step_size
@@ -385,6 +439,9 @@ class ContinuousBatch:
         )
         iterations = len(rank_schedule(engine.rank, world, len(chunks), path))
         run = engine.task_run(request.task_id, admission.cancel, admission.sink, self.phases)
+        # every layer's cache kind (not only this rank's): the same verdict on every rank
+        if request.n > 1 and (error := hands_prompt(run.caches.slots)) is not None:
+            return Ended(admission.task_id, None, error, invalid_request=True)
         if match is not None and cached:
             run.caches.replace_owned(prefix_caches(match.value, cached))
         spec = engine.decode_spec(request, iterations, prepared)
@@ -393,8 +450,32 @@ class ContinuousBatch:
             request, run, spec, emitter, chunks, time.perf_counter(), path, cached=cached, reserved=reserved
         )
         self.streams[request.task_id] = stream
+        for choice in range(1, request.n):
+            self._follow(stream, admission, choice)
         chunk = effective_step(step, world)
         run.notify(admission.sink.prefill_started, request.task_id, path, prompt_len, len(chunks), chunk, cached)
         if path == "sequential" or not chunks:  # a pipeline prefill (one to run) reports its own start
             run.report_progress(cached, prompt_len, 0)
         return None
+
+    def _follow(self, leader: Stream, admission: Admission, choice: int) -> None:
+        """Choice `choice` of the leader's task: a row of its own with its own seed stream, no
+        prompt chunk, waiting for the leader's prompt KV (`_hand_prompt`)."""
+        engine = self.engine
+        request = msgspec.structs.replace(leader.request, seed=choice_seed(leader.request.seed, choice))
+        run = engine.task_run(request.task_id, admission.cancel, ChoiceSink(admission.sink, choice), self.phases)
+        spec = engine.decode_spec(request, leader.spec.prefill_iterations, Prepared())  # n > 1 has no grammar
+        stream = Stream(
+            request,
+            run,
+            spec,
+            Emitter(run, spec, engine.tokenizer),
+            [],
+            leader.started,
+            leader.path,
+            lands_at=WAITING_FOR_LEADER,
+            reserved=leader.reserved,
+            choice=choice,
+            leader=leader.row,
+        )
+        self.streams[stream.row] = stream

@@ -39,11 +39,12 @@ the ranks, so on N ranks the budget is N first chunks: `batch_chunks`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from typing import Literal
 
+from runner.engine.choices import choice_rows, task_of
 from runner.engine.kv_budget import MAX_CAPACITY_TOKENS, admissible
 from runner.engine.prefix_cache import agreed_prefix
 
@@ -159,11 +160,12 @@ class Composition:
         return self.rows + self.prefilling
 
     def without(self, task_ids: Sequence[str]) -> Composition:
-        """Newcomers that failed before their first step (bad request): they never took a step."""
+        """Newcomers that failed before their first step (bad request): they never took a step;
+        every row of a task of several choices goes with it."""
         gone = set(task_ids)
         return Composition(
-            rows=tuple(t for t in self.rows if t not in gone),
-            prefilling=tuple(t for t in self.prefilling if t not in gone),
+            rows=tuple(t for t in self.rows if task_of(t) not in gone),
+            prefilling=tuple(t for t in self.prefilling if task_of(t) not in gone),
             admitted=self.admitted,
         )
 
@@ -189,6 +191,7 @@ def next_composition(
     max_batch: int,
     reservations: Mapping[str, int] | None = None,
     reserved_elsewhere: Sequence[int] = (),
+    widths: Mapping[str, int] | None = None,
 ) -> Transition:
     """The batch of the next step. `stopped_rows`: rows whose agreed token hit a stop rule (every rank
     applies the same rules to the same tokens); `prefilled`: prefilling streams with no prompt chunk
@@ -198,7 +201,10 @@ def next_composition(
     still prepares (`agreed.prepared`: it waits, `ready_to_admit`); `reservations`: the KV positions
     each member and pending assignment may come to hold (`kv_budget.reservation`; 0 for one every
     rank fails), within the agreed `kv_capacity` (None: not bounded), beside `reserved_elsewhere`:
-    the reservations of the rows in the other micro-batches (mid-ring, they stay)."""
+    the reservations of the rows in the other micro-batches (mid-ring, they stay); `widths`: the rows
+    a pending assignment of several choices takes (`choices.admission_width`; absent: 1), admitted
+    whole or not at all, in log order (a wide one waits for room; those after it wait behind it,
+    so it is never starved), its rows joining `prefilling` together (`choices.choice_rows`)."""
     quiet = not (any(agreed.cancelled) or stopped_rows or current.prefilling or pending)
     if quiet and agreed.received == current.admitted:  # the common step: nobody leaves, joins or waits
         return Transition(current, tuple(range(len(current.rows))), (), (), (), ())
@@ -217,16 +223,30 @@ def next_composition(
     available = agreed.received - current.admitted
     if available > len(pending):
         raise ValueError(f"agreed {agreed.received} assignments but this rank holds {current.admitted + len(pending)}")
-    candidates = ready_to_admit(pending[: max(0, available)], agreed.prepared)[: max(0, room)]
+    width = (lambda t: 1) if widths is None else (lambda t: widths.get(t, 1))
+    candidates = _fitting(ready_to_admit(pending[: max(0, available)], agreed.prepared), width, room)
     if reservations is not None:
         held = [*reserved_elsewhere, *(reservations.get(t, 0) for t in (*rows, *prefilling))]
         wanted = [reservations.get(t, 0) for t in candidates]
         candidates = candidates[: admissible(held, wanted, agreed.kv_capacity)]
     newcomers = tuple(candidates)
+    joining = tuple(row for t in newcomers for row in choice_rows(t, width(t)))
     composition = Composition(
-        rows=tuple(rows), prefilling=(*prefilling, *newcomers), admitted=current.admitted + len(newcomers)
+        rows=tuple(rows), prefilling=(*prefilling, *joining), admitted=current.admitted + len(newcomers)
     )
     return Transition(composition, kept_rows, cancelled, finished, joined, newcomers)
+
+
+def _fitting(candidates: Sequence[str], width: Callable[[str], int], room: int) -> list[str]:
+    """The first `candidates` whose rows fit in `room`, in order: the first that does not fit stops
+    the rest (log order: a task of several choices is not passed by narrower ones)."""
+    fitting: list[str] = []
+    for candidate in candidates:
+        room -= width(candidate)
+        if room < 0:
+            break
+        fitting.append(candidate)
+    return fitting
 
 
 def ready_to_admit(agreed_pending: Sequence[str], prepared: Sequence[bool]) -> list[str]:

@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
 from events.vocabulary import FinishReason, PrefillPath
+from runner.engine.choices import admission_width, row_id
 from runner.engine.decode import DecodeSpec, Emitter
 from runner.engine.engine import Engine
 from runner.engine.plan import prefill_cost
 from runner.engine.protocols import CancelSource, RunnerSink
-from runner.engine.requests import GenerationOutcome, GenerationRequest, outcome_of
+from runner.engine.requests import ChoiceOutcome, GenerationOutcome, GenerationRequest, outcome_of
 from runner.engine.task_run import TaskRun
 
 CREATED_MISSING = "TaskCreated not found in the log"  # this rank could not read the task
@@ -68,6 +71,13 @@ class Stream:
     fed: list[int] = field(default_factory=list)  # agreed tokens, in order: the row holds KV up to the last but one
     lands_at: int = -1  # the step whose agreement sees its last chunk taken past the last rank (`chunk_ring`)
     reserved: int = 0  # KV positions it may come to hold (`kv_budget.reservation`), from its request
+    choice: int = 0  # which of its task's completions this row decodes (`choices.py`)
+    leader: str | None = None  # a follower: the row whose prompt KV it is handed (`choices.py`)
+
+    @property
+    def row(self) -> str:
+        """Its key in the batch (`choices.row_id`)."""
+        return row_id(self.request.task_id, self.choice)
 
     @property
     def prefilled(self) -> bool:
@@ -116,13 +126,53 @@ class Stream:
 
 
 def reservations(
-    engine: Engine, streams: Mapping[str, Stream], pending: Sequence[Admission], runnable: Sequence[bool]
+    engine: Engine,
+    streams: Mapping[str, Stream],
+    pending: Sequence[Admission],
+    runnable: Sequence[bool],
+    widths: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """The KV positions every member and the first pending assignments may come to hold
-    (`kv_budget.reservation`): 0 for one no rank can run (it fails at admission). From requests
-    every rank holds alike, so every rank admits alike (`batch_plan.next_composition`)."""
+    (`kv_budget.reservation`): 0 for one no rank can run (it fails at admission), one row's times
+    its `widths` for one of several choices (each row holds the prompt's KV and its completion).
+    From requests every rank holds alike, so every rank admits alike (`batch_plan.next_composition`)."""
     held = {task_id: stream.reserved for task_id, stream in streams.items()}
     for admission, can_run in zip(pending, runnable, strict=False):
         request = admission.request
-        held[admission.task_id] = engine.kv_reservation(request) if can_run and request is not None else 0
+        rows = 1 if widths is None else widths.get(admission.task_id, 1)
+        held[admission.task_id] = engine.kv_reservation(request) * rows if can_run and request is not None else 0
     return held
+
+
+def widths_of(pending: Sequence[Admission], max_batch: int) -> dict[str, int]:
+    """The rows each pending assignment of several choices takes (`choices.admission_width`)."""
+    return {
+        a.task_id: admission_width(a.request.n, max_batch)
+        for a in pending
+        if a.request is not None and a.request.n != 1
+    }
+
+
+def merged(task_id: str, parts: Mapping[int, Ended]) -> Ended:
+    """One ending for a task of several choices, once every choice's row has left (`parts`, by
+    choice): its failure if one failed; else choice 0's outcome, with every choice's completion
+    tokens counted and each choice's end listed (`GenerationOutcome.choices`)."""
+    failed = next((parts[c] for c in sorted(parts) if parts[c].outcome is None), None)
+    if failed is not None:
+        return Ended(task_id, None, failed.error, failed.invalid_request)
+    outcomes = [(c, parts[c].outcome) for c in sorted(parts)]
+    first = outcomes[0][1]
+    assert first is not None
+    ends = [
+        ChoiceOutcome(
+            index=c,
+            finish_reason=o.finish_reason,
+            completion_tokens=o.completion_tokens,
+            text=o.text,
+            stop_sequence=o.stop_sequence,
+        )
+        for c, o in outcomes
+        if o is not None
+    ]
+    total = sum(end.completion_tokens for end in ends)
+    return Ended(task_id, msgspec.structs.replace(first, completion_tokens=total, choices=ends))

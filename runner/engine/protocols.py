@@ -34,10 +34,17 @@ class RunnerSink(Protocol):
     def prefill_progress(self, task_id: str, processed: int, total: int, iteration: int) -> None: ...
 
     def tokens(
-        self, task_id: str, index: int, text: str, token_ids: list[int], logprobs: list[TokenLogprob] | None = None
+        self,
+        task_id: str,
+        index: int,
+        text: str,
+        token_ids: list[int],
+        logprobs: list[TokenLogprob] | None = None,
+        choice: int = 0,
     ) -> None:
-        """Sampling rank only; `index` is the position of token_ids[0] in the completion; `logprobs`
-        one per token id, when the request asked for them."""
+        """Sampling rank only; `index` is the position of token_ids[0] in the completion of
+        `choice` (a task of several: `GenerationRequest.n`); `logprobs` one per token id, when the
+        request asked for them."""
         ...
 
 
@@ -85,7 +92,13 @@ class NullSink:
         pass
 
     def tokens(
-        self, task_id: str, index: int, text: str, token_ids: list[int], logprobs: list[TokenLogprob] | None = None
+        self,
+        task_id: str,
+        index: int,
+        text: str,
+        token_ids: list[int],
+        logprobs: list[TokenLogprob] | None = None,
+        choice: int = 0,
     ) -> None:
         pass
 

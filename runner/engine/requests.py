@@ -34,6 +34,17 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     presence_penalty: float = 0.0
     logit_bias: list[tuple[int, float]] = msgspec.field(default_factory=list)  # (token id, bias)
     cache_scope: str = ""  # whose prefix-cache entries it may reuse and adds to: its owner's (`prefix_cache`)
+    n: int = 1  # completions of the prompt, each a row of the batch (`choices.py`)
+
+
+class ChoiceOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """How one of a task's several completions ended (choice 0's is the outcome's own fields)."""
+
+    index: int
+    finish_reason: FinishReason
+    completion_tokens: int
+    text: str
+    stop_sequence: str | None = None
 
 
 class GenerationOutcome(msgspec.Struct, kw_only=True):
@@ -52,6 +63,9 @@ class GenerationOutcome(msgspec.Struct, kw_only=True):
     progress: list[tuple[int, int]]
     cached_tokens: int = 0  # prompt tokens reused from the prefix cache, not prefilled
     stop_sequence: str | None = None  # the request's stop string that ended it, if one did
+    # A task of n > 1 completions (`GenerationRequest.n`): each choice's end, by index; the fields
+    # above are choice 0's, but `completion_tokens` counts every choice's. Empty for one completion.
+    choices: list[ChoiceOutcome] = msgspec.field(default_factory=list)
 
 
 def completion_room(max_tokens: int, prompt_len: int, context_length: int | None) -> int:
@@ -70,6 +84,13 @@ def check_request(request: GenerationRequest, context_length: int | None) -> Non
         raise RequestError("empty prompt: give at least one prompt token")
     if request.max_tokens <= 0:
         raise RequestError(f"max_tokens must be > 0, got {request.max_tokens}")
+    if request.n < 1:
+        raise RequestError(f"n must be >= 1, got {request.n}")
+    if request.n > 1 and request.constraint is not None:
+        raise RequestError(
+            "n > 1 with a grammar (response_format json_schema, a forced tool call) is not supported: "
+            "send one request per completion"
+        )
     if context_length is not None and len(request.prompt_token_ids) > context_length:
         raise RequestError(
             f"prompt has {len(request.prompt_token_ids)} tokens but the model's context is {context_length}"

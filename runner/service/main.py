@@ -125,6 +125,7 @@ def make_request_factory() -> Callable[[str, list[int], TaskCreated], Generation
             presence_penalty=p.presence_penalty,
             logit_bias=list(p.logit_bias),
             cache_scope=created.owner,  # one API key's KV is never another's (`prefix_cache`)
+            n=p.n,
         )
 
     return make

@@ -59,7 +59,13 @@ class LogSink:
         )
 
     def tokens(
-        self, task_id: str, index: int, text: str, token_ids: list[int], logprobs: list[TokenLogprob] | None = None
+        self,
+        task_id: str,
+        index: int,
+        text: str,
+        token_ids: list[int],
+        logprobs: list[TokenLogprob] | None = None,
+        choice: int = 0,
     ) -> None:
         self._publisher.publish(
             ChunkGenerated(
@@ -69,5 +75,6 @@ class LogSink:
                 text=text,
                 token_ids=token_ids,
                 logprobs=logprobs,
+                choice=choice,
             )
         )

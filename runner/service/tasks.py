@@ -11,12 +11,13 @@ so a reader of the task's subjects sees every chunk before `TaskCompleted`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loguru import logger
 
 from events.catalogue import (
+    ChoiceEnd,
     LogEvent,
     RunnerStatusChanged,
     TaskCompleted,
@@ -54,6 +55,19 @@ class Outcome(Protocol):
     def decode_tps(self) -> float | None: ...
     @property
     def cached_tokens(self) -> int: ...
+    @property
+    def stop_sequence(self) -> str | None: ...
+    @property
+    def choices(self) -> Sequence[ChoiceLike]: ...
+
+
+class ChoiceLike(Protocol):
+    @property
+    def index(self) -> int: ...
+    @property
+    def finish_reason(self) -> FinishReason: ...
+    @property
+    def completion_tokens(self) -> int: ...
     @property
     def stop_sequence(self) -> str | None: ...
 
@@ -145,6 +159,15 @@ class TaskServer:
                     decode_tps=outcome.decode_tps or 0.0,
                     cached_tokens=outcome.cached_tokens,
                 ),
+                choices=[
+                    ChoiceEnd(
+                        index=c.index,
+                        finish_reason=c.finish_reason,
+                        completion_tokens=c.completion_tokens,
+                        stop_sequence=c.stop_sequence,
+                    )
+                    for c in outcome.choices
+                ],
             )
         )
 

@@ -13,6 +13,10 @@ at 0, a key's share is all but the queue's last quarter (`KEPT_FOR_OTHER_KEYS`):
 can fill no more than that, and the rest is taken by the other keys' requests. The API without keys
 has one caller, so its default share is the whole queue.
 
+A task counts as many times as it has completions (`TaskParams.n`): each is a row of the batch,
+so a request of n=8 fills as much of the queue as 8 requests do (`task_rows`); one larger than the
+queue or its key's share is a 400 that says so, not a 429 no wait would clear.
+
 `Retry-After` is when the model's queue is expected to free a slot: the mean interval between its
 tasks' ends while it had tasks queued, taken from the events' own times (so replicas agree too).
 """
@@ -24,7 +28,7 @@ from collections import Counter
 
 from events.catalogue import LogEvent, TaskCreated
 from events.ids import KeyId, TaskId
-from events.state import State
+from events.state import State, TaskInfo
 from services.api.schemas import RequestProblem
 
 RETRY_AFTER_BOUNDS = (1, 60)  # seconds: a client never told "now", nor to wait longer than a minute
@@ -45,6 +49,11 @@ def key_share(limit: int, key_limit: int, owner: KeyId) -> int | None:
     return max(1, limit - limit // KEPT_FOR_OTHER_KEYS)
 
 
+def task_rows(task: TaskCreated | TaskInfo) -> int:
+    """What a task counts for in the queue: its completions, each a row of the batch."""
+    return max(1, task.params.n)
+
+
 def _is_live(state: State, task_id: TaskId) -> bool:
     task = state.tasks.get(task_id)
     return task is not None and not task.ended
@@ -56,7 +65,8 @@ class QueueBook:
     def __init__(self) -> None:
         self._live: Counter[str] = Counter()  # by model: created, not ended, in the folded State
         self._live_by_key: Counter[tuple[str, KeyId]] = Counter()  # the same by (model, owner)
-        self._admitted: dict[TaskId, tuple[str, KeyId]] = {}  # (model, owner) published by this API, not yet folded
+        # (model, owner, rows) published by this API, not yet folded
+        self._admitted: dict[TaskId, tuple[str, KeyId, int]] = {}
         self._last_end: dict[str, int] = {}  # by model: wall ns of the newest end while tasks stayed queued
         self._end_interval: dict[str, float] = {}  # by model: running mean of the seconds between ends
 
@@ -65,16 +75,19 @@ class QueueBook:
         """The book of a State folded in one go (the hub's start)."""
         book = cls()
         live = [state.tasks[task_id] for task_id in state.live_tasks]  # not ended
-        book._live.update(task.model for task in live)
-        book._live_by_key.update((task.model, task.owner) for task in live)
+        for task in live:
+            book._live[task.model] += task_rows(task)
+            book._live_by_key[task.model, task.owner] += task_rows(task)
         return book
 
     def queued(self, model: str) -> int:
-        return self._live[model] + sum(1 for m, _ in self._admitted.values() if m == model)
+        """Rows of `model` queued (`task_rows`: a task of n completions counts n)."""
+        return self._live[model] + sum(rows for m, _, rows in self._admitted.values() if m == model)
 
     def queued_by(self, model: str, owner: KeyId) -> int:
         """`owner`'s share of `queued(model)`."""
-        return self._live_by_key[model, owner] + sum(1 for key in self._admitted.values() if key == (model, owner))
+        admitted = sum(rows for m, key, rows in self._admitted.values() if (m, key) == (model, owner))
+        return self._live_by_key[model, owner] + admitted
 
     def folded(self, before: State, after: State, event: LogEvent) -> None:
         """The State moved from `before` to `after` by `event` (`after is before` if refused)."""
@@ -88,8 +101,8 @@ class QueueBook:
             return
         task = after.tasks.get(task_id) or before.tasks[task_id]
         model = task.model
-        self._live[model] += change
-        self._live_by_key[model, task.owner] += change
+        self._live[model] += change * task_rows(task)
+        self._live_by_key[model, task.owner] += change * task_rows(task)
         if change < 0:
             self._ended(model, event.env.wall_time)
 
@@ -106,14 +119,25 @@ class QueueBook:
         low, high = RETRY_AFTER_BOUNDS
         return min(high, max(low, math.ceil(self._end_interval.get(model, low))))
 
-    def refusal(self, model: str, limit: int, owner: KeyId = NO_KEY, key_limit: int = 0) -> RequestProblem | None:
-        """The 429 for one more task of `model` from `owner`, or None while the model's queue has
-        room (`limit`) and so has the key's share of it (`key_share`)."""
-        queued = self.queued(model)
-        if queued >= limit:
-            return self._full(model, f"model {model!r} has {queued} of {limit} queued tasks (max_queued_tasks)")
+    def refusal(
+        self, model: str, limit: int, owner: KeyId = NO_KEY, key_limit: int = 0, rows: int = 1
+    ) -> RequestProblem | None:
+        """The 429 for one more task of `model` from `owner` counting `rows` (`task_rows`), or None
+        while the model's queue has room (`limit`) and so has the key's share of it (`key_share`);
+        a 400 for a task larger than either, which no wait would let in."""
         share = key_share(limit, key_limit, owner)
-        if share is not None and (mine := self.queued_by(model, owner)) >= share:
+        bound = limit if share is None else min(limit, share)
+        if rows > bound:
+            return RequestProblem(
+                400,
+                f"n={rows} completions count as {rows} queued tasks, over the {bound} this API key may queue "
+                "(max_queued_tasks, max_queued_tasks_per_key): ask for fewer",
+                param="n",
+            )
+        queued = self.queued(model)
+        if queued + rows > limit:
+            return self._full(model, f"model {model!r} has {queued} of {limit} queued tasks (max_queued_tasks)")
+        if share is not None and (mine := self.queued_by(model, owner)) + rows > share:
             setting = (
                 "max_queued_tasks_per_key"
                 if key_limit > 0
@@ -133,10 +157,10 @@ class QueueBook:
 
     def admit(self, task: TaskCreated, limit: int, key_limit: int = 0) -> None:
         """Count `task` in its model's queue before it is published; raises the 429 if full."""
-        problem = self.refusal(task.model, limit, task.owner, key_limit)
+        problem = self.refusal(task.model, limit, task.owner, key_limit, task_rows(task))
         if problem is not None:
             raise problem
-        self._admitted[task.task_id] = (task.model, task.owner)
+        self._admitted[task.task_id] = (task.model, task.owner, task_rows(task))
 
     def withdraw(self, task_id: TaskId) -> None:
         """A task admitted but never published (the log refused the write)."""

@@ -15,12 +15,12 @@ from events.catalogue import ChunkGenerated, LogEvent, RawPrompt, TaskCompleted,
 from events.ids import TaskId
 from services.api.auth import caller_of
 from services.api.chat import failed_chunk
-from services.api.completions_format import TextChunkMaker, completion_logprobs, text_completion
+from services.api.completions_format import TextChunkMaker, completion_logprobs, text_choice, text_completion
 from services.api.context import ApiContext
 from services.api.openai_format import DONE
 from services.api.responses import TextCompletion
 from services.api.schemas import CompletionRequest, RequestProblem, completion_params, decode_completion_request
-from services.api.task_stream import Collected, admit, check_model, read_body, respond
+from services.api.task_stream import Collected, admit, check_model, finish_reasons, read_body, respond
 
 
 async def completions(request: Request, ctx: ApiContext) -> Response:
@@ -33,11 +33,16 @@ async def completions(request: Request, ctx: ApiContext) -> Response:
     echoed = await _echo_text(ctx, body.model, prompt) if body.echo else ""
 
     def answer(outcome: Collected, terminal: TaskCompleted) -> TextCompletion:
-        logprobs = None if outcome.logprobs is None else completion_logprobs(outcome.logprobs, len(echoed))
-        text = echoed + outcome.text
-        return text_completion(
-            f"cmpl-{task.task_id}", body.model, text, terminal.finish_reason, terminal.usage, logprobs
-        )
+        choices = [
+            text_choice(
+                index,
+                echoed + got.text,
+                finish,
+                None if got.logprobs is None else completion_logprobs(got.logprobs, len(echoed)),
+            )
+            for index, (got, finish) in enumerate(zip(outcome.choices, finish_reasons(terminal), strict=False))
+        ]
+        return text_completion(f"cmpl-{task.task_id}", body.model, choices, terminal.usage, terminal.finish_reason)
 
     shape = _TextShape(body, task.task_id, echoed) if body.stream else None
     return await respond(ctx, task, request, shape=shape, wants_progress=body.wants_progress, answer=answer)
@@ -58,22 +63,24 @@ async def _echo_text(ctx: ApiContext, model_name: str, prompt: RawPrompt) -> str
 
 
 class _TextShape:
-    """A completion task's events as `text_completion` chunks; the echoed prompt comes first."""
+    """A completion task's events as `text_completion` chunks; the echoed prompt comes first (in
+    each choice, for a task of `n`), each choice's text under its `index`."""
 
     def __init__(self, body: CompletionRequest, task_id: TaskId, echoed: str) -> None:
         self.body, self.echoed = body, echoed
         self.maker = TextChunkMaker(f"cmpl-{task_id}", body.model, offset=len(echoed))
 
     def opening(self) -> list[bytes]:
-        return [self.maker.text(self.echoed)] if self.echoed else []
+        return [self.maker.text(self.echoed, index=i) for i in range(self.body.choices)] if self.echoed else []
 
     def chunks(self, event: LogEvent) -> list[bytes]:
         match event:
             case ChunkGenerated() if event.text or event.logprobs:
-                return [self.maker.text(event.text, event.logprobs)]
+                return [self.maker.text(event.text, event.logprobs, event.choice)]
             case TaskCompleted():
                 usage = [self.maker.usage(event.usage)] if self.body.wants_usage else []
-                return [self.maker.finish(event.finish_reason), *usage, DONE]
+                ends = [self.maker.finish(finish, i) for i, finish in enumerate(finish_reasons(event))]
+                return [*ends, *usage, DONE]
             case TaskFailed():
                 return [failed_chunk(event)]
             case _:

@@ -94,33 +94,36 @@ class ChunkMaker:
             **extra,
         }
 
-    def role(self) -> bytes:
-        return sse(self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]))
+    def role(self, index: int = 0) -> bytes:
+        """The opening delta of choice `index` (a request of `n` completions opens each)."""
+        return sse(
+            self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        )
 
-    def content(self, text: str, logprobs: list[TokenLogprob] | None = None) -> bytes:
-        choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+    def content(self, text: str, logprobs: list[TokenLogprob] | None = None, index: int = 0) -> bytes:
+        choice: dict[str, Any] = {"index": index, "delta": {"content": text}, "finish_reason": None}
         if logprobs is not None:
             choice["logprobs"] = msgspec.to_builtins(chat_logprobs(logprobs))
         return sse(self._chunk([choice]))
 
-    def reasoning(self, text: str) -> bytes:
+    def reasoning(self, text: str, index: int = 0) -> bytes:
         """A thinking model's reasoning, apart from its answer (`delta.reasoning_content`, as vLLM and mlx-lm send it)."""
-        return sse(self._chunk([{"index": 0, "delta": {"reasoning_content": text}, "finish_reason": None}]))
+        return sse(self._chunk([{"index": index, "delta": {"reasoning_content": text}, "finish_reason": None}]))
 
     def progress(self, processed: int, total: int, time_ms: float) -> bytes:
         """Prefill progress shaped like llama.cpp's `prompt_progress` (no choices)."""
         progress = {"total": total, "cache": 0, "processed": processed, "time_ms": round(time_ms, 1)}
         return sse(self._chunk([], prompt_progress=progress))
 
-    def tool_call(self, index: int, call: ToolCall) -> bytes:
+    def tool_call(self, index: int, call: ToolCall, choice: int = 0) -> bytes:
         """One whole call as one delta (the `openai` client assembles deltas by `index`)."""
         delta = {"tool_calls": [{"index": index, **msgspec.to_builtins(response_tool_call(call))}]}
-        return sse(self._chunk([{"index": 0, "delta": delta, "finish_reason": None}]))
+        return sse(self._chunk([{"index": choice, "delta": delta, "finish_reason": None}]))
 
-    def finish(self, finish_reason: FinishReason, called: bool = False) -> bytes:
+    def finish(self, finish_reason: FinishReason, called: bool = False, index: int = 0) -> bytes:
         return sse(
             self._chunk(
-                [{"index": 0, "delta": {}, "finish_reason": openai_finish(finish_reason, called)}],
+                [{"index": index, "delta": {}, "finish_reason": openai_finish(finish_reason, called)}],
                 shoal_finish_reason=finish_reason,
             )
         )
@@ -129,36 +132,40 @@ class ChunkMaker:
         return sse(self._chunk([], usage=msgspec.to_builtins(completion_usage(usage))))
 
 
-def completion(
-    completion_id: str,
-    model: str,
+def chat_choice(
+    index: int,
     text: str,
     finish_reason: FinishReason,
-    usage: Usage,
     logprobs: list[TokenLogprob] | None = None,
     tool_calls: list[ToolCall] | None = None,
     reasoning: str | None = None,
+) -> Choice:
+    """One choice of a completion; with tool calls, `content` is None unless the model also wrote
+    text. `logprobs` are of every generated token, the tool calls' text included."""
+    return Choice(
+        index=index,
+        message=AssistantMessage(
+            role="assistant",
+            content=text if text.strip() or not tool_calls else None,
+            tool_calls=[response_tool_call(c) for c in tool_calls] if tool_calls else None,
+            reasoning_content=reasoning,
+        ),
+        finish_reason=openai_finish(finish_reason, bool(tool_calls)),
+        logprobs=None if logprobs is None else chat_logprobs(logprobs),
+    )
+
+
+def completion(
+    completion_id: str, model: str, choices: list[Choice], usage: Usage, finish_reason: FinishReason
 ) -> ChatCompletion:
-    """A whole completion; with tool calls, `content` is None unless the model also wrote text.
-    `logprobs` are of every generated token, the tool calls' text included."""
+    """A whole completion of one or more choices; `usage` counts the prompt once and every
+    choice's tokens (OpenAI's); `finish_reason`: choice 0's, as shoal says it."""
     return ChatCompletion(
         id=completion_id,
         object="chat.completion",
         created=int(time.time()),
         model=model,
-        choices=[
-            Choice(
-                index=0,
-                message=AssistantMessage(
-                    role="assistant",
-                    content=text if text.strip() or not tool_calls else None,
-                    tool_calls=[response_tool_call(c) for c in tool_calls] if tool_calls else None,
-                    reasoning_content=reasoning,
-                ),
-                finish_reason=openai_finish(finish_reason, bool(tool_calls)),
-                logprobs=None if logprobs is None else chat_logprobs(logprobs),
-            )
-        ],
+        choices=choices,
         usage=completion_usage(usage),
         shoal_finish_reason=finish_reason,
     )

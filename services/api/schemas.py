@@ -53,7 +53,6 @@ UNSUPPORTED_SAMPLING_EXTENSIONS: Mapping[str, tuple[object, ...]] = {
 # always means "left out". Any other value is a 400 naming the parameter. An issue that implements
 # one moves it from here into `ChatCompletionRequest`.
 UNSUPPORTED_PARAMS: Mapping[str, tuple[object, ...]] = {
-    "n": (1,),
     "functions": ([],),
     "function_call": ("none",),
     "modalities": (["text"],),
@@ -66,12 +65,12 @@ UNSUPPORTED_PARAMS: Mapping[str, tuple[object, ...]] = {
 
 # The same for `/v1/completions`: its own legacy parameters, and the chat ones it shares.
 UNSUPPORTED_COMPLETION_PARAMS: Mapping[str, tuple[object, ...]] = {
-    "n": (1,),
     "best_of": (1,),
     "suffix": ("",),
     **UNSUPPORTED_SAMPLING_EXTENSIONS,
 }
 
+MAX_CHOICES = 128  # OpenAI's bound on `n`; the server's own is `max_choices` (`task_stream.admit`)
 MAX_TOP_K = 1 << 31  # past any vocabulary: a top_k of the vocabulary or more keeps every token
 MAX_TOP_LOGPROBS = 20  # chat's bound in OpenAI's API
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' bound
@@ -131,10 +130,16 @@ class SamplingRequest(msgspec.Struct, frozen=True, kw_only=True):
     # Ollama's: how long the model stays loaded once idle, seconds or a duration ("5m", "1h30m",
     # "-1"); 0 unloads it once this request is done, a negative value keeps it loaded.
     keep_alive: float | KeepAliveDuration | None = None
+    # OpenAI's: completions of the one prompt, each a row of the batch sharing its prefill (None: 1)
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_CHOICES)] | None = None
 
     @property
     def wants_progress(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_progress
+
+    @property
+    def choices(self) -> int:
+        return self.n or 1
 
     @property
     def wants_usage(self) -> bool:
@@ -354,6 +359,14 @@ def to_task(request: ChatCompletionRequest, *, max_tokens_limit: int) -> tuple[l
     except ToolProblem as problem:
         raise RequestProblem(400, str(problem), param=problem.param) from problem
     thinking = thinking_switch_of(request.reasoning_effort)
+    if constraint is not None and request.choices > 1:
+        raise RequestProblem(
+            400,
+            f"n={request.choices} with a grammar (response_format json_schema or json_object, a required or named "
+            "tool_choice) is not supported: leave n out, or send one request per completion",
+            param="n",
+            code="unsupported_parameter",
+        )
     return messages, msgspec.structs.replace(params, tools=tools, constraint=constraint, enable_thinking=thinking)
 
 
@@ -411,6 +424,7 @@ def _task_params(
         # (token id, bias): the key pattern made each key a token id; the tokenizer checks the vocabulary (`prompts`)
         logit_bias=[(int(token), bias) for token, bias in (request.logit_bias or {}).items()],
         keep_alive_seconds=keep_alive_seconds(request.keep_alive),
+        n=request.choices,
     )
 
 

@@ -35,7 +35,7 @@ from events.catalogue import (
 from events.constraints import ToolCallRequired
 from events.ids import KeyId, new_task_id
 from events.logprobs import TokenLogprob
-from events.vocabulary import CancelReason
+from events.vocabulary import CancelReason, FinishReason
 from services.api.connections import BODY_DEADLINE_SECONDS
 from services.api.context import ApiContext
 from services.api.errors import (
@@ -83,9 +83,18 @@ async def admit(
     """The task of a request that passed every check a runner would otherwise fail it on (the
     model's name is checked first, by `check_model`, before the request's values)."""
     config = ctx.resolved.config
+    if params.n > config.max_choices:
+        raise RequestProblem(
+            400,
+            f"n={params.n} is over this server's limit of {config.max_choices} completions per request "
+            "(max_choices: each is a row of the model's batch)",
+            param="n",
+        )
     if params.logit_bias:  # a request that can never run is told so, not to retry (no tokenizing: cheap)
         check_logit_bias(await ctx.prompt_model(model_name), params.logit_bias)
-    full = ctx.hub.queues.refusal(model_name, config.max_queued_tasks, owner, config.max_queued_tasks_per_key)
+    full = ctx.hub.queues.refusal(
+        model_name, config.max_queued_tasks, owner, config.max_queued_tasks_per_key, rows=params.n
+    )
     if full is not None:  # before the prompt is tokenized: a refusal in a burst must cost little
         raise full
     param = "messages" if raw_prompt is None else "prompt"
@@ -267,25 +276,47 @@ async def run_to_end(
 
 
 @dataclass(frozen=True, slots=True)
+class ChoiceText:
+    """One completion of a task: its text and its tokens' logprobs (None unless asked)."""
+
+    text: str
+    logprobs: list[TokenLogprob] | None
+
+
+@dataclass(frozen=True, slots=True)
 class Collected:
-    """A task followed to its end: its text, its tokens' logprobs (None unless asked), how it ended."""
+    """A task followed to its end: its text, its tokens' logprobs (None unless asked), how it ended;
+    a task of several completions (`TaskParams.n`): those are choice 0's, `others` the rest's."""
 
     text: str
     logprobs: list[TokenLogprob] | None
     terminal: TaskCompleted | TaskFailed
+    others: tuple[ChoiceText, ...] = ()
+
+    @property
+    def choices(self) -> list[ChoiceText]:
+        """Every completion, by index."""
+        return [ChoiceText(self.text, self.logprobs), *self.others]
+
+
+def finish_reasons(terminal: TaskCompleted) -> list[FinishReason]:
+    """How each completion of a task ended, by index."""
+    return [c.finish_reason for c in terminal.choices] or [terminal.finish_reason]
 
 
 async def collect(events: TaskEvents) -> Collected:
-    parts: list[str] = []
-    logprobs: list[TokenLogprob] | None = None
+    parts: dict[int, list[str]] = {}  # by choice
+    logprobs: dict[int, list[TokenLogprob]] = {}
     while True:
         event = await events.next()
         if isinstance(event, ChunkGenerated):
-            parts.append(event.text)
+            parts.setdefault(event.choice, []).append(event.text)
             if event.logprobs is not None:
-                logprobs = [*(logprobs or []), *event.logprobs]
+                logprobs.setdefault(event.choice, []).extend(event.logprobs)
         elif isinstance(event, TaskCompleted | TaskFailed):
-            return Collected("".join(parts), logprobs, event)
+            count = max([len(event.choices) if isinstance(event, TaskCompleted) else 1, *(c + 1 for c in parts)])
+            texts = [ChoiceText("".join(parts.get(c, [])), logprobs.get(c)) for c in range(count)]
+            return Collected(texts[0].text, texts[0].logprobs, event, tuple(texts[1:]))
 
 
 class StreamShape(Protocol):

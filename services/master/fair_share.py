@@ -13,6 +13,12 @@ the places other keys leave: another key's request waits for the next place that
 length), not behind the whole flood. With one key, or none (an API without keys: every owner is ""),
 the order is the log's, as before.
 
+A task counts as many rows as it has completions (`TaskParams.n`, `task_rows`): its choices are
+rows of the batch, admitted together, so a request of n=8 fills the places, and weighs on its
+key's turn, as 8 requests do. A task is handed while its instance has a row free, even when its
+rows are more (one never handed for want of room would wait for ever: `handed_ahead` may be fewer
+rows than `n`); the instance then takes nothing more until its rows free.
+
 The runner admits what it holds in log order (`runner/engine/batch_plan.py`: agreed from the log on
 every rank); this module only chooses what it holds, and in which order it is handed over, so the
 ranks' agreement is untouched. Pure: a function of the State, so a master that takes over decides
@@ -40,9 +46,19 @@ def handed_ahead(max_batch: int) -> int:
 
 
 def held_limit(instance: InstanceInfo) -> int:
-    """The most tasks `instance` holds (assigned, not ended) at once."""
+    """The most rows `instance` holds (its tasks assigned, not ended: `task_rows`) at once."""
     rows = instance.settings.batch_rows
     return rows + handed_ahead(rows)
+
+
+def task_rows(task: TaskInfo | None) -> int:
+    """The rows of the batch a task takes: one per completion (`TaskParams.n`); 1 for one unknown."""
+    return 1 if task is None else max(1, task.params.n)
+
+
+def held_rows(instance: InstanceInfo, held: Mapping[TaskId, TaskInfo]) -> int:
+    """The rows of the tasks `instance` holds; `held`: them, by id."""
+    return sum(task_rows(held.get(task_id)) for task_id in instance.queue)
 
 
 def started(task: TaskInfo) -> bool:
@@ -51,14 +67,16 @@ def started(task: TaskInfo) -> bool:
 
 
 def not_started(instance: InstanceInfo, held: Mapping[TaskId, TaskInfo]) -> int:
-    """How many of the tasks `instance` holds have not joined its batch; `held`: them, by id."""
-    return sum(1 for task_id in instance.queue if (task := held.get(task_id)) is None or not started(task))
+    """The rows of the tasks `instance` holds that have not joined its batch; `held`: them, by id."""
+    return sum(
+        task_rows(task) for task_id in instance.queue if (task := held.get(task_id)) is None or not started(task)
+    )
 
 
 def room_of(instance: InstanceInfo, held: Mapping[TaskId, TaskInfo]) -> int:
-    """How many more tasks `instance` may be handed now; `held`: the tasks it holds, by id."""
+    """How many more rows `instance` may be handed now; `held`: the tasks it holds, by id."""
     ahead = handed_ahead(instance.settings.batch_rows) - not_started(instance, held)
-    return max(0, min(held_limit(instance) - len(instance.queue), ahead))
+    return max(0, min(held_limit(instance) - held_rows(instance, held), ahead))
 
 
 def fair_assignments(
@@ -66,11 +84,15 @@ def fair_assignments(
 ) -> list[tuple[TaskId, InstanceId]]:
     """(task, instance) to hand over now, in order. `waiting`: the model's unassigned tasks, oldest
     first; `instances`: its ready instances, oldest placement first; `held`: every task the
-    instances hold, by id. Each task goes to the instance holding the fewest (the oldest of those),
-    while one has room."""
-    count_held = {i.instance_id: len(i.queue) for i in instances}
+    instances hold, by id. Each task goes to the instance holding the fewest rows (the oldest of
+    those), while one has a row free; a key's load is its rows (`task_rows`)."""
+    count_held = {i.instance_id: held_rows(i, held) for i in instances}
     room = {i.instance_id: room_of(i, held) for i in instances}
-    load = Counter(task.owner for i in instances for task_id in i.queue if (task := held.get(task_id)) is not None)
+    load: Counter[KeyId] = Counter()
+    for i in instances:
+        for task_id in i.queue:
+            if (task := held.get(task_id)) is not None:
+                load[task.owner] += task_rows(task)
     by_owner: dict[KeyId, deque[TaskInfo]] = {}
     for task in waiting:
         by_owner.setdefault(task.owner, deque()).append(task)
@@ -87,8 +109,9 @@ def fair_assignments(
         queue = by_owner[owner]
         task = queue.popleft()
         handed.append((task.task_id, target))
-        count_held[target] += 1
-        room[target] -= 1
+        rows = task_rows(task)
+        count_held[target] += rows
+        room[target] -= rows
         if queue:
-            heapq.heappush(turns, (count + 1, queue[0].created_seq, owner))
+            heapq.heappush(turns, (count + rows, queue[0].created_seq, owner))
     return handed

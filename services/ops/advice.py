@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from events.catalogue import RunnerHeartbeat
 from events.evidence import RankView, ago, rank_views
 from events.state import InstanceInfo, NodeInfo, State
-from services.master.fair_share import handed_ahead, not_started, room_of
+from services.master.fair_share import handed_ahead, held_rows, not_started, room_of
 from services.ops.findings import Cause, Finding
 from services.ops.ranks import top_frame
 
@@ -98,7 +98,8 @@ def unassigned_reasons(state: State, model: str) -> list[str]:
         elif room_of(instance, state.tasks) == 0:
             ahead = not_started(instance, state.tasks)
             reasons.append(
-                f"instance {instance.instance_id} was ready and full: it held {len(instance.queue)} tasks, {ahead} "
+                f"instance {instance.instance_id} was ready and full: it held {len(instance.queue)} tasks "
+                f"({held_rows(instance, state.tasks)} rows: a task of n completions is n), {ahead} rows "
                 f"of them not started (a batch of {instance.settings.batch_rows}, up to "
                 f"{handed_ahead(instance.settings.batch_rows)} handed ahead); the task waits at the master for a "
                 "place, other API keys' tasks first while they hold fewer (docs/ARCHITECTURE.md §5)"

@@ -100,6 +100,9 @@ def hostile_requests(model: str) -> dict[str, dict[str, Any]]:
         "logit_bias on a token the model lacks": {"json": {**ok, "logit_bias": {"1000000": 5}}},
         "logit_bias key not a token id": {"json": {**ok, "logit_bias": {"river": 5}}},
         "frequency_penalty 3": {"json": {**ok, "frequency_penalty": 3}},
+        "n 0": {"json": {**ok, "n": 0}},
+        "n over max_choices": {"json": {**ok, "n": 9}},  # the default max_choices is 8
+        "n with a json schema": {"json": {**ok, "n": 2, "response_format": _deep_schema_format(1)}},
         **{f"unsupported {name}": {"json": {**ok, name: {"not": "default"}}} for name in UNSUPPORTED_PARAMS},
     }
     return {name: {"method": "POST", "url": "/v1/chat/completions", **kw} for name, kw in requests.items()} | {

@@ -3,7 +3,9 @@ completed task can lack text (a lost chunk, a chunk after the end, a token count
 
 from __future__ import annotations
 
-from events.catalogue import LogEvent, TaskCompleted, TaskFailed, Usage
+import msgspec
+
+from events.catalogue import ChoiceEnd, LogEvent, TaskCompleted, TaskFailed, Usage
 from events.fold import fold
 from events.ids import TaskId
 from services.ops.delivery import delivery_problems
@@ -51,3 +53,20 @@ def test_a_failed_task_is_not_held_to_its_text() -> None:
     ev = Events()
     failed = TaskFailed(env=ev.task_rank("t1").stamp(), task_id=TaskId("t1"), error="could not publish")
     assert _check(_task(ev, ev.chunk(index=5, text="a"), failed), {"t1": ""}) == []
+
+
+def test_a_task_of_several_choices_is_checked_choice_by_choice() -> None:
+    ev = Events()
+    second = msgspec.structs.replace(ev.chunk(index=0, text="x", tokens=2), choice=1)
+    third = msgspec.structs.replace(ev.chunk(index=0, text="y"), choice=1)  # choice 1's token 0 again
+    ends = [ChoiceEnd(index=0, finish_reason="stop", completion_tokens=1)]
+    ends.append(ChoiceEnd(index=1, finish_reason="length", completion_tokens=2))
+    whole = msgspec.structs.replace(_completed(ev, 3), choices=ends)
+    events = _task(ev, ev.chunk(index=0, text="a"), second, whole)
+    assert _check(events, {"t1": "a"}) == []  # the folded and delivered text: choice 0's
+    broken = _task(ev, ev.chunk(index=0, text="a"), second, third, msgspec.structs.replace(whole, choices=ends))
+    assert _check(broken) == [
+        "task t1: chunk at token 0 of choice 1 (seq 8) where token 2 was due",
+        "task t1: completed with 3 tokens, its chunks hold 2",
+        "task t1: choice 1 completed with 2 tokens, its chunks hold 1",
+    ]

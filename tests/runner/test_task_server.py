@@ -38,6 +38,7 @@ class FakeOutcome:
     decode_tps: float | None = 50.0
     cached_tokens: int = 0
     stop_sequence: str | None = None
+    choices: tuple[Any, ...] = ()
 
 
 @dataclass

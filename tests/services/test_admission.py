@@ -39,11 +39,12 @@ class Folding:
             self.book.folded(before, self.state, event)
 
     def counted(self, model: str) -> int:
-        return sum(1 for t in self.state.tasks.values() if t.model == model and not t.ended)
+        """Rows: a task of n completions counts n."""
+        return sum(t.params.n for t in self.state.tasks.values() if t.model == model and not t.ended)
 
     def counted_by_key(self) -> list[int]:
         live = [t for t in self.state.tasks.values() if not t.ended]
-        return [sum(1 for t in live if t.model == m and t.owner == k) for m in MODELS for k in KEYS]
+        return [sum(t.params.n for t in live if t.model == m and t.owner == k) for m in MODELS for k in KEYS]
 
     def end(self, task_id: str) -> None:
         self.feed(TaskCompleted(env=self.ev.master.stamp(), task_id=TaskId(task_id), finish_reason="stop"))
@@ -67,7 +68,7 @@ def test_the_books_count_equals_a_recount_of_the_state_after_every_event(steps: 
         known = task_id in f.state.tasks
         match action:
             case "create" if not known:
-                f.feed(owned(f.ev.created(task_id, model=model), KEYS[n % 2]))
+                f.feed(choices(owned(f.ev.created(task_id, model=model), KEYS[n % 2]), 1 + n % 3))
             case "assign" if known:
                 f.feed(f.ev.assigned(task_id, "i1"))
             case "complete" if known:
@@ -138,6 +139,28 @@ def test_created_events_refused_by_the_fold_release_their_admission() -> None:
 
 def owned(task: TaskCreated, owner: str) -> TaskCreated:
     return msgspec.structs.replace(task, owner=KeyId(owner))
+
+
+def choices(task: TaskCreated, n: int) -> TaskCreated:
+    return msgspec.structs.replace(task, params=msgspec.structs.replace(task.params, n=n))
+
+
+def test_a_task_of_n_completions_counts_n_rows_and_one_larger_than_the_bound_is_a_400() -> None:
+    f = Folding()
+    wide = choices(f.ev.created("w"), 4)
+    f.book.admit(wide, limit=6)
+    assert f.book.queued("tiny") == 4
+    f.feed(wide)
+    assert f.book.queued("tiny") == 4  # folded: counted by the State, not twice
+    problem = f.book.refusal("tiny", 6, rows=3)  # 4 + 3 > 6
+    assert problem is not None and problem.status == 429
+    assert f.book.refusal("tiny", 6, rows=2) is None
+    too_many = f.book.refusal("tiny", 6, rows=7)  # no wait would let it in
+    assert too_many is not None and too_many.status == 400 and too_many.param == "n"
+    share = f.book.refusal("tiny", 16, KeyId("alice"), key_limit=2, rows=3)  # over the key's own share
+    assert share is not None and share.status == 400 and "n=3" in share.message
+    f.end("w")
+    assert f.book.queued("tiny") == 0
 
 
 def test_one_keys_flood_is_refused_while_another_key_is_still_taken() -> None:

@@ -171,9 +171,19 @@ def test_the_value_that_asks_for_nothing_more_is_taken(name: str, value: object)
     accepted(body(**{name: value}))
 
 
-def test_n_above_one_is_refused_although_it_looks_like_a_default() -> None:
-    assert refused(body(n=2)).param == "n"
-    assert refused(body(n=True)).param == "n"  # JSON true is not 1
+def test_n_reaches_the_task_within_openais_bound() -> None:
+    assert to_task(decode_chat_request(body(n=3)), max_tokens_limit=LIMIT)[1].n == 3
+    assert to_task(decode_chat_request(body()), max_tokens_limit=LIMIT)[1].n == 1
+    for bad in (0, -1, 129, True, 1.5, "2"):  # JSON true is not 1; the server's own bound is `max_choices`
+        assert refused(body(n=bad)).param == "n", bad
+
+
+def test_n_with_a_grammar_is_refused_naming_n() -> None:
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    with pytest.raises(RequestProblem) as caught:
+        to_task(decode_chat_request(body(n=2, response_format=schema)), max_tokens_limit=LIMIT)
+    assert caught.value.status == 400 and caught.value.param == "n"
+    assert "grammar" in caught.value.message
 
 
 def test_penalties_and_logit_bias_reach_the_task() -> None:

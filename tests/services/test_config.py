@@ -270,3 +270,16 @@ def test_a_data_dir_that_cannot_be_written_is_a_setting_error_not_a_traceback(
     assert f"shoal {command}: invalid setting data_dir='{data_dir}' (from env SHOAL_DATA_DIR)" in err
     assert "a directory this user can create and write in" in err and "--data-dir" in err
     assert not (tmp_path / "nats").exists()
+
+
+def test_max_choices_over_the_batch_or_the_queue_is_refused_naming_the_one_set(tmp_path: Path) -> None:
+    yaml_path = _write(tmp_path, "")
+    with pytest.raises(ConfigError, match=r"max_choices=16 \(from env SHOAL_MAX_CHOICES\): more than max_batch=8"):
+        resolve_config({"max_batch": 8}, env={"SHOAL_MAX_CHOICES": "16"}, yaml_path=yaml_path)
+    with pytest.raises(ConfigError, match=r"max_choices=5 \(from cli --max-choices\): more than max_queued_tasks=2"):
+        resolve_config({"max_queued_tasks": 2, "max_choices": 5}, env={}, yaml_path=yaml_path)
+    assert resolve_config({"max_batch": 4, "max_choices": 4}, env={}, yaml_path=yaml_path).config.max_choices == 4
+    # left unset, it follows the batch and the queue (a batch of one takes one completion a request)
+    assert resolve_config({"max_batch": 1}, env={}, yaml_path=yaml_path).config.max_choices == 1
+    assert resolve_config({"max_queued_tasks": 3}, env={}, yaml_path=yaml_path).config.max_choices == 3
+    assert resolve_config({}, env={}, yaml_path=yaml_path).config.max_choices == 8

@@ -127,8 +127,10 @@ class TimedSink(RecordingSink):
 
     token_times: list[float] = field(default_factory=list)
 
-    def tokens(self, task_id: str, index: int, text: str, token_ids: list[int], logprobs: Any = None) -> None:
-        RecordingSink.tokens(self, task_id, index, text, token_ids, logprobs)
+    def tokens(
+        self, task_id: str, index: int, text: str, token_ids: list[int], logprobs: Any = None, choice: int = 0
+    ) -> None:
+        RecordingSink.tokens(self, task_id, index, text, token_ids, logprobs, choice)
         self.token_times.extend([time.monotonic()] * len(token_ids))
 
 

@@ -36,7 +36,9 @@ class FixedCancel:
 class RecordingSink:
     started: list[dict[str, object]] = field(default_factory=list)
     progress: list[tuple[int, int, int]] = field(default_factory=list)
-    chunks: list[tuple[int, str, list[int]]] = field(default_factory=list)
+    chunks: list[tuple[int, str, list[int]]] = field(default_factory=list)  # choice 0's
+    # the other choices' chunks of a task of several (`GenerationRequest.n`): (choice, index, text, ids)
+    choice_chunks: list[tuple[int, int, str, list[int]]] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # of every chunk's tokens, in order
     fail_on_tokens: bool = False  # tests: a sink whose publisher broke mid-task
 
@@ -51,12 +53,27 @@ class RecordingSink:
         self.progress.append((processed, total, iteration))
 
     def tokens(
-        self, task_id: str, index: int, text: str, token_ids: list[int], logprobs: list[TokenLogprob] | None = None
+        self,
+        task_id: str,
+        index: int,
+        text: str,
+        token_ids: list[int],
+        logprobs: list[TokenLogprob] | None = None,
+        choice: int = 0,
     ) -> None:
         if self.fail_on_tokens:
             raise ConnectionError("publisher closed")
+        if choice:
+            self.choice_chunks.append((choice, index, text, list(token_ids)))
+            return
         self.chunks.append((index, text, list(token_ids)))
         self.logprobs.extend(logprobs or [])
+
+    def choice_tokens(self, choice: int) -> list[int]:
+        """Every token id of one choice, in order."""
+        if choice == 0:
+            return [i for _, _, ids in self.chunks for i in ids]
+        return [i for c, _, _, ids in self.choice_chunks if c == choice for i in ids]
 
 
 def mlx_reference(shard: Any, task: dict[str, Any]) -> dict[str, Any]:

@@ -84,6 +84,24 @@ def test_a_key_holding_less_goes_first_whatever_the_log_order() -> None:
     assert fair_assignments(waiting, [instance("i1", 8, tuple(held))], held) == [("b0", "i1")]
 
 
+def wide(task_id: str, owner: str, seq: int, n: int) -> TaskInfo:
+    return msgspec.structs.replace(task(task_id, owner, seq), params=TaskParams(n=n))
+
+
+def test_a_task_of_n_completions_counts_n_rows_in_the_places_and_in_its_keys_turn() -> None:
+    """A batch of 8 holds 8 rows and 2 ahead: alice's task of 4 choices runs (4 rows), bob's one
+    request is handed before her next, and her next of 4 is handed while a row is free, then nothing."""
+    held = {TaskId("a0"): msgspec.structs.replace(wide("a0", "alice", 0, 4), status="decoding")}
+    waiting = [wide("a1", "alice", 1, 4), task("b0", "bob", 2), wide("a2", "alice", 3, 4)]
+    one = instance("i1", 8, ("a0",))
+    assert room_of(one, held) == 2  # two ahead, the batch's 8 rows less a0's 4 leave more
+    assert fair_assignments(waiting, [one], held) == [("b0", "i1"), ("a1", "i1")]  # bob holds fewer rows
+    full = holding(*((f"r{n}", "carol", True) for n in range(7)))
+    assert room_of(instance("i1", 8, tuple(full)), full) == 2
+    handed = fair_assignments([wide("a1", "alice", 1, 4), task("b0", "bob", 2)], [instance("i1", 8, tuple(full))], full)
+    assert handed == [("a1", "i1")]  # a row free: handed whole (it joins when 4 free), then nothing more
+
+
 def test_keys_take_turns_oldest_first_between_equals() -> None:
     waiting = [*(task(f"a{n}", "alice", n) for n in range(6)), *(task(f"b{n}", "bob", 10 + n) for n in range(2))]
     handed = [t for t, _ in fair_assignments(waiting, [instance("i1", 24)], {})]
@@ -219,7 +237,8 @@ def test_diagnose_says_a_task_waits_for_a_place_on_a_full_instance() -> None:
     c.feed(*(c.ev.created(f"t{n}") for n in range(5)))
     reasons = unassigned_reasons(c.state, "tiny")
     assert reasons[0].startswith(
-        f"instance {instance_id} was ready and full: it held 2 tasks, 2 of them not started (a batch of 1"
+        f"instance {instance_id} was ready and full: it held 2 tasks (2 rows: a task of n completions is n), "
+        "2 rows of them not started (a batch of 1"
     ), reasons
 
 
