@@ -20,7 +20,7 @@ from events.catalogue import (
     TaskCompleted,
     TaskFailed,
 )
-from events.fold import Folder, apply_live, fold
+from events.fold import Folder, apply_live, apply_or_quarantine, fold
 from events.ids import EventId, InstanceId, NodeId, TaskId
 from events.state import QUARANTINE_KEPT, State, canonical_bytes
 from events.subjects import subject_for
@@ -182,3 +182,33 @@ def test_the_sampling_rank_alone_reports_tokens_and_completes_a_task() -> None:
         assert folder.state.tasks[TaskId("t1")].status == "assigned"
     failed = TaskFailed(env=rank0.stamp(), task_id=TaskId("t1"), error="rank 0 failed: OOM", rank=0)
     assert Folder(start).add(6, failed, subject_for(failed)) is None
+
+
+def _fold_from_the_bus(events: list[tuple[int, LogEvent, str]]) -> State:
+    state = State()
+    for seq, event, subject in events:
+        state, _error = apply_or_quarantine(state, seq, event, subject)
+    return state
+
+
+@settings(max_examples=30, deadline=None)
+@given(poisoned_logs(), st.lists(st.integers(min_value=0, max_value=len(HISTORY)), max_size=6))
+def test_folder_and_apply_quarantine_the_same_misrouted_events(
+    log: tuple[list[tuple[int, LogEvent]], int], misrouted_at: list[int]
+) -> None:
+    """Each event read with its subject, some moved to another node's subject (what a forger on
+    that node can publish): `Folder` and the plain fold quarantine exactly those as Misrouted."""
+    events, _poisoned = log
+    moved = {at for at in misrouted_at if at < len(events)}
+    read = [
+        (seq, event, f"{subject_for(event)}.node-x" if i in moved else subject_for(event))
+        for i, (seq, event) in enumerate(events)
+    ]
+    folder = Folder()
+    for seq, event, subject in read:
+        folder.add(seq, event, subject.encode())
+    expected = _fold_from_the_bus(read)
+    assert canonical_bytes(folder.state) == canonical_bytes(expected)
+    if expected.quarantined_count <= QUARANTINE_KEPT:  # every record kept: each moved event is one of them
+        misrouted = {q.seq for q in expected.quarantined if q.error == "Misrouted"}
+        assert misrouted == {read[at][0] for at in moved}
