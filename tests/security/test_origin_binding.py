@@ -10,10 +10,12 @@ Every event here is read back from the bus, so the subject each fold sees is the
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
 
+from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from eventlog.wire import Wire, request
 from events.catalogue import (
@@ -32,8 +34,9 @@ from events.ids import InstanceId, NodeId, TaskId
 from events.origins import heartbeat_refusal
 from events.stamp import Stamper
 from events.state import State
-from events.subjects import subject_for
+from events.subjects import subject_for, task_events
 from services.nats_permissions import Identity
+from tests.e2e.cluster import Cluster
 from tests.events.builders import Events
 from tests.security.conftest import SecuredBus
 
@@ -184,3 +187,45 @@ async def test_a_worker_forging_another_nodes_heartbeat_is_refused_or_not_believ
     assert node_beat == "NodeHeartbeat" and node_refusal is not None and "'shoal.hb.node.node-b'" in node_refusal
     assert forged_rank == "RunnerHeartbeat" and rank_refusal is not None and "beats for rank 1" in rank_refusal
     assert own == "RunnerHeartbeat" and own_refusal is None
+
+
+async def _served(endpoint: NatsEndpoint) -> tuple[State, list[tuple[str, str]]]:
+    """The State of a cluster's log, and (kind token, publishing node) of each of its tasks'
+    node-published events, as the bus stored them."""
+    log = await EventLog.connect(endpoint, ensure=False)
+    try:
+        state = await log.fold()
+        published: list[tuple[str, str]] = []
+        for task_id in state.tasks:
+            async for _seq, _event, subject in log.deliveries(subjects=[task_events(task_id)], live=False):
+                tokens = subject.decode().split(".")
+                if len(tokens) == 6:  # shoal.ev.task.<task>.<kind>.<node>
+                    published.append((tokens[4], tokens[5]))
+        return state, published
+    finally:
+        await log.close()
+
+
+def test_a_two_node_cluster_serves_with_every_event_on_its_publishers_subject(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The honest side of the rules: under `shoal up`'s identities, a model split over two nodes
+    streams its tokens from the last rank's node, and nothing the services published is refused."""
+    cluster = Cluster(tmp_path_factory.mktemp("two-nodes"), workers=2)
+    try:
+        cluster.wait_ready()
+        stream = cluster.client().chat.completions.create(
+            model="tiny", max_tokens=8, stream=True, messages=[{"role": "user", "content": "hello"}]
+        )
+        assert [chunk for chunk in stream if chunk.choices and chunk.choices[0].finish_reason]
+        state, published = asyncio.run(_served(cluster.admin_endpoint()))
+    finally:
+        cluster.stop()
+    assert state.quarantined_count == 0, state.quarantined
+    (task,) = state.tasks.values()
+    assert task.status == "completed" and task.instance_id is not None
+    ranks = state.instances[task.instance_id].runners
+    assert len({rank.node_id for rank in ranks}) == 2, ranks  # split over both nodes
+    sampling_node = ranks[-1].node_id
+    assert {node for kind, node in published if kind in ("chunk_generated", "completed")} == {sampling_node}
+    assert {kind for kind, _node in published} >= {"chunk_generated", "completed", "prefill_started"}
