@@ -302,6 +302,7 @@ class EventLog:
         stream: Literal["events"] = "events",
         *,
         live: bool = True,
+        from_time: datetime | None = None,
     ) -> AsyncIterator[tuple[int, LogEvent, bytes]]: ...
     @overload
     def deliveries(
@@ -311,7 +312,18 @@ class EventLog:
         *,
         stream: Literal["telemetry"],
         live: bool = True,
+        from_time: datetime | None = None,
     ) -> AsyncIterator[tuple[int, TelemetryEvent, bytes]]: ...
+    @overload
+    def deliveries(
+        self,
+        from_seq: int | None = None,
+        subjects: Sequence[str] | None = None,
+        *,
+        stream: StreamKey,
+        live: bool = True,
+        from_time: datetime | None = None,
+    ) -> AsyncIterator[tuple[int, AnyEvent, bytes]]: ...
     async def deliveries(
         self,
         from_seq: int | None = None,
@@ -319,13 +331,14 @@ class EventLog:
         stream: StreamKey = "events",
         *,
         live: bool = True,
+        from_time: datetime | None = None,
     ) -> AsyncIterator[tuple[int, AnyEvent, bytes]]:
         """Like follow (or replay, `live=False`), with the subject each event was stored on: the
         one thing about it the server checked against its publisher's identity. What a fold of
         the bus reads (`events.fold.apply_live(..., subject)`), and a reader of heartbeats that
         trusts them (`events.subjects.route_refusal`)."""
         decode = _decoder(stream)
-        async for batch in self._batches(Position(seq=from_seq), subjects, stream, live=live):
+        async for batch in self._batches(Position(seq=from_seq, time=from_time), subjects, stream, live=live):
             for seq, message in zip(batch.seqs, batch.messages, strict=True):
                 try:
                     event = decode(message.payload)

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from eventlog.endpoint import NatsEndpoint
+from eventlog.export import fold_export, write_export
 from eventlog.log import EventLog
 from eventlog.wire import Wire, request
 from events.catalogue import (
@@ -36,6 +38,8 @@ from events.stamp import Stamper
 from events.state import State
 from events.subjects import subject_for, task_events
 from services.nats_permissions import Identity
+from services.ops.scan import scan
+from services.ops.sources import _read_live  # pyright: ignore[reportPrivateUsage]
 from tests.e2e.cluster import Cluster
 from tests.events.builders import Events
 from tests.security.conftest import SecuredBus
@@ -130,6 +134,23 @@ async def test_node_bs_origin_on_node_as_subject_is_stored_but_quarantined_by_ev
             assert "claiming node 'node-b'" in record.reason and "'shoal.ev.task.t1.chunk_generated.node-a'" in (
                 record.reason
             )
+
+
+async def test_diagnose_and_an_export_fold_the_forgery_as_the_services_do(
+    bus: SecuredBus, admin_log: EventLog, serving: Events, tmp_path: Path
+) -> None:
+    """Offline folds keep the subject each event was stored on: `shoal diagnose` of the live log
+    and the fold of an export file quarantine the same forgery as the services' folds."""
+    forged = _chunk(AS_RANK1_OF_B, "FORGED")
+    on_node_a = f"{subject_for(forged).removesuffix('.node-b')}.node-a"
+    assert await publish_as(bus, RUNNER_A, on_node_a, forged) == ""
+    records = await _read_live(bus.endpoint(Identity("admin")))
+    export = tmp_path / "log.jsonl"
+    with export.open("wb") as out:
+        write_export(records, out)
+    for state in (scan(enumerate(records, 1), allow_gaps=True).state, fold_export(export)):
+        assert [q.error for q in state.quarantined] == ["Misrouted"]
+        assert state.tasks[T1].text == "honest "
 
 
 async def test_node_as_rank_0_can_neither_stream_nor_end_the_task_it_serves(
