@@ -25,7 +25,7 @@ def _decode(log: LogBuilder, instance: str, task: str, tokens: int, world: int, 
     """One ChunkGenerated per token at ~50 tokens/s, heartbeats every second; returns tokens made."""
     for index in range(tokens):
         log.advance(0.02)
-        log.chunk(task, index, 1, rank=world - 1)
+        log.chunk(task, index, 1)  # from the sampling rank
         if index % 50 == 49:
             _beat_all(log, instance, task, "decode", 0, world)
         if cancel_at is not None and index == cancel_at:

@@ -125,6 +125,6 @@ def fold_export(path: str | Path, state: State | None = None) -> State:
                 if record.stream == "events":
                     if folder.last_seq == 0 and record.seq > 1:
                         folder.skip_to(record.seq)  # the stream's head was trimmed
-                    add(record.seq, record.event)  # pyright: ignore[reportArgumentType]
+                    add(record.seq, record.event, record.subject)  # pyright: ignore[reportArgumentType]
             if not chunk:
                 return folder.state

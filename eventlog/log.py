@@ -18,6 +18,8 @@ Guarantees:
   `events.fold.apply_live` or `events.fold.Folder.skip_to`, since `apply` insists on
   consecutive seqs.
 - `follow` survives NATS restarts: it reconnects and resumes at the last seq seen + 1.
+- `fold` holds every event to the subject it was stored on (`events.subjects.route_refusal`), and
+  `deliveries` hands each event's subject to a fold of its own (`events.fold.apply_live`).
 
 A replay/follow abandoned early should be closed (`async with contextlib.aclosing(...)`), or
 it is closed when garbage collected. Stop a `follow` by cancelling its task or `close()`.
@@ -298,6 +300,59 @@ class EventLog:
             if event is not None:
                 yield seq, event
 
+    @overload
+    def deliveries(
+        self,
+        from_seq: int | None = None,
+        subjects: Sequence[str] | None = None,
+        stream: Literal["events"] = "events",
+        *,
+        live: bool = True,
+        from_time: datetime | None = None,
+    ) -> AsyncIterator[tuple[int, LogEvent, bytes]]: ...
+    @overload
+    def deliveries(
+        self,
+        from_seq: int | None = None,
+        subjects: Sequence[str] | None = None,
+        *,
+        stream: Literal["telemetry"],
+        live: bool = True,
+        from_time: datetime | None = None,
+    ) -> AsyncIterator[tuple[int, TelemetryEvent, bytes]]: ...
+    @overload
+    def deliveries(
+        self,
+        from_seq: int | None = None,
+        subjects: Sequence[str] | None = None,
+        *,
+        stream: StreamKey,
+        live: bool = True,
+        from_time: datetime | None = None,
+    ) -> AsyncIterator[tuple[int, AnyEvent, bytes]]: ...
+    async def deliveries(
+        self,
+        from_seq: int | None = None,
+        subjects: Sequence[str] | None = None,
+        stream: StreamKey = "events",
+        *,
+        live: bool = True,
+        from_time: datetime | None = None,
+    ) -> AsyncIterator[tuple[int, AnyEvent, bytes]]:
+        """Like follow (or replay, `live=False`), with the subject each event was stored on: the
+        one thing about it the server checked against its publisher's identity. What a fold of
+        the bus reads (`events.fold.apply_live(..., subject)`), and a reader of heartbeats that
+        trusts them (`events.subjects.route_refusal`)."""
+        decode = _decoder(stream)
+        async for batch in self._batches(Position(seq=from_seq, time=from_time), subjects, stream, live=live):
+            for seq, message in zip(batch.seqs, batch.messages, strict=True):
+                try:
+                    event = decode(message.payload)
+                except MalformedEvent as exc:
+                    self._poison(message.subject, seq, exc)
+                    continue
+                yield seq, event, message.subject
+
     async def entries(
         self,
         from_seq: int | None = None,
@@ -388,7 +443,7 @@ class EventLog:
                     folder.skip_to(seq + 1)
                     continue
                 folder.skip_to(seq)  # a gap: messages deleted from the stream
-                refused = folder.add(seq, event)
+                refused = folder.add(seq, event, message.subject)
                 if refused is not None:
                     logger.warning("quarantined {} seq {}: {}", message.subject.decode(errors="replace"), seq, refused)
         return folder.state

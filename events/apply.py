@@ -8,7 +8,10 @@ One small function per event kind, dispatched by an exhaustive `match`; the most
   - `UnknownTask` / `UnknownInstance` / `UnknownNode`: an event about an id never introduced
     (forged, or dangling once retention trimmed the event that introduced it);
   - `InvalidEvent`: an event that contradicts the State (a rank outside the instance);
-  - `ForbiddenOrigin`: an event its origin cannot have published (`events.origins`).
+  - `ForbiddenOrigin`: an event its origin cannot have published (`events.origins`);
+  - `Misrouted`: an event whose claimed origin (or content) disagrees with the subject it arrived
+    on, the one thing about it the server checked (`events.subjects.route_refusal`; the fold
+    checks it when the reader hands it the subject, `events.fold`).
 Late events about an ended task (a slow rank's progress after the watchdog failed the task, a
 second terminal event) are legitimate races: they advance `last_seq` and change nothing else; so
 are those about an ended task whose payload has since left the State (`events.retention`).
@@ -100,6 +103,12 @@ class InvalidEvent(PoisonEvent):
 class ForbiddenOrigin(PoisonEvent):
     def __init__(self, kind: str, reason: str) -> None:
         super().__init__(f"{kind} refused: {reason}")
+        self.reason = reason
+
+
+class Misrouted(PoisonEvent):
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"misrouted: {reason}")
         self.reason = reason
 
 

@@ -415,8 +415,13 @@ AnyEvent = LogEvent | TelemetryEvent
 
 
 def tag_of(event: AnyEvent) -> str:
-    """The wire tag of an event (`task_created`, ...); also the last token of its subject."""
-    tag = type(event).__struct_config__.tag
+    """The wire tag of an event (`task_created`, ...); also the kind token of its subject."""
+    return tag_of_kind(type(event))
+
+
+def tag_of_kind(kind: type[Event]) -> str:
+    """The wire tag of an event kind."""
+    tag = kind.__struct_config__.tag
     if not isinstance(tag, str):  # pragma: no cover - every concrete event has a str tag
-        raise TypeError(f"{type(event).__name__} has no string tag")
+        raise TypeError(f"{kind.__name__} has no string tag")
     return tag

@@ -16,12 +16,16 @@ class MalformedEvent(ValueError):
     """Bytes that are not a valid shoal event (bad encoding, unknown type, wrong field types)."""
 
 
-class ExportRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+class ExportRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaults=True):
     """One line of an export file: which stream, its sequence there, and the event."""
 
     stream: StreamKey
     seq: int
     event: AnyEvent
+    # The subject it was stored on, which the server checked against its publisher: an offline fold
+    # holds the event to it as a live one does (`events.fold`). None: a log made offline, or an
+    # export written before subjects were kept.
+    subject: str | None = None
 
 
 _msgpack_encoder = msgspec.msgpack.Encoder()

@@ -13,6 +13,11 @@ A fold of a long log spends most of its time on two kinds, `PrefillProgress` and
 `chunk_update`) to a transient mutation of the map and builds the State only when someone reads
 `.state` or another kind of event arrives. Its `.state` always equals `fold` of the same events
 (a property test holds it to that, poison included).
+
+An event read from the bus comes with the subject it was stored on, which the server checked
+against its publisher's identity: given it (`subject=`), the fold first holds the event to it
+(`events.subjects.route_refusal`) and quarantines a mismatch as `Misrouted` — a node speaking for
+another. None: the event did not come from the bus (a test, an export file), nothing to hold it to.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import msgspec
 from events.apply import (
     ApplyError,
     ForbiddenOrigin,
+    Misrouted,
     PoisonEvent,
     SequenceGap,
     UnknownTask,
@@ -37,6 +43,7 @@ from events.ids import TaskId
 from events.origins import task_runner_refusal
 from events.retention import is_evicted
 from events.state import QUARANTINE_KEPT, Quarantined, State, TaskInfo
+from events.subjects import route_refusal
 
 replace = msgspec.structs.replace
 
@@ -48,9 +55,22 @@ def quarantine(state: State, seq: int, event: LogEvent, error: PoisonEvent) -> S
     return replace(state, last_seq=seq, quarantined=kept, quarantined_count=state.quarantined_count + 1)
 
 
-def apply_or_quarantine(state: State, seq: int, event: LogEvent) -> tuple[State, PoisonEvent | None]:
-    """`apply`, or the quarantine of an event it refuses (with the refusal, for the caller's log)."""
+def check_route(event: LogEvent, subject: str | bytes | None) -> None:
+    """Raise `Misrouted` when `event` did not arrive on its own subject (None: not from the bus)."""
+    if subject is not None:
+        refusal = route_refusal(subject, event)
+        if refusal is not None:
+            raise Misrouted(refusal)
+
+
+def apply_or_quarantine(
+    state: State, seq: int, event: LogEvent, subject: str | bytes | None = None
+) -> tuple[State, PoisonEvent | None]:
+    """`apply`, or the quarantine of an event it refuses (with the refusal, for the caller's log);
+    `subject`: the one it was read from, when it was read from the bus."""
     try:
+        if seq == state.last_seq + 1:  # a gap raises in apply, as without a subject
+            check_route(event, subject)
         return apply(state, seq, event), None
     except PoisonEvent as exc:
         return quarantine(state, seq, event, exc), exc
@@ -64,14 +84,17 @@ def fold(events: Iterable[tuple[int, LogEvent]], state: State | None = None) -> 
     return current
 
 
-def apply_live(state: State, seq: int, event: LogEvent) -> tuple[State, ApplyError | None]:
+def apply_live(
+    state: State, seq: int, event: LogEvent, subject: str | bytes | None = None
+) -> tuple[State, ApplyError | None]:
     """For services following the stream: step over gaps (seqs of malformed or deleted messages),
-    quarantine poison, and return the error (a refusal, or a repeated seq) as a value for the
-    caller to log, so one bad event never stops a consumer."""
+    quarantine poison (a misrouted event too, given the `subject` it was read from), and return
+    the error (a refusal, or a repeated seq) as a value for the caller to log, so one bad event
+    never stops a consumer."""
     if seq > state.last_seq + 1:
         state = replace(state, last_seq=seq - 1)
     try:
-        return apply_or_quarantine(state, seq, event)
+        return apply_or_quarantine(state, seq, event, subject)
     except SequenceGap as exc:
         return state, exc
 
@@ -93,11 +116,16 @@ class Folder:
             self._tasks = None
         return self._state
 
-    def add(self, seq: int, event: LogEvent) -> PoisonEvent | None:
-        """Fold one event. An event `apply` refuses is quarantined and its refusal returned (for
-        the caller to log); a `SequenceGap` raises, leaving the State as before the event."""
+    def add(self, seq: int, event: LogEvent, subject: str | bytes | None = None) -> PoisonEvent | None:
+        """Fold one event (read from `subject`, when from the bus). An event `apply` refuses, or
+        one off its subject, is quarantined and its refusal returned (for the caller to log); a
+        `SequenceGap` raises, leaving the State as before the event."""
         kind = type(event)
         try:
+            if subject is not None and seq == self._last_seq + 1:  # a gap raises below, as without one
+                refusal = route_refusal(subject, event)
+                if refusal is not None:
+                    raise Misrouted(refusal)
             if kind is PrefillProgress or kind is ChunkGenerated:
                 self._hot(seq, event)  # pyright: ignore[reportArgumentType]
             else:
@@ -132,8 +160,10 @@ class Folder:
             return
         if task is None:
             raise UnknownTask(event.task_id, tag_of(event))
-        rank = event.rank if isinstance(event, PrefillProgress) else None
-        refusal = task_runner_refusal(self._state.instances, task, event.env.origin, rank)  # instances: never stale
+        progress = isinstance(event, PrefillProgress)
+        rank = event.rank if progress else None
+        instances = self._state.instances  # never stale: only these two kinds are held back
+        refusal = task_runner_refusal(instances, task, event.env.origin, rank, sampling=not progress)
         if refusal is not None:
             raise ForbiddenOrigin(tag_of(event), refusal)
         if not task.ended_seq:

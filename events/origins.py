@@ -10,14 +10,21 @@ The rules, read off every publisher (grep `Origin(`):
   will end (`TaskCompleted` of a task cancelled while waiting, `TaskFailed` of one nobody serves);
 - a worker announces only its own node, and reports the exit of a runner it ran (a rank of an
   instance placed on its node);
-- a runner (`service=runner`, its node and rank) reports its own rank's status, and the progress,
-  chunks and end of tasks assigned to its instance, and its node's model downloads;
+- a runner (`service=runner`, its node and rank) reports its own rank's status, the progress of
+  tasks assigned to its instance, and its node's model downloads; the chunks and the completion of
+  such a task come only from the rank that samples (the last: no other rank has a token to
+  report), its failure from any of its ranks (a rank that breaks says why; one that would lie
+  could fail the task anyway, by leaving its collectives);
 - the master says a model cannot be served (`ModelUnavailable`);
 - `shoal up` says a run began (`ClusterStarted`).
 
 Each rule is a pure function of the State before the event; it answers the reason an origin is
 refused, or None. An event about an id the State does not know is left to `apply`, which names
 it (`UnknownTask`...) more precisely than an origin rule could.
+
+The origin checked here is the one the event claims; what binds it to the publisher's identity
+is the subject (`events.subjects.route_refusal`): the server lets `runner-<node>` publish only
+subjects ending in its node, and the fold refuses an event whose origin names another node.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from collections.abc import Mapping
 from typing import assert_never
 
 from events.catalogue import (
+    AnyEvent,
     ChunkGenerated,
     ClusterStarted,
     InstancePlaced,
@@ -42,6 +50,7 @@ from events.catalogue import (
     Origin,
     PrefillProgress,
     PrefillStarted,
+    RunnerHeartbeat,
     RunnerStatusChanged,
     TaskAssigned,
     TaskCancelled,
@@ -52,6 +61,7 @@ from events.catalogue import (
 )
 from events.ids import InstanceId
 from events.state import InstanceInfo, State, TaskInfo
+from events.subjects import route_refusal
 
 API = "api"
 MASTER = "master"
@@ -69,7 +79,7 @@ def origin_refusal(state: State, event: LogEvent) -> str | None:
             return None if task is None else task_runner_refusal(state.instances, task, origin, event.rank)
         case ChunkGenerated():
             task = state.tasks.get(event.task_id)
-            return None if task is None else task_runner_refusal(state.instances, task, origin, None)
+            return None if task is None else task_runner_refusal(state.instances, task, origin, None, sampling=True)
         case TaskCreated() | TaskCancelled() | ModelLoadRequested() | ModelUnloadRequested():
             return _service_refusal(origin, API)
         case ClusterStarted():
@@ -86,7 +96,8 @@ def origin_refusal(state: State, event: LogEvent) -> str | None:
             task = state.tasks.get(event.task_id)
             if origin.service == MASTER or task is None:
                 return None
-            return task_runner_refusal(state.instances, task, origin, None)
+            sampling = isinstance(event, TaskCompleted)
+            return task_runner_refusal(state.instances, task, origin, None, sampling=sampling)
         case NodeJoined() | NodeLeft() | LinkMeasured():
             if origin.service == WORKER and origin.node == event.node_id:
                 return None
@@ -98,11 +109,34 @@ def origin_refusal(state: State, event: LogEvent) -> str | None:
             assert_never(event)
 
 
+def heartbeat_refusal(state: State, beat: AnyEvent, subject: str | bytes) -> str | None:
+    """Why a heartbeat read from `subject` is not to be believed; None when it is. Heartbeats are
+    not folded, but the master times nodes out and judges ranks by them, so they are held to the
+    same rule: the subject the server checked (a node's beat names it; a rank's beat ends with
+    its node), and a rank's beat from a runner on the node that rank runs on."""
+    refusal = route_refusal(subject, beat)
+    if refusal is not None or not isinstance(beat, RunnerHeartbeat):
+        return refusal
+    origin = beat.env.origin
+    instance = state.instances.get(beat.instance_id)
+    if instance is None or not origin.node:  # not placed yet as this reader knows; or an older log's beat
+        return None
+    if origin.service != RUNNER or origin.rank != beat.rank:
+        return f"{_who(origin)} beats for rank {beat.rank} of {beat.instance_id!r}"
+    return _runner_of(instance, origin)
+
+
 def task_runner_refusal(
-    instances: Mapping[InstanceId, InstanceInfo], task: TaskInfo, origin: Origin, rank: int | None
+    instances: Mapping[InstanceId, InstanceInfo],
+    task: TaskInfo,
+    origin: Origin,
+    rank: int | None,
+    *,
+    sampling: bool = False,
 ) -> str | None:
     """A runner of the instance `task` is assigned to, reporting as itself (`rank`: the rank the
-    event claims, when it claims one). Shared with `events.fold.Folder`'s hot path."""
+    event claims, when it claims one); with `sampling`, the instance's last rank, the only one
+    that has tokens to report. Shared with `events.fold.Folder`'s hot path."""
     if origin.service != RUNNER:
         return f"only a runner of the task's instance reports on task {task.task_id!r}, not {_who(origin)}"
     instance = instances.get(task.instance_id) if task.instance_id is not None else None
@@ -110,6 +144,9 @@ def task_runner_refusal(
         return f"task {task.task_id!r} is assigned to no instance, so no runner reports on it"
     if rank is not None and rank != origin.rank:
         return f"{_who(origin)} reports for rank {rank}"
+    last = len(instance.runners) - 1
+    if sampling and origin.rank != last:
+        return f"only the sampling rank ({last}) of {instance.instance_id!r} reports tokens and ends tasks, not {_who(origin)}"
     return _runner_of(instance, origin)
 
 

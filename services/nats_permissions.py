@@ -8,8 +8,13 @@ Identities (nkey users in one account; the server checks every PUB and SUB again
 | `admin` | everything, and manages streams | everything |
 | `api` | `TaskCreated`, `TaskCancelled`, operators' `ModelLoadRequested`/`ModelUnloadRequested` | SHOAL_EVENTS, SHOAL_TELEMETRY |
 | `master` | placement, assignment, retirement, watchdog, master-ended tasks, `ModelUnavailable`, `MasterProbe`; its lease key | both; its lease key; writes the snapshot object store |
-| `worker-<node>` | its node's `NodeJoined`/`NodeLeft`/`LinkMeasured`/`NodeHeartbeat`; `RunnerStatusChanged` | SHOAL_EVENTS |
-| `runner-<node>` | prefill, chunks, `TaskCompleted`/`TaskFailed`, `RunnerStatusChanged`, `ModelDownloadProgress`, `RunnerHeartbeat` | SHOAL_EVENTS |
+| `worker-<node>` | its node's `NodeJoined`/`NodeLeft`/`LinkMeasured`/`NodeHeartbeat`; `RunnerStatusChanged` from its node | SHOAL_EVENTS |
+| `runner-<node>` | from its node: prefill, chunks, `TaskCompleted`/`TaskFailed`, `RunnerStatusChanged`, `ModelDownloadProgress`, `RunnerHeartbeat` | SHOAL_EVENTS |
+
+"From its node": those kinds' subjects end with the publishing node when a node publishes them
+(`events.subjects.NODE_PUBLISHED`), and a node identity may publish them only with its own node
+there (`shoal.ev.task.*.chunk_generated.node-0` for `runner-node-0`); the control plane's copies
+(a master's `TaskFailed`) end with their kind.
 
 Reading is done through JetStream only: every identity but the admin may subscribe to its own
 inbox (`_INBOX.<identity>.>`) and nothing else, so no one taps `shoal.>` live nor reads another
@@ -17,9 +22,10 @@ identity's replies and deliveries. What it may ask JetStream is read-only: strea
 get, creating and deleting its own (ephemeral) consumers, and answering flow control; every
 identity reads the State's snapshot (SHOAL_SNAPSHOTS), only the master writes it.
 
-What subjects cannot say is not enforced here: task subjects do not name the instance, and
-instance subjects do not name the node, so a runner identity may publish progress for any task and
-any instance's status, and a worker identity any instance's `RunnerStatusChanged`.
+The server proves the publishing node, not more: which tasks and ranks that node serves is the
+State's to say, so the fold holds each event's claimed origin to the node its subject names
+(`events.subjects.route_refusal`) and to the State (`events.origins`: a rank of the task's
+instance on that node; chunks and completions from the sampling rank only).
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ from events.subjects import (
     CLUSTER_STARTED,
     EVENTS_STREAM,
     MASTER_PROBES,
+    NODE_PUBLISHED,
     PREFIX,
     SNAPSHOT_BUCKET,
     SNAPSHOT_STREAM,
@@ -79,7 +86,9 @@ PER_NODE: frozenset[Role] = frozenset({"worker", "runner"})
 NODE = "{node}"  # stands for the identity's node in a subject pattern
 ROUTE_USER = "shoal-route"
 
-# The subject pattern of each event kind (tests/security checks each against `subject_for`).
+# The subject pattern of each event kind as the control plane publishes it (a node's copy of the
+# kinds of NODE_PUBLISHED ends with its node: `subject_pattern`); tests/security checks each
+# against `subject_for`.
 SUBJECTS: Mapping[type[Event], str] = {
     ClusterStarted: CLUSTER_STARTED,  # the admin's (`shoal up`), like every subject
     NodeJoined: node_subject(NODE, "joined"),
@@ -200,11 +209,19 @@ def snapshot_api(role: Role) -> list[str]:
     return [*read, f"$O.{SNAPSHOT_BUCKET}.C.>", f"$O.{SNAPSHOT_BUCKET}.M.>", f"$JS.API.STREAM.PURGE.{SNAPSHOT_STREAM}"]
 
 
+def subject_pattern(kind: type[Event], role: Role) -> str:
+    """The subjects `role` publishes `kind` on, `NODE` standing for its node."""
+    if role in PER_NODE and kind in NODE_PUBLISHED:
+        return f"{SUBJECTS[kind]}.{NODE}"
+    return SUBJECTS[kind]
+
+
 def permissions(identity: Identity) -> dict[str, dict[str, list[str]]]:
     """The identity's allow lists; everything else is refused by the server."""
     if identity.role == "admin":
         return {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
-    publish = [SUBJECTS[kind].replace(NODE, identity.node or "*") for kind in PUBLISHES[identity.role]]
+    patterns = [subject_pattern(kind, identity.role) for kind in PUBLISHES[identity.role]]
+    publish = [pattern.replace(NODE, identity.node or "*") for pattern in patterns]
     for stream in READS[identity.role]:
         publish += reader_api(stream)
     if identity.role == "master":

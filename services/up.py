@@ -54,8 +54,8 @@ async def wait_until_ready(log: EventLog, model: str) -> str:
     progress = UpProgress(model)
     if instance := _ready_instance(state, progress):
         return instance
-    async for seq, event in log.follow(from_seq=state.last_seq + 1):
-        state, _error = apply_live(state, seq, event)
+    async for seq, event, subject in log.deliveries(state.last_seq + 1):
+        state, _error = apply_live(state, seq, event, subject)
         if instance := _ready_instance(state, progress):
             return instance
     raise RuntimeError("the event log ended before an instance was ready")

@@ -63,8 +63,8 @@ class LogHub:
         self.state = await self.log.fold(resumed, from_snapshot=True, finished_tasks_kept=self.finished_tasks_kept)
         self.queues = QueueBook.of(self.state)
         self.caught_up.set()
-        async for seq, event in self.log.follow(from_seq=self.state.last_seq + 1):
-            if not self._apply(seq, event):
+        async for seq, event, subject in self.log.deliveries(self.state.last_seq + 1):
+            if not self._apply(seq, event, subject):
                 continue  # a refused event (a forged chunk...) never reaches a client's stream
             for listener in self._listeners.get(getattr(event, "task_id", TaskId("")), ()):
                 listener.put(event)
@@ -77,10 +77,10 @@ class LogHub:
             return f"log follow down: {self.follow_health.last_error}"
         return "" if self.log.connected else "NATS connection lost; reconnecting"
 
-    def _apply(self, seq: int, event: LogEvent) -> bool:
-        """Fold one event; False when the fold refused (quarantined) it."""
+    def _apply(self, seq: int, event: LogEvent, subject: bytes) -> bool:
+        """Fold one event (read from `subject`); False when the fold refused (quarantined) it."""
         before = self.state
-        self.state, error = apply_live(before, seq, event)
+        self.state, error = apply_live(before, seq, event, subject)
         self.queues.folded(before, self.state, event)
         if error is not None:
             logger.warning("api: skipping seq {}: {}", seq, error)

@@ -147,9 +147,8 @@ async def _export(log: EventLog, args: argparse.Namespace) -> int:
 async def _records(
     log: EventLog, stream: StreamKey, from_seq: int | None, from_time: datetime | None, subjects: list[str] | None
 ) -> AsyncIterator[ExportRecord]:
-    async for seq, event in log.entries(from_seq, from_time, subjects, stream):
-        if event is not None:
-            yield ExportRecord(stream=stream, seq=seq, event=event)
+    async for seq, event, subject in log.deliveries(from_seq, subjects, stream=stream, live=False, from_time=from_time):
+        yield ExportRecord(stream=stream, seq=seq, event=event, subject=subject.decode(errors="replace"))
 
 
 async def _import(log: EventLog, args: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from events.catalogue import ChunkGenerated, LogEvent, MasterProbe, ModelLoadRequested, Origin, TaskCreated
 from events.fold import apply_live
+from events.origins import heartbeat_refusal
 from events.retention import live_tasks_of
 from events.stamp import Stamper
 from events.state import FINISHED_TASKS_KEPT, State
@@ -111,8 +112,8 @@ class Master:
             # from its ranks' heartbeats (`hearing.activity_tokens`); snapshots fold them in
             # (`snapshots.SnapshotWriter`).
             kept = event_subjects_without(ChunkGenerated)
-            async for seq, event in log.follow(from_seq=self.state.last_seq + 1, subjects=kept):
-                await self._on_event(seq, event)
+            async for seq, event, subject in log.deliveries(self.state.last_seq + 1, kept):
+                await self._on_event(seq, event, subject)
 
     async def _follow_leadership(self, transitions: asyncio.Queue[bool]) -> None:
         """Say so on each change; on taking over, decide what is owed (the State is current)."""
@@ -131,8 +132,8 @@ class Master:
     def _leading(self) -> bool:
         return self.leadership is not None and self.leadership.leading()
 
-    async def _on_event(self, seq: int, event: LogEvent) -> None:
-        self.state, error = apply_live(self.state, seq, event)
+    async def _on_event(self, seq: int, event: LogEvent, subject: bytes) -> None:
+        self.state, error = apply_live(self.state, seq, event, subject)
         if error is not None:
             logger.warning("master: skipping seq {}: {}", seq, error)
             return
@@ -205,7 +206,11 @@ class Master:
 
     async def _follow_heartbeats(self, log: EventLog) -> None:
         start = await log.last_seq("telemetry") + 1
-        async for _seq, beat in log.follow(from_seq=start, subjects=[f"{PREFIX}.hb.>"], stream="telemetry"):
+        async for _seq, beat, subject in log.deliveries(start, [f"{PREFIX}.hb.>"], stream="telemetry"):
+            refusal = heartbeat_refusal(self.state, beat, subject)
+            if refusal is not None:  # a node beating for another: never proof that one is alive
+                logger.warning("master {}: ignoring a heartbeat: {}", self.settings.name, refusal)
+                continue
             self.hearing.heard(beat, self.mono_ns())  # the arrival on our clock, not the sender's stamp
 
 

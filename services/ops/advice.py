@@ -184,6 +184,12 @@ _QUARANTINE_STEPS: dict[str, str] = {
         "publishes with another role's identity. `shoal events tail --from-seq {seq}` shows it with its origin; "
         "find that client, revoke its credentials, and keep the bus's per-role permissions on."
     ),
+    "Misrouted": (
+        "The event claims another node (or task, instance, kind) than the subject it was published on, which is "
+        "the one thing the server checked against the publisher's identity: the node its subject names published "
+        "it while claiming to be someone else. Take that node's seeds as stolen: `shoal events tail --from-seq "
+        "{seq}` shows it; rotate the node's credentials and look at that machine."
+    ),
     "UnknownTask": _DANGLING,
     "UnknownInstance": _DANGLING,
     "UnknownNode": _DANGLING,

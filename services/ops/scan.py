@@ -118,7 +118,7 @@ def scan(
             if seq > folder.last_seq + 1 and (allow_gaps or folder.last_seq == 0):
                 folder.skip_to(seq)  # trimmed head / skipped poison message
             try:
-                refused = add_event(seq, event)  # pyright: ignore[reportArgumentType]
+                refused = add_event(seq, event, record.subject)  # pyright: ignore[reportArgumentType]
             except ApplyError as exc:
                 error = f"cannot fold event seq {seq}: {exc}"
                 result.fold_error = SkippedLines(line=line, reason=error, lines_not_used=1)

@@ -90,11 +90,12 @@ async def _read_live(nats: NatsEndpoint) -> list[ExportRecord]:
         reason = str(exc) or f"no answer within {CONNECT_TIMEOUT_S:.0f}s"
         raise SourceError(f"cannot connect to NATS at {url}: {reason}; is the server running?") from exc
     try:
-        records = [ExportRecord(stream="events", seq=seq, event=event) async for seq, event in log.replay()]
-        records += [
-            ExportRecord(stream="telemetry", seq=seq, event=event)
-            async for seq, event in log.replay(stream="telemetry")
-        ]
+        records: list[ExportRecord] = []
+        for stream in ("events", "telemetry"):
+            records += [
+                ExportRecord(stream=stream, seq=seq, event=event, subject=subject.decode(errors="replace"))
+                async for seq, event, subject in log.deliveries(stream=stream, live=False)
+            ]
     except LogError as exc:
         raise SourceError(str(exc)) from exc
     finally:

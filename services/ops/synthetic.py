@@ -92,6 +92,11 @@ class LogBuilder:
     def _task_rank_env(self, task_id: str, rank: int) -> Envelope:
         return self._rank_env(self._instance_of.get(task_id, ""), rank)
 
+    def _sampling_env(self, task_id: str) -> Envelope:
+        """From the task's last rank, the only one that reports tokens and ends a task."""
+        instance_id = self._instance_of.get(task_id, "")
+        return self._rank_env(instance_id, max(0, len(self._nodes_of.get(instance_id, ())) - 1))
+
     def record(self, event: AnyEvent) -> None:
         """Append an event made elsewhere (a master's decisions, stamped with this log's clock)."""
         self._emit(event)
@@ -189,11 +194,11 @@ class LogBuilder:
             PrefillProgress(env=env, task_id=tid, rank=rank, processed=processed, total=total, iteration=iteration)
         )
 
-    def chunk(self, task_id: str, index: int, tokens: int = 1, rank: int = 0) -> None:
+    def chunk(self, task_id: str, index: int, tokens: int = 1) -> None:
         token_ids = list(range(index, index + tokens))
         self._emit(
             ChunkGenerated(
-                env=self._task_rank_env(task_id, rank),
+                env=self._sampling_env(task_id),
                 task_id=TaskId(task_id),
                 index=index,
                 text="x" * tokens,
@@ -208,7 +213,7 @@ class LogBuilder:
         usage = Usage(completion_tokens=tokens)
         self._emit(
             TaskCompleted(
-                env=self._task_rank_env(task_id, 0), task_id=TaskId(task_id), finish_reason=finish_reason, usage=usage
+                env=self._sampling_env(task_id), task_id=TaskId(task_id), finish_reason=finish_reason, usage=usage
             )
         )
 

@@ -25,6 +25,6 @@ async def task_from_log(log: EventLog, task_id: str, current: State) -> TaskInfo
     except InvalidId:
         return None
     state = State(nodes=current.nodes, instances=current.instances, finished=FinishedTasks(kept=0))
-    async for seq, event in log.replay(subjects=[task_events(task_id)]):  # bounded: ends at the log's end
-        state, _refused = apply_live(state, seq, event)  # seqs jump: other tasks' events in between
+    async for seq, event, subject in log.deliveries(subjects=[task_events(task_id)], live=False):
+        state, _refused = apply_live(state, seq, event, subject)  # seqs jump: other tasks' events in between
     return state.tasks.get(TaskId(task_id))

@@ -111,8 +111,8 @@ class Worker:
                 # Per-token and per-chunk events say nothing about which runners to keep, and on a
                 # small machine waking for each one takes CPU from the model's forward.
                 kept = event_subjects_without(ChunkGenerated, PrefillProgress)
-                async for seq, event in log.follow(from_seq=max(end, self.state.last_seq) + 1, subjects=kept):
-                    self._fold(seq, event)
+                async for seq, event, subject in log.deliveries(max(end, self.state.last_seq) + 1, kept):
+                    self._fold(seq, event, subject)
                     cause = rejoin_cause(self.state, self.node_id, event)
                     if cause is not None:
                         await self._announce(cause, event_id=f"rejoin-{self.node_id}-{event.env.event_id}")
@@ -120,8 +120,8 @@ class Worker:
         finally:
             await self._shutdown(log)
 
-    def _fold(self, seq: int, event: LogEvent) -> None:
-        self.state, error = apply_live(self.state, seq, event)
+    def _fold(self, seq: int, event: LogEvent, subject: bytes) -> None:
+        self.state, error = apply_live(self.state, seq, event, subject)
         if error is not None:
             logger.warning("worker {}: skipping seq {}: {}", self.node_id, seq, error)
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from events.apply import ForbiddenOrigin, SequenceGap, UnknownTask
+from events.apply import ForbiddenOrigin, Misrouted, SequenceGap, UnknownTask
 from events.catalogue import (
     ChunkGenerated,
     Envelope,
@@ -17,10 +17,13 @@ from events.catalogue import (
     Origin,
     PrefillProgress,
     TaskCancelled,
+    TaskCompleted,
+    TaskFailed,
 )
-from events.fold import Folder, apply_live, fold
+from events.fold import Folder, apply_live, apply_or_quarantine, fold
 from events.ids import EventId, InstanceId, NodeId, TaskId
 from events.state import QUARANTINE_KEPT, State, canonical_bytes
+from events.subjects import subject_for
 from events.synthetic import synthetic_history
 from tests.events.builders import Events
 
@@ -139,3 +142,73 @@ def test_skip_to_accounts_for_missing_seqs() -> None:
     folder = Folder(State.starting_before(10))
     folder.skip_to(20)
     assert folder.last_seq == 19 and folder.state.last_seq == 19
+
+
+def test_an_event_off_its_subject_is_quarantined_as_misrouted_by_folder_and_apply_live() -> None:
+    """The subject is what the server checked against the publisher: node n1's runner (rank 0 of
+    i1) may publish only subjects ending in n1, so a chunk claiming n2's rank 1 on such a subject
+    is a forgery, however right its payload looks to the origin rules."""
+    ev = Events()
+    events = [ev.node("n1"), ev.node("n2"), ev.placed("i1"), ev.created("t1"), ev.assigned("t1", "i1"), ev.chunk("t1")]
+    start = fold(enumerate(events, start=1))
+    claims_rank1 = ev.chunk("t1", index=1, text="forged")  # stamped as n2's rank 1, the sampling rank
+    on_n1 = "shoal.ev.task.t1.chunk_generated.n1"
+    folder = Folder(start)
+    refused = folder.add(7, claims_rank1, on_n1.encode())
+    assert isinstance(refused, Misrouted) and "claiming node 'n2'" in str(refused)
+    live, error = apply_live(start, 7, claims_rank1, on_n1)
+    assert isinstance(error, Misrouted)
+    for state in (folder.state, live):
+        assert [(q.seq, q.error) for q in state.quarantined] == [(7, "Misrouted")]
+        assert state.tasks[TaskId("t1")].text == "hi"  # the forged text never reached the task
+    own = subject_for(claims_rank1)  # the same event where n2's runner publishes it is taken
+    assert Folder(start).add(7, claims_rank1, own) is None
+    assert apply_live(start, 7, claims_rank1, own)[1] is None
+
+
+def test_the_sampling_rank_alone_reports_tokens_and_completes_a_task() -> None:
+    """Node n1's runner holds rank 0 of t1's instance: it may report the task's prefill and fail
+    it, but its chunks and its completion are refused (only the last rank samples)."""
+    ev = Events()
+    events = [ev.node("n1"), ev.node("n2"), ev.placed("i1"), ev.created("t1"), ev.assigned("t1", "i1")]
+    start = fold(enumerate(events, start=1))
+    rank0 = ev.rank("i1", 0)
+    chunk = ChunkGenerated(env=rank0.stamp(), task_id=TaskId("t1"), index=0, text="forged", token_ids=[9])
+    completed = TaskCompleted(env=rank0.stamp(), task_id=TaskId("t1"), finish_reason="stop")
+    for event in (chunk, completed):
+        folder = Folder(start)
+        refused = folder.add(6, event, subject_for(event))  # on its own node's subject: the server let it through
+        assert isinstance(refused, ForbiddenOrigin) and "sampling rank (1)" in str(refused)
+        assert folder.state.tasks[TaskId("t1")].status == "assigned"
+    failed = TaskFailed(env=rank0.stamp(), task_id=TaskId("t1"), error="rank 0 failed: OOM", rank=0)
+    assert Folder(start).add(6, failed, subject_for(failed)) is None
+
+
+def _fold_from_the_bus(events: list[tuple[int, LogEvent, str]]) -> State:
+    state = State()
+    for seq, event, subject in events:
+        state, _error = apply_or_quarantine(state, seq, event, subject)
+    return state
+
+
+@settings(max_examples=30, deadline=None)
+@given(poisoned_logs(), st.lists(st.integers(min_value=0, max_value=len(HISTORY)), max_size=6))
+def test_folder_and_apply_quarantine_the_same_misrouted_events(
+    log: tuple[list[tuple[int, LogEvent]], int], misrouted_at: list[int]
+) -> None:
+    """Each event read with its subject, some moved to another node's subject (what a forger on
+    that node can publish): `Folder` and the plain fold quarantine exactly those as Misrouted."""
+    events, _poisoned = log
+    moved = {at for at in misrouted_at if at < len(events)}
+    read = [
+        (seq, event, f"{subject_for(event)}.node-x" if i in moved else subject_for(event))
+        for i, (seq, event) in enumerate(events)
+    ]
+    folder = Folder()
+    for seq, event, subject in read:
+        folder.add(seq, event, subject.encode())
+    expected = _fold_from_the_bus(read)
+    assert canonical_bytes(folder.state) == canonical_bytes(expected)
+    if expected.quarantined_count <= QUARANTINE_KEPT:  # every record kept: each moved event is one of them
+        misrouted = {q.seq for q in expected.quarantined if q.error == "Misrouted"}
+        assert misrouted == {read[at][0] for at in moved}

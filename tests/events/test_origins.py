@@ -1,5 +1,5 @@
 """Who may publish what (events/origins.py), one row per publisher and kind: every publisher the
-services really use is accepted, and the forgeries of issue 10 are refused by the fold."""
+services really use is accepted, and the forgeries of issues 10 and 43 are refused by the fold."""
 
 from __future__ import annotations
 
@@ -128,9 +128,9 @@ ALLOWED: dict[str, set[Origin]] = {
     "started_rank1": {RANK1},
     "progress_rank1": {RANK1},
     "progress_rank1_unassigned": set(),  # no runner reports on a task no instance holds
-    "chunk": {RANK0, RANK1},
-    "completed": {RANK0, RANK1, MASTER},  # the master ends a task cancelled while waiting
-    "failed": {RANK0, RANK1, MASTER},  # the master fails a task nobody can serve
+    "chunk": {RANK1},  # the sampling (last) rank only: rank 0 has no token to report
+    "completed": {RANK1, MASTER},  # the master ends a task cancelled while waiting
+    "failed": {RANK0, RANK1, MASTER},  # any rank that breaks; the master fails a task nobody can serve
 }
 ORIGINS = (API, MASTER, WORKER_N1, WORKER_N2, RANK0, RANK1, RANK1_WRONG_NODE, OTHER_INSTANCE_RANK, NO_RANK)
 

@@ -24,7 +24,7 @@ def batch_decoding(tokens: int = 10) -> LogBuilder:
     for index in range(tokens):
         log.advance(0.05)
         for task in BATCH:
-            log.chunk(task, index, rank=1)
+            log.chunk(task, index)  # from the sampling rank
         if index % 20 == 0:
             for rank in (0, 1):
                 log.heartbeat("i1", rank, "decode", BATCH[0], index, 0.01, batch=BATCH)

@@ -19,7 +19,7 @@ from eventlog.log import EventLog
 from eventlog.streams import LogSettings
 from events.catalogue import AnyEvent, TaskCompleted, TaskFailed, Usage
 from events.ids import TaskId
-from events.subjects import task_subject
+from events.subjects import from_any_node, subject_for, task_subject
 from runner.service.bridge import LogBridge
 from services.nats import EmbeddedNats
 from services.ops.delivery import delivery_problems
@@ -54,7 +54,7 @@ async def _running_task(server: EmbeddedNats, ev: Events, limit: int) -> tuple[E
 
 
 async def _end_of(log: EventLog, task_id: str) -> AnyEvent:
-    subjects = [task_subject(task_id, "completed"), task_subject(task_id, "failed")]
+    subjects = [*from_any_node(task_subject(task_id, "completed")), *from_any_node(task_subject(task_id, "failed"))]
     async with asyncio.timeout(30):
         async for _seq, event in log.follow(from_seq=1, subjects=subjects):
             return event
@@ -125,7 +125,7 @@ async def test_an_outage_past_the_backlog_fails_the_task_loudly_and_never_comple
     finally:
         await asyncio.to_thread(bridge.close)  # everything queued is published (or dropped) by now
     try:
-        assert await log.get_last(task_subject("t1", "completed")) is None
+        assert await log.get_last(subject_for(_completed(ev))) is None  # where its rank would end it
         state = await log.fold()
         assert state.tasks[TaskId("t1")].status == "failed"
         assert state.tasks[TaskId("t1")].text == "".join(WORDS[:3])  # a prefix, then the failure
@@ -148,7 +148,7 @@ async def test_an_event_the_log_refuses_fails_its_task_and_nothing_of_it_follows
     finally:
         await asyncio.to_thread(bridge.close)
     try:
-        assert await log.get_last(task_subject("t1", "completed")) is None
+        assert await log.get_last(subject_for(_completed(ev))) is None  # where its rank would end it
         assert (await log.fold()).tasks[TaskId("t1")].text == "kept "
     finally:
         await log.close()
@@ -173,7 +173,7 @@ async def test_chunks_queued_while_the_log_is_paused_go_out_coalesced_with_the_s
         finally:
             os.kill(server.pid, signal.SIGCONT)
         assert isinstance(await _end_of(log, "t1"), TaskCompleted)
-        records = [entry async for entry in log.replay(subjects=[task_subject("t1", "chunk_generated")])]
+        records = [entry async for entry in log.replay(subjects=from_any_node(task_subject("t1", "chunk_generated")))]
         assert 1 <= len(records) <= 2  # (the one in flight, if it left before the rest came), then one
         assert delivery_problems(records, await log.fold(), {"t1": "".join(WORDS)}) == []
         assert (await log.fold()).tasks[TaskId("t1")].text == "".join(WORDS)
@@ -222,6 +222,6 @@ async def test_a_refused_event_sent_beside_other_tasks_fails_only_its_own_task(
         assert isinstance(ends["t2"], TaskFailed) and "refused its ChunkGenerated" in ends["t2"].error
         state = await log.fold()
         assert [state.tasks[TaskId(t)].text for t in tasks] == ["one more", "", "three "]
-        assert await log.get_last(task_subject("t2", "completed")) is None
+        assert await log.get_last(subject_for(completed("t2"))) is None
     finally:
         await log.close()

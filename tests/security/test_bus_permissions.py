@@ -48,17 +48,19 @@ from events.catalogue import (
 from events.codec import encode
 from events.ids import InstanceId, NodeId, TaskId
 from events.stamp import Stamper
-from events.subjects import subject_for
+from events.subjects import NODE_PUBLISHED, subject_for
 from services.credentials import new_seed
-from services.nats_permissions import NODE, PUBLISHES, SUBJECTS, Identity
+from services.nats_permissions import NODE, PER_NODE, PUBLISHES, SUBJECTS, Identity, Role, subject_pattern
 from tests.security.conftest import SecuredBus
 
 TASK, INSTANCE, NODE_A = TaskId("task-1"), InstanceId("inst-1"), NodeId("node-a")
+TEST_ORIGIN = Origin(service="test")
 SERVICES = (Identity("api"), Identity("master"), Identity("worker", "node-a"), Identity("runner", "node-a"))
 
 
-def one_of_each_kind() -> list[AnyEvent]:
-    env = Stamper(Origin(service="test")).stamp
+def one_of_each_kind(origin: Origin = TEST_ORIGIN) -> list[AnyEvent]:
+    """One event of each kind, as `origin` would publish it (a node's end with its node)."""
+    env = Stamper(origin).stamp
     shard = Shard(node_id=NODE_A, rank=0, start_layer=0, end_layer=8)
     return [
         NodeJoined(env=env(), node_id=NODE_A, host="h", cores=1, memory_bytes=1, backend="cpu", version="0"),
@@ -99,11 +101,25 @@ def matches(pattern: str, subject: str) -> bool:
     return len(wanted) == len(tokens)
 
 
-def test_every_kind_has_a_permission_pattern_that_matches_its_subject() -> None:
-    samples = one_of_each_kind()
+def origin_of(identity: Identity) -> Origin:
+    """The origin `identity`'s service stamps (a runner: its rank, 0 here)."""
+    return Origin(service=identity.role, node=identity.node, rank=0 if identity.role == "runner" else None)
+
+
+@pytest.mark.parametrize("role", [role for role in PUBLISHES], ids=str)
+def test_every_kind_has_a_permission_pattern_that_matches_its_subject(role: Role) -> None:
+    identity = Identity(role, NODE_A if role in PER_NODE else "")
+    samples = one_of_each_kind(origin_of(identity))
     assert {type(event) for event in samples} == set(SUBJECTS)
     for event in samples:
-        assert matches(SUBJECTS[type(event)].replace(NODE, NODE_A), subject_for(event)), tag_of(event)
+        pattern = subject_pattern(type(event), role).replace(NODE, NODE_A)
+        assert matches(pattern, subject_for(event)), (tag_of(event), pattern)
+
+
+def test_the_kinds_ending_with_the_node_are_those_nodes_publish_about_something_else() -> None:
+    by_nodes = set(PUBLISHES["runner"]) | set(PUBLISHES["worker"])
+    named_in_the_subject = {kind for kind in by_nodes if NODE in SUBJECTS[kind]}  # the node's own events
+    assert by_nodes - named_in_the_subject == NODE_PUBLISHED
 
 
 async def refusal(bus: SecuredBus, identity: Identity, *, publish: str = "", subscribe: str = "") -> str:
@@ -136,7 +152,7 @@ async def test_a_client_without_an_admitted_identity_is_refused(bus: SecuredBus,
 CASES = [
     (identity, event)
     for identity in (*SERVICES, Identity("worker", "node-b"), Identity("runner", "node-b"))
-    for event in one_of_each_kind()
+    for event in one_of_each_kind(origin_of(identity))
 ]
 
 
@@ -229,3 +245,31 @@ async def test_each_service_reads_what_its_job_needs(bus: SecuredBus, admin_log:
     finally:
         for log in logs.values():
             await log.close()
+
+
+NODE_IDENTITIES = (Identity("worker", "node-a"), Identity("runner", "node-a"))
+FORGERIES = [
+    (identity, event)
+    for identity in NODE_IDENTITIES
+    for event in one_of_each_kind(Origin(service=identity.role, node="node-b", rank=1))
+    if type(event) in PUBLISHES[identity.role] and type(event) in NODE_PUBLISHED
+]
+
+
+@pytest.mark.parametrize(
+    ("identity", "event"), FORGERIES, ids=[f"{i.name}-as-node-b-{tag_of(e)}" for i, e in FORGERIES]
+)
+async def test_a_node_cannot_publish_as_another_node(
+    bus: SecuredBus, admin_log: EventLog, identity: Identity, event: AnyEvent
+) -> None:
+    """node-a's runner forging node-b's rank 1 (chunks, a completion, its status...), node-a's
+    worker reporting node-b's runner: on node-b's subject, or on the control plane's (no node),
+    the server refuses; only node-a's subjects are open to node-a."""
+    stream = "telemetry" if isinstance(event, TelemetryEvent) else "events"
+    stored = await admin_log.last_seq(stream)
+    as_node_b = subject_for(event)
+    assert as_node_b.endswith(".node-b")
+    for subject in (as_node_b, as_node_b.removesuffix(".node-b")):
+        said = await refusal(bus, identity, publish=subject)
+        assert f'Permissions Violation for Publish to "{subject}"' in said
+    assert await admin_log.last_seq(stream) == stored, "a refused event was stored"

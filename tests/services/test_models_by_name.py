@@ -44,7 +44,7 @@ def test_a_model_name_becomes_a_valid_distinct_subject_token() -> None:
     assert all(check_token("model", token) == token for token in tokens)
     assert len(set(tokens)) == len(names)
     ev = Events()
-    assert subject_for(_download(ev, "n1", 1, 2)) == model_subject(MODEL, "download_progress")
+    assert subject_for(_download(ev, "n1", 1, 2)) == f"{model_subject(MODEL, 'download_progress')}.n1"  # its node, last
 
 
 def test_download_reports_fold_per_node_and_the_latest_wins() -> None:
