@@ -14,13 +14,16 @@ from typing import Literal, get_args
 # --- where a runner's main thread is (`PhaseTracker.enter`, carried by `RunnerHeartbeat`) ------
 
 ComputePhase = Literal["prefill", "decode"]  # running the model for a task
+# In old logs only: a lone task's start vote (one all-reduce) of the engine path that served a task
+# outside the batch; a task's start is now agreed by the batch step that admits it.
+RetiredPhase = Literal["agree_start"]
 Phase = Literal[
     "idle",  # between tasks (also before the first one)
     "loading",  # joining the group and loading its shard
     "warming_up",  # a tiny task through every path, before reporting ready
-    "agree_start",  # all ranks vote on starting a task (one all-reduce)
     "agree_cancel",  # all ranks vote on stopping it (one all-reduce)
     ComputePhase,
+    RetiredPhase,
 ]
 COMPUTE_PHASES: frozenset[Phase] = frozenset(get_args(ComputePhase))
 # On a task and not (yet) asked to stop: what a rank that ignores a cancel is still in.
