@@ -176,13 +176,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sides[ADJUSTED_SIDE] = partial(
             _one_request, clusters[0].client(timeout=120), settings["max_tokens"], **ADJUSTMENTS
         )
-        for side in sides.values():
+        rounds = {
+            name: _cold_then_warm(name, index, len(sides), side) for index, (name, side) in enumerate(sides.items())
+        }
+        for one_round in rounds.values():  # warm-up: its own prompt and a cold one's shape, not measured
             for _ in range(settings["warmup"]):
-                side(None)
-        samples = run_rounds(
-            {name: _cold_then_warm(name, index, len(sides), side) for index, (name, side) in enumerate(sides.items())},
-            settings["rounds"],
-        )
+                one_round()
+        samples = run_rounds(rounds, settings["rounds"])
     return _report(settings, samples, quick=bool(args.quick))
 
 
