@@ -179,8 +179,12 @@ def _run_all(parsers: dict[str, argparse.ArgumentParser], args: argparse.Namespa
     stale = [] if args.record is None else other_runs(args.record, results)
     for name in stale:
         print(f"shoal bench all: {args.record}/{name} is from another run (another commit or start)", file=sys.stderr)
-    _print({"bench": "all", "results": results, "records_from_other_runs": stale}, one_line=args.json)
-    return 0
+    trees = sorted({f"{r['environment']['commit']}{'+dirty' if r['environment']['dirty'] else ''}" for r in results})
+    if len(trees) > 1:  # the tree moved during the run: the table would not be one commit's
+        print(f"shoal bench all: the runs saw {len(trees)} trees: {', '.join(trees)}", file=sys.stderr)
+    summary = {"bench": "all", "results": results, "records_from_other_runs": stale, "trees": trees}
+    _print(summary, one_line=args.json)
+    return 0 if len(trees) == 1 else 1
 
 
 def planned_runs(only: str | None) -> list[AllRun]:
