@@ -73,9 +73,11 @@ SIZED = (
 )
 # What the compute-bound model runs instead of the sizes above, unless their flags are given:
 # ~2 tokens/s for one stream on a 2-core machine, so only the targets' levels and short requests.
+# Its warm-up (the prefill calibration, the pace's prompt of three chunks) takes minutes on 2 cores.
 MODEL_SIZES: dict[str, dict[str, Any]] = {
-    "qwen3-0.6b": {"concurrency": "16,64", "requests_per_client": 1, "max_tokens": 32},
+    "qwen3-0.6b": {"concurrency": "16,64", "requests_per_client": 1, "max_tokens": 32, "ready_timeout": 1800.0},
 }
+READY_TIMEOUT_S = 300.0
 TARGET_LEVELS = (16, 64)
 # issue 45: on tiny (serving overhead dominates) >= 2.0x mlx_lm.server at 16 and 64 clients; elsewhere >= it.
 OVER_ANCHOR_MIN = {"tiny": 2.0}
@@ -88,14 +90,23 @@ OVER_ONE_STREAM_MIN = 6.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_sized(parser, SIZED)
     parser.add_argument("--max-queued-tasks", type=int, default=64, help="shoal's queue bound per model")
-    parser.add_argument("--ready-timeout", type=float, default=300.0, help="seconds each side may take to start")
+    parser.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=None,
+        help=f"seconds each side may take to start (default {READY_TIMEOUT_S:g}; the compute-bound model's own)",
+    )
     parser.add_argument(
         "--stall-timeout", type=float, default=300.0, help="seconds without a byte after which a request is a hang"
     )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    settings = resolve(args, SIZED) | {"max_queued_tasks": args.max_queued_tasks, "stall_timeout": args.stall_timeout}
+    settings = resolve(args, SIZED) | {
+        "max_queued_tasks": args.max_queued_tasks,
+        "stall_timeout": args.stall_timeout,
+        "ready_timeout": args.ready_timeout or READY_TIMEOUT_S,
+    }
     models = [m.strip() for m in str(settings["models"]).split(",") if m.strip()]
     chosen = [s.strip() for s in str(settings["sides"]).split(",") if s.strip()]
     if unknown := set(chosen) - set(SIDES):
@@ -104,12 +115,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, dict[str, dict[int, list[dict[str, Any]]]]] = {}
     with tempfile.TemporaryDirectory(prefix="shoal-bench-serve-") as root:
         for model in models:
-            figures[model] = _one_model(Path(root), model, chosen, per_model[model], args.ready_timeout)
+            figures[model] = _one_model(Path(root), model, chosen, per_model[model])
     return report(settings | {"per_model": per_model}, figures, quick=bool(args.quick))
 
 
 def _given(args: argparse.Namespace) -> set[str]:
-    return {option.dest for option in SIZED if getattr(args, option.dest, None) is not None}
+    sized = {option.dest for option in SIZED if getattr(args, option.dest, None) is not None}
+    return sized | ({"ready_timeout"} if args.ready_timeout is not None else set())
 
 
 def model_settings(settings: Mapping[str, Any], model: str, given: set[str]) -> dict[str, Any]:
@@ -123,17 +135,18 @@ def model_settings(settings: Mapping[str, Any], model: str, given: set[str]) -> 
         "rounds": int(chosen["rounds"]),
         "max_queued_tasks": int(chosen["max_queued_tasks"]),
         "stall_timeout": float(chosen["stall_timeout"]),
+        "ready_timeout": float(chosen["ready_timeout"]),
     }
 
 
 def _one_model(
-    root: Path, model: str, chosen: list[str], sizes: dict[str, Any], ready_timeout: float
+    root: Path, model: str, chosen: list[str], sizes: dict[str, Any]
 ) -> dict[str, dict[int, list[dict[str, Any]]]]:
     """Per side, per level, one summary per round."""
     directory = model_dir(model, root / "data")
     home = root / model
     home.mkdir()
-    max_tokens, levels = sizes["max_tokens"], sizes["levels"]
+    max_tokens, levels, ready_timeout = sizes["max_tokens"], sizes["levels"], sizes["ready_timeout"]
     with contextlib.ExitStack() as stack:
         anchors = [
             AnchorServer(directory, home, max_tokens, pinned=name.endswith("_pinned"))

@@ -96,8 +96,10 @@ def test_the_compute_bound_model_runs_its_own_sizes_unless_a_flag_names_them() -
         "rounds": 3,
         "max_queued_tasks": 64,
         "stall_timeout": 300.0,
+        "ready_timeout": 300.0,
     }
     assert model_settings(settings, "tiny", given=set())["levels"] == [1, 4, 16, 64]
     own = model_settings(settings, "qwen3-0.6b", given=set())
     assert (own["levels"], own["max_tokens"], own["requests_per_client"]) == ([16, 64], 32, 1)
+    assert own["ready_timeout"] > settings["ready_timeout"]  # its warm-up takes minutes
     assert model_settings(settings, "qwen3-0.6b", given={"max_tokens"})["max_tokens"] == 64
