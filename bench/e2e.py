@@ -60,7 +60,7 @@ ABOUT = (
     "no services), which splits the 1-worker side's cost into the decode loop's and serving's"
 )
 SIZED = (
-    Sized("--rounds", 20, 2, "rounds; each sends one request to every side"),
+    Sized("--rounds", 20, 1, "rounds; each sends every side a cold request and a warm one"),
     Sized("--max-tokens", 64, 16, "tokens to generate per request"),
     Sized("--warmup", 2, 1, "unmeasured requests per side before the rounds"),
 )
