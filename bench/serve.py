@@ -50,7 +50,7 @@ from bench.serve_sides import (
     events_between,
     model_dir,
 )
-from bench.stats import compare, summarize, target
+from bench.stats import compare, rounded, summarize, target
 
 ANCHORS = ("mlx_lm_server", "mlx_lm_server_pinned")
 ENGINE_ALONE = "shoal_engine_alone"
@@ -185,7 +185,15 @@ def chosen_anchors(chosen: list[str]) -> list[str]:
 def _measure(side: Side | EngineAloneSide, model: str, concurrency: int, sizes: dict[str, Any]) -> dict[str, Any]:
     if isinstance(side, EngineAloneSide):
         done = side.level(concurrency, sizes["requests_per_client"])
-        return {**done, "served": done["requests"] - done["errors"], "hangs": 0, "refused_429": 0, "retries": 0}
+        figures = {key: rounded(done[key], 4) for key in ("aggregate_tps", "wall_s")}
+        return {
+            **done,
+            **figures,
+            "served": done["requests"] - done["errors"],
+            "hangs": 0,
+            "refused_429": 0,
+            "retries": 0,
+        }
     before = asyncio.run(side.events_stored())
     started = time.perf_counter()
     served = asyncio.run(

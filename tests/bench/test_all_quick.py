@@ -10,6 +10,7 @@ holds `shoal bench all` to every record of bench/results/.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,13 +25,30 @@ ONLY = ("log", "prefill-2ranks", "prefill-3ranks", "e2e", "cancel", "replay", "s
 EXPECTED_FILES = {f"{record}.json" for record in ONLY}
 
 
-@pytest.mark.timeout(420)
+def _run_bounded(argv: list[str], timeout: float) -> tuple[int, str, str]:
+    """Run `argv`; past `timeout` interrupt it (SIGINT: the bench stops the clusters and processes it
+    started on its way out, where a kill would leave them running on a shared machine), then kill it."""
+    process = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGINT)
+        try:
+            stdout, stderr = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
+        pytest.fail(f"shoal bench all --quick ran past {timeout}s: {stderr[-4000:]}")
+    return process.returncode, stdout, stderr
+
+
+@pytest.mark.timeout(480)
 def test_every_bench_runs_quick_and_is_recorded(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "services.cli", "bench", "all", "--quick", "--json", "--record", str(tmp_path)]
     argv += ["--only", ",".join(ONLY)]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stderr[-4000:]
-    ran = json.loads(done.stdout.strip().splitlines()[-1])
+    returncode, stdout, stderr = _run_bounded(argv, timeout=400)
+    assert returncode == 0, stderr[-4000:]
+    ran = json.loads(stdout.strip().splitlines()[-1])
     results = ran["results"]
     assert ran["records_from_other_runs"] == [] and len(ran["trees"]) == 1
     assert [r["bench"] for r in results] == ["log", "prefill", "prefill", "e2e", "cancel", "replay", "soak"]
