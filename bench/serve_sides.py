@@ -50,13 +50,14 @@ QWEN3_25M: dict[str, Any] = {
 }
 # A qwen3 of ~0.44B parameters where compute, not serving, dominates: Qwen3-0.6B's layers (28 of
 # 15.7M: attention 6.3M, MLP 9.4M) with the tiny tokenizer's 1,024 tokens (the real vocabulary would
-# add 156M of embedding that a decode step reads one row of). In float32 (mlx's default, as written):
-# measured on the shared 2-core EPYC (load 13-26, so only the order of magnitude holds), a 4-layer
-# slice of this shape, alternating dtypes in one process, in a runner's layout (its OpenBLAS
-# preloaded, its threads pinned): a decode step of 1 row took 84 ms in float32 and 1,008 ms in 4-bit
-# (group 64), of 16 rows 329 ms in float32 and 13,407 ms in 4-bit (one round); without the preload,
-# 813 / 4,062 ms in float32, 548 / 11,236 in 4-bit, 382 / 11,237 in 8-bit, 696 / 3,227 in bfloat16.
-# MLX's CPU quantized matmul is a single-threaded kernel; float32's goes to BLAS.
+# add 156M of embedding that a decode step reads one row of). In float32 (mlx's default, as written),
+# which MLX's CPU backend decodes fastest here: `bench.dtype_probe` (a 4-layer slice of this shape,
+# dtypes alternating in one process, in a runner's layout: its OpenBLAS preloaded, its threads
+# pinned), 2 rounds on the shared 2-core EPYC (load 6-9): a decode step of 1 row took 78 / 39 ms in
+# float32 and 117 / 66 ms in 4-bit (group 64), of 16 rows 121 / 59 ms against 1,033 / 1,015 ms; an
+# earlier round under load 13-26 read the same order (16 rows: 329 against 13,407 ms; without the
+# OpenBLAS preload 8-bit and bfloat16 no faster). MLX's CPU quantized matmul is one thread's kernel;
+# float32's goes to BLAS, so a batch, what serving decodes, runs 8-17x faster in float32.
 QWEN3_06B: dict[str, Any] = {
     **QWEN3_100M,
     "hidden_size": 1024,
