@@ -55,9 +55,11 @@ QWEN3_25M: dict[str, Any] = {
 # dtypes alternating in one process, in a runner's layout: its OpenBLAS preloaded, its threads
 # pinned), 2 rounds on the shared 2-core EPYC (load 6-9): a decode step of 1 row took 78 / 39 ms in
 # float32 and 117 / 66 ms in 4-bit (group 64), of 16 rows 121 / 59 ms against 1,033 / 1,015 ms; an
-# earlier round under load 13-26 read the same order (16 rows: 329 against 13,407 ms; without the
-# OpenBLAS preload 8-bit and bfloat16 no faster). MLX's CPU quantized matmul is one thread's kernel;
-# float32's goes to BLAS, so a batch, what serving decodes, runs 8-17x faster in float32.
+# earlier round under load 13-26 read the same order (16 rows: 329 against 13,407 ms). Without the
+# preload (no runner lacks it) float32 was the slower one for 1 row: 813 / 4,062 ms (1 / 16 rows)
+# against 548 / 11,236 in 4-bit, 382 / 11,237 in 8-bit, 696 / 3,227 in bfloat16 (one round under
+# load; 8-bit and bfloat16 not measured with the preload). MLX's CPU quantized matmul is one
+# thread's kernel; float32's goes to BLAS, so a batch, what serving decodes, runs 8-17x faster in it.
 QWEN3_06B: dict[str, Any] = {
     **QWEN3_100M,
     "hidden_size": 1024,
