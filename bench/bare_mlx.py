@@ -1,8 +1,11 @@
 """Bare mlx-lm, no shoal: `stream_generate` in one process, the reference side of `shoal bench e2e`.
 
 Run as `python -m bench.bare_mlx MODEL_DIR PROMPT MAX_TOKENS PREFILL_STEP` by the bench, in a
-subprocess with the same BLAS environment as a 1-rank runner. It loads the model, runs two
-warm-up generations, prints `ready`, then runs one generation per `go` line read from stdin and
+subprocess with the same BLAS environment as a 1-rank runner and, as a runner does, its Python and
+MLX threads pinned to the rank's compute CPU (`runner.affinity`; the bench also runs it unpinned,
+as a side of its own, to measure what the pinning is worth). It loads the model, runs two
+warm-up generations, prints `ready`, then runs one generation per `go` line read from stdin
+(`go` alone: PROMPT; `go <JSON string>`: that prompt, a fresh one for a cold prefill) and
 prints one JSON line for each (`{"ttft_ms", "decode_tps", "tokens"}`), so the bench can
 interleave it with requests through shoal. Times are those of the first and last piece of
 text, as an openai client streaming from shoal sees them, so both sides are timed alike. It exits at the end of stdin.
@@ -15,13 +18,16 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from runner.affinity import COMPUTE_CPU_ENV, compute_cpu_env, pin_compute_threads
+
 
 def main(argv: list[str]) -> int:
+    pin_compute_threads(os.environ)  # first, as a runner does: a no-op where SHOAL_COMPUTE_CPU is unset
     import mlx.core as mx
     from mlx_lm import load
     from mlx_lm.generate import stream_generate
@@ -30,9 +36,9 @@ def main(argv: list[str]) -> int:
 
     model_dir, prompt, max_tokens, step = argv[0], argv[1], int(argv[2]), int(argv[3])
     model, tokenizer = load(model_dir)[:2]
-    tokens = mx.array(encode_chat(tokenizer, [{"role": "user", "content": prompt}]))
 
-    def one() -> dict[str, Any]:
+    def one(text: str | None) -> dict[str, Any]:
+        tokens = mx.array(encode_chat(tokenizer, [{"role": "user", "content": text or prompt}]))
         started = time.perf_counter()
         first = last = started
         count = 0
@@ -47,15 +53,24 @@ def main(argv: list[str]) -> int:
     return serve_stdio(one)
 
 
-def serve_stdio(one: Callable[[], dict[str, Any]], warmups: int = 2) -> int:
-    """The side's half of the protocol: `warmups` unmeasured runs (compile, allocate, fill
-    caches), `ready`, then one run and its JSON line per `go` read, until stdin ends."""
+def serve_stdio(
+    one: Callable[[str | None], dict[str, Any]],
+    warmups: int = 2,
+    commands: Mapping[str, Callable[[str], dict[str, Any]]] | None = None,
+) -> int:
+    """The side's half of the protocol: `warmups` unmeasured runs of the side's own prompt
+    (compile, allocate, fill caches), `ready`, then one run and its JSON line per `go` read (with
+    the prompt that follows it, as a JSON string, or the side's own), or per line naming one of the
+    side's other `commands` (given the rest of the line), until stdin ends."""
     for _ in range(warmups):
-        one()
+        one(None)
     print("ready", flush=True)
     for line in sys.stdin:
-        if line.strip() == "go":
-            print(json.dumps(one()), flush=True)
+        command, _, rest = line.strip().partition(" ")
+        if command == "go":
+            print(json.dumps(one(json.loads(rest) if rest else None)), flush=True)
+        elif commands and command in commands:
+            print(json.dumps(commands[command](rest)), flush=True)
     return 0
 
 
@@ -90,13 +105,18 @@ class StdioSide:
             self._process.kill()
             self._process.wait()
 
-    def generate(self) -> dict[str, Any]:
-        self._stdin.write("go\n")
+    def generate(self, prompt: str | None = None) -> dict[str, Any]:
+        """One run: of `prompt` (a side that takes one: `serve_stdio`'s), else of the side's own."""
+        return self.ask("go" if prompt is None else f"go {json.dumps(prompt)}")
+
+    def ask(self, line: str) -> dict[str, Any]:
+        """Send one command line (`go ...`, or another the side serves) and read its JSON answer."""
+        self._stdin.write(f"{line}\n")
         self._stdin.flush()
-        line = self._line(lambda line: line.startswith("{"))
-        if line is None:
+        answer = self._line(lambda text: text.startswith("{"))
+        if answer is None:
             raise RuntimeError(f"{self._stderr_path.stem} exited: {self._stderr_tail()}")
-        return json.loads(line)
+        return json.loads(answer)
 
     def _line(self, wanted: Callable[[str], bool]) -> str | None:
         """The next line `wanted` accepts (a library may print to stdout too); None at the end."""
@@ -109,13 +129,19 @@ class StdioSide:
         return self._stderr_path.read_text(errors="replace")[-2000:]
 
 
-def bare_mlx(env: dict[str, str], model_dir: str, prompt: str, max_tokens: int, step: int, log_dir: Path) -> StdioSide:
-    """The bare mlx-lm process, with a 1-rank runner's BLAS environment."""
+def bare_mlx(
+    env: dict[str, str], model_dir: str, prompt: str, max_tokens: int, step: int, log_dir: Path, *, pinned: bool = True
+) -> StdioSide:
+    """The bare mlx-lm process, with a 1-rank runner's BLAS environment and, `pinned`, its compute
+    CPU (as `shoal up`'s runners and the engine-alone side have)."""
     from runner.blas import blas_env
 
     child_env = {**env, **blas_env(env.get("SHOAL_BLAS"), 1, os.cpu_count() or 1, env)}
+    child_env.pop(COMPUTE_CPU_ENV, None)
+    if pinned:
+        child_env |= compute_cpu_env(0, 1)
     argv = [sys.executable, "-m", "bench.bare_mlx", model_dir, prompt, str(max_tokens), str(step)]
-    return StdioSide(argv, child_env, log_dir / "bare_mlx.err")
+    return StdioSide(argv, child_env, log_dir / f"bare_mlx{'' if pinned else '_unpinned'}.err")
 
 
 if __name__ == "__main__":

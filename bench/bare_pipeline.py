@@ -27,11 +27,13 @@ from types import TracebackType
 from typing import Any, cast
 
 from bench.bare_mlx import StdioSide
+from runner.affinity import pin_compute_threads
 
 GENERATE, QUIT = 1, 0
 
 
 def main(argv: list[str]) -> int:
+    pin_compute_threads(os.environ)  # first, as a rank of shoal's does (`rank_env` names its CPU)
     import mlx.core as mx
     from mlx_lm import load
 

@@ -138,7 +138,7 @@ async def _retried(
     any answer: mlx_lm.server's listening socket queues 5 connections (`http.server`), so part of a
     burst can be reset; the retries are counted."""
     served = await stream_chat(client, model, max_tokens, prompt, first_token)
-    while served.status == 0 and served.retries < CONNECT_ATTEMPTS:
+    while served.status == 0 and not served.hung and served.retries < CONNECT_ATTEMPTS:
         await asyncio.sleep(0.05 * (served.retries + 1))
         retries = served.retries + 1
         served = await stream_chat(client, model, max_tokens, prompt, first_token)

@@ -194,6 +194,16 @@ class _Round:
         return rate
 
 
+def fold_account(per_s: float | None) -> str:
+    """What bounds the offline fold: one Python thread decoding and applying each event in turn."""
+    if not per_s:
+        return "no fold was measured"
+    return (
+        f"one Python thread decodes (msgspec) and applies (`State.apply`) each event in turn: "
+        f"{1e6 / per_s:.2f} us an event, against the {1e6 / FOLD_MIN:.2f} us the target allows"
+    )
+
+
 def _report(
     settings: dict[str, Any], runs: dict[str, list[float]], checks: dict[str, bool], quick: bool, variant: str
 ) -> dict[str, Any]:
@@ -224,7 +234,13 @@ def _report(
         )
     targets = {
         "replay_per_s": target(measures["replay_per_s"]["median"], ">=", REPLAY_MIN, "events/s"),
-        "fold_per_s": target(measures["fold_per_s"]["median"], ">=", FOLD_MIN, "events/s"),
+        "fold_per_s": target(
+            measures["fold_per_s"]["median"],
+            ">=",
+            FOLD_MIN,
+            "events/s",
+            bounded_by=fold_account(measures["fold_per_s"]["median"]),
+        ),
         "raw_over_append": target(comparisons["raw_over_append"]["median"], "<=", APPEND_SLOWDOWN_MAX),
     }
     return bench_result(

@@ -28,7 +28,9 @@ from bench.rounds import rotated, run_rounds
 from bench.stats import compare, summarize, target
 
 BENCH_MODEL = {"layers": 8, "hidden": 512, "vocab": 1024, "seed": 0}
-EFFICIENCY_MIN = 0.95
+# issue 45: overlapped prefill >= 0.95 of the GPipe ideal on 2 ranks, >= 0.9 on 3.
+EFFICIENCY_MIN = {2: 0.95, 3: 0.9}
+EFFICIENCY_MIN_DEFAULT = 0.9
 ABOUT = (
     "prefill rate of the overlapped pipeline vs the sequential path on N ranks, vs one process on all cores and "
     "on one thread (interleaved rounds; tiny model d=512, 8 layers); ring all-reduce and send/recv costs"
@@ -165,7 +167,14 @@ def _report(
         settings=settings,
         measures=measures,
         comparisons=comparisons,
-        targets={"efficiency": target(efficiency, ">=", EFFICIENCY_MIN)},
+        targets={
+            "efficiency": target(
+                efficiency,
+                ">=",
+                EFFICIENCY_MIN.get(world, EFFICIENCY_MIN_DEFAULT),
+                bounded_by=_efficiency_account(measures, comparisons, world, cores),
+            )
+        },
         headline=[
             "overlapped_tps",
             "sequential_tps",
@@ -177,6 +186,23 @@ def _report(
         ],
         notes=_notes(measures, comparisons, ideal, efficiency, world, cores, settings["step"]),
         details={"chunks": chunks, "ideal": round(ideal, 3), "efficiency": efficiency, "model": model},
+    )
+
+
+def _efficiency_account(measures: dict[str, Any], comparisons: dict[str, Any], world: int, cores: int) -> str:
+    """What bounds the overlapped pipeline against the GPipe ideal, from this run's medians: the
+    ideal assumes `world` ranks at once run `world`x one; on `cores` cores they share, they cannot."""
+
+    def median(name: str) -> str:
+        return median_text(measures, comparisons, name)
+
+    return (
+        f"the ideal assumes {world} ranks computing at once run {world}x as fast as one; here they share {cores} "
+        f"cores, on which one process runs {median('ceiling')}x one thread, and the sequential path runs at "
+        f"{median('sequential_vs_one_thread')}x one thread; a chunk's ring costs (all-reduce "
+        f"{median('all_reduce_ms')} ms, send/recv {median('send_recv_ms')} ms) are small beside its "
+        f"{median('chunk_one_thread_ms')} ms of compute: the cores, not the schedule, bound it (per-rank busy/idle "
+        "time per chunk is not measured yet)"
     )
 
 

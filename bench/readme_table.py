@@ -76,8 +76,10 @@ def _row(record: Mapping[str, Any]) -> str:
 def _figure(name: str, summary: Mapping[str, Any]) -> str:
     unit = f" {summary['unit']}" if summary.get("unit") else ""
     median = summary.get("median")
+    zeros = summary.get("zero_denominators") or 0  # absent from records before it was counted
+    dropped = f", {zeros} of {summary['rounds']} rounds with a zero denominator" if zeros else ""
     if median is None:
-        return f"`{name}` no samples"
+        return f"`{name}` no samples{dropped}"
     low, high = ("p10", "p90") if "p10" in summary else ("min", "max")
     spread = f"{readable(summary[low])}..{readable(summary[high])}"
     extra = ""
@@ -87,14 +89,15 @@ def _figure(name: str, summary: Mapping[str, Any]) -> str:
             (p99["value"], p99.get("is_max")) if isinstance(p99, Mapping) else (p99, summary.get("p99_is_max"))
         )
         extra = f", p99 {readable(value)}{' (= max)' if is_max else ''}"
-    return f"`{name}` {readable(median)}{unit} [{spread}, n={summary['n']}{extra}]"
+    return f"`{name}` {readable(median)}{unit} [{spread}, n={summary['n']}{extra}{dropped}]"
 
 
 def _target(name: str, judged: Mapping[str, Any]) -> str:
     value = judged.get("value")
     shown = "none" if value is None else readable(value)
     verdict = "met" if judged.get("met") else "**not met**"
-    return f"`{name}` {judged['target']}: {verdict} ({shown})"
+    note = f": {judged['note']}" if judged.get("note") and not judged.get("met") else ""  # what bounds it
+    return f"`{name}` {judged['target']}: {verdict} ({shown}){note}"
 
 
 def _provenance(record: Mapping[str, Any]) -> str:

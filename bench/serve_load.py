@@ -35,6 +35,18 @@ class Served:
     tokens: int = 0
     error: str = ""
     retries: int = 0  # sent again after its connection was refused or reset before any answer
+    hung: bool = False  # no byte for the stall timeout: a hang, told apart from an error and never retried
+    retry_after: str | None = None  # a refusal's Retry-After header: a 429 with one is an answer
+
+    @property
+    def refused(self) -> bool:
+        """Refused with a time to come back (429 + Retry-After): an answer, not an error."""
+        return self.status == 429 and self.retry_after is not None
+
+    @property
+    def failed(self) -> bool:
+        """An error: neither served (200 without an error chunk) nor refused, nor a hang (counted apart)."""
+        return not self.hung and not self.refused and (self.status != 200 or bool(self.error))
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -66,6 +78,7 @@ async def stream_chat(
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
             served.status = response.status_code
             if response.status_code != 200:
+                served.retry_after = response.headers.get("retry-after")
                 served.error = (await response.aread()).decode(errors="replace")[:200]
                 return served
             async for line in response.aiter_lines():
@@ -89,19 +102,32 @@ async def stream_chat(
                 else:
                     served.gaps_ms.append((now - last) * 1000)
                 last = now
+    except httpx.TimeoutException as exc:
+        served.hung = True
+        served.error = f"hang: {type(exc).__name__} (no byte within the stall timeout)"
     except httpx.HTTPError as exc:
         served.error = f"{type(exc).__name__}: {exc}"
     served.tokens = served.tokens or chunks
     return served
 
 
-async def run_level(base_url: str, model: str, concurrency: int, requests_each: int, max_tokens: int) -> list[Served]:
-    """`concurrency` clients at once, each sending `requests_each` requests in turn."""
+def stalls_after(seconds: float) -> httpx.Timeout:
+    """A client's timeouts: a request hangs when no byte comes for `seconds` (its connection, its
+    first byte, or the next one); a long stream that keeps sending never does."""
+    return httpx.Timeout(seconds, pool=None)
+
+
+async def run_level(
+    base_url: str, model: str, concurrency: int, requests_each: int, max_tokens: int, stall_s: float = 600.0
+) -> list[Served]:
+    """`concurrency` clients at once, each sending `requests_each` requests in turn, each sent
+    again while its connection is refused or reset before any answer (`stream_chat_retried`):
+    every side alike, so a server's listen backlog costs it retries, never requests."""
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(600.0), limits=limits) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=stalls_after(stall_s), limits=limits) as client:
 
         async def one_client() -> list[Served]:
-            return [await stream_chat(client, model, max_tokens) for _ in range(requests_each)]
+            return [await stream_chat_retried(client, model, max_tokens) for _ in range(requests_each)]
 
         per_client = await asyncio.gather(*(one_client() for _ in range(concurrency)))
     return [served for done in per_client for served in done]
@@ -109,7 +135,8 @@ async def run_level(base_url: str, model: str, concurrency: int, requests_each: 
 
 def summarize_level(served: list[Served], wall_s: float, events: int | None) -> dict[str, Any]:
     """The level's figures: aggregate tokens/s over its wall time, TTFT and inter-token latency
-    percentiles, errors (429s counted apart), and log events per generated token."""
+    percentiles, errors (429s with Retry-After counted apart: an answer; one without is an error),
+    hangs, retried connections, and log events per generated token."""
     ok = [s for s in served if s.status == 200 and not s.error]
     tokens = sum(s.tokens for s in ok)
     ttfts = [s.ttft_ms for s in ok if s.ttft_ms is not None]
@@ -124,8 +151,10 @@ def summarize_level(served: list[Served], wall_s: float, events: int | None) -> 
         "ttft_ms_p99": _percentile(ttfts, 0.99),
         "itl_ms_p50": _percentile(gaps, 0.5),
         "itl_ms_p99": _percentile(gaps, 0.99),
-        "errors": sum(1 for s in served if s.status not in (200, 429) or (s.status == 200 and s.error)),
-        "refused_429": sum(1 for s in served if s.status == 429),
+        "errors": sum(1 for s in served if s.failed),
+        "hangs": sum(1 for s in served if s.hung),
+        "refused_429": sum(1 for s in served if s.refused),
+        "retries": sum(s.retries for s in served),
         "events_per_token": rounded(events / tokens, 3) if events is not None and tokens else None,
         "first_errors": sorted({s.error for s in served if s.error})[:3],
         "wall_s": rounded(wall_s, 4),
@@ -140,7 +169,7 @@ async def stream_chat_retried(
     TTFT counts from the first attempt, and the retries are counted."""
     first = time.perf_counter()
     served = await stream_chat(client, model, max_tokens)
-    while served.status == 0 and served.retries < attempts:
+    while served.status == 0 and not served.hung and served.retries < attempts:
         await asyncio.sleep(0.05 * (served.retries + 1))
         retries = served.retries + 1
         served = await stream_chat(client, model, max_tokens)

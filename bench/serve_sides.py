@@ -48,8 +48,32 @@ QWEN3_25M: dict[str, Any] = {
     "num_attention_heads": 8,
     "num_key_value_heads": 4,
 }
-RANDOM_SHAPES: dict[str, dict[str, Any]] = {"qwen3-100m": QWEN3_100M, "qwen3-25m": QWEN3_25M}
-MODELS = ("tiny", "qwen3-100m")  # what `shoal bench serve` measures
+# A qwen3 of ~0.44B parameters where compute, not serving, dominates: Qwen3-0.6B's layers (28 of
+# 15.7M: attention 6.3M, MLP 9.4M) with the tiny tokenizer's 1,024 tokens (the real vocabulary would
+# add 156M of embedding that a decode step reads one row of). In float32 (mlx's default, as written),
+# which MLX's CPU backend decodes fastest here: `bench.dtype_probe` (a 4-layer slice of this shape,
+# dtypes alternating in one process, in a runner's layout: its OpenBLAS preloaded, its threads
+# pinned), 2 rounds on the shared 2-core EPYC (load 6-9): a decode step of 1 row took 78 / 39 ms in
+# float32 and 117 / 66 ms in 4-bit (group 64), of 16 rows 121 / 59 ms against 1,033 / 1,015 ms; an
+# earlier round under load 13-26 read the same order (16 rows: 329 against 13,407 ms). Without the
+# preload (no runner lacks it) float32 was the slower one for 1 row: 813 / 4,062 ms (1 / 16 rows)
+# against 548 / 11,236 in 4-bit, 382 / 11,237 in 8-bit, 696 / 3,227 in bfloat16 (one round under
+# load; 8-bit and bfloat16 not measured with the preload). MLX's CPU quantized matmul is one
+# thread's kernel; float32's goes to BLAS, so a batch, what serving decodes, runs 8-17x faster in it.
+QWEN3_06B: dict[str, Any] = {
+    **QWEN3_100M,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rope_theta": 1000000.0,
+}
+RANDOM_SHAPES: dict[str, dict[str, Any]] = {"qwen3-100m": QWEN3_100M, "qwen3-25m": QWEN3_25M, "qwen3-0.6b": QWEN3_06B}
+MODELS = ("tiny", "qwen3-100m", "qwen3-0.6b")  # what `shoal bench serve` measures
+# Where compute dominates, shoal's engine alone (one process, no services) is the served side's ceiling.
+COMPUTE_BOUND = ("qwen3-0.6b",)
 KNOWN_MODELS = ("tiny", *RANDOM_SHAPES)
 # mlx_lm.server batches up to this many decodes and prefills at once (its defaults are lower).
 ANCHOR_DECODE_CONCURRENCY = 64
@@ -95,20 +119,32 @@ class Side(Protocol):
 
 
 class AnchorServer:
-    """`mlx_lm.server` on the model, batching on, with a 1-rank runner's BLAS environment."""
+    """`mlx_lm.server` on the model, batching on, with a 1-rank runner's BLAS environment and,
+    `pinned`, its compute CPU (`bench.anchor_server`); unpinned it runs as a user starts it."""
 
     def __init__(
-        self, model: Path, log_dir: Path, max_tokens: int, decode_concurrency: int = ANCHOR_DECODE_CONCURRENCY
+        self,
+        model: Path,
+        log_dir: Path,
+        max_tokens: int,
+        decode_concurrency: int = ANCHOR_DECODE_CONCURRENCY,
+        *,
+        pinned: bool = False,
     ) -> None:
-        from runner.blas import blas_env  # no mlx import: only the environment it needs
+        from runner.affinity import COMPUTE_CPU_ENV, compute_cpu_env  # no mlx import
+        from runner.blas import blas_env
 
-        self.name = "mlx_lm_server"
+        self.name = "mlx_lm_server_pinned" if pinned else "mlx_lm_server"
         port = free_port()
         self.base_url = f"http://127.0.0.1:{port}"
         env = {**os.environ, **blas_env(os.environ.get("SHOAL_BLAS"), 1, os.cpu_count() or 1, os.environ)}
-        server = shutil.which("mlx_lm.server", path=str(Path(sys.executable).parent)) or "mlx_lm.server"
+        env.pop(COMPUTE_CPU_ENV, None)
+        if pinned:
+            env |= compute_cpu_env(0, 1)  # as a 1-worker node places its one runner
         argv = [
-            server,
+            sys.executable,
+            "-m",
+            "bench.anchor_server",
             "--model",
             str(model),
             "--port",
@@ -122,9 +158,9 @@ class AnchorServer:
             "--prompt-concurrency",
             str(ANCHOR_PROMPT_CONCURRENCY),
         ]
-        self._log = (log_dir / "mlx_lm_server.err").open("wb")
+        self._log_path = log_dir / f"{self.name}.err"
+        self._log = self._log_path.open("wb")
         self._process = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-        self._log_path = log_dir / "mlx_lm_server.err"
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -150,6 +186,29 @@ class AnchorServer:
             self._process.kill()
             self._process.wait()
         self._log.close()
+
+
+class EngineAloneSide:
+    """shoal's engine alone on the model (`bench.engine_alone`: a 1-rank runner's continuous batch
+    in one process, pinned as the runner is, no services), asked for a whole level of clients."""
+
+    def __init__(self, model: Path, log_dir: Path, max_tokens: int) -> None:
+        from bench.engine_alone import engine_alone
+        from bench.serve_load import PROMPT
+        from events.runner_settings import RunnerSettings
+
+        self.name = "shoal_engine_alone"
+        step = RunnerSettings().prefill_step_size  # the served instance's default
+        self._side = engine_alone(dict(os.environ), str(model), PROMPT, max_tokens, step, log_dir)
+
+    def wait_ready(self) -> None:
+        self._side.__enter__()
+
+    def level(self, concurrency: int, requests_each: int) -> dict[str, Any]:
+        return self._side.ask(f"level {concurrency} {requests_each}")
+
+    def stop(self) -> None:
+        self._side.__exit__(None, None, None)
 
 
 class ShoalSide:

@@ -22,10 +22,11 @@ import math
 import operator
 import statistics
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 SMALL_N = 10
 SIGNIFICANT = 4
+UNEXPLAINED = "missed; the bench has no account yet of what bounds it"
 
 Comparison = Literal["ratio", "difference"]
 Bound = Literal[">=", "<=", "=="]
@@ -64,27 +65,45 @@ def summarize(values: Sequence[float], unit: str) -> dict[str, Any]:
     return out | {"n": len(values), "unit": unit, "samples": [rounded(v) for v in values]}
 
 
-def per_round(numerators: Sequence[float], denominators: Sequence[float], kind: Comparison) -> list[float]:
+class Paired(NamedTuple):
+    """Per-round ratios (or differences) of two sides, and how many rounds had no ratio: a round
+    whose denominator is zero (a side that produced nothing) is counted, never silently dropped."""
+
+    values: list[float]
+    zero_denominators: int
+
+
+def per_round(numerators: Sequence[float], denominators: Sequence[float], kind: Comparison) -> Paired:
     """a_i / b_i (or a_i - b_i) for each round i; both sides must have been measured every round."""
     if len(numerators) != len(denominators):
         raise ValueError(f"unpaired rounds: {len(numerators)} against {len(denominators)}")
+    pairs = list(zip(numerators, denominators, strict=True))
     if kind == "ratio":
-        return [a / b for a, b in zip(numerators, denominators, strict=True) if b != 0]
-    return [a - b for a, b in zip(numerators, denominators, strict=True)]
+        values = [a / b for a, b in pairs if b != 0]
+        return Paired(values, len(pairs) - len(values))
+    return Paired([a - b for a, b in pairs], 0)
 
 
 def compare(
     numerators: Sequence[float], denominators: Sequence[float], kind: Comparison, of: str, unit: str = ""
 ) -> dict[str, Any]:
-    """Summary of the per-round ratios (or differences) of two sides; `of` names them, e.g. "a / b"."""
-    return {**summarize(per_round(numerators, denominators, kind), unit or ("x" if kind == "ratio" else "")), "of": of}
+    """Summary of the per-round ratios (or differences) of two sides; `of` names them, e.g. "a / b".
+    `rounds` is how many rounds were paired and `zero_denominators` how many of them had no ratio."""
+    paired = per_round(numerators, denominators, kind)
+    summary = summarize(paired.values, unit or ("x" if kind == "ratio" else ""))
+    return {**summary, "of": of, "rounds": len(numerators), "zero_denominators": paired.zero_denominators}
 
 
-def target(value: float | None, bound: Bound, limit: float, unit: str = "") -> dict[str, Any]:
-    """A target judged on `value` (a median): stated, valued and met, side by side."""
+def target(value: float | None, bound: Bound, limit: float, unit: str = "", bounded_by: str = "") -> dict[str, Any]:
+    """A target judged on `value` (a median): stated, valued and met, side by side. A missed one
+    carries `note`: what bounds it (`bounded_by`, the bench's account, from its own figures where
+    it has them), or, where the bench has none, that it has none."""
     met = value is not None and math.isfinite(value) and _OPERATORS[bound](value, limit)
     stated = f"{bound} {limit:g}{' ' + unit if unit else ''}"
-    return {"target": stated, "value": value, "met": met}
+    judged: dict[str, Any] = {"target": stated, "value": value, "met": met}
+    if not met:
+        judged["note"] = bounded_by or UNEXPLAINED
+    return judged
 
 
 def tail(values: Sequence[float], q: float) -> dict[str, Any]:

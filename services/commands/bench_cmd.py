@@ -4,7 +4,7 @@ A bench module exposes `add_arguments(parser)` and `run(args) -> dict` (the shap
 `bench.result.bench_result`). Every bench also takes `--quick` (brief sizes, for the smoke
 test) and `--record DIR` (write the JSON to `DIR/<bench>[-<variant>].json`). Each result
 carries `environment` (commit, machine, versions, BLAS: `bench.environment`) and `command`,
-the command line that reproduces it. `shoal bench all` runs every bench the README quotes;
+the command line that reproduces it. `shoal bench all` runs every record the README quotes, in one go;
 `shoal bench render-readme` renders the README's table from the recorded files.
 Modules are imported only when their subcommand runs or registers, never mlx at start-up.
 """
@@ -16,6 +16,7 @@ import importlib
 import json
 import shlex
 import sys
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,28 +37,47 @@ BENCHES: dict[str, str] = {
     "models": "two models, requests alternating: TTFT and tok/s, mlx_lm.server vs shoal up; cold load on demand",
     "chaos": "a seeded nemesis against a live workload across namespaced hosts, then the history checked (needs root)",
 }
-# What `shoal bench all` runs: every figure the README's table quotes, in its order.
-ALL_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("log", ()),
-    ("prefill", ("--ranks", "2")),
-    ("prefill", ("--ranks", "3")),
-    ("e2e", ()),
-    ("cancel", ()),
-    ("replay", ()),
-    ("soak", ()),
+
+
+@dataclass(frozen=True, slots=True)
+class AllRun:
+    """One run of `shoal bench all`: the record it writes (`<bench>[-<variant>]`, checked after
+    the run), its bench and its flags; `quick` replaces `args` under `--quick` where the full flags
+    would size the run beyond a smoke test."""
+
+    record: str
+    bench: str
+    args: tuple[str, ...] = ()
+    quick: tuple[str, ...] | None = None
+
+    def argv(self, quick: bool) -> list[str]:
+        return [*(self.quick if quick and self.quick is not None else self.args), *(["--quick"] if quick else [])]
+
+
+# What `shoal bench all` runs: every record the README's table quotes, in its order, at one commit
+# on one machine in one go (`tests/bench/test_bench_cli.py` holds it to bench/results/).
+ALL_RUNS: tuple[AllRun, ...] = (
+    AllRun("log", "log"),
+    AllRun("log-fsync", "log", ("--fsync", "--events", "5000", "--rounds", "3"), quick=("--fsync",)),
+    AllRun("prefill-2ranks", "prefill", ("--ranks", "2")),
+    AllRun("prefill-3ranks", "prefill", ("--ranks", "3")),
+    AllRun("e2e", "e2e"),
+    AllRun("cancel", "cancel"),
+    AllRun("replay", "replay"),
+    AllRun("soak", "soak"),
+    AllRun("serve", "serve"),
+    AllRun("prefix", "prefix"),
+    AllRun("batch", "batch"),
+    AllRun("kv", "kv"),
+    AllRun("fair", "fair"),
+    AllRun("models", "models"),
 )
 # Benches `shoal bench all` leaves out, and why.
 NOT_IN_ALL: dict[str, str] = {
-    "serve": "minutes per model at 64 clients on a small machine: run it on its own",
     "netem": "needs root and network namespaces (and netem in the kernel) to build its hosts",
-    "prefix": "starts a cluster per worker count: run it on its own",
-    "batch": "a couple of minutes of ring groups on a small machine: run it on its own",
-    "kv": "starts two clusters per round: run it on its own",
-    "fair": "starts mlx_lm.server and a cluster, floods each for a few rounds: run it on its own",
-    "models": "starts mlx_lm.server and a two-model cluster, unloads and reloads each model per round: run it on its own",
     "chaos": "minutes of faults against a cluster across namespaced hosts (needs root): run it on its own",
 }
-SKIPPED_IN_COMMAND = {"json", "record", "handler", "bench", "command"}
+SKIPPED_IN_COMMAND = {"json", "record", "handler", "bench", "command", "only"}
 
 
 def register(subparsers: Any) -> None:
@@ -69,8 +89,13 @@ def register(subparsers: Any) -> None:
         _add_common(parser)
         parser.set_defaults(handler=partial(_run_one, name, parser))
         parsers[name] = parser
-    every = names.add_parser("all", help="every bench the README quotes, one after another")
+    every = names.add_parser("all", help="every record the README quotes, one after another, in one go")
     _add_common(every)
+    every.add_argument(
+        "--only",
+        metavar="RECORDS",
+        help="only these records (comma-separated, e.g. log,prefill-2ranks): a check, not a table",
+    )
     every.set_defaults(handler=partial(_run_all, parsers))
     render = names.add_parser("render-readme", help="render README.md's benchmark table from recorded results")
     render.add_argument("--results", type=Path, default=Path("bench/results"), help="recorded results (JSON files)")
@@ -141,15 +166,49 @@ def _run_one(name: str, parser: argparse.ArgumentParser, args: argparse.Namespac
 
 
 def _run_all(parsers: dict[str, argparse.ArgumentParser], args: argparse.Namespace) -> int:
+    from bench.result import record_name
+
+    runs = planned_runs(args.only)
     results: list[dict[str, Any]] = []
-    for name, extra in ALL_RUNS:
-        argv = [*extra, *(["--quick"] if args.quick else [])]
+    for run in runs:
+        argv = run.argv(bool(args.quick))
         if args.record is not None:
             argv += ["--record", str(args.record)]
-        print(f"shoal bench all: {name} {shlex.join(argv)}", file=sys.stderr)
-        results.append(_measure(name, parsers[name], parsers[name].parse_args(argv)))
-    _print({"bench": "all", "results": results}, one_line=args.json)
-    return 0
+        print(f"shoal bench all: {run.bench} {shlex.join(argv)}", file=sys.stderr)
+        result = _measure(run.bench, parsers[run.bench], parsers[run.bench].parse_args(argv))
+        written = record_name(result).removesuffix(".json")
+        if written != run.record:
+            raise SystemExit(f"shoal bench all: {run.bench} {shlex.join(argv)} wrote {written!r}, not {run.record!r}")
+        results.append(result)
+    stale = [] if args.record is None else other_runs(args.record, results)
+    for name in stale:
+        print(f"shoal bench all: {args.record}/{name} is from another run (another commit or start)", file=sys.stderr)
+    trees = sorted({f"{r['environment']['commit']}{'+dirty' if r['environment']['dirty'] else ''}" for r in results})
+    if len(trees) > 1:  # the tree moved during the run: the table would not be one commit's
+        print(f"shoal bench all: the runs saw {len(trees)} trees: {', '.join(trees)}", file=sys.stderr)
+    summary = {"bench": "all", "results": results, "records_from_other_runs": stale, "trees": trees}
+    _print(summary, one_line=args.json)
+    return 0 if len(trees) == 1 else 1
+
+
+def planned_runs(only: str | None) -> list[AllRun]:
+    """The runs of `shoal bench all`, or those `--only` names (records, comma-separated)."""
+    if not only:
+        return list(ALL_RUNS)
+    named = [name.strip() for name in only.split(",") if name.strip()]
+    known = {run.record for run in ALL_RUNS}
+    if unknown := [name for name in named if name not in known]:
+        raise SystemExit(f"shoal bench all --only: unknown record(s) {unknown}; known: {', '.join(sorted(known))}")
+    return [run for run in ALL_RUNS if run.record in named]
+
+
+def other_runs(directory: Path, results: list[dict[str, Any]]) -> list[str]:
+    """The records in `directory` this run did not write: another commit's or another start's rows,
+    which a table recorded in one go must not hold."""
+    from bench.result import record_name
+
+    written = {record_name(result) for result in results}
+    return sorted(path.name for path in directory.glob("*.json") if path.name not in written)
 
 
 def _print(result: dict[str, Any], one_line: bool) -> None:

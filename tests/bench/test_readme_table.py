@@ -30,7 +30,10 @@ def _result(quick: bool = False, variant: str = "") -> dict[str, Any]:
         settings={"rounds": 3},
         measures={"rate_tps": summarize([510.0, 495.5, 1520.25], "tok/s")},
         comparisons={"speedup": compare([3.0, 2.0], [2.0, 2.0], "ratio", "a / b")},
-        targets={"efficiency": target(0.79, ">=", 0.95), "speedup": target(1.25, ">=", 1.0)},
+        targets={
+            "efficiency": target(0.79, ">=", 0.95, bounded_by="two ranks share two cores"),
+            "speedup": target(1.25, ">=", 1.0),
+        },
         headline=["rate_tps", "speedup"],
         notes=["a sentence from the figures"],
     )
@@ -51,9 +54,22 @@ def test_a_row_shows_the_command_figures_spread_targets_and_provenance() -> None
     assert "| `uv run shoal bench prefill --ranks 3` | what it measures |" in row
     assert "`rate_tps` 510 tok/s [496..1,520, n=3]" in row
     assert "`speedup` 1.25 x [1..1.5, n=2]" in row
-    assert "`efficiency` >= 0.95: **not met** (0.79)<br>`speedup` >= 1: met (1.25)" in row
+    assert "`efficiency` >= 0.95: **not met** (0.79): two ranks share two cores<br>`speedup` >= 1: met (1.25)" in row
     assert row.endswith("| 0123456+dirty, 2x EPYC, load 0.5, 2026-11-30T00:00:00+00:00 |")
     assert "- prefill (3ranks): a sentence from the figures" in section
+
+
+def test_rounds_with_a_zero_denominator_are_shown_and_records_before_the_count_render_as_they_did() -> None:
+    result = _result()
+    result["comparisons"]["speedup"] = compare([3.0, 2.0, 1.0], [2.0, 0.0, 0.0], "ratio", "a / b")
+    row = next(line for line in render_section([result]).splitlines() if line.startswith("| `uv run"))
+    assert "`speedup` 1.5 x [1.5..1.5, n=1, 2 of 3 rounds with a zero denominator]" in row
+    old = _result()
+    for key in ("rounds", "zero_denominators"):
+        del old["comparisons"]["speedup"][key]
+    del old["targets"]["efficiency"]["note"]
+    row = next(line for line in render_section([old]).splitlines() if line.startswith("| `uv run"))
+    assert "`speedup` 1.25 x [1..1.5, n=2]" in row and "**not met** (0.79)<br>" in row
 
 
 def test_a_quick_run_is_marked_as_a_placeholder_and_no_runs_say_so() -> None:

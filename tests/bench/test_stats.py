@@ -8,6 +8,7 @@ import pytest
 
 from bench.stats import (
     SMALL_N,
+    UNEXPLAINED,
     compare,
     per_round,
     percentile,
@@ -48,10 +49,18 @@ def test_no_samples_is_a_median_of_none_not_an_error() -> None:
 
 
 def test_per_round_ratios_pair_sample_i_with_sample_i() -> None:
-    assert per_round([10, 30, 8], [5, 10, 8], "ratio") == [2.0, 3.0, 1.0]
-    assert per_round([10, 30, 8], [5, 10, 8], "difference") == [5, 20, 0]
+    assert per_round([10, 30, 8], [5, 10, 8], "ratio") == ([2.0, 3.0, 1.0], 0)
+    assert per_round([10, 30, 8], [5, 10, 8], "difference") == ([5, 20, 0], 0)
     with pytest.raises(ValueError, match="unpaired"):
         per_round([1, 2], [1], "ratio")
+
+
+def test_a_zero_denominator_is_counted_and_reported_never_dropped_silently() -> None:
+    assert per_round([10, 4, 8], [5, 0, 0], "ratio") == ([2.0], 2)
+    compared = compare([10.0, 4.0, 8.0], [5.0, 0.0, 0.0], "ratio", "a / b")
+    assert (compared["median"], compared["n"], compared["rounds"], compared["zero_denominators"]) == (2.0, 1, 3, 2)
+    nothing = compare([1.0], [0.0], "ratio", "a / b")
+    assert nothing["median"] is None and nothing["zero_denominators"] == 1 and nothing["rounds"] == 1
 
 
 def test_the_median_of_per_round_ratios_is_not_the_ratio_of_medians() -> None:
@@ -79,6 +88,13 @@ def test_the_median_of_per_round_ratios_is_not_the_ratio_of_medians() -> None:
 def test_targets_are_judged_and_stated(value: float | None, bound: str, limit: float, met: bool) -> None:
     judged = target(value, bound, limit, "ms")  # pyright: ignore[reportArgumentType]
     assert judged["target"] == f"{bound} {limit:g} ms" and judged["value"] is value and judged["met"] is met
+    assert ("note" in judged) is (not met)
+
+
+def test_a_missed_target_says_what_bounds_it_or_that_the_bench_has_no_account() -> None:
+    assert target(0.8, ">=", 0.95, bounded_by="two ranks share two cores")["note"] == "two ranks share two cores"
+    assert target(0.8, ">=", 0.95)["note"] == UNEXPLAINED
+    assert "note" not in target(0.99, ">=", 0.95, bounded_by="two ranks share two cores")
 
 
 def test_a_p99_of_fewer_than_100_samples_says_it_is_the_maximum() -> None:
