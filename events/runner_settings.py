@@ -30,14 +30,6 @@ KvBits = Annotated[
     Literal[2, 3, 4, 6, 8] | None, msgspec.Meta(description="quantize the KV cache to this many bits; none = off")
 ]
 KvGroupSize = Annotated[Literal[32, 64, 128], msgspec.Meta(description="group size of the KV-cache quantization")]
-DecodeCancelPollTokens = Annotated[
-    int,
-    msgspec.Meta(
-        ge=1,
-        description="decode steps between the ranks' agreed checks for a cancelled task run outside a "
-        "batch (`shoal generate`, the warm-up); a served task is checked at every step of its batch",
-    ),
-]
 MaxBatch = Annotated[
     int,
     msgspec.Meta(
@@ -114,7 +106,6 @@ class RunnerSettings(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     prefill_step_size: PrefillStepSize = 256
     kv_bits: KvBits = None
     kv_group_size: KvGroupSize = 64
-    decode_cancel_poll_tokens: DecodeCancelPollTokens = 8
     # 32, as mlx-lm's BatchGenerator and `mlx_lm.server --decode-concurrency`: at 8, 16 clients of the
     # tiny model got 0.78x mlx_lm.server's aggregate, at 32 1.02x (`shoal bench serve`, one run).
     max_batch: MaxBatch = 32

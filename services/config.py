@@ -33,7 +33,6 @@ from eventlog.tls import TlsFiles
 from events.runner_settings import (
     POSITIVE_SECONDS,
     BatchChunkEventsPerRound,
-    DecodeCancelPollTokens,
     HeartbeatIntervalSeconds,
     KvBits,
     KvCacheBytes,
@@ -256,7 +255,6 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     ] = 900.0
     heartbeat_interval_seconds: HeartbeatIntervalSeconds = RUNNER_DEFAULTS.heartbeat_interval_seconds
     stall_stack_seconds: StallStackSeconds = RUNNER_DEFAULTS.stall_stack_seconds
-    decode_cancel_poll_tokens: DecodeCancelPollTokens = RUNNER_DEFAULTS.decode_cancel_poll_tokens
     publish_backlog_events: PublishBacklogEvents = RUNNER_DEFAULTS.publish_backlog_events
     max_batch: MaxBatch = RUNNER_DEFAULTS.max_batch
     batch_chunk_events_per_round: BatchChunkEventsPerRound = RUNNER_DEFAULTS.batch_chunk_events_per_round
@@ -404,7 +402,16 @@ def _closest(name: str) -> str | None:
     return matches[0] if matches else None
 
 
+# Settings that no longer exist, and what replaced them: named, never "not a shoal setting".
+RETIRED_SETTINGS: dict[str, str] = {
+    "decode_cancel_poll_tokens": "retired: every task runs in the batch, whose every step polls the cancel "
+    "source (one engine path); remove the setting",
+}
+
+
 def _unknown_key_error(key: str, value: object, source: str) -> ConfigError:
+    if key.lower() in RETIRED_SETTINGS:
+        return ConfigError(key, value, source, RETIRED_SETTINGS[key.lower()])
     near = _closest(key)
     hint = f"did you mean {near}?" if near else f"known settings: {', '.join(KEYS)}"
     shown = REDACTED if near is not None and FIELDS.is_secret(near) else value  # SHOAL_API_KEY=<a key>
@@ -435,7 +442,7 @@ def resolve_config(
         key = name[len(ENV_PREFIX) :].lower()
         if key in KEYS:
             values[key], sources[key] = FIELDS.checked(key, text, f"env {name}"), f"env {name}"
-        elif _closest(key) is not None:
+        elif key in RETIRED_SETTINGS or _closest(key) is not None:
             raise _unknown_key_error(key, text, f"env {name}")
     for key, value in (cli_overrides or {}).items():
         if value is None:

@@ -34,7 +34,7 @@ def schedule() -> dict[str, Any]:
 @functools.cache
 def runs(world: int) -> list[dict[str, Any]]:
     """Per rank, the schedule's run."""
-    ranks = run_tiny_group(world, [schedule()], {"prefill_step_size": step_for(world), "decode_cancel_poll_tokens": 1})
+    ranks = run_tiny_group(world, [schedule()], {"prefill_step_size": step_for(world)})
     return [results[0] for results in ranks]
 
 

@@ -216,12 +216,11 @@ def test_runner_settings_are_config_keys_with_the_same_type_and_default() -> Non
 
 
 def test_runner_settings_carry_the_configs_values(yaml_file: Path) -> None:
-    env = {"SHOAL_PREFILL_STEP_SIZE": "64", "SHOAL_DECODE_CANCEL_POLL_TOKENS": "2", "SHOAL_STALL_STACK_SECONDS": "3"}
+    env = {"SHOAL_PREFILL_STEP_SIZE": "64", "SHOAL_STALL_STACK_SECONDS": "3"}
     settings = runner_settings(resolve_config({"heartbeat_interval_seconds": 0.5}, env=env, yaml_path=yaml_file).config)
     assert settings == RunnerSettings(
         prefill_step_size=64,
         kv_bits=4,  # from the file
-        decode_cancel_poll_tokens=2,
         heartbeat_interval_seconds=0.5,
         stall_stack_seconds=3.0,
     )
@@ -283,3 +282,8 @@ def test_max_choices_over_the_batch_or_the_queue_is_refused_naming_the_one_set(t
     assert resolve_config({"max_batch": 1}, env={}, yaml_path=yaml_path).config.max_choices == 1
     assert resolve_config({"max_queued_tasks": 3}, env={}, yaml_path=yaml_path).config.max_choices == 3
     assert resolve_config({}, env={}, yaml_path=yaml_path).config.max_choices == 8
+
+
+def test_a_retired_setting_says_what_replaced_it() -> None:
+    with pytest.raises(ConfigError, match="retired: every task runs in the batch"):
+        resolve_config(env={"SHOAL_DECODE_CANCEL_POLL_TOKENS": "4"})

@@ -135,7 +135,7 @@ def test_first_task_places_then_assigns_once_ready() -> None:
 
 
 def test_an_instance_is_placed_with_the_policys_runner_settings_and_folded_with_them() -> None:
-    settings = RunnerSettings(prefill_step_size=64, kv_bits=8, decode_cancel_poll_tokens=2, stall_stack_seconds=3.0)
+    settings = RunnerSettings(prefill_step_size=64, kv_bits=8, stall_stack_seconds=3.0)
     c = Cluster(MasterPolicy(runner_settings=settings))
     c.feed(c.ev.node("n1"))
     placed = c.feed(c.ev.created("t1"))
