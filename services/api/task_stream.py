@@ -314,7 +314,8 @@ async def collect(events: TaskEvents) -> Collected:
             if event.logprobs is not None:
                 logprobs.setdefault(event.choice, []).extend(event.logprobs)
         elif isinstance(event, TaskCompleted | TaskFailed):
-            count = max([len(event.choices) if isinstance(event, TaskCompleted) else 1, *(c + 1 for c in parts)])
+            # at least one: a task ended before any token (or by the master, which lists no choices)
+            count = max([1, len(event.choices) if isinstance(event, TaskCompleted) else 1, *(c + 1 for c in parts)])
             texts = [ChoiceText("".join(parts.get(c, [])), logprobs.get(c)) for c in range(count)]
             return Collected(texts[0].text, texts[0].logprobs, event, tuple(texts[1:]))
 

@@ -48,7 +48,7 @@ SECOND_NS = 1_000_000_000
 # Stacks as the flight recorder formats them, innermost frame last. They name real code (file,
 # function, source line); tests/test_stack_fixtures.py checks each frame against the source.
 COLLECTIVE_STACK = (
-    'File "runner/engine/prefill.py", line 38, in run_prefill\n    if run.agree_to_stop("prefill", iteration):\n'
+    'File "runner/engine/prefill.py", line 39, in run_pipeline_prefill\n    if run.agree_to_stop("prefill", iteration):\n'
     'File "runner/engine/task_run.py", line 56, in agree_to_stop\n'
     "    stop = self.collectives.any(poll and self.wants_stop())\n"
     'File "runner/engine/collectives.py", line 53, in any\n    return self.agree([int(flag)])[0] > 0\n'
@@ -56,7 +56,7 @@ COLLECTIVE_STACK = (
     "    return [int(v) for v in cast(list[int], total.tolist())]\n"
 )
 COMPUTE_STACK = (
-    'File "runner/engine/prefill.py", line 56, in compute_chunk\n    run.forward(piece if piece.ndim == 2 else piece[None])\n'
+    'File "runner/engine/prefill.py", line 57, in compute_chunk\n    run.forward(piece if piece.ndim == 2 else piece[None])\n'
     'File "runner/engine/task_run.py", line 63, in forward\n'
     "    logits = self.model(tokens, cache=self.caches.slots)\n"
     'File "mlx_lm/models/llama.py", line 195, in __call__\n    h = layer(h, mask, cache=cache)\n'
