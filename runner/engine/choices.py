@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from runner.engine.protocols import NullSink
+
 if TYPE_CHECKING:
     from events.logprobs import TokenLogprob
-    from events.vocabulary import PrefillPath
     from runner.engine.protocols import RunnerSink
 
 CHOICE_SEPARATOR = "#"  # never in a task id (a subject token: `events.ids`)
@@ -67,20 +68,12 @@ def admission_width(n: int, max_batch: int) -> int:
     return n if 1 <= n <= max_batch else 1
 
 
-class ChoiceSink:
+class ChoiceSink(NullSink):
     """A follower's sink (`RunnerSink`): its tokens go out as its choice's; the prompt's prefill is
-    the leader's to report (it has none of its own)."""
+    the leader's to report (it has none of its own, so the prefill reports go nowhere)."""
 
     def __init__(self, inner: RunnerSink, choice: int) -> None:
         self.inner, self.choice = inner, choice
-
-    def prefill_started(
-        self, task_id: str, path: PrefillPath, prompt_tokens: int, chunks: int, step: int, cached_tokens: int = 0
-    ) -> None:
-        pass
-
-    def prefill_progress(self, task_id: str, processed: int, total: int, iteration: int) -> None:
-        pass
 
     def tokens(
         self,
