@@ -13,6 +13,14 @@ a big file) keeps it waiting; each beat takes the GIL several times (encode, ope
 so the wait repeats. A rank importing transformers on a fresh clone with both cores busy took 16-22 s
 to reach `loading`, its beats up to 7 s apart. A frozen process (stopped, wedged in C code,
 its memory swapped out) also uses no CPU: that is what tells the two apart.
+
+Both silences are timed on the launcher's own monotonic clock, from the polls that saw them
+(`Liveness`), never as the wall clock minus a file's mtime: a wall-clock step is no silence. And
+the launcher counts only silence it was there to see: when its own polls stop for a while (the
+machine or its VM stalled, the launcher starved), every rank stopped with it, and its first poll
+afterwards would see stale heartbeats and CPU times that had no chance to move; so a gap in the
+launcher's polls restarts the counts. A rank with a thread waiting on the disk (state D) is
+waiting, not frozen: the deadline bounds it.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +48,8 @@ POLL_S = 0.05
 # Each rank rewrites its phase file every 0.2 s from a thread that runs even while MLX blocks; a
 # file this old, from a process that used no CPU for as long, means it is frozen (`is_frozen`).
 HEARTBEAT_STALE_S = 10.0
+# Polls this far apart mean the launcher itself was not running: it saw nothing meanwhile.
+LAUNCHER_GAP_S = 1.0
 STDERR_TAIL_CHARS = 1500
 
 
@@ -73,21 +84,52 @@ def process_cpu_ticks(pid: int) -> int | None:
 
 
 @dataclass(slots=True)
-class CpuProgress:
-    """When a process last used CPU, as far as its polls saw (`idle_for`)."""
+class Unchanged:
+    """How long a reading has stood still, on the launcher's monotonic clock, as far as its polls saw."""
+
+    value: object = None
+    since: float = field(default_factory=time.monotonic)
+
+    def seen(self, value: object, now: float) -> float:
+        """Record `value` read at `now`; the seconds since a poll first saw the current value."""
+        if value != self.value:
+            self.value, self.since = value, now
+        return now - self.since
+
+    def restart(self, now: float) -> None:
+        """The launcher was not looking: the stillness it did not see is no evidence."""
+        self.since = now
+
+
+@dataclass(slots=True)
+class Liveness:
+    """What the launcher saw of one rank: how long its heartbeat (the phase file's mtime) and its
+    CPU time (every thread, `process_cpu_ticks`) have stood still."""
 
     pid: int
-    ticks: int | None = None
-    changed_at: float = field(default_factory=time.monotonic)
+    phase_path: Path
+    beat: Unchanged = field(default_factory=Unchanged)
+    cpu: Unchanged = field(default_factory=Unchanged)
+
+    def silent_for(self, now: float) -> float | None:
+        """Seconds since a poll saw the heartbeat change; None before its first beat (the deadline
+        covers a rank that never starts)."""
+        try:
+            written = self.phase_path.stat().st_mtime_ns
+        except OSError:
+            return None
+        return self.beat.seen(written, now)
 
     def idle_for(self, now: float) -> float | None:
-        """Seconds since a poll last saw the process's CPU time grow; None where it cannot be read."""
+        """Seconds since a poll saw the process's CPU time grow; None where it cannot be read."""
         ticks = process_cpu_ticks(self.pid)
         if ticks is None:
             return None
-        if ticks != self.ticks:
-            self.ticks, self.changed_at = ticks, now
-        return now - self.changed_at
+        return self.cpu.seen(ticks, now)
+
+    def overlook(self, now: float) -> None:
+        self.beat.restart(now)
+        self.cpu.restart(now)
 
 
 def is_frozen(
@@ -110,7 +152,7 @@ class RankProcess:
     rank: int
     process: subprocess.Popen[bytes]
     stderr_path: Path
-    cpu: CpuProgress
+    liveness: Liveness
 
 
 def rank_env(rank: int, world: int, hostfile: Path, base: dict[str, str]) -> dict[str, str]:
@@ -157,10 +199,11 @@ def _spawn(rank: int, world: int, job: Path, workdir: Path, hostfile: Path, base
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C to the CLI is handled here, not raced by ranks
         )
-    return RankProcess(rank, process, stderr_path, CpuProgress(process.pid))
+    return RankProcess(rank, process, stderr_path, Liveness(process.pid, workdir / f"rank{rank}.phase"))
 
 
 def _wait(ranks: list[RankProcess], workdir: Path, deadline: float) -> None:
+    polled = time.monotonic()
     while True:
         codes = [rp.process.poll() for rp in ranks]
         failed = [(rp, code) for rp, code in zip(ranks, codes, strict=True) if code is not None and code != 0]
@@ -170,11 +213,17 @@ def _wait(ranks: list[RankProcess], workdir: Path, deadline: float) -> None:
         if all(code == 0 for code in codes):
             return
         now = time.monotonic()
+        if now - polled > LAUNCHER_GAP_S:  # the launcher itself stood still (see the module's doc)
+            for rp in ranks:
+                rp.liveness.overlook(now)
+        polled = now
         for rp, code in zip(ranks, codes, strict=True):
-            age = _heartbeat_age(workdir, rp.rank)
-            phase = (_load(workdir / f"rank{rp.rank}.phase") or {}).get("phase") if age is not None else None
-            if code is None and is_frozen(age, rp.cpu.idle_for(now), phase=phase):
-                raise RankFailedError(rp.rank, _frozen_message(rp.rank, age or 0.0, workdir))
+            if code is not None or (workdir / f"rank{rp.rank}.json").exists():
+                continue  # exited, or its result is in and only its exit is left: the deadline's
+            silent = rp.liveness.silent_for(now)
+            phase = (_load(workdir / f"rank{rp.rank}.phase") or {}).get("phase") if silent is not None else None
+            if is_frozen(silent, rp.liveness.idle_for(now), phase=phase) and not _waits_on_disk(rp.process.pid):
+                raise RankFailedError(rp.rank, _frozen_message(rp.rank, silent or 0.0, workdir, ranks, now))
         if time.monotonic() > deadline:
             raise _stall_error([rp for rp, code in zip(ranks, codes, strict=True) if code is None], workdir)
         time.sleep(POLL_S)
@@ -191,19 +240,45 @@ def _death_message(rp: RankProcess, code: int, workdir: Path) -> str:
     return f"rank {rp.rank} {how}{where if phase else ''}" + (f"; stderr: {tail}" if tail else "")
 
 
-def _heartbeat_age(workdir: Path, rank: int) -> float | None:
-    try:
-        return time.time() - (workdir / f"rank{rank}.phase").stat().st_mtime
-    except OSError:
-        return None  # not started yet: the deadline covers a rank that never starts
-
-
-def _frozen_message(rank: int, age: float, workdir: Path) -> str:
+def _frozen_message(rank: int, age: float, workdir: Path, ranks: list[RankProcess], now: float) -> str:
     phase = _load(workdir / f"rank{rank}.phase") or {}
+    seen = "; ".join(_process_seen(rp, workdir, now) for rp in ranks)
     return (
         f"rank {rank} stopped responding: no heartbeat for {age:.1f}s, last in phase {phase.get('phase')} "
-        f"(task {phase.get('task_id')}, iteration {phase.get('iteration')})"
+        f"(task {phase.get('task_id')}, iteration {phase.get('iteration')}); {seen}"
     )
+
+
+def _process_seen(rp: RankProcess, workdir: Path, now: float) -> str:
+    """What the launcher saw of a rank when it judged one frozen: enough to tell a stopped process
+    from one waiting on the disk or on a peer (each thread's state and kernel wait channel)."""
+    idle = rp.liveness.idle_for(now)
+    result = "result written" if (workdir / f"rank{rp.rank}.json").exists() else "no result"
+    return (
+        f"rank {rp.rank} (pid {rp.process.pid}): cpu idle {'?' if idle is None else f'{idle:.1f}s'}, "
+        f"{result}, threads {thread_states(rp.process.pid) or '?'}"
+    )
+
+
+def _waits_on_disk(pid: int) -> bool:
+    return any(state.startswith("D") for state in (thread_states(pid) or "").split()[1::2])
+
+
+def thread_states(pid: int) -> str | None:
+    """The threads of `pid` by `state:wait channel` (proc(5): R running, S sleeping, D waiting on
+    the disk, T stopped), counted, e.g. "12x S:futex_wait_queue 1x D:folio_wait_bit"; None without /proc."""
+    states: Counter[str] = Counter()
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tids:
+        with contextlib.suppress(OSError):
+            base = Path(f"/proc/{pid}/task/{tid}")
+            state = (base / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = (base / "wchan").read_text().strip()
+            states[f"{state}:{wchan}" if wchan not in ("", "0") else state] += 1
+    return " ".join(f"{count}x {state}" for state, count in states.most_common())
 
 
 def _stall_error(running: list[RankProcess], workdir: Path) -> RankFailedError:

@@ -36,7 +36,9 @@ PHASE_FILE_INTERVAL_S = 0.2  # the launcher calls a rank frozen once its file is
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
-    staging = path.with_suffix(".tmp")
+    """`payload` at `path`, whole or not at all: staged beside it under a name of its own
+    (`rank0.phase.tmp`, `rank0.json.tmp`), since the phase and the result are written from two threads."""
+    staging = path.with_name(path.name + ".tmp")
     staging.write_bytes(msgspec.json.encode(payload))
     staging.replace(path)
 
@@ -176,7 +178,9 @@ def main(argv: list[str]) -> int:
                 },
             )
             return 1
-    write_json_atomic(out_dir / f"rank{rank}.json", {"rank": rank, "results": results})
+        # Written while the heartbeat still beats: from here on the launcher has what it needs
+        # and judges only the exit, by its deadline (`runner.local.launch._wait`).
+        write_json_atomic(out_dir / f"rank{rank}.json", {"rank": rank, "results": results})
     return 0
 
 

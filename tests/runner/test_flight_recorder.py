@@ -135,7 +135,7 @@ def test_the_local_destination_writes_the_phase_the_launcher_reads(tmp_path: Pat
     snap = tracker.snapshot()
     written = json.loads(path.read_text())
     assert written == {"phase": "decode", "task_id": "task_3", "iteration": 7, "since_ns": snap.since_ns}
-    assert not path.with_suffix(".tmp").exists()  # written to a staging file, then renamed over
+    assert not path.with_name(path.name + ".tmp").exists()  # written to a staging file, then renamed over
 
 
 def test_main_thread_stack_of_a_vanished_thread_is_none() -> None:

@@ -4,6 +4,7 @@ importing transformers on a loaded host had its heartbeat silent for 10 s and wa
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.local.launch import CpuProgress, is_frozen, process_cpu_ticks
+from runner.local.launch import Liveness, Unchanged, is_frozen, process_cpu_ticks
 from tests.freeze import freeze
 
 # A rank's flight recorder writing its phase file while the main thread sits in one C call that
@@ -54,12 +55,12 @@ def test_a_rank_silent_in_any_later_phase_is_frozen() -> None:
     assert is_frozen(30.0, None, bound=10.0, phase="decode")
 
 
-def test_cpu_progress_counts_from_the_last_poll_that_saw_the_cpu_time_grow() -> None:
+def test_cpu_time_counts_from_the_last_poll_that_saw_it_grow(tmp_path: Path) -> None:
     stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         freeze(stopped.pid)  # its CPU time can no longer change
-        idle, working = CpuProgress(stopped.pid), CpuProgress(busy.pid)
+        idle, working = Liveness(stopped.pid, tmp_path / "a"), Liveness(busy.pid, tmp_path / "b")
         assert idle.idle_for(100.0) == 0.0 and working.idle_for(100.0) == 0.0  # the first poll starts the count
         seen = process_cpu_ticks(busy.pid)
         deadline = time.monotonic() + 30
@@ -68,6 +69,8 @@ def test_cpu_progress_counts_from_the_last_poll_that_saw_the_cpu_time_grow() -> 
             time.sleep(0.01)
         assert idle.idle_for(112.5) == 12.5
         assert working.idle_for(112.5) == 0.0
+        idle.overlook(113.0)  # the launcher was not looking until 113: only what follows counts
+        assert idle.idle_for(114.0) == 1.0
     finally:
         for child in (stopped, busy):
             child.kill()
@@ -75,8 +78,25 @@ def test_cpu_progress_counts_from_the_last_poll_that_saw_the_cpu_time_grow() -> 
     assert process_cpu_ticks(busy.pid) is None  # gone: nothing to read
 
 
-def _heartbeat_age(path: Path) -> float:
-    return time.time() - path.stat().st_mtime
+def test_a_heartbeat_is_silent_from_the_poll_that_first_saw_its_last_beat(tmp_path: Path) -> None:
+    phase = tmp_path / "rank0.phase"
+    liveness = Liveness(12345, phase)
+    assert liveness.silent_for(10.0) is None  # no beat yet: the deadline's
+    phase.write_text("{}")
+    assert liveness.silent_for(11.0) == 0.0
+    assert liveness.silent_for(20.0) == 9.0
+    os.utime(phase, ns=(0, phase.stat().st_mtime_ns + 1))  # a beat, whatever the wall clock says
+    assert liveness.silent_for(25.0) == 0.0
+    assert liveness.silent_for(40.0) == 15.0
+
+
+def test_a_reading_unchanged_counts_only_what_the_polls_saw() -> None:
+    reading = Unchanged()
+    assert reading.seen(1, 5.0) == 0.0
+    assert reading.seen(1, 7.5) == 2.5
+    reading.restart(30.0)
+    assert reading.seen(1, 31.0) == 1.0
+    assert reading.seen(2, 32.0) == 0.0
 
 
 @pytest.mark.timeout(60)
@@ -84,20 +104,20 @@ def test_a_rank_holding_the_gil_goes_silent_but_is_not_frozen_until_stopped(tmp_
     phase = tmp_path / "rank0.phase"
     hog = subprocess.Popen([sys.executable, "-c", GIL_HOG, str(phase)])
     try:
-        progress = CpuProgress(hog.pid)
+        liveness = Liveness(hog.pid, phase)
         deadline = time.monotonic() + 45
-        while not phase.exists() or _heartbeat_age(phase) < 1.0:  # the beats stop once the sum holds the GIL
+        # the beats stop once the sum holds the GIL
+        while (silent := liveness.silent_for(time.monotonic())) is None or silent < 1.0:
             assert hog.poll() is None and time.monotonic() < deadline, "the heartbeat never went silent"
-            progress.idle_for(time.monotonic())
+            liveness.idle_for(time.monotonic())
             time.sleep(0.02)
-        silent = _heartbeat_age(phase)
-        idle = progress.idle_for(time.monotonic())
+        idle = liveness.idle_for(time.monotonic())
         assert idle is not None and not is_frozen(silent, idle, bound=silent / 2), (silent, idle)
         freeze(hog.pid)
         now = time.monotonic()
-        progress.idle_for(now)
+        liveness.idle_for(now)
         later = now + 2 * silent  # as if the launcher polled the stopped process that much later
-        assert is_frozen(_heartbeat_age(phase) + 2 * silent, progress.idle_for(later), bound=silent)
+        assert is_frozen(liveness.silent_for(later), liveness.idle_for(later), bound=silent)
     finally:
         hog.kill()
         hog.wait()
