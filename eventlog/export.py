@@ -1,7 +1,7 @@
 """Export files: JSON Lines, one `ExportRecord` (stream, seq, event) per line, readable by `jq`.
 
 Reading is all-or-nothing: `read_export` validates every line (JSON, event type and fields,
-sequences increasing within each stream) before returning, and a bad line raises `BadExportLine`
+sequences increasing within each stream, a kept subject within its stream's) before returning, and a bad line raises `BadExportLine`
 with its line number, so an import never stores half a file.
 """
 
@@ -9,18 +9,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import msgspec
 
-from events.catalogue import LogEvent, TelemetryEvent
+from events.catalogue import AnyEvent, TelemetryEvent
 from events.codec import ExportRecord, MalformedEvent, decode_record, encode_record
 from events.fold import Folder
 from events.state import State
+from events.subjects import EVENTS_SUBJECTS, TELEMETRY_SUBJECTS
 from events.vocabulary import StreamKey
 
 _records = msgspec.json.Decoder(ExportRecord)
 _TELEMETRY_TYPES = TelemetryEvent.__args__  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType]
+_SUBJECT_ROOT: dict[StreamKey, str] = {
+    "events": EVENTS_SUBJECTS.removesuffix(">"),
+    "telemetry": TELEMETRY_SUBJECTS.removesuffix(">"),
+}
 
 
 class BadExportLine(ValueError):
@@ -63,6 +68,10 @@ def _check(record: ExportRecord) -> str | None:
         return f"a {type(record.event).__name__} cannot belong to stream {record.stream!r}"
     if record.seq < 1:
         return f"seq must be 1 or more, got {record.seq}"
+    if record.subject is not None and not record.subject.startswith(_SUBJECT_ROOT[record.stream]):
+        return (
+            f"subject {record.subject!r} is not one of stream {record.stream!r}'s ({_SUBJECT_ROOT[record.stream]}...)"
+        )
     return None
 
 
@@ -86,16 +95,21 @@ def read_export(path: str | Path) -> list[ExportRecord]:
     return records
 
 
-def split_streams(records: Iterable[ExportRecord]) -> tuple[list[LogEvent], list[TelemetryEvent]]:
-    """The log events and the telemetry events, each in file order."""
-    log: list[LogEvent] = []
-    telemetry: list[TelemetryEvent] = []
+class StreamRecords(NamedTuple):
+    """One stream's part of an export, in file order: its events and the subject each was stored
+    on (None where the export kept none)."""
+
+    events: list[AnyEvent]
+    subjects: list[str | None]
+
+
+def split_streams(records: Iterable[ExportRecord]) -> tuple[StreamRecords, StreamRecords]:
+    """The log's records and the telemetry's, each in file order."""
+    log, telemetry = StreamRecords([], []), StreamRecords([], [])
     for record in records:
-        event = record.event
-        if isinstance(event, _TELEMETRY_TYPES):
-            telemetry.append(event)  # pyright: ignore[reportArgumentType]
-        else:
-            log.append(event)  # pyright: ignore[reportArgumentType]
+        part = telemetry if isinstance(record.event, _TELEMETRY_TYPES) else log
+        part.events.append(record.event)
+        part.subjects.append(record.subject)
     return log, telemetry
 
 

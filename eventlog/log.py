@@ -185,12 +185,13 @@ class EventLog:
                 logger.debug("append to {} not yet decided ({}); resending with the same id", subject, exc)
                 await asyncio.sleep(0.1)
 
-    async def append_many(self, events: Iterable[AnyEvent]) -> list[int]:
+    async def append_many(self, events: Iterable[AnyEvent], subjects: Sequence[str | None] | None = None) -> list[int]:
         """Store many events in order, pipelined; their seqs. Retries resend only unacknowledged ones.
 
-        Each event goes to the stream of its subject (heartbeats to SHOAL_TELEMETRY).
+        Each event goes to the stream of its subject (heartbeats to SHOAL_TELEMETRY); `subjects`, an
+        import's, keeps the subjects the events were first stored on (`Outbox`).
         """
-        outbox = Outbox(events if isinstance(events, Sequence) else list(events))
+        outbox = Outbox(events if isinstance(events, Sequence) else list(events), subjects)
         async with self._pub_lock:
             deadline = time.monotonic() + self.settings.retry_seconds
             while True:

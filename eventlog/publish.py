@@ -75,8 +75,12 @@ def msg_id_headers(event_id: str) -> bytes:
 class Outbox:
     """The events of one `append_many`, their encodings (made once, on first send) and their seqs."""
 
-    def __init__(self, events: Sequence[AnyEvent]) -> None:
+    def __init__(self, events: Sequence[AnyEvent], subjects: Sequence[str | None] | None = None) -> None:
+        """`subjects`: where given (not None), the subject each event is stored on instead of its own
+        (`subject_for`): an import keeps the subject the server checked when the event was first
+        published, so a fold holds it to the same publisher (a misrouted event stays misrouted)."""
         self.events = events
+        self.subjects = subjects
         self.seqs = [0] * len(events)
         self._encoded: list[tuple[bytes, bytes, bytes] | None] = [None] * len(events)
 
@@ -87,7 +91,9 @@ class Outbox:
         encoded = self._encoded[index]
         if encoded is None:
             event = self.events[index]
-            encoded = (subject_for(event).encode(), msg_id_headers(event.env.event_id), encode(event))
+            kept = self.subjects[index] if self.subjects is not None else None
+            subject = kept if kept is not None else subject_for(event)
+            encoded = (subject.encode(), msg_id_headers(event.env.event_id), encode(event))
             self._encoded[index] = encoded
         subject, headers, payload = encoded
         size = len(headers)

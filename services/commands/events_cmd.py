@@ -166,7 +166,9 @@ async def _import(log: EventLog, args: argparse.Namespace) -> int:
                 f"# note: {stream} had gaps in its sequence; imported events are renumbered without gaps",
                 file=sys.stderr,
             )
-    await log.append_many(events)
-    await log.append_many(telemetry)
-    print(f"# imported {len(events)} events and {len(telemetry)} heartbeats", file=sys.stderr)
+    # Each on the subject it was stored on: the subject is what the server checked against the
+    # publisher, and the fold holds the event to it (a forged event stays quarantined).
+    await log.append_many(events.events, events.subjects)
+    await log.append_many(telemetry.events, telemetry.subjects)
+    print(f"# imported {len(events.events)} events and {len(telemetry.events)} heartbeats", file=sys.stderr)
     return 0

@@ -98,6 +98,7 @@ def test_a_bad_line_is_rejected_with_its_number_and_nothing_is_imported(
         ('{"stream":"events","seq":0,"event":null}', "not a valid event record"),
         ("SEQ_BACKWARDS", "does not follow"),
         ("WRONG_STREAM", "cannot belong to stream"),
+        ("SUBJECT_OFF_STREAM", "is not one of stream 'events'"),
     ],
 )
 def test_read_export_names_the_bad_line(tmp_path: Path, line: str, reason: str) -> None:
@@ -109,6 +110,9 @@ def test_read_export_names_the_bad_line(tmp_path: Path, line: str, reason: str) 
         line = encode_record(ExportRecord(stream="events", seq=2, event=events[0])).decode()
     if line == "WRONG_STREAM":
         line = encode_record(ExportRecord(stream="telemetry", seq=9, event=events[0])).decode()
+    if line == "SUBJECT_OFF_STREAM":  # an import would publish it where no stream stores it
+        record = ExportRecord(stream="events", seq=9, event=events[0], subject="shoal.hb.node.n1")
+        line = encode_record(record).decode()
     path = tmp_path / "x.jsonl"
     path.write_text("\n".join([*good, line]) + "\n")
     with pytest.raises(BadExportLine) as caught:
@@ -140,6 +144,45 @@ def test_an_export_that_starts_mid_stream_keeps_its_numbering_through_import(
     assert first.read_bytes() == second.read_bytes()
     assert read_export(second)[0].seq == 101
     assert read_export(second)[-1].seq == 300
+
+
+def test_an_imported_forgery_stays_quarantined(make_nats: Callable[..., EmbeddedNats], tmp_path: Path) -> None:
+    """An export keeps the subject the server checked when each event was published; the import
+    stores each event on it again. Stored on its own claimed subject instead (`subject_for`), the
+    chunk node n1's runner forged as n2's rank 1 would have passed the fold once imported."""
+    from eventlog.export import write_export
+    from events.apply import Misrouted
+    from events.codec import ExportRecord
+    from events.fold import Folder
+    from events.subjects import subject_for
+    from tests.events.builders import Events
+
+    ev = Events()
+    history = [ev.node("n1"), ev.node("n2"), ev.placed("i1"), ev.created("t1"), ev.assigned("t1", "i1")]
+    records = [ExportRecord(stream="events", seq=i, event=e, subject=subject_for(e)) for i, e in enumerate(history, 1)]
+    forged = ev.chunk("t1", text="forged")  # stamped as n2's rank 1, the sampling rank
+    on_n1 = "shoal.ev.task.t1.chunk_generated.n1"  # where n1's runner could publish it
+    records.append(ExportRecord(stream="events", seq=len(records) + 1, event=forged, subject=on_n1))
+    path = tmp_path / "forged.jsonl"
+    with path.open("wb") as out:
+        write_export(records, out)
+    fresh = make_nats("fresh").start()
+    assert main(["events", "import", "--nats-url", fresh.url, str(path)]) == 0
+
+    async def refold() -> Folder:
+        log = await EventLog.connect(fresh.url)
+        try:
+            folder = Folder()
+            async for seq, event, subject in log.deliveries(None, None, stream="events", live=False):
+                assert event is not None
+                folder.add(seq, event, subject)
+            return folder
+        finally:
+            await log.close()
+
+    folder = asyncio.run(refold())
+    assert [(q.seq, q.error) for q in folder.state.quarantined] == [(6, Misrouted.__name__)]
+    assert folder.state.tasks[forged.task_id].text == ""
 
 
 def test_since_takes_a_seq_or_an_iso_time_and_tail_lines_are_readable() -> None:
