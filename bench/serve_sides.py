@@ -214,8 +214,10 @@ class EngineAloneSide:
 class ShoalSide:
     """`shoal up --workers N` on the model; its log's length counts the events a level stored."""
 
-    def __init__(self, model: Path, root: Path, workers: int, max_queued_tasks: int, **settings: str) -> None:
-        self.name = f"shoal_{workers}w"
+    def __init__(
+        self, model: Path, root: Path, workers: int, max_queued_tasks: int, name: str | None = None, **settings: str
+    ) -> None:
+        self.name = name or f"shoal_{workers}w"
         home = root / self.name
         home.mkdir(parents=True)
         self.cluster = Cluster(

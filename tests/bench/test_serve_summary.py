@@ -88,6 +88,14 @@ def test_shoal_is_read_against_the_faster_anchor_of_each_round_and_against_its_e
     assert missed["met"] is False and "events per token" in missed["note"]
 
 
+def test_kv_bits_8_is_judged_at_16_clients_against_one_client_of_its_own_side() -> None:
+    figures = {"tiny": {"shoal_1w_kv8": {1: [_level(40), _level(50)], 16: [_level(160), _level(100)]}}}
+    result = report({"rounds": 2}, figures, quick=False)
+    assert result["comparisons"]["tiny_1w_kv8_c16_over_1_stream"]["samples"] == [4.0, 2.0]
+    judged = result["targets"]["tiny_1w_kv8_c16_over_1_stream"]
+    assert (judged["target"], judged["value"], judged["met"]) == (">= 3", 3.0, True)
+
+
 def test_the_compute_bound_model_runs_its_own_sizes_unless_a_flag_names_them() -> None:
     settings = {
         "concurrency": "1,4,16,64",
