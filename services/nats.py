@@ -65,7 +65,7 @@ from services.nats_errors import (
     PortInUse,
     StoreInUse,
 )
-from services.nats_store import record_owner, stop_process, store_holder
+from services.nats_store import LOG_FILE, OWNER_FILE, PID_FILE, record_owner, stop_process, store_holder
 
 NO_TLS = TlsFiles()  # frozen: safe to share as a default
 
@@ -194,9 +194,9 @@ class EmbeddedNats:
         self._ready_timeout = ready_timeout
         self._stop_timeout = stop_timeout
         self._process: subprocess.Popen[bytes] | None = None
-        self._log_path = self.store_dir / "nats-server.log"
-        self._pid_path = self.store_dir / "nats-server.pid"  # written by the server (`-P`)
-        self._owner_path = self.store_dir / "nats-server.owner"  # the pid of the process that started it
+        self._log_path = self.store_dir / LOG_FILE
+        self._pid_path = self.store_dir / PID_FILE  # written by the server (`-P`)
+        self._owner_path = self.store_dir / OWNER_FILE  # the pid of the process that started it
         self._space = OutOfSpaceWatch(self._log_path)
 
     @property
