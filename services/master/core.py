@@ -39,7 +39,7 @@ from events.catalogue import (
     TaskFailed,
 )
 from events.culprit import STALLED_TASK_BOUNDS, Culprit, Evidence, name_culprit
-from events.ids import InstanceId, NodeId
+from events.ids import InstanceId
 from events.origins import MASTER
 from events.retention import live_tasks_of
 from events.runner_detail import detail_headline
@@ -454,7 +454,7 @@ class MasterCore:
         decisions: list[LogEvent] = []
         for instance in state.instances.values():
             if not instance.retired and any(s.node_id == node_id for s in instance.shards):
-                broken = _broken(state, instance) or (_gone(state, node_id), "node_gone")
+                broken = _broken(state, instance) or (f"node {node_id} is gone", "node_gone")
                 decisions += self._retire(state, instance, *broken)
         return decisions
 
@@ -463,12 +463,6 @@ class MasterCore:
             TaskFailed(env=self.stamper.stamp(f"master-fail-{t.task_id}"), task_id=t.task_id, error=error)
             for t in tasks
         ]
-
-
-def _gone(state: State, node_id: str) -> str:
-    """Why a node is gone, as the tasks it served fail with (a revoked node says so)."""
-    node = state.nodes.get(NodeId(node_id))
-    return f"node {node_id} is gone ({node.reason})" if node is not None and node.reason else f"node {node_id} is gone"
 
 
 def retire_instance(
@@ -545,7 +539,8 @@ def _broken(state: State, instance: InstanceInfo) -> tuple[str, RetireCause] | N
         node = state.nodes.get(shard.node_id)
         if node is None or node.status != "up":
             status = node.status if node is not None else "unknown"
-            return f"node {shard.node_id} (rank {shard.rank}) is {status.replace('_', ' ')}", "node_gone"
+            why = f" ({node.reason})" if node is not None and node.reason else ""  # a revoked node says so
+            return f"node {shard.node_id} (rank {shard.rank}) is {status.replace('_', ' ')}{why}", "node_gone"
     if instance.failed:
         return _runner_failure(instance, judge_instance(state, instance)), "runner_down"
     return None
