@@ -18,6 +18,8 @@ The desk listens as the admin identity on two subjects only the `join` identity 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import secrets
 import ssl
 from collections.abc import Callable
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import msgspec
 from loguru import logger
+from nats.aio.subscription import Subscription
 
 from eventlog.client import NatsClient
 from eventlog.endpoint import NatsEndpoint
@@ -50,12 +53,12 @@ from services.join_tokens import (
     Refuse,
     TokenRecord,
     TokenStore,
-    UnknownToken,
     decide_join,
     new_record,
     revoke,
     with_token,
 )
+from services.nats_errors import NatsError
 from services.nats_permissions import JOIN_CA_SUBJECT, JOIN_REQUEST_SUBJECT
 from services.nats_reload import NatsReloadFailed, reload_server
 
@@ -80,8 +83,6 @@ def ca_fingerprint(ca_file: str) -> bytes:
 
 def certificate_sha256(pem: str) -> bytes:
     """SHA-256 of the DER of the first PEM certificate in `pem`; ValueError if there is none."""
-    import hashlib
-
     begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
     start = pem.find(begin)
     stop = pem.find(end, start)
@@ -149,7 +150,8 @@ def answer_join(directory: Path, store_dir: Path, request: JoinRequest, now: flo
                     reload_server(store_dir)
                 except NatsReloadFailed as exc:
                     restore_registry(directory, before)
-                    reload_server(store_dir)
+                    with contextlib.suppress(NatsReloadFailed):  # it kept the old config: the one restored
+                        reload_server(store_dir)
                     return JoinReply(admitted=False, message=f"the server could not admit the node: {exc}")
                 _write_tokens(directory, used)
                 return JoinReply(admitted=True, message=f"node {node!r} admitted (token {request.token_id})")
@@ -181,23 +183,25 @@ class JoinDesk:
         finally:
             await client.close()
 
-    async def _answer_cas(self, subscription: object) -> None:
-        async for message in subscription.messages:  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType, reportUnknownVariableType]
-            await message.respond(self._ca_pem)  # pyright: ignore[reportUnknownMemberType]
+    async def _answer_cas(self, subscription: Subscription) -> None:
+        async for message in subscription.messages:
+            await message.respond(self._ca_pem)
 
-    async def _answer_requests(self, subscription: object) -> None:
-        async for message in subscription.messages:  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType, reportUnknownVariableType]
-            reply = await asyncio.to_thread(self.answer, bytes(message.data))  # pyright: ignore[reportUnknownArgumentType, reportUnknownMemberType]
-            await message.respond(msgspec.json.encode(reply))  # pyright: ignore[reportUnknownMemberType]
+    async def _answer_requests(self, subscription: Subscription) -> None:
+        async for message in subscription.messages:  # one at a time: each holds the directory's lock anyway
+            reply = await asyncio.to_thread(self.answer, message.data)
+            await message.respond(msgspec.json.encode(reply))
 
     def answer(self, data: bytes) -> JoinReply:
+        """The reply to one request; a request that cannot be answered fails alone, never the desk."""
         try:
             request = _request_decoder.decode(data)
         except msgspec.DecodeError as exc:
             return JoinReply(admitted=False, message=f"not a join request ({exc}): join with `shoal worker --join`")
-        reply = answer_join(self._directory, self._store_dir, request, self._clock())
+        try:
+            reply = answer_join(self._directory, self._store_dir, request, self._clock())
+        except (OSError, ValueError, NatsError) as exc:  # a file unreadable or full, a server gone
+            logger.error("join request for node {!r} could not be answered: {!r}", request.node, exc)
+            return JoinReply(admitted=False, message=f"the control plane could not admit the node ({exc}); try again")
         logger.info("join request for node {!r} (token {}): {}", request.node, request.token_id, reply.message)
         return reply
-
-
-__all__ = ["JoinDesk", "UnknownToken", "answer_join", "create_token", "read_tokens", "revoke_node", "revoke_token"]
