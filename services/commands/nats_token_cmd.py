@@ -107,6 +107,12 @@ def create_command(args: argparse.Namespace) -> int:
     print(f"token {record.token_id}: admits {who}, once, until {until}. On the new machine:", file=sys.stderr)
     node_flag = "" if node else " [--node-id NAME]"
     print(f"  shoal worker --join {_join_url(config)} --token <the token above>{node_flag}", file=sys.stderr)
+    if is_loopback(config.nats_host):
+        print(
+            f"  note: the server listens on {config.nats_host} (nats_host), which no other machine reaches: "
+            "run `shoal nats` with --nats-host set to an address they do (TLS off loopback: `shoal nats certs`)",
+            file=sys.stderr,
+        )
     return 0
 
 
