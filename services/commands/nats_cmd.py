@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import signal
 import sys
 import time
@@ -40,6 +41,7 @@ from services.nats import EmbeddedNats
 from services.nats_errors import NatsError
 from services.nats_permissions import Identity
 from services.stop_signals import until_stopped
+from services.supervise import supervise
 from services.worker.service import default_node_id
 
 
@@ -206,7 +208,8 @@ async def _serve(
         flush=True,
     )
     async with asyncio.TaskGroup() as group:
-        answering = group.create_task(desk.serve(admin))
+        # supervised: a desk that loses its connection is started again, never the server's end
+        answering = group.create_task(supervise("join desk", functools.partial(desk.serve, admin)))
         while server.running:
             await asyncio.sleep(SERVER_POLL_SECONDS)  # the child process's exit has no event to wait on here
         answering.cancel()
