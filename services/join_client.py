@@ -1,8 +1,9 @@
 """A new machine's side of joining with a token: `shoal worker --join URL --token T`
 (README "Adding a machine"; the control plane's side is `services/join_desk.py`).
 
-1. The node's worker and runner seeds are made here (0600, in this host's identity directory) and
-   never leave it: only their public keys are sent.
+1. The node's worker and runner seeds are made here, fresh for each join (a node revoked for a
+   stolen seed never reuses it), and never leave it: only their public keys are sent; they are
+   written (0600, in this host's identity directory) once the node is admitted.
 2. When the token pins a CA (the server serves TLS), the CA certificate is fetched from the
    server over a connection that does not verify it yet, and kept only if its SHA-256 is the
    token's pin; every later connection verifies the server against it. A certificate that does
@@ -39,7 +40,7 @@ from services.credentials import (
 )
 from services.join_desk import certificate_sha256
 from services.join_tokens import JoinReply, JoinRequest, JoinToken
-from services.nats_permissions import JOIN_CA_SUBJECT, JOIN_REQUEST_SUBJECT, Identity, node_identities
+from services.nats_permissions import JOIN_CA_SUBJECT, JOIN_REQUEST_SUBJECT, node_identities
 
 JOINED_FILE = "joined.json"
 PINNED_CA = "ca.pem"
@@ -78,9 +79,15 @@ async def join(url: str, token: JoinToken, node: str, directory: Path, tls: TlsF
         ca = ""
         if token.ca_sha256:
             ca = str(await _pin_ca(url, token, join_seed, tls, directory))
-        keys = [_fresh_public_key(directory, identity) for identity in node_identities(node)]
+        # New seeds, kept in memory until the node is admitted: a refused join leaves the seeds
+        # this host may already serve with as they were.
+        worker_seed, runner_seed = new_seed(), new_seed()
         request = JoinRequest(
-            token_id=token.token_id, secret=token.secret, node=node, worker_key=keys[0], runner_key=keys[1]
+            token_id=token.token_id,
+            secret=token.secret,
+            node=node,
+            worker_key=public_key(worker_seed),
+            runner_key=public_key(runner_seed),
         )
         async with _connected(url, join_seed, _verifying(tls_with_ca(tls, ca))) as nc:
             try:
@@ -97,19 +104,13 @@ async def join(url: str, token: JoinToken, node: str, directory: Path, tls: TlsF
         reply = msgspec.json.decode(answer.data, type=JoinReply)
         if not reply.admitted:
             raise JoinRefused(f"the control plane refused to admit node {node!r}: {reply.message}")
+        for identity, seed in zip(node_identities(node), (worker_seed, runner_seed), strict=True):
+            write_secret(seed_path(directory, identity), seed + b"\n")
         joined = Joined(url=url, node=node, token_id=token.token_id, ca=ca)
         write_secret(directory / JOINED_FILE, msgspec.json.encode(joined) + b"\n")
         return joined
     finally:
         join_seed.unlink(missing_ok=True)  # the token's, not this node's: no use once joined
-
-
-def _fresh_public_key(directory: Path, identity: Identity) -> str:
-    """A new seed for `identity`, made here (a node joining again after it was revoked, perhaps
-    for a stolen seed, never reuses the old one); its public key."""
-    seed = new_seed()
-    write_secret(seed_path(directory, identity), seed + b"\n")
-    return public_key(seed)
 
 
 async def _pin_ca(url: str, token: JoinToken, join_seed: Path, tls: TlsFiles, directory: Path) -> Path:

@@ -218,6 +218,7 @@ async def test_a_token_that_cannot_admit_is_refused_saying_what_to_do(
     with pytest.raises(JoinRefused, match=says):
         await join(url, token, node, tmp_path / "second", TlsFiles())
     assert read_registry(cluster.directory).users == users_before  # nothing admitted, the node-a keys untouched
+    assert not list((tmp_path / "second").glob("*-node-*.nk")), "a refused join left seeds behind"
     if how in ("taken", "wrong-node"):
         assert token_state(read_tokens(cluster.directory).tokens[token.token_id], time.time()) == "valid"
 
