@@ -8,7 +8,8 @@ The rules, read off every publisher (grep `Origin(`):
 - the API creates and cancels tasks;
 - the master places, assigns, retires, times nodes out, declares stalls, and ends tasks no rank
   will end (`TaskCompleted` of a task cancelled while waiting, `TaskFailed` of one nobody serves);
-- a worker announces only its own node, and reports the exit of a runner it ran (a rank of an
+- a worker announces only its own node (an operator revoking a node says it left: its worker is
+  cut off the bus and cannot), and reports the exit of a runner it ran (a rank of an
   instance placed on its node);
 - a runner (`service=runner`, its node and rank) reports its own rank's status, the progress of
   tasks assigned to its instance, and its node's model downloads; the chunks and the completion of
@@ -68,6 +69,7 @@ MASTER = "master"
 WORKER = "worker"
 RUNNER = "runner"
 UP = "up"  # `shoal up`, as the admin identity that starts a run
+OPERATOR = "operator"  # an operator's command run as the admin identity (`shoal nats revoke-node`)
 
 
 def origin_refusal(state: State, event: LogEvent) -> str | None:
@@ -98,6 +100,8 @@ def origin_refusal(state: State, event: LogEvent) -> str | None:
                 return None
             sampling = isinstance(event, TaskCompleted)
             return task_runner_refusal(state.instances, task, origin, None, sampling=sampling)
+        case NodeLeft() if origin.service == OPERATOR:
+            return None  # a node revoked: its worker, cut off the bus, cannot say so itself
         case NodeJoined() | NodeLeft() | LinkMeasured():
             if origin.service == WORKER and origin.node == event.node_id:
                 return None

@@ -16,9 +16,11 @@ or resolver), and a seed never leaves the host that uses it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,10 @@ SERVER_CONFIG = "nats-server.conf"
 DEFAULT_DIRNAME = "nats-credentials"
 SERVER_HOST_DIR = "nats-server"
 CONTROL_HOST_DIR = "control"
+LOCK_FILE = ".lock"
+# What a new machine reaches the bus as until it is admitted: it may only ask to join
+# (`services/join_desk.py`); its seed is in every join token.
+JOIN_IDENTITY = Identity("join")
 
 
 class CredentialsError(RuntimeError):
@@ -105,24 +111,74 @@ def _write_registry(directory: Path, registry: Registry) -> Path:
     return directory / SERVER_CONFIG
 
 
+@contextlib.contextmanager
+def directory_lock(directory: Path) -> Generator[None]:
+    """One writer at a time of a directory's registry and join tokens: the server's process
+    admits a joining node while `shoal nats revoke-node` or `token create` may run beside it."""
+    descriptor = os.open(private_dir(directory) / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
+
+
+def read_registry(directory: Path) -> Registry:
+    registry_file = directory / REGISTRY
+    return msgspec.json.decode(registry_file.read_bytes(), type=Registry) if registry_file.exists() else Registry()
+
+
 def ensure_identities(directory: Path, wanted: Iterable[Identity]) -> Path:
     """Make those of the `wanted` identities that the server does not admit yet; the path of the
     server config admitting them all.
 
     Identities already admitted are kept: a restarted `shoal up` keeps its keys, and a bundle's
-    server keeps the identities whose seeds live on other hosts."""
-    private_dir(directory)
-    registry_file = directory / REGISTRY
-    registry = msgspec.json.decode(registry_file.read_bytes(), type=Registry) if registry_file.exists() else Registry()
-    for identity in wanted:
-        path = seed_path(directory, identity)
-        if path.exists():
-            registry.users[identity.name] = public_key(path.read_bytes().strip())
-        elif identity.name not in registry.users:
-            seed = new_seed()
-            write_secret(path, seed + b"\n")
-            registry.users[identity.name] = public_key(seed)
-    return _write_registry(directory, registry)
+    server keeps the identities whose seeds live on other hosts (or that joined with a token)."""
+    with directory_lock(directory):
+        registry = read_registry(directory)
+        for identity in wanted:
+            path = seed_path(directory, identity)
+            if path.exists():
+                registry.users[identity.name] = public_key(path.read_bytes().strip())
+            elif identity.name not in registry.users:
+                seed = new_seed()
+                write_secret(path, seed + b"\n")
+                registry.users[identity.name] = public_key(seed)
+        return _write_registry(directory, registry)
+
+
+def admitted_nodes(registry: Registry) -> frozenset[str]:
+    """The nodes some identity of which the server admits."""
+    return frozenset(identity.node for identity in registry.admitted() if identity.node)
+
+
+def admit_node(directory: Path, node: str, worker_key: str, runner_key: str) -> Registry:
+    """Admit `node`'s worker and runner by their public keys (a machine that joined with a token:
+    its seeds stay on it); the registry before, to put back if the server refuses the new config.
+    The caller holds `directory_lock`."""
+    before = read_registry(directory)
+    worker, runner = node_identities(node)
+    users = {**before.users, worker.name: worker_key, runner.name: runner_key}
+    _write_registry(directory, msgspec.structs.replace(before, users=users))
+    return before
+
+
+def remove_node(directory: Path, node: str) -> list[str]:
+    """Stop admitting `node`'s identities and delete any of their seeds kept here; the names of
+    the identities it admitted. The caller holds `directory_lock`."""
+    registry = read_registry(directory)
+    names = [identity.name for identity in node_identities(node)]
+    for identity in node_identities(node):
+        seed_path(directory, identity).unlink(missing_ok=True)
+    removed = [name for name in names if name in registry.users]
+    users = {name: key for name, key in registry.users.items() if name not in names}
+    _write_registry(directory, msgspec.structs.replace(registry, users=users))
+    return removed
+
+
+def restore_registry(directory: Path, registry: Registry) -> None:
+    """Write `registry` (and its server configs) back, as `admit_node` found it."""
+    _write_registry(directory, registry)
 
 
 def write_bundle(out: Path, nodes: Sequence[str], routes: Sequence[str] = ()) -> dict[str, Path]:
@@ -159,7 +215,7 @@ def embedded_server(
     missing, in the directory returned). Off loopback without TLS it refuses to start unless
     `insecure_plaintext` (`services.nats.PlaintextOffLoopback`)."""
     directory = embedded_credentials_dir(config)
-    identities = [*CONTROL, *(identity for node in nodes for identity in node_identities(node))]
+    identities = [*CONTROL, JOIN_IDENTITY, *(identity for node in nodes for identity in node_identities(node))]
     server = EmbeddedNats(
         data_dir=config.data_path,
         host=config.nats_host,

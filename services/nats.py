@@ -65,7 +65,7 @@ from services.nats_errors import (
     PortInUse,
     StoreInUse,
 )
-from services.nats_store import record_owner, stop_process, store_holder
+from services.nats_store import LOG_FILE, OWNER_FILE, PID_FILE, record_owner, stop_process, store_holder
 
 NO_TLS = TlsFiles()  # frozen: safe to share as a default
 
@@ -80,14 +80,17 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: whoever resolves it may reach it
 
 
-def tls_args(tls: TlsFiles) -> list[str]:
-    """nats-server's TLS flags for `tls`: none without a certificate; `--tlsverify` with a CA.
+def tls_config(tls: TlsFiles) -> str:
+    """nats-server's `tls` block for `tls`: none without a certificate; client verification with
+    a CA. In the config file, not on the command line: a server whose TLS came from flags refuses
+    every reload of its config (`config reload not supported for TLS`), and a join or a revoked
+    node reloads it (`services/nats_reload.py`).
 
     The files get the same checks as a client's (`client_context`), so a bad one is named by its
     setting before nats-server reads it.
     """
     if not tls.any:
-        return []
+        return ""
     if not tls.has_identity:
         raise NatsTlsError(
             "nats_tls_ca is set but the embedded NATS server has no certificate to serve TLS with: set "
@@ -98,10 +101,13 @@ def tls_args(tls: TlsFiles) -> list[str]:
         client_context(tls)
     except TlsSetupError as exc:
         raise NatsTlsError(str(exc)) from exc
-    args = ["--tls", "--tlscert", str(Path(tls.cert).expanduser()), "--tlskey", str(Path(tls.key).expanduser())]
+    block: dict[str, object] = {
+        "cert_file": str(Path(tls.cert).expanduser().resolve()),
+        "key_file": str(Path(tls.key).expanduser().resolve()),
+    }
     if tls.ca:
-        args += ["--tlsverify", "--tlscacert", str(Path(tls.ca).expanduser())]
-    return args
+        block |= {"ca_file": str(Path(tls.ca).expanduser().resolve()), "verify": True}
+    return f"tls {json.dumps(block)}\n"
 
 
 def find_nats_server() -> str:
@@ -194,9 +200,9 @@ class EmbeddedNats:
         self._ready_timeout = ready_timeout
         self._stop_timeout = stop_timeout
         self._process: subprocess.Popen[bytes] | None = None
-        self._log_path = self.store_dir / "nats-server.log"
-        self._pid_path = self.store_dir / "nats-server.pid"  # written by the server (`-P`)
-        self._owner_path = self.store_dir / "nats-server.owner"  # the pid of the process that started it
+        self._log_path = self.store_dir / LOG_FILE
+        self._pid_path = self.store_dir / PID_FILE  # written by the server (`-P`)
+        self._owner_path = self.store_dir / OWNER_FILE  # the pid of the process that started it
         self._space = OutOfSpaceWatch(self._log_path)
 
     @property
@@ -228,13 +234,12 @@ class EmbeddedNats:
             str(self._log_path),
             "-P",
             str(self._pid_path),
-            *tls_args(self.tls),
             *self._extra_args,
         ]
 
     def wrapper_config(self) -> str:
-        """The config the server reads (`services.nats_durability.server_config_text`)."""
-        return server_config_text(self._config_file, self.store_dir, self.sync_interval)
+        """The config the server reads (`services.nats_durability.server_config_text`), with its TLS."""
+        return server_config_text(self._config_file, self.store_dir, self.sync_interval) + tls_config(self.tls)
 
     def start(self) -> EmbeddedNats:
         if self.running:

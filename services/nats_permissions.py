@@ -10,6 +10,7 @@ Identities (nkey users in one account; the server checks every PUB and SUB again
 | `master` | placement, assignment, retirement, watchdog, master-ended tasks, `ModelUnavailable`, `MasterProbe`; its lease key | both; its lease key; writes the snapshot object store |
 | `worker-<node>` | its node's `NodeJoined`/`NodeLeft`/`LinkMeasured`/`NodeHeartbeat`; `RunnerStatusChanged` from its node | SHOAL_EVENTS |
 | `runner-<node>` | from its node: prefill, chunks, `TaskCompleted`/`TaskFailed`, `RunnerStatusChanged`, `ModelDownloadProgress`, `RunnerHeartbeat` | SHOAL_EVENTS |
+| `join` | a join request and the CA's certificate (`shoal.join.request`, `shoal.join.ca`) | its replies only |
 
 "From its node": those kinds' subjects end with the publishing node when a node publishes them
 (`events.subjects.NODE_PUBLISHED`), and a node identity may publish them only with its own node
@@ -80,11 +81,16 @@ from events.subjects import (
 )
 from services.nats_durability import JETSTREAM_SYNC_INTERVAL
 
-Role = Literal["admin", "master", "api", "worker", "runner"]
-ROLES: tuple[Role, ...] = ("admin", "master", "api", "worker", "runner")
+Role = Literal["admin", "master", "api", "worker", "runner", "join"]
+ROLES: tuple[Role, ...] = ("admin", "master", "api", "worker", "runner", "join")
 PER_NODE: frozenset[Role] = frozenset({"worker", "runner"})
 NODE = "{node}"  # stands for the identity's node in a subject pattern
 ROUTE_USER = "shoal-route"
+# A new machine's requests to join (`services/join_desk.py`): core NATS request/reply, outside
+# the streams; only the `join` identity (whose seed is in every join token) and the admin that
+# answers them use these subjects.
+JOIN_REQUEST_SUBJECT = f"{PREFIX}.join.request"
+JOIN_CA_SUBJECT = f"{PREFIX}.join.ca"
 
 # The subject pattern of each event kind as the control plane publishes it (a node's copy of the
 # kinds of NODE_PUBLISHED ends with its node: `subject_pattern`); tests/security checks each
@@ -220,6 +226,9 @@ def permissions(identity: Identity) -> dict[str, dict[str, list[str]]]:
     """The identity's allow lists; everything else is refused by the server."""
     if identity.role == "admin":
         return {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
+    if identity.role == "join":  # may only ask to join, and read the answers
+        publish = [JOIN_REQUEST_SUBJECT, JOIN_CA_SUBJECT]
+        return {"publish": {"allow": publish}, "subscribe": {"allow": [f"{identity.inbox_prefix}.>"]}}
     patterns = [subject_pattern(kind, identity.role) for kind in PUBLISHES[identity.role]]
     publish = [pattern.replace(NODE, identity.node or "*") for pattern in patterns]
     for stream in READS[identity.role]:

@@ -16,6 +16,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+PID_FILE = "nats-server.pid"
+OWNER_FILE = "nats-server.owner"
+LOG_FILE = "nats-server.log"
+
 
 @dataclass(frozen=True, slots=True)
 class StoreHolder:

@@ -6,7 +6,8 @@ refused) before anything starts.
 
 The embedded server admits only the identities `shoal up` keeps under `<data_dir>/nats-credentials`
 (made on the first run, reused after): each service connects as itself, and the admin identity
-creates the streams before any service starts (README "Security")."""
+creates the streams before any service starts (README "Security"). It answers join requests
+too: a machine given a token (`shoal nats token create`) joins as a worker (`services/join_desk.py`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import asyncio
 import contextlib
 import functools
 import sys
+import time
 from collections.abc import AsyncGenerator
+from pathlib import Path
 from typing import cast
 
 import msgspec
@@ -29,6 +32,7 @@ from runner.heap import settle_heap
 from services.api.auth import ApiAccess, load_api_access
 from services.config import ConfigError, ResolvedConfig, log_settings
 from services.credentials import CredentialsError, embedded_server, endpoint_for
+from services.join_desk import JoinDesk
 from services.nats import EmbeddedNats
 from services.nats_keeper import keep_running
 from services.nats_permissions import Identity
@@ -103,6 +107,13 @@ async def run_cluster(
         async with _fatal_unwrapped(), asyncio.TaskGroup() as group:
             if embedded is not None:
                 group.create_task(supervise("embedded NATS", functools.partial(keep_running, embedded)))
+                desk = JoinDesk(
+                    directory=Path(config.nats_credentials_dir),
+                    store_dir=embedded.store_dir,
+                    ca_file=config.nats_tls_ca,
+                    clock=time.time,
+                )
+                group.create_task(supervise("join desk", functools.partial(desk.serve, admin)))
             for service in cluster_services(resolved, access, workers):
                 ready = asyncio.Event()
                 run = functools.partial(service.run, ready=ready)

@@ -12,6 +12,7 @@ from typing import Any
 
 from eventlog.log import LogError
 from events.ids import InvalidId, check_token
+from services.commands.join_cmd import BadToken, JoinRefused, add_join_flags, joined_config
 from services.commands.nats_cmd import add_insecure_plaintext_flag
 from services.config import (
     ConfigError,
@@ -51,6 +52,7 @@ def register(subparsers: Any) -> None:
     worker.add_argument("--node-id", default=None, help="node id (default: the host name)")
     worker.add_argument("--host", default="127.0.0.1", help="address peers reach this node's ring ports on")
     add_setting_flag(worker, "node_memory_bytes", "memory this node offers to placement (default: what is available)")
+    add_join_flags(worker)
     worker.set_defaults(handler=functools.partial(_serve, role="worker"))
 
     api = subparsers.add_parser("api", help="run the OpenAI-compatible HTTP API")
@@ -97,7 +99,15 @@ def _serve(args: argparse.Namespace, role: str) -> int:
     resolved = _resolve(args, role)
     if resolved is None:
         return 2
-    if not resolved.config.nats_url:
+    if role == "worker" and (args.join or args.token):
+        try:
+            if not args.join:
+                raise JoinRefused("--token goes with --join URL (the control host's NATS server)")
+            resolved, args.node_id = joined_config(resolved, args.join, args.token, args.node_id)
+        except (JoinRefused, BadToken, InvalidId, CredentialsError) as exc:
+            print(f"shoal worker: {exc}", file=sys.stderr)
+            return 1
+    elif not resolved.config.nats_url:
         print(
             f"shoal {role}: note: no --nats-url/SHOAL_NATS_URL given; using {resolved.config.client_nats_url}",
             file=sys.stderr,

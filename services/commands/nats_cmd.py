@@ -1,12 +1,16 @@
-"""`shoal nats`: run the embedded NATS JetStream server alone, with shoal's streams created;
-`shoal nats credentials --out DIR --nodes n1,n2`: the identities of a cluster on several hosts."""
+"""`shoal nats`: run the embedded NATS JetStream server alone, with shoal's streams created and
+join requests answered (`services/join_desk.py`); `shoal nats credentials --out DIR --nodes n1,n2`:
+the identities of a cluster on several hosts, for air-gapped setups; `shoal nats token ...` and
+`revoke-node`: `services/commands/nats_token_cmd.py`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import signal
 import sys
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -16,6 +20,7 @@ import msgspec
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog, LogError
 from events.ids import InvalidId, check_token
+from services.commands import nats_token_cmd
 from services.config import (
     ConfigError,
     ShoalConfig,
@@ -30,10 +35,13 @@ from services.credentials import (
     endpoint_for,
     write_bundle,
 )
+from services.join_desk import JoinDesk
 from services.log_routing import configure_logging
 from services.nats import EmbeddedNats
 from services.nats_errors import NatsError
 from services.nats_permissions import Identity
+from services.stop_signals import until_stopped
+from services.supervise import supervise
 from services.worker.service import default_node_id
 
 
@@ -73,6 +81,7 @@ def register(subparsers: Any) -> None:
         "--hosts", required=True, help="the names or addresses clients reach each host by, comma-separated"
     )
     certs.set_defaults(handler=certs_command)
+    nats_token_cmd.register(actions)
 
 
 def _node_ids(text: str) -> list[str]:
@@ -129,6 +138,9 @@ def _where(host: str) -> str:
     return f"node {host}: `shoal worker --node-id {host}` with nats_credentials_dir: DIR"
 
 
+SERVER_POLL_SECONDS = 0.5
+
+
 class _Stop(Exception):
     """SIGTERM arrived."""
 
@@ -164,13 +176,12 @@ def nats_command(args: argparse.Namespace) -> int:
         server, directory = embedded_server(config, nodes, insecure_plaintext=args.insecure_plaintext)
         server.start()
         admin = endpoint_for(_with_credentials(config, directory), Identity("admin"))
-        asyncio.run(_ensure_streams(msgspec.structs.replace(admin, url=server.url), config))
-        print(
-            f"shoal nats: JetStream at {server.url} (store {server.store_dir}; admits the identities in "
-            f"{directory}); Ctrl-C to stop",
-            flush=True,
-        )
-        code = server.wait()
+        admin = msgspec.structs.replace(admin, url=server.url)
+        desk = JoinDesk(directory=directory, store_dir=server.store_dir, ca_file=config.nats_tls_ca, clock=time.time)
+        code = asyncio.run(until_stopped(_serve(server, admin, config, desk, directory)))
+        if code is None:
+            print("shoal nats: stopping", file=sys.stderr)
+            return 0
         print(f"shoal nats: server exited with code {code}", file=sys.stderr)
         return 1
     except (NatsError, LogError, CredentialsError) as exc:
@@ -184,6 +195,25 @@ def nats_command(args: argparse.Namespace) -> int:
             server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+async def _serve(
+    server: EmbeddedNats, admin: NatsEndpoint, config: ShoalConfig, desk: JoinDesk, directory: Path
+) -> int:
+    """Streams made, then join requests answered until the server exits: its exit code."""
+    await _ensure_streams(admin, config)
+    print(
+        f"shoal nats: JetStream at {server.url} (store {server.store_dir}; admits the identities in "
+        f"{directory}; `shoal nats token create` admits a new machine); Ctrl-C to stop",
+        flush=True,
+    )
+    async with asyncio.TaskGroup() as group:
+        # supervised: a desk that loses its connection is started again, never the server's end
+        answering = group.create_task(supervise("join desk", functools.partial(desk.serve, admin)))
+        while server.running:
+            await asyncio.sleep(SERVER_POLL_SECONDS)  # the child process's exit has no event to wait on here
+        answering.cancel()
+    return server.wait()
 
 
 def _with_credentials(config: ShoalConfig, directory: Path) -> ShoalConfig:

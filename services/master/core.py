@@ -539,7 +539,9 @@ def _broken(state: State, instance: InstanceInfo) -> tuple[str, RetireCause] | N
         node = state.nodes.get(shard.node_id)
         if node is None or node.status != "up":
             status = node.status if node is not None else "unknown"
-            return f"node {shard.node_id} (rank {shard.rank}) is {status.replace('_', ' ')}", "node_gone"
+            # why it left (a revoked node says so); a timeout's reason is a raw clock reading
+            why = f" ({node.reason})" if node is not None and node.status == "left" and node.reason else ""
+            return f"node {shard.node_id} (rank {shard.rank}) is {status.replace('_', ' ')}{why}", "node_gone"
     if instance.failed:
         return _runner_failure(instance, judge_instance(state, instance)), "runner_down"
     return None

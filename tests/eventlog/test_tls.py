@@ -19,7 +19,7 @@ from events.subjects import subject_for
 from events.synthetic import synthetic_history
 from services.config import ENV_NOT_SETTINGS, KEYS, resolve_config
 from services.config_values import ConfigError
-from services.nats import EmbeddedNats, NatsTlsError, tls_args
+from services.nats import EmbeddedNats, NatsTlsError, tls_config
 from tests.events.builders import Events
 from tests.pki import Pki
 
@@ -169,12 +169,12 @@ async def test_connect_reports_an_unusable_file_as_a_log_error(nats_url: str) ->
 
 def test_the_embedded_server_needs_a_certificate_to_serve_tls(pki: Pki) -> None:
     with pytest.raises(NatsTlsError, match="set nats_tls_cert and nats_tls_key"):
-        tls_args(TlsFiles(ca=str(pki.ca)))
+        tls_config(TlsFiles(ca=str(pki.ca)))
     with pytest.raises(NatsTlsError, match=r"nats_tls_key .* no such file"):
-        tls_args(TlsFiles(cert=str(pki.cert), key="/nowhere/key.pem"))
-    assert tls_args(TlsFiles()) == []
-    assert "--tlsverify" in tls_args(pki.server_files(verify_clients=True))
-    assert "--tlsverify" not in tls_args(pki.server_files(verify_clients=False))
+        tls_config(TlsFiles(cert=str(pki.cert), key="/nowhere/key.pem"))
+    assert tls_config(TlsFiles()) == ""
+    assert '"verify": true' in tls_config(pki.server_files(verify_clients=True))
+    assert "verify" not in tls_config(pki.server_files(verify_clients=False))
 
 
 # --- the settings, and how a runner gets them --------------------------------------------------

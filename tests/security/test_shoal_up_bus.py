@@ -15,8 +15,11 @@ import pytest
 
 from eventlog.endpoint import IDENTITY_ENV
 from eventlog.identity import NatsIdentity
+from eventlog.tls import TlsFiles
 from eventlog.wire import Wire, WireClosed
 from services.credentials import DEFAULT_DIRNAME, seed_path
+from services.join_client import join
+from services.join_tokens import decode_token
 from services.nats_permissions import Identity
 from tests.e2e.cluster import Cluster, shoal_argv
 
@@ -104,3 +107,29 @@ def test_secrets_stay_in_private_files(up: Cluster) -> None:
     assert not any(secret in body for secret in secrets)
     assert str(directory) in body
     assert not any(secret in up.up.tail(200_000) for secret in secrets)  # nor in its logs
+
+
+def test_a_machine_joins_a_running_shoal_up_with_a_token(up: Cluster, tmp_path: Path) -> None:
+    """`shoal up` answers join requests: a token made beside it admits a new node's own keys."""
+    made = subprocess.run(
+        shoal_argv("nats", "token", "create", "--data-dir", str(up.root / "data")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    node_dir = tmp_path / "new-machine"
+    asyncio.run(join(up.nats_url, decode_token(made.stdout), "node-new", node_dir, TlsFiles()))
+    worker = Identity("worker", "node-new")
+    options = NatsIdentity(nkey_seed_file=str(seed_path(node_dir, worker)), inbox_prefix=worker.inbox_prefix)
+
+    async def beat() -> None:
+        wire = await Wire.open(up.nats_url, identity=options)
+        try:
+            wire.publish(b"shoal.hb.node.node-new", b"{}")
+            await wire.roundtrip()  # a refusal would come back before the PONG
+        finally:
+            wire.close()
+
+    asyncio.run(beat())
+    assert not seed_path(up.root / "data" / DEFAULT_DIRNAME, worker).exists()  # its seed never left it

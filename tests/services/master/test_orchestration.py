@@ -17,12 +17,15 @@ from events.catalogue import (
     ModelUnavailable,
     ModelUnloadRequested,
     NodeLeft,
+    Origin,
     PlacementHints,
     TaskAssigned,
     TaskCompleted,
     TaskFailed,
 )
 from events.ids import NodeId, TaskId
+from events.origins import OPERATOR
+from events.stamp import Stamper
 from services.master.capacity import GIB, ModelFacts, rooms
 from services.master.core import MasterPolicy, UnknownModel
 from services.master.lifecycle import IdleClock, WaitClock
@@ -154,6 +157,18 @@ def test_a_node_that_leaves_retires_its_instance_and_the_model_is_placed_on_what
     out = c.feed(NodeLeft(env=c.ev.worker("n1").stamp(), node_id=NodeId("n1"), reason="shutdown"))
     assert [r.cause for r in retired(out)] == ["node_gone"]
     assert [nodes_of(p) for p in placed(out)] == [["n2"]]
+
+
+def test_a_revoked_node_retires_its_instance_and_its_tasks_fail_saying_so() -> None:
+    c = cluster(a=1)
+    c.feed(c.ev.node("n1", 8, host="h1"))
+    [first] = placed(c.feed(c.ev.created("t1", model="a")))
+    ready(c, first)
+    revoked = Stamper(Origin(service=OPERATOR)).stamp()  # `shoal nats revoke-node`: the worker is cut off
+    out = c.feed(NodeLeft(env=revoked, node_id=NodeId("n1"), reason="revoked by the operator"))
+    assert [r.cause for r in retired(out)] == ["node_gone"]
+    [failed] = [e for e in out if isinstance(e, TaskFailed)]
+    assert failed.task_id == "t1" and "node n1 (rank 0) is left (revoked by the operator)" in failed.error
 
 
 # --- idle instances: keep-alive and eviction ---------------------------------------------------
