@@ -4,8 +4,8 @@
 - `nats_url`: its URL.
 - `event_log`: an `EventLog` on that server with both streams deleted and recreated, closed after.
 - `make_nats`: a factory for extra servers a test owns (stopped at the end), e.g. to restart one.
-- `compiled_bytecode` (autouse): every module's bytecode written once, where Python writes none
-  (one worker at a time: the suite runs on two, pyproject's `-n 2`).
+- `compiled_bytecode` (autouse): every module's bytecode written once, where Python writes none,
+  by one process in the background (the suite runs on two workers, pyproject's `-n 2`).
 - `pytest_configure`: Ctrl-C (SIGINT) reaches the suite's processes even when it was started where
   SIGINT is ignored.
 - Hypothesis runs without its per-example deadline and too-slow health check: the suite must pass
@@ -16,11 +16,10 @@ Every test has a timeout (pyproject: pytest-timeout, 120 s by default).
 
 from __future__ import annotations
 
-import compileall
-import fcntl
 import hashlib
 import signal
 import site
+import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -50,22 +49,49 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# Compiles the directories it is given, unless another process holds the lock and does it already.
+COMPILE_ALL = """
+import compileall, fcntl, sys
+with open(sys.argv[1], "w") as lock:
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the file closes
+    except BlockingIOError:
+        sys.exit(0)  # the other worker's compiler has it in hand
+    for root in sys.argv[2:]:
+        compileall.compile_dir(root, quiet=2, workers=0)
+"""
+
+
 @pytest.fixture(scope="session", autouse=True)
-def compiled_bytecode() -> None:
+def compiled_bytecode() -> Iterator[None]:
     """Where PYTHONDONTWRITEBYTECODE is set (this machine, CI) Python writes no bytecode, so each of
     the suite's hundreds of processes (`shoal up`, every runner and service, CLI calls) compiled
     mlx-lm, transformers and shoal from source at its start: 1-2 s of CPU each. `compileall` writes
     it regardless, once (a later session skips what is up to date); Python checks every .pyc
-    against its source, so an edited module never runs stale. The suite's workers (pytest-xdist)
-    take turns: the first compiles, the other then finds it all up to date, instead of both
-    compiling the same files at once (51 s each on two cores, against 18 s for one)."""
+    against its source, so an edited module never runs stale, and writes each one atomically.
+
+    One process compiles, in the background: the suite's workers (pytest-xdist) would otherwise
+    compile the same files at once, and no test waits for it. A process started meanwhile compiles
+    what it imports for itself, as before. Waited for inside the first test, on a fresh clone of a
+    loaded machine the compile ran past the per-test timeout, and a session fixture that fails
+    fails every test of its worker: all 2,512 of them errored."""
     if not sys.flags.dont_write_bytecode:
-        return  # Python writes it as it imports
+        yield  # Python writes it as it imports
+        return
     checkout = hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]
-    with open(Path(tempfile.gettempdir()) / f"shoal-compileall-{checkout}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        for root in [*(ROOT / package for package in PACKAGES), *map(Path, site.getsitepackages())]:
-            compileall.compile_dir(root, quiet=2, workers=0)
+    lock = Path(tempfile.gettempdir()) / f"shoal-compileall-{checkout}.lock"
+    roots = [*(ROOT / package for package in PACKAGES), *map(Path, site.getsitepackages())]
+    compiler = subprocess.Popen(
+        [sys.executable, "-c", COMPILE_ALL, str(lock), *map(str, roots)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # a Ctrl-C to the suite is the suite's to handle; the kill below stops it
+    )
+    try:
+        yield
+    finally:
+        compiler.kill()  # a session that ends first leaves the rest to the next one
+        compiler.wait()
 
 
 @pytest.fixture(scope="session")
