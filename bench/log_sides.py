@@ -11,7 +11,9 @@ folded with `Folder`, so only the reading differs):
 - `replay_nats_py`: nats-py's ordered consumer (a push consumer with flow control; the fastest
   of nats-py's readers here, ahead of `sub.messages` and pull `fetch`), folded in its callback;
 - `replay_iterator`: the per-event `async for seq, event in log.replay()`, folded by the caller.
-Offline: `fold_export` of a JSON Lines export of the same stream (no NATS).
+- `replay_tls` (with `--tls`): `replay` from a second embedded server that serves TLS only,
+  holding the same events, read with a verified server certificate.
+Offline: `fold_export` of a JSON Lines export of the same stream (no NATS), with subjects.
 """
 
 from __future__ import annotations
@@ -35,6 +37,15 @@ from events.subjects import EVENTS_STREAM, EVENTS_SUBJECTS
 
 Frame = tuple[str, bytes, str]  # subject, payload, Nats-Msg-Id
 PENDING_LIMIT = 1 << 30  # the ordered consumer may buffer the whole replay: no slow-consumer drops
+
+
+def write_syscalls(pid: int) -> int | None:
+    """The write system calls process `pid` has made (Linux's /proc/<pid>/io); None where unreadable."""
+    try:
+        lines = Path(f"/proc/{pid}/io").read_text().splitlines()
+    except OSError:
+        return None
+    return next((int(line.split()[1]) for line in lines if line.startswith("syscw:")), None)
 
 
 async def fresh(log: EventLog) -> None:
@@ -129,9 +140,12 @@ async def replay_iterator(log: EventLog) -> tuple[float, State]:
 
 
 async def export(log: EventLog, path: Path) -> None:
+    """As `shoal events export` writes it: with the subject each event was stored on, which the
+    offline fold holds it to (`events.subjects.route_refusal`), as a live fold does."""
     with path.open("wb") as out:
-        async for seq, event in log.replay(from_seq=1):
-            write_export((ExportRecord(stream="events", seq=seq, event=event),), out)
+        async for seq, event, subject in log.deliveries(from_seq=1, live=False):
+            record = ExportRecord(stream="events", seq=seq, event=event, subject=subject.decode(errors="replace"))
+            write_export((record,), out)
 
 
 def offline_fold(path: Path, count: int) -> tuple[float, State]:

@@ -123,6 +123,7 @@ def fold_export(path: str | Path, state: State | None = None) -> State:
     decode = _records.decode
     number = 0
     tail = b""
+    first = True  # before the first event: a trimmed head is stepped over there, once
     with Path(path).open("rb") as handle:
         while True:
             chunk = handle.read(1 << 22)
@@ -137,8 +138,10 @@ def fold_export(path: str | Path, state: State | None = None) -> State:
                         continue
                     raise BadExportLine(str(path), number, f"not a valid event record ({exc})") from exc
                 if record.stream == "events":
-                    if folder.last_seq == 0 and record.seq > 1:
-                        folder.skip_to(record.seq)  # the stream's head was trimmed
+                    if first:
+                        first = False
+                        if folder.last_seq == 0 and record.seq > 1:
+                            folder.skip_to(record.seq)  # the stream's head was trimmed
                     add(record.seq, record.event, record.subject)  # pyright: ignore[reportArgumentType]
             if not chunk:
                 return folder.state

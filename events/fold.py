@@ -103,7 +103,7 @@ class Folder:
     def __init__(self, state: State | None = None) -> None:
         self._state = state if state is not None else State()
         self._tasks: immutables.MapMutation[TaskId, TaskInfo] | None = None
-        self._last_seq = self._state.last_seq
+        self._last_seq: int = self._state.last_seq
 
     @property
     def last_seq(self) -> int:
@@ -122,15 +122,13 @@ class Folder:
         `SequenceGap` raises, leaving the State as before the event."""
         kind = type(event)
         try:
-            if subject is not None and seq == self._last_seq + 1:  # a gap raises below, as without one
-                refusal = route_refusal(subject, event)
-                if refusal is not None:
-                    raise Misrouted(refusal)
-            if kind is PrefillProgress or kind is ChunkGenerated:
-                self._hot(seq, event)  # pyright: ignore[reportArgumentType]
-            else:
-                self._state = apply(self.state, seq, event)
-                self._last_seq = seq
+            if kind is ChunkGenerated or kind is PrefillProgress:
+                self._hot(seq, event, subject)  # pyright: ignore[reportArgumentType]
+                return None
+            if subject is not None and seq == self._last_seq + 1:  # a gap raises in apply, as without one
+                check_route(event, subject)
+            self._state = apply(self.state, seq, event)
+            self._last_seq = seq
         except PoisonEvent as exc:
             self._state = quarantine(self.state, seq, event, exc)
             self._last_seq = seq
@@ -148,27 +146,36 @@ class Folder:
             self.add(seq, event)
         return self.state
 
-    def _hot(self, seq: int, event: PrefillProgress | ChunkGenerated) -> None:
+    def _hot(self, seq: int, event: PrefillProgress | ChunkGenerated, subject: str | bytes | None) -> None:
+        """`apply` of the two frequent kinds, on the transient map: the same checks in the same
+        order (seq, subject, task, origin), then `progress_update` / `chunk_update`."""
         if seq != self._last_seq + 1:
             raise SequenceGap(self._last_seq + 1, seq)
+        if subject is not None:
+            misrouted = route_refusal(subject, event)
+            if misrouted is not None:
+                raise Misrouted(misrouted)
         tasks = self._tasks
         if tasks is None:
             tasks = self._tasks = self._state.tasks.mutate()
-        task = tasks.get(event.task_id)
-        if task is None and is_evicted(self._state, event.task_id):  # finished is never stale here
-            self._last_seq = seq
-            return
+        task_id = event.task_id
+        task = tasks.get(task_id)
         if task is None:
-            raise UnknownTask(event.task_id, tag_of(event))
-        progress = isinstance(event, PrefillProgress)
-        rank = event.rank if progress else None
+            if is_evicted(self._state, task_id):  # finished is never stale here
+                self._last_seq = seq
+                return
+            raise UnknownTask(task_id, tag_of(event))
         instances = self._state.instances  # never stale: only these two kinds are held back
-        refusal = task_runner_refusal(instances, task, event.env.origin, rank, sampling=not progress)
-        if refusal is not None:
-            raise ForbiddenOrigin(tag_of(event), refusal)
-        if not task.ended_seq:
-            if isinstance(event, PrefillProgress):
-                tasks.set(event.task_id, progress_update(task, event))
-            else:
-                tasks.set(event.task_id, chunk_update(task, event))
+        if isinstance(event, PrefillProgress):
+            refusal = task_runner_refusal(instances, task, event.env.origin, event.rank)
+            if refusal is not None:
+                raise ForbiddenOrigin(tag_of(event), refusal)
+            if not task.ended_seq:
+                tasks.set(task_id, progress_update(task, event))
+        else:
+            refusal = task_runner_refusal(instances, task, event.env.origin, None, sampling=True)
+            if refusal is not None:
+                raise ForbiddenOrigin(tag_of(event), refusal)
+            if not task.ended_seq:
+                tasks.set(task_id, chunk_update(task, event))
         self._last_seq = seq

@@ -143,15 +143,21 @@ def task_runner_refusal(
     that has tokens to report. Shared with `events.fold.Folder`'s hot path."""
     if origin.service != RUNNER:
         return f"only a runner of the task's instance reports on task {task.task_id!r}, not {_who(origin)}"
-    instance = instances.get(task.instance_id) if task.instance_id is not None else None
+    instance_id = task.instance_id
+    instance = instances.get(instance_id) if instance_id is not None else None
     if instance is None:
         return f"task {task.task_id!r} is assigned to no instance, so no runner reports on it"
-    if rank is not None and rank != origin.rank:
+    claimed = origin.rank
+    if rank is not None and rank != claimed:
         return f"{_who(origin)} reports for rank {rank}"
-    last = len(instance.runners) - 1
-    if sampling and origin.rank != last:
+    runners = instance.runners
+    last = len(runners) - 1
+    if sampling and claimed != last:
         return f"only the sampling rank ({last}) of {instance.instance_id!r} reports tokens and ends tasks, not {_who(origin)}"
-    return _runner_of(instance, origin)
+    # `_runner_of`, inline: this runs for nearly every event of a log
+    if claimed is None or not 0 <= claimed <= last or runners[claimed].node_id != origin.node:
+        return _not_a_rank(instance, origin)
+    return None
 
 
 def _rank_refusal(instance: InstanceInfo, origin: Origin, rank: int) -> str | None:
@@ -169,8 +175,12 @@ def _rank_refusal(instance: InstanceInfo, origin: Origin, rank: int) -> str | No
 def _runner_of(instance: InstanceInfo, origin: Origin) -> str | None:
     rank = origin.rank
     if rank is None or not 0 <= rank < len(instance.runners) or instance.runners[rank].node_id != origin.node:
-        return f"{_who(origin)} is not a rank of instance {instance.instance_id!r}"
+        return _not_a_rank(instance, origin)
     return None
+
+
+def _not_a_rank(instance: InstanceInfo, origin: Origin) -> str:
+    return f"{_who(origin)} is not a rank of instance {instance.instance_id!r}"
 
 
 def _service_refusal(origin: Origin, service: str) -> str | None:

@@ -187,6 +187,15 @@ def route_refusal(subject: str | bytes, event: AnyEvent) -> str | None:
     publish anything), so an event found there comes from an older log or from the control plane,
     never from a node speaking for another."""
     got = subject if isinstance(subject, str) else subject.decode(errors="replace")
+    if type(event) is ChunkGenerated or type(event) is PrefillProgress:
+        # Most of a log, and read by every fold: `subject_for` built inline. Any other subject
+        # (the older layout too) takes the general path below.
+        node = event.env.origin.node
+        kind = _KIND_TOKENS[type(event)]
+        if got == (
+            f"{PREFIX}.ev.task.{event.task_id}.{kind}.{node}" if node else f"{PREFIX}.ev.task.{event.task_id}.{kind}"
+        ):
+            return None
     expected = subject_for(event)
     if got == expected or (type(event) in NODE_PUBLISHED and got == _control_subject(event)):
         return None

@@ -66,8 +66,15 @@ MASTER = Origin(service="master")
 T1, I1 = TaskId("t1"), InstanceId("i1")
 
 
+NO_NODE = Origin(service="runner", rank=1)  # an older log's runner, before origins named their node
+
+
 def _chunk(origin: Origin, task: TaskId = T1) -> ChunkGenerated:
     return ChunkGenerated(env=Stamper(origin).stamp(), task_id=task, index=0, text="x", token_ids=[1])
+
+
+def _progress(origin: Origin) -> PrefillProgress:
+    return PrefillProgress(env=Stamper(origin).stamp(), task_id=T1, rank=1, processed=1, total=2, iteration=0)
 
 
 def test_a_nodes_events_end_with_its_node_and_the_control_planes_with_their_kind() -> None:
@@ -96,6 +103,23 @@ ROUTES = [
     ("another node's subject", _chunk(RANK_N1), "shoal.ev.task.t1.chunk_generated.n0", "claiming node 'n1'"),
     ("another task's subject", _chunk(RANK_N1), "shoal.ev.task.t2.chunk_generated.n1", "its subject is"),
     ("another kind's subject", _chunk(RANK_N1), "shoal.ev.task.t1.completed.n1", "its subject is"),
+    # The two frequent kinds are checked by a shortcut (`route_refusal`'s first branch): its edges
+    ("no node claimed, a node's subject", _chunk(NO_NODE), "shoal.ev.task.t1.chunk_generated.n1", "its subject is"),
+    ("no node claimed, an empty node token", _chunk(NO_NODE), "shoal.ev.task.t1.chunk_generated.", "its subject is"),
+    ("no node claimed, its own subject", _chunk(NO_NODE), "shoal.ev.task.t1.chunk_generated", None),
+    ("a progress report on its own subject", _progress(RANK_N1), "shoal.ev.task.t1.prefill_progress.n1", None),
+    (
+        "a progress report on another node's",
+        _progress(RANK_N1),
+        "shoal.ev.task.t1.prefill_progress.n0",
+        "claiming node 'n1'",
+    ),
+    (
+        "a progress report on a chunk's subject",
+        _progress(RANK_N1),
+        "shoal.ev.task.t1.chunk_generated.n1",
+        "its subject",
+    ),
     (
         "a master's event on a node's subject",
         TaskFailed(env=Stamper(MASTER).stamp(), task_id=T1, error="x"),
