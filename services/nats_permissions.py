@@ -64,6 +64,7 @@ from events.catalogue import (
     TaskFailed,
     TaskStalled,
 )
+from events.handover import handover_subject
 from events.ids import check_token
 from events.subjects import (
     CLUSTER_STARTED,
@@ -71,9 +72,11 @@ from events.subjects import (
     MASTER_PROBES,
     NODE_PUBLISHED,
     PREFIX,
+    RUNNER_READS,
     SNAPSHOT_BUCKET,
     SNAPSHOT_STREAM,
     TELEMETRY_STREAM,
+    WORKER_FAMILIES,
     instance_subject,
     node_subject,
     task_subject,
@@ -134,12 +137,20 @@ PUBLISHES: Mapping[Role, tuple[type[Event], ...]] = {
     "runner": (*_RANK_REPORTS, RunnerHeartbeat),
 }
 
-READS: Mapping[Role, tuple[str, ...]] = {
+READS: Mapping[Role, tuple[str, ...]] = {  # whole streams: the control plane's
     "api": (EVENTS_STREAM, TELEMETRY_STREAM),  # telemetry: the /debug/timeline page
     "master": (EVENTS_STREAM, TELEMETRY_STREAM),  # telemetry: the watchdog's liveness
-    "worker": (EVENTS_STREAM,),
-    "runner": (EVENTS_STREAM,),
 }
+
+# What a node's identities may read of the events stream: consumers filtered to one of these
+# subjects each (`events.subjects.WORKER_FAMILIES`, `RUNNER_READS`), and a runner its own node's
+# reports (read back to tell whether a resend is stored); never a task's request or output (a
+# runner is handed its tasks' requests: `events.handover`), nor the snapshot (the whole State).
+NODE_READS: Mapping[Role, tuple[str, ...]] = {
+    "worker": WORKER_FAMILIES,
+    "runner": (*RUNNER_READS, f"{PREFIX}.ev.*.*.*.{NODE}"),
+}
+HANDOVER_ASKS = handover_subject("*", "*")  # the runners' asks for their requests, answered by the masters
 
 
 class Identity(msgspec.Struct, frozen=True, order=True):
@@ -192,6 +203,20 @@ def reader_api(stream: str) -> list[str]:
     ]
 
 
+def node_reader_api(subjects: tuple[str, ...]) -> list[str]:
+    """The JetStream requests a worker or runner makes on the events stream: consumers filtered to
+    `subjects` only. Each create request names its filter (`eventlog.consume.create_subject`) and
+    the server refuses one whose config asks another, so neither an unfiltered consumer, nor one
+    with several filters, nor a message get (its subject is in the body, unchecked) is allowed."""
+    api, stream = "$JS.API", EVENTS_STREAM
+    return [
+        f"{api}.STREAM.INFO.{stream}",
+        *(f"{api}.CONSUMER.CREATE.{stream}.*.{subject}" for subject in subjects),
+        f"{api}.CONSUMER.DELETE.{stream}.*",
+        f"$JS.FC.{stream}.>",
+    ]
+
+
 def lease_api() -> list[str]:
     """What a master asks of the lease bucket (`services/master/lease.py`): read (from the stream's
     leader: the bucket has only the lease key) and compare-and-swap its one key. Creating the bucket is the admin's (`EventLog.ensure_streams`)."""
@@ -216,18 +241,27 @@ def subject_pattern(kind: type[Event], role: Role) -> str:
     return SUBJECTS[kind]
 
 
-def permissions(identity: Identity) -> dict[str, dict[str, list[str]]]:
+def permissions(identity: Identity) -> dict[str, object]:
     """The identity's allow lists; everything else is refused by the server."""
     if identity.role == "admin":
         return {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
+    own = identity.node or "*"
     patterns = [subject_pattern(kind, identity.role) for kind in PUBLISHES[identity.role]]
-    publish = [pattern.replace(NODE, identity.node or "*") for pattern in patterns]
-    for stream in READS[identity.role]:
-        publish += reader_api(stream)
-    if identity.role == "master":
-        publish += lease_api()
-    publish += snapshot_api(identity.role)
-    return {"publish": {"allow": publish}, "subscribe": {"allow": [f"{identity.inbox_prefix}.>"]}}
+    publish = [pattern.replace(NODE, own) for pattern in patterns]
+    subscribe = [f"{identity.inbox_prefix}.>"]
+    if identity.role in PER_NODE:
+        publish += node_reader_api(tuple(subject.replace(NODE, own) for subject in NODE_READS[identity.role]))
+    else:
+        for stream in READS[identity.role]:
+            publish += reader_api(stream)
+        publish += snapshot_api(identity.role)
+    if identity.role == "runner":
+        publish.append(handover_subject(own, "*"))  # asks for its tasks' requests, on its node's subject
+    if identity.role != "master":
+        return {"publish": {"allow": publish}, "subscribe": {"allow": subscribe}}
+    publish += lease_api()
+    # The masters answer the asks: each answer goes once to the asker's reply inbox.
+    return {"publish": {"allow": publish}, "subscribe": {"allow": [*subscribe, HANDOVER_ASKS]}, "allow_responses": True}
 
 
 class ClusterRoutes(msgspec.Struct, frozen=True, kw_only=True):
