@@ -7,9 +7,9 @@ Identities (nkey users in one account; the server checks every PUB and SUB again
 |---|---|---|
 | `admin` | everything, and manages streams | everything |
 | `api` | `TaskCreated`, `TaskCancelled`, operators' `ModelLoadRequested`/`ModelUnloadRequested` | SHOAL_EVENTS, SHOAL_TELEMETRY |
-| `master` | placement, assignment, retirement, watchdog, master-ended tasks, `ModelUnavailable`, `MasterProbe`; its lease key | both; its lease key; writes the snapshot object store |
-| `worker-<node>` | its node's `NodeJoined`/`NodeLeft`/`LinkMeasured`/`NodeHeartbeat`; `RunnerStatusChanged` from its node | SHOAL_EVENTS |
-| `runner-<node>` | from its node: prefill, chunks, `TaskCompleted`/`TaskFailed`, `RunnerStatusChanged`, `ModelDownloadProgress`, `RunnerHeartbeat` | SHOAL_EVENTS |
+| `master` | placement, assignment, retirement, watchdog, master-ended tasks, `ModelUnavailable`, `MasterProbe`; its lease key; answers to handover asks | both; its lease key; writes the snapshot object store; the handover asks |
+| `worker-<node>` | its node's `NodeJoined`/`NodeLeft`/`LinkMeasured`/`NodeHeartbeat`; `RunnerStatusChanged` from its node | consumers filtered to nodes, instances (`NODE_READS`) |
+| `runner-<node>` | from its node: prefill, chunks, `TaskCompleted`/`TaskFailed`, `RunnerStatusChanged`, `ModelDownloadProgress`, `RunnerHeartbeat`; handover asks on its node's subject | consumers filtered to placements, assignments, cancels, control-plane failures, its node's reports (`NODE_READS`) |
 
 "From its node": those kinds' subjects end with the publishing node when a node publishes them
 (`events.subjects.NODE_PUBLISHED`), and a node identity may publish them only with its own node
@@ -19,8 +19,11 @@ there (`shoal.ev.task.*.chunk_generated.node-0` for `runner-node-0`); the contro
 Reading is done through JetStream only: every identity but the admin may subscribe to its own
 inbox (`_INBOX.<identity>.>`) and nothing else, so no one taps `shoal.>` live nor reads another
 identity's replies and deliveries. What it may ask JetStream is read-only: stream info, message
-get, creating and deleting its own (ephemeral) consumers, and answering flow control; every
-identity reads the State's snapshot (SHOAL_SNAPSHOTS), only the master writes it.
+get, creating and deleting its own (ephemeral) consumers, and answering flow control; the control
+plane reads the State's snapshot (SHOAL_SNAPSHOTS), only the master writes it. A worker or runner
+reads only what its node serves (`NODE_READS`): consumers filtered to one allowed subject each,
+created by the request naming the filter; no message get, no snapshot, no task's request (the
+masters hand a runner its tasks' requests on its node's subject: `events.handover`).
 
 The server proves the publishing node, not more: which tasks and ranks that node serves is the
 State's to say, so the fold holds each event's claimed origin to the node its subject names

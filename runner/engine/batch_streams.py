@@ -17,7 +17,9 @@ from runner.engine.requests import ChoiceOutcome, GenerationOutcome, GenerationR
 from runner.engine.task_run import TaskRun
 
 CREATED_MISSING = "this rank was not handed the task's request"  # the masters refused, or none answered
-UNRUNNABLE_ELSEWHERE = "another rank of the instance could not build this request (it was not handed the task's TaskCreated)"
+UNRUNNABLE_ELSEWHERE = (
+    "another rank of the instance could not build this request (it was not handed the task's TaskCreated)"
+)
 
 
 @dataclass(frozen=True, slots=True)

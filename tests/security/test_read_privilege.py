@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -37,6 +38,7 @@ from events.state import State
 from events.subjects import EVENTS_STREAM, RUNNER_READS, WORKER_FAMILIES, instance_subject
 from services.master.handover import FoldProgress, HandOverDesk
 from services.nats_permissions import Identity
+from tests.e2e.cluster import Cluster
 from tests.events.builders import Events
 from tests.security.conftest import SecuredBus
 
@@ -241,3 +243,45 @@ async def test_a_runner_is_handed_its_tasks_request_and_no_other(
             await wire.roundtrip()
     finally:
         wire.close()
+
+
+def test_two_nodes_serve_requests_handed_over_under_the_node_permissions(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The honest side: `shoal up` with two workers (a model split over both nodes, every service
+    on its own identity): concurrent requests are handed to both nodes' ranks by the masters and
+    served, and nothing any service does is refused by the server."""
+    cluster = Cluster(tmp_path_factory.mktemp("handover"), workers=2)
+    try:
+        cluster.wait_ready()
+        client = cluster.client()
+
+        def ask(words: str) -> tuple[str, str | None]:
+            reply = client.chat.completions.create(
+                model="tiny", max_tokens=12, temperature=0, messages=[{"role": "user", "content": words}]
+            )
+            return reply.choices[0].message.content or "", reply.choices[0].finish_reason
+
+        prompts = ["hello there", "the river stone", "a lantern at night", "hello there"]
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            answers = list(pool.map(ask, prompts))
+        state = asyncio.run(_whole_state(cluster))
+        log_tail = cluster.up.tail(400_000)
+    finally:
+        cluster.stop()
+    assert all(text and finish for text, finish in answers), answers
+    assert answers[0] == answers[3]  # the same request, built alike from what was handed over
+    assert "Permissions Violation" not in log_tail and "not handed" not in log_tail
+    assert state.quarantined_count == 0, state.quarantined
+    assert len(state.tasks) == len(prompts) and all(t.status == "completed" for t in state.tasks.values())
+    for task in state.tasks.values():
+        assert task.instance_id is not None
+        assert len({rank.node_id for rank in state.instances[task.instance_id].runners}) == 2
+
+
+async def _whole_state(cluster: Cluster) -> State:
+    log = await EventLog.connect(cluster.admin_endpoint(), ensure=False)
+    try:
+        return await log.fold()
+    finally:
+        await log.close()
