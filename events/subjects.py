@@ -154,10 +154,16 @@ NODE_PUBLISHED: frozenset[type[Event]] = frozenset(
 
 # What a node's identities read of the events stream, one consumer filtered to one of these
 # subjects each (the only consumers the server lets them create: `services.nats_permissions`),
-# never a task's request or output. A worker: nodes and instances, the runners to keep. A runner:
-# its placement, the assignments (ids only) in log order, every cancel and the control plane's
-# failures (the others' end with their node); its request is handed over (`events.handover`).
-WORKER_FAMILIES: tuple[str, ...] = (f"{PREFIX}.ev.node.>", f"{PREFIX}.ev.instance.>")
+# never a task's request or output. A worker: nodes, and instances placed and retired (the runners
+# to keep; not the ranks' statuses: a few per task, and each costs a worker a bounded read of its
+# other families, `eventlog.families`). A runner: its placement, the assignments (ids only) in log
+# order, every cancel and the control plane's failures (the others' end with their node); its
+# request is handed over (`events.handover`).
+WORKER_FAMILIES: tuple[str, ...] = (
+    f"{PREFIX}.ev.node.>",
+    instance_subject("*", "placed"),
+    instance_subject("*", "retired"),
+)
 RUNNER_READS: tuple[str, ...] = (
     instance_subject("*", "placed"),
     task_subject("*", "assigned"),

@@ -9,8 +9,9 @@ import pytest
 
 from eventlog.families import Entry, fold_families, follow_families
 from eventlog.log import EventLog
-from events.catalogue import LogEvent
+from events.catalogue import InstanceRetired, LogEvent
 from events.fold import fold
+from events.ids import InstanceId
 from events.state import State
 from events.subjects import WORKER_FAMILIES
 from tests.events.builders import Events
@@ -27,8 +28,9 @@ def interleaved(ev: Events, round_: int) -> list[LogEvent]:
         ev.node(b),
         ev.placed(f"i{round_}", nodes=(a, b)),
         ev.assigned(f"t{round_}", f"i{round_}"),
-        ev.runner(0, "ready", f"i{round_}"),
+        ev.runner(0, "ready", f"i{round_}"),  # not a worker's: its families leave statuses out
         ev.chunk(f"t{round_}"),
+        InstanceRetired(env=ev.master.stamp(), instance_id=InstanceId(f"i{round_}"), reason="test"),
     ]
 
 
@@ -36,7 +38,7 @@ def of_families(events: list[LogEvent], first_seq: int = 1) -> list[tuple[int, s
     return [
         (seq, type(event).__name__)
         for seq, event in enumerate(events, start=first_seq)
-        if type(event).__name__ in ("NodeJoined", "InstancePlaced", "RunnerStatusChanged")
+        if type(event).__name__ in ("NodeJoined", "InstancePlaced", "InstanceRetired")
     ]
 
 
@@ -49,7 +51,7 @@ async def test_a_fold_of_families_is_the_log_order_fold_of_their_events(event_lo
     assert state.quarantined_count == 0 and state.last_seq == len(events)
     assert state.nodes == whole.nodes and set(state.instances) == set(whole.instances) and not state.tasks
     for instance_id, instance in state.instances.items():
-        assert instance.runners == whole.instances[instance_id].runners
+        assert instance.retired and whole.instances[instance_id].retired
 
 
 async def test_following_families_hands_their_events_on_in_log_order(event_log: EventLog) -> None:
