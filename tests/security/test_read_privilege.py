@@ -94,20 +94,38 @@ def consumer(filters: list[str]) -> dict[str, object]:
 
 
 CREATE = f"$JS.API.CONSUMER.CREATE.{EVENTS_STREAM}.peek"
+NODE_IDENTITIES = (*NODE_A, Identity("worker", "node-b"), Identity("runner", "node-b"))
+
+
+def stolen_reads(other: str) -> list[tuple[str, str, list[str]]]:
+    """(what, create request's subject, the consumer's filters) a node would steal with: the
+    requests, the answers, everything; `other`: another node."""
+    return [
+        ("unfiltered", CREATE, []),
+        ("several filters", CREATE, ["shoal.ev.task.*.assigned", "shoal.ev.task.*.created"]),
+        ("the requests", f"{CREATE}.shoal.ev.task.*.created", ["shoal.ev.task.*.created"]),
+        ("t2's request", f"{CREATE}.shoal.ev.task.t2.created", ["shoal.ev.task.t2.created"]),
+        ("every task event", f"{CREATE}.shoal.ev.task.>", ["shoal.ev.task.>"]),
+        ("everything", f"{CREATE}.>", [">"]),
+        (
+            f"{other}'s chunks",
+            f"{CREATE}.shoal.ev.task.*.chunk_generated.{other}",
+            [f"shoal.ev.task.*.chunk_generated.{other}"],
+        ),
+        ("any node's chunks", f"{CREATE}.shoal.ev.task.*.chunk_generated.*", ["shoal.ev.task.*.chunk_generated.*"]),
+    ]
+
+
 STOLEN_READS = [
-    ("unfiltered", CREATE, []),
-    ("several filters", CREATE, ["shoal.ev.task.*.assigned", "shoal.ev.task.*.created"]),
-    ("the requests", f"{CREATE}.shoal.ev.task.*.created", ["shoal.ev.task.*.created"]),
-    ("t2's request", f"{CREATE}.shoal.ev.task.t2.created", ["shoal.ev.task.t2.created"]),
-    ("every task event", f"{CREATE}.shoal.ev.task.>", ["shoal.ev.task.>"]),
-    ("everything", f"{CREATE}.>", [">"]),
-    ("node-b's chunks", f"{CREATE}.shoal.ev.task.*.chunk_generated.node-b", ["shoal.ev.task.*.chunk_generated.node-b"]),
-    ("any node's chunks", f"{CREATE}.shoal.ev.task.*.chunk_generated.*", ["shoal.ev.task.*.chunk_generated.*"]),
+    (identity, *case)
+    for identity in NODE_IDENTITIES
+    for case in stolen_reads("node-b" if identity.node == "node-a" else "node-a")
 ]
 
 
-@pytest.mark.parametrize("identity", NODE_A, ids=lambda i: i.name)
-@pytest.mark.parametrize(("what", "subject", "filters"), STOLEN_READS, ids=[case[0] for case in STOLEN_READS])
+@pytest.mark.parametrize(
+    ("identity", "what", "subject", "filters"), STOLEN_READS, ids=[f"{c[0].name}-{c[1]}" for c in STOLEN_READS]
+)
 async def test_a_node_cannot_create_a_consumer_reading_what_it_does_not_serve(
     bus: SecuredBus, serving: list[LogEvent], identity: Identity, what: str, subject: str, filters: list[str]
 ) -> None:
@@ -130,7 +148,7 @@ async def test_the_filter_the_server_checked_is_the_filter_it_uses(
     assert await js_request(bus, identity, f"{CREATE}.{allowed}", consumer([allowed])) == ""  # its own: taken
 
 
-@pytest.mark.parametrize("identity", NODE_A, ids=lambda i: i.name)
+@pytest.mark.parametrize("identity", NODE_IDENTITIES, ids=lambda i: i.name)
 async def test_a_node_cannot_get_messages_nor_the_snapshot(
     bus: SecuredBus, serving: list[LogEvent], identity: Identity
 ) -> None:
@@ -147,7 +165,7 @@ async def test_a_node_cannot_get_messages_nor_the_snapshot(
         assert f'Permissions Violation for Publish to "{subject}"' in said, subject
 
 
-@pytest.mark.parametrize("identity", NODE_A, ids=lambda i: i.name)
+@pytest.mark.parametrize("identity", NODE_IDENTITIES, ids=lambda i: i.name)
 async def test_a_node_cannot_tap_the_requests_live(bus: SecuredBus, identity: Identity) -> None:
     for subject in (
         "shoal.ev.task.t2.created",
