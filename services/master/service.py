@@ -26,7 +26,7 @@ from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from events.catalogue import ChunkGenerated, LogEvent, MasterProbe, ModelLoadRequested, Origin, TaskCreated
 from events.fold import apply_live
-from events.handover import HANDOVER_QUEUE, encode_handover, handover_subject
+from events.handover import HANDOVER_QUEUE, HandOverRefused, encode_handover, handover_subject
 from events.origins import heartbeat_refusal
 from events.retention import live_tasks_of
 from events.stamp import Stamper
@@ -133,8 +133,11 @@ class Master:
         answer = await desk.answer(subject, data)
         try:
             await log.respond(reply, encode_handover(answer))
-        except Exception as exc:  # the asker retries; one lost answer is not the master's end
+        except Exception as exc:  # one lost answer is not the master's end; the asker is told why
             logger.warning("master: could not answer the ask on {}: {}", subject, exc)
+            refused = HandOverRefused(error=f"the master could not send the request: {type(exc).__name__}: {exc}")
+            with contextlib.suppress(Exception):  # lost too: the asker asks again
+                await log.respond(reply, encode_handover(refused))
 
     async def _follow_leadership(self, transitions: asyncio.Queue[bool]) -> None:
         """Say so on each change; on taking over, decide what is owed (the State is current)."""
