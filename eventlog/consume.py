@@ -66,10 +66,12 @@ _json = msgspec.json.Encoder()
 
 
 class Position(msgspec.Struct, kw_only=True):
-    """Where a read starts: `seq` (next sequence wanted) wins over `time` once anything was seen."""
+    """Where a read starts: `seq` (next sequence wanted) wins over `time` and `last` once anything
+    was seen; `last`: the newest message on the read's subjects only."""
 
     seq: int | None = None
     time: datetime | None = None
+    last: bool = False
 
 
 def consumer_config(name: str, deliver: str, position: Position, subjects: list[str]) -> dict[str, object]:
@@ -89,6 +91,8 @@ def consumer_config(name: str, deliver: str, position: Position, subjects: list[
     elif position.time is not None:
         stamp = position.time.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         config |= {"deliver_policy": "by_start_time", "opt_start_time": stamp}
+    elif position.last:
+        config["deliver_policy"] = "last"
     else:
         config["deliver_policy"] = "all"
     if len(subjects) == 1:
@@ -96,6 +100,15 @@ def consumer_config(name: str, deliver: str, position: Position, subjects: list[
     elif subjects:
         config["filter_subjects"] = subjects
     return config
+
+
+def create_subject(stream: str, name: str, subjects: list[str]) -> str:
+    """The JetStream request creating consumer `name`. With one filter subject it names the filter
+    (`...CREATE.<stream>.<name>.<filter>`, which the server checks against the config's), so the
+    bus can allow an identity only consumers filtered to its subjects (`nats_permissions`:
+    workers and runners); several filters can only go by the unfiltered request."""
+    base = f"$JS.API.CONSUMER.CREATE.{stream}.{name}"
+    return f"{base}.{subjects[0]}" if len(subjects) == 1 else base
 
 
 async def stream_last_seq(wire: Wire, stream: str) -> int:
@@ -138,7 +151,7 @@ class StreamReader:
         self._sid = self._wire.subscribe(self._deliver)
         config = consumer_config(self._name, self._deliver, position, self._subjects)
         body = _json.encode({"stream_name": self._stream, "config": config, "action": "create"})
-        subject = f"$JS.API.CONSUMER.CREATE.{self._stream}.{self._name}"
+        subject = create_subject(self._stream, self._name, self._subjects)
         raw = await request(self._wire, subject, body, others=self._early)
         created = _created.decode(raw)
         if created.error is not None:

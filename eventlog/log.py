@@ -28,6 +28,7 @@ it is closed when garbage collected. Stop a `follow` by cancelling its task or `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from datetime import datetime
@@ -45,7 +46,7 @@ from eventlog.publish import NOT_YET_DECIDED, UNACKED, LogError, LogUnreachable,
 from eventlog.snapshots import read_snapshot, write_snapshot
 from eventlog.streams import LogSettings, stream_name
 from eventlog.tls import TlsRefused
-from eventlog.wire import Wire, WireClosed, WireError
+from eventlog.wire import PermissionRefused, Wire, WireClosed, WireError
 from events.catalogue import AnyEvent, LogEvent, TelemetryEvent
 from events.codec import MalformedEvent, decode_log_event, decode_telemetry_event, encode
 from events.fold import Folder
@@ -124,19 +125,30 @@ class EventLog:
         return int(info.state.messages)
 
     async def get_last(self, subject: str) -> tuple[int, AnyEvent] | None:
-        """The newest message on `subject` (no wildcards needed), e.g. a task's TaskCreated."""
-        stream = stream_name("telemetry" if is_telemetry_subject(subject) else "events")
+        """The newest message on `subject` (no wildcards needed), e.g. an instance's InstancePlaced.
+
+        Read by a consumer filtered to `subject`, not by JetStream's message get: a get names its
+        subject only in the request's body, which the server cannot check, so workers and runners
+        may not make one on the events stream (`services.nats_permissions`), while a filtered
+        consumer's create request names its filter where the server checks it."""
+        stream: StreamKey = "telemetry" if is_telemetry_subject(subject) else "events"
+        newest: tuple[int, AnyEvent] | None = None
+        async for seq, event in self.entries(subjects=[subject], stream=stream, last=True):  # one at most
+            newest = None if event is None else (seq, event)
+        return newest
+
+    async def get(self, seq: int) -> AnyEvent | None:
+        """The event stored at `seq` of the events stream (None: deleted, trimmed or malformed): a
+        control-plane read, by message get."""
         try:
-            raw = await self._js.get_last_msg(stream, subject)
+            raw = await self._js.get_msg(stream_name("events"), seq)  # pyright: ignore[reportUnknownMemberType]
         except nats.js.errors.NotFoundError:
             return None
-        seq = int(raw.seq or 0)
         try:
-            event = (decode_telemetry_event if stream != stream_name("events") else decode_log_event)(raw.data or b"")
+            return decode_log_event(raw.data or b"")
         except MalformedEvent as exc:
-            self._poison(subject, seq, exc)
+            self._poison(raw.subject or "", seq, exc)
             return None
-        return seq, event
 
     async def is_newest_on_its_subject(self, event: LogEvent) -> bool:
         """Whether `event` (by id) is the newest message on its subject; False when NATS cannot say.
@@ -144,7 +156,7 @@ class EventLog:
         event on a subject only it writes (a task's chunks) is stored once this says so."""
         try:
             found = await self.get_last(subject_for(event))
-        except (nats.errors.Error, TimeoutError) as exc:
+        except (LogError, WireError, TimeoutError) as exc:
             logger.debug("cannot tell whether {} is stored: {}", event.env.event_id, exc)
             return False
         return found is not None and found[1].env.event_id == event.env.event_id
@@ -218,6 +230,28 @@ class EventLog:
         if self._pub_wire is not None:
             self._pub_wire.close()
             self._pub_wire = None
+
+    async def asks(self, subjects: str, queue: str) -> AsyncIterator[tuple[str, bytes, str]]:
+        """(subject, payload, reply subject) of each request on `subjects`, shared with the other
+        members of `queue` (one of them gets each), until cancelled: what a control-plane service
+        answers off the streams (`events.handover`)."""
+        subscription = await self._nc.subscribe(subjects, queue=queue)  # pyright: ignore[reportUnknownMemberType]
+        try:
+            async for message in subscription.messages:
+                yield message.subject, message.data, message.reply
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await subscription.unsubscribe()
+
+    async def respond(self, reply: str, payload: bytes) -> None:
+        """Answer a request from `asks` (the server lets the answerer publish on that reply once)."""
+        await self._nc.publish(reply, payload)
+
+    async def ask(self, subject: str, payload: bytes, timeout: float) -> bytes:
+        """A request on `subject` and its answer's payload; `nats.errors.NoRespondersError` when
+        nobody serves it, `nats.errors.TimeoutError` when nobody answered in time."""
+        message = await self._nc.request(subject, payload, timeout=timeout)
+        return message.data
 
     async def publish_telemetry(self, event: TelemetryEvent) -> None:
         """Publish a heartbeat to SHOAL_TELEMETRY without waiting for its acknowledgement."""
@@ -362,10 +396,13 @@ class EventLog:
         stream: StreamKey = "events",
         *,
         live: bool = False,
+        last: bool = False,
     ) -> AsyncIterator[tuple[int, AnyEvent | None]]:
-        """Like replay/follow, but a malformed message yields (seq, None) instead of nothing."""
+        """Like replay/follow, but a malformed message yields (seq, None) instead of nothing;
+        `last`: only the newest message on `subjects`."""
         decode = _decoder(stream)
-        async for batch in self._batches(Position(seq=from_seq, time=from_time), subjects, stream, live=live):
+        position = Position(seq=from_seq, time=from_time, last=last)
+        async for batch in self._batches(position, subjects, stream, live=live):
             for seq, message in zip(batch.seqs, batch.messages, strict=True):
                 try:
                     event: AnyEvent | None = decode(message.payload)
@@ -393,7 +430,7 @@ class EventLog:
                     if self._closed:
                         return
                 return
-            except TlsRefused as exc:
+            except (TlsRefused, PermissionRefused) as exc:  # the same every time: say it, do not retry
                 raise LogError(str(exc)) from exc
             except StreamNotFound as exc:
                 if not live:

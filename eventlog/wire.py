@@ -36,6 +36,11 @@ class WireError(ConnectionError):
     """The server reported a protocol error (-ERR) or answered unexpectedly."""
 
 
+class PermissionRefused(WireError):
+    """The server refused a publish or subscription to this identity (`Permissions Violation`):
+    retrying cannot help, the identity may not do it (README "Security")."""
+
+
 class WireClosed(ConnectionError):
     """The connection ended (server stopped, network gone)."""
 
@@ -301,7 +306,8 @@ class Wire:
             elif type(frame) is Pong:
                 self._pongs += 1
             elif type(frame) is Err:
-                raise WireError(f"NATS server error: {frame.text}")
+                refused = "Permissions Violation" in frame.text
+                raise (PermissionRefused if refused else WireError)(f"NATS server error: {frame.text}")
             # INFO (cluster updates) and +OK need no answer
 
     def close(self) -> None:

@@ -152,6 +152,26 @@ NODE_PUBLISHED: frozenset[type[Event]] = frozenset(
 )
 
 
+# What a node's identities read of the events stream, one consumer filtered to one of these
+# subjects each (the only consumers the server lets them create: `services.nats_permissions`),
+# never a task's request or output. A worker: nodes, and instances placed and retired (the runners
+# to keep; not the ranks' statuses: a few per task, and each costs a worker a bounded read of its
+# other families, `eventlog.families`). A runner: its placement, the assignments (ids only) in log
+# order, every cancel and the control plane's failures (the others' end with their node); its
+# request is handed over (`events.handover`).
+WORKER_FAMILIES: tuple[str, ...] = (
+    f"{PREFIX}.ev.node.>",
+    instance_subject("*", "placed"),
+    instance_subject("*", "retired"),
+)
+RUNNER_READS: tuple[str, ...] = (
+    instance_subject("*", "placed"),
+    task_subject("*", "assigned"),
+    task_subject("*", "cancelled"),
+    task_subject("*", "failed"),
+)
+
+
 def event_subjects_without(*skipped: type[LogEvent]) -> list[str]:
     """A consumer filter (JetStream `filter_subjects`) for the events stream that leaves out the
     task kinds `skipped`: a service with no use for per-token events (`ChunkGenerated`) is then

@@ -7,9 +7,9 @@ Identities (nkey users in one account; the server checks every PUB and SUB again
 |---|---|---|
 | `admin` | everything, and manages streams | everything |
 | `api` | `TaskCreated`, `TaskCancelled`, operators' `ModelLoadRequested`/`ModelUnloadRequested` | SHOAL_EVENTS, SHOAL_TELEMETRY |
-| `master` | placement, assignment, retirement, watchdog, master-ended tasks, `ModelUnavailable`, `MasterProbe`; its lease key | both; its lease key; writes the snapshot object store |
-| `worker-<node>` | its node's `NodeJoined`/`NodeLeft`/`LinkMeasured`/`NodeHeartbeat`; `RunnerStatusChanged` from its node | SHOAL_EVENTS |
-| `runner-<node>` | from its node: prefill, chunks, `TaskCompleted`/`TaskFailed`, `RunnerStatusChanged`, `ModelDownloadProgress`, `RunnerHeartbeat` | SHOAL_EVENTS |
+| `master` | placement, assignment, retirement, watchdog, master-ended tasks, `ModelUnavailable`, `MasterProbe`; its lease key; answers to handover asks | both; its lease key; writes the snapshot object store; the handover asks |
+| `worker-<node>` | its node's `NodeJoined`/`NodeLeft`/`LinkMeasured`/`NodeHeartbeat`; `RunnerStatusChanged` from its node | consumers filtered to nodes, instances (`NODE_READS`) |
+| `runner-<node>` | from its node: prefill, chunks, `TaskCompleted`/`TaskFailed`, `RunnerStatusChanged`, `ModelDownloadProgress`, `RunnerHeartbeat`; handover asks on its node's subject | consumers filtered to placements, assignments, cancels, control-plane failures, its node's reports (`NODE_READS`) |
 | `join` | a join request and the CA's certificate (`shoal.join.request`, `shoal.join.ca`) | its replies only |
 
 "From its node": those kinds' subjects end with the publishing node when a node publishes them
@@ -20,8 +20,11 @@ there (`shoal.ev.task.*.chunk_generated.node-0` for `runner-node-0`); the contro
 Reading is done through JetStream only: every identity but the admin may subscribe to its own
 inbox (`_INBOX.<identity>.>`) and nothing else, so no one taps `shoal.>` live nor reads another
 identity's replies and deliveries. What it may ask JetStream is read-only: stream info, message
-get, creating and deleting its own (ephemeral) consumers, and answering flow control; every
-identity reads the State's snapshot (SHOAL_SNAPSHOTS), only the master writes it.
+get, creating and deleting its own (ephemeral) consumers, and answering flow control; the control
+plane reads the State's snapshot (SHOAL_SNAPSHOTS), only the master writes it. A worker or runner
+reads only what its node serves (`NODE_READS`): consumers filtered to one allowed subject each,
+created by the request naming the filter; no message get, no snapshot, no task's request (the
+masters hand a runner its tasks' requests on its node's subject: `events.handover`).
 
 The server proves the publishing node, not more: which tasks and ranks that node serves is the
 State's to say, so the fold holds each event's claimed origin to the node its subject names
@@ -65,6 +68,7 @@ from events.catalogue import (
     TaskFailed,
     TaskStalled,
 )
+from events.handover import handover_subject
 from events.ids import check_token
 from events.subjects import (
     CLUSTER_STARTED,
@@ -72,9 +76,11 @@ from events.subjects import (
     MASTER_PROBES,
     NODE_PUBLISHED,
     PREFIX,
+    RUNNER_READS,
     SNAPSHOT_BUCKET,
     SNAPSHOT_STREAM,
     TELEMETRY_STREAM,
+    WORKER_FAMILIES,
     instance_subject,
     node_subject,
     task_subject,
@@ -140,12 +146,20 @@ PUBLISHES: Mapping[Role, tuple[type[Event], ...]] = {
     "runner": (*_RANK_REPORTS, RunnerHeartbeat),
 }
 
-READS: Mapping[Role, tuple[str, ...]] = {
+READS: Mapping[Role, tuple[str, ...]] = {  # whole streams: the control plane's
     "api": (EVENTS_STREAM, TELEMETRY_STREAM),  # telemetry: the /debug/timeline page
     "master": (EVENTS_STREAM, TELEMETRY_STREAM),  # telemetry: the watchdog's liveness
-    "worker": (EVENTS_STREAM,),
-    "runner": (EVENTS_STREAM,),
 }
+
+# What a node's identities may read of the events stream: consumers filtered to one of these
+# subjects each (`events.subjects.WORKER_FAMILIES`, `RUNNER_READS`), and a runner its own node's
+# reports (read back to tell whether a resend is stored); never a task's request or output (a
+# runner is handed its tasks' requests: `events.handover`), nor the snapshot (the whole State).
+NODE_READS: Mapping[Role, tuple[str, ...]] = {
+    "worker": WORKER_FAMILIES,
+    "runner": (*RUNNER_READS, f"{PREFIX}.ev.*.*.*.{NODE}"),
+}
+HANDOVER_ASKS = handover_subject("*", "*")  # the runners' asks for their requests, answered by the masters
 
 
 class Identity(msgspec.Struct, frozen=True, order=True):
@@ -198,6 +212,20 @@ def reader_api(stream: str) -> list[str]:
     ]
 
 
+def node_reader_api(subjects: tuple[str, ...]) -> list[str]:
+    """The JetStream requests a worker or runner makes on the events stream: consumers filtered to
+    `subjects` only. Each create request names its filter (`eventlog.consume.create_subject`) and
+    the server refuses one whose config asks another, so neither an unfiltered consumer, nor one
+    with several filters, nor a message get (its subject is in the body, unchecked) is allowed."""
+    api, stream = "$JS.API", EVENTS_STREAM
+    return [
+        f"{api}.STREAM.INFO.{stream}",
+        *(f"{api}.CONSUMER.CREATE.{stream}.*.{subject}" for subject in subjects),
+        f"{api}.CONSUMER.DELETE.{stream}.*",
+        f"$JS.FC.{stream}.>",
+    ]
+
+
 def lease_api() -> list[str]:
     """What a master asks of the lease bucket (`services/master/lease.py`): read (from the stream's
     leader: the bucket has only the lease key) and compare-and-swap its one key. Creating the bucket is the admin's (`EventLog.ensure_streams`)."""
@@ -222,21 +250,30 @@ def subject_pattern(kind: type[Event], role: Role) -> str:
     return SUBJECTS[kind]
 
 
-def permissions(identity: Identity) -> dict[str, dict[str, list[str]]]:
+def permissions(identity: Identity) -> dict[str, object]:
     """The identity's allow lists; everything else is refused by the server."""
     if identity.role == "admin":
         return {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
     if identity.role == "join":  # may only ask to join, and read the answers
         publish = [JOIN_REQUEST_SUBJECT, JOIN_CA_SUBJECT]
         return {"publish": {"allow": publish}, "subscribe": {"allow": [f"{identity.inbox_prefix}.>"]}}
+    own = identity.node or "*"
     patterns = [subject_pattern(kind, identity.role) for kind in PUBLISHES[identity.role]]
-    publish = [pattern.replace(NODE, identity.node or "*") for pattern in patterns]
-    for stream in READS[identity.role]:
-        publish += reader_api(stream)
-    if identity.role == "master":
-        publish += lease_api()
-    publish += snapshot_api(identity.role)
-    return {"publish": {"allow": publish}, "subscribe": {"allow": [f"{identity.inbox_prefix}.>"]}}
+    publish = [pattern.replace(NODE, own) for pattern in patterns]
+    subscribe = [f"{identity.inbox_prefix}.>"]
+    if identity.role in PER_NODE:
+        publish += node_reader_api(tuple(subject.replace(NODE, own) for subject in NODE_READS[identity.role]))
+    else:
+        for stream in READS[identity.role]:
+            publish += reader_api(stream)
+        publish += snapshot_api(identity.role)
+    if identity.role == "runner":
+        publish.append(handover_subject(own, "*"))  # asks for its tasks' requests, on its node's subject
+    if identity.role != "master":
+        return {"publish": {"allow": publish}, "subscribe": {"allow": subscribe}}
+    publish += lease_api()
+    # The masters answer the asks: each answer goes once to the asker's reply inbox.
+    return {"publish": {"allow": publish}, "subscribe": {"allow": [*subscribe, HANDOVER_ASKS]}, "allow_responses": True}
 
 
 class ClusterRoutes(msgspec.Struct, frozen=True, kw_only=True):

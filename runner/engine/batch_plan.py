@@ -15,7 +15,7 @@ many prompt tokens its prefix cache can serve (`prefix_cache.PrefixIndex.longest
 reuses the minimum over ranks (`AgreedStep.cached`, by its index among the newcomers: every rank's
 pending list starts with the same ids). A proposal is written as its length plus two, 1 by a rank
 still preparing that assignment (its grammar compiling off the step loop: `preparation.py`), and 0
-by a rank that could not build its request (its `TaskCreated` could not be read): a 0 says no rank
+by a rank that could not build its request (it was not handed its `TaskCreated`): a 0 says no rank
 may run it (`AgreedStep.runnable`), so every rank fails it alike rather than one rank leaving it
 out of the batch the others run, and a 1 that it waits until every rank has it ready
 (`AgreedStep.prepared`) while those after it in the log may join past it (`ready_to_admit`). Each

@@ -16,8 +16,10 @@ from runner.engine.protocols import CancelSource, RunnerSink
 from runner.engine.requests import ChoiceOutcome, GenerationOutcome, GenerationRequest, outcome_of
 from runner.engine.task_run import TaskRun
 
-CREATED_MISSING = "TaskCreated not found in the log"  # this rank could not read the task
-UNRUNNABLE_ELSEWHERE = "another rank of the instance could not build this request (its TaskCreated could not be read)"
+CREATED_MISSING = "this rank was not handed the task's request"  # the masters refused, or none answered
+UNRUNNABLE_ELSEWHERE = (
+    "another rank of the instance could not build this request (it was not handed the task's TaskCreated)"
+)
 
 
 @dataclass(frozen=True, slots=True)

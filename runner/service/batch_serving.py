@@ -1,7 +1,7 @@
 """The task loop under continuous batching: assignments join the running batch at step boundaries.
 
 Every rank reads its instance's assignments from the log in the same order, builds each request
-alike (`TaskServer.request_for`; a large prompt's off the step loop while the batch runs:
+alike from what the masters hand over (`TaskServer.request_for`; a large prompt's off the step loop while the batch runs:
 `pending.py`) and hands the ones built and not yet admitted to `ContinuousBatch.step`,
 which admits the first of them once every rank holds them (the step's all-reduce carries each
 rank's count, read after the rank's forward, so an assignment read meanwhile counts at once). While the batch is busy every rank steps; while it is empty a rank waits for an
@@ -61,15 +61,16 @@ class BatchServing:
     def _receive(self, assignment: Assignment | None, idle: bool) -> bool:
         if assignment is None:
             return False
-        self.pending.add(assignment, at_once=idle or not is_large(assignment.created))
+        self.pending.add(assignment, at_once=idle or not is_large(assignment.created))  # None: to be handed over
         return True
 
     def _admission(self, assignment: Assignment) -> Admission:
         task_id = assignment.assigned.task_id
-        request = self.server.request_for(task_id, assignment.created)
+        request = self.server.request_for(assignment)
         server = self.server
-        error = CREATED_MISSING if request is None else None
-        return Admission(task_id, request, server.cancel, server.sink, error)
+        if isinstance(request, str):
+            return Admission(task_id, None, server.cancel, server.sink, f"{CREATED_MISSING}: {request}")
+        return Admission(task_id, request, server.cancel, server.sink, None)
 
     def _handle(self, result: StepResult) -> None:
         server = self.server

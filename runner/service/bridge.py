@@ -6,11 +6,17 @@ The MLX thread calls:
   task fails loudly (`runner.service.backlog`). A task's chunks queued while the log is behind
   go out as one (`runner.service.coalesce`). Heartbeats go to telemetry, by a task of their
   own: a newer heartbeat replaces an unsent one, and none waits behind the log;
-- `is_cancelled(task_id)`: a set lookup, filled by a consumer of every task's cancel and
-  failure subjects *from the log* (a cancel published before the runner looked is not missed);
-- `next_assignment(timeout)`: the instance's `TaskAssigned`s (with their `TaskCreated`), in log
-  order on every rank;
+- `is_cancelled(task_id)`: a set lookup, filled by consumers of every task's cancel and the
+  control plane's failures *from the log* (a cancel published before the runner looked is not
+  missed);
+- `next_assignment(timeout)`: the instance's `TaskAssigned`s, in log order on every rank;
+- `hand_over(assignment)`: the task's request (`TaskCreated`), asked of the masters on this
+  node's handover subject (`events.handover`): a node may not read other nodes' requests from the
+  log, so it reads none there;
 - `fetch(subject)` / `fetch_entry(subject)`: the newest event on a subject.
+
+Every read is a consumer filtered to one subject, the only kind the server lets a node create
+(`services.nats_permissions`).
 
 Every task of the bridge runs in one task group and is meant to run until `close`. One that
 crashes, or ends, takes the bridge down: every call above raises `LogBridgeDown` from then on,
@@ -30,6 +36,7 @@ from functools import partial
 from typing import Any, NamedTuple, TypeVar
 
 import anyio
+import nats.errors
 from anyio.abc import TaskGroup
 from loguru import logger
 
@@ -38,6 +45,7 @@ from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from eventlog.publish import LogUnreachable
 from events.catalogue import AnyEvent, LogEvent, TaskAssigned, TaskCreated, TaskFailed, TelemetryEvent
+from events.handover import HandedOver, HandOverAsk, decode_reply, encode_handover, handover_subject
 from events.ids import TaskId
 from events.runner_settings import RunnerSettings
 from events.stamp import Stamper
@@ -51,7 +59,8 @@ OpenLog = Callable[[NatsEndpoint], Awaitable[EventLog]]
 
 class Assignment(NamedTuple):
     assigned: TaskAssigned
-    created: TaskCreated | None  # None: created before the runner started watching; fetch it
+    seq: int  # the TaskAssigned's: the masters answer the ask for its request once they folded it
+    created: TaskCreated | None = None  # None: to be handed over (`LogBridge.hand_over`)
 
 
 class LogBridgeDown(RuntimeError):
@@ -60,9 +69,11 @@ class LogBridgeDown(RuntimeError):
 
 
 ASSIGNED = task_subject("*", "assigned")
-CREATED = task_subject("*", "created")
-CREATED_CACHE_SIZE = 4096  # tasks created but not yet assigned that we remember
+# A cancel, and a failure by the control plane (a node's own failures end with its node): one
+# consumer each, since a node may create only consumers filtered to one subject (`RUNNER_READS`).
 STOPPING_SUBJECTS = (task_subject("*", "cancelled"), task_subject("*", "failed"))
+HANDOVER_ASK_SECONDS = 5.0  # one ask's wait for a master's answer
+HANDOVER_GIVE_UP_SECONDS = 60.0  # asks retried this long (a master failing over) before the task fails
 PIPELINED_APPENDS = 64  # events of distinct tasks sent in one write (each at most a merged chunk's size)
 TELEMETRY_QUEUE = 8  # unsent heartbeats kept while NATS is away; the newest matter, older are dropped
 
@@ -105,7 +116,6 @@ class LogBridge:
         self._stopping_lock = threading.Lock()
         self._assignments: collections.deque[Assignment] = collections.deque()
         self._assigned = threading.Condition()
-        self._created: collections.OrderedDict[str, TaskCreated] = collections.OrderedDict()
 
     # --- lifecycle (MLX thread) -------------------------------------------------------------
 
@@ -162,6 +172,14 @@ class LogBridge:
                 self._assigned.wait_for(lambda: self._assignments or self._down.done(), timeout)
             self._raise_if_down()
             return self._assignments.popleft() if self._assignments else None
+
+    def hand_over(self, assignment: Assignment) -> TaskCreated | str:
+        """The task's request, or why this rank cannot have it (the masters refused, or none
+        answered for `HANDOVER_GIVE_UP_SECONDS`)."""
+        if assignment.created is not None:
+            return assignment.created
+        ask = partial(self._ask_for_request, assignment.assigned.task_id, assignment.seq)
+        return self._call(ask, HANDOVER_GIVE_UP_SECONDS + HANDOVER_ASK_SECONDS)
 
     def fetch(self, subject: str, timeout: float = 10.0) -> AnyEvent | None:
         found = self.fetch_entry(subject, timeout)
@@ -250,8 +268,9 @@ class LogBridge:
         group, log = self._group, self._log
         consume = partial(self._consume_assignments, log, instance_id, from_seq)
         group.start_soon(self._supervise, "assignment consumer", consume, group.cancel_scope)
-        stops = partial(self._consume_stops, log, from_seq)
-        group.start_soon(self._supervise, "cancel consumer", stops, group.cancel_scope)
+        for subject in STOPPING_SUBJECTS:
+            stops = partial(self._consume_stops, log, from_seq, subject)
+            group.start_soon(self._supervise, f"{subject} consumer", stops, group.cancel_scope)
 
     def _enqueue(self, event: LogEvent) -> None:
         try:
@@ -342,22 +361,33 @@ class LogBridge:
                 logger.debug("could not publish {}: {}", type(event).__name__, exc)
 
     async def _consume_assignments(self, log: EventLog, instance_id: str, from_seq: int) -> None:
-        """Assignments in log order, each with its TaskCreated when it came after `from_seq`
-        (one consumer for both saves the runner a request per task on the way to first token)."""
-        async for _seq, event in log.follow(from_seq=from_seq, subjects=[CREATED, ASSIGNED]):
-            if isinstance(event, TaskCreated):
-                self._created[event.task_id] = event
-                if len(self._created) > CREATED_CACHE_SIZE:
-                    self._created.popitem(last=False)
-            elif isinstance(event, TaskAssigned):
-                created = self._created.pop(event.task_id, None)
-                if event.instance_id == instance_id:
-                    with self._assigned:
-                        self._assignments.append(Assignment(event, created))
-                        self._assigned.notify_all()
+        """The instance's assignments, in log order."""
+        async for seq, event in log.follow(from_seq=from_seq, subjects=[ASSIGNED]):
+            if isinstance(event, TaskAssigned) and event.instance_id == instance_id:
+                with self._assigned:
+                    self._assignments.append(Assignment(event, seq))
+                    self._assigned.notify_all()
 
-    async def _consume_stops(self, log: EventLog, from_seq: int) -> None:
-        async for _seq, event in log.follow(from_seq=from_seq, subjects=list(STOPPING_SUBJECTS)):
+    async def _ask_for_request(self, task_id: TaskId, assigned_seq: int) -> TaskCreated | str:
+        """Ask the masters on this node's handover subject until one answers, for up to
+        `HANDOVER_GIVE_UP_SECONDS` (none may be there: a master restarting, or failing over)."""
+        assert self._log is not None  # `start` returned, so the log is open
+        subject = handover_subject(self._stamper.origin.node, task_id)
+        payload = encode_handover(HandOverAsk(task_id=task_id, assigned_seq=assigned_seq))
+        give_up = asyncio.get_running_loop().time() + HANDOVER_GIVE_UP_SECONDS
+        while True:
+            try:
+                answer = decode_reply(await self._log.ask(subject, payload, HANDOVER_ASK_SECONDS))
+            except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as exc:
+                if asyncio.get_running_loop().time() > give_up:
+                    return f"no master handed its request over within {HANDOVER_GIVE_UP_SECONDS:.0f}s ({exc})"
+                logger.warning("task {}: asking the masters for its request again: {!r}", task_id, exc)
+                await asyncio.sleep(0.5)
+                continue
+            return answer.created if isinstance(answer, HandedOver) else answer.error
+
+    async def _consume_stops(self, log: EventLog, from_seq: int, subject: str) -> None:
+        async for _seq, event in log.follow(from_seq=from_seq, subjects=[subject]):
             task_id = getattr(event, "task_id", None)
             if task_id is not None:
                 if isinstance(event, TaskFailed) and event.env.origin.service == "runner":

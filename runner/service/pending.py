@@ -1,6 +1,6 @@
 """A rank's assignments read from the log and not yet admitted, in log order, each becoming the
-`Admission` the batch takes: its request built (the task's `TaskCreated` fetched if the bridge did
-not carry it, its messages rendered through the chat template and tokenized).
+`Admission` the batch takes: its request built (the task's `TaskCreated` handed over by the
+masters, `events.handover`, its messages rendered through the chat template and tokenized).
 
 Building is the runner's only per-request work that grows with the prompt: about 1 s for a
 750k-token prompt here, 0.2 s for a long-context model's 128k. Done on the step loop while the
@@ -33,7 +33,7 @@ LARGE_PROMPT_BYTES = 16_384  # ~4k tokens, ~5 ms to tokenize: below it a thread 
 
 def is_large(created: TaskCreated | None) -> bool:
     """A task whose request takes long to build: a large TaskCreated (its messages, tools or raw
-    prompt), or one not carried with its assignment (its build fetches it from the log first)."""
+    prompt), or one not carried with its assignment (its build asks the masters for it first)."""
     return created is None or len(msgspec.json.encode(created)) > LARGE_PROMPT_BYTES
 
 

@@ -1,8 +1,8 @@
 """The runner's task loop: assignments from the log, in log order, on every rank alike.
 
 Every instance serves through its continuous batch (`batch_serving.BatchServing`; `max_batch` = 1
-is a batch of one, one task at a time): every rank fetches each task's `TaskCreated` and builds
-the same request from it (deterministic), and the batch admits, runs and ends it at step
+is a batch of one, one task at a time): every rank is handed each task's `TaskCreated` by the
+masters (`events.handover`) and builds the same request from it (deterministic), and the batch admits, runs and ends it at step
 boundaries, its cancel vote and its checks agreed at the batch's steps (a bad request fails alike
 on every rank). The sampling rank (the last) publishes the terminal event, after its last chunk,
 so a reader of the task's subjects sees every chunk before `TaskCompleted`.
@@ -28,7 +28,6 @@ from events.catalogue import (
 )
 from events.ids import InstanceId, TaskId
 from events.stamp import Stamper
-from events.subjects import task_subject
 from events.vocabulary import FinishReason, RunnerStatus
 from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
 from runner.models.chat import encode_task_prompt
@@ -80,7 +79,7 @@ class EngineLike(Protocol):
 class Inbox(Protocol):
     def publish(self, event: LogEvent | TelemetryEvent) -> None: ...
     def next_assignment(self, timeout: float) -> Assignment | None: ...
-    def fetch(self, subject: str, timeout: float = 10.0) -> Any: ...
+    def hand_over(self, assignment: Assignment) -> TaskCreated | str: ...
 
 
 class TaskServer:
@@ -132,12 +131,14 @@ class TaskServer:
         does `LogBridgeDown` (no assignment can come any more)."""
         BatchServing(self, self.batch).serve(stop, poll_seconds)
 
-    def request_for(self, task_id: TaskId, created: TaskCreated | None) -> GenerationRequest | None:
-        """The task's request, built alike on every rank from its `TaskCreated` (None: not in the log)."""
-        if created is None:
-            created = self.inbox.fetch(task_subject(task_id, "created"))
-        if not isinstance(created, TaskCreated):
-            return None
+    def request_for(self, assignment: Assignment) -> GenerationRequest | str:
+        """The task's request, built alike on every rank from its `TaskCreated`, or why this rank
+        could not have it (every rank then fails the task: the batch agrees on who holds one)."""
+        task_id = assignment.assigned.task_id
+        created = self.inbox.hand_over(assignment)
+        if isinstance(created, str):
+            logger.error("task {}: its request was not handed over: {}", task_id, created)
+            return created
         params = created.params
         prompt = encode_task_prompt(
             self.engine.tokenizer, created.messages, params.tools, created.prompt, params.enable_thinking

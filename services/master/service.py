@@ -26,12 +26,14 @@ from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from events.catalogue import ChunkGenerated, LogEvent, MasterProbe, ModelLoadRequested, Origin, TaskCreated
 from events.fold import apply_live
+from events.handover import HANDOVER_QUEUE, HandOverRefused, encode_handover, handover_subject
 from events.origins import heartbeat_refusal
 from events.retention import live_tasks_of
 from events.stamp import Stamper
 from events.state import FINISHED_TASKS_KEPT, State
 from events.subjects import PREFIX, event_subjects_without
 from services.master.core import MasterCore, MasterPolicy, ModelCatalog
+from services.master.handover import FoldProgress, HandOverDesk
 from services.master.hearing import Hearing
 from services.master.lease import DEFAULT_LEASE_SECONDS, KvLease, Leadership
 from services.master.lifecycle import IdleClock, WaitClock, operator_loaded
@@ -79,6 +81,7 @@ class Master:
         self._log: EventLog | None = None
         self._snapshots: SnapshotWriter | None = None
         self._blind = False  # whether the master's own probes stopped coming back (logged once per change)
+        self._progress = FoldProgress()  # for the handover's asks, which may run ahead of the fold
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         log = await EventLog.connect(self.settings.nats, name="shoal-master")
@@ -100,7 +103,9 @@ class Master:
         self._snapshots = SnapshotWriter(log, self.settings.snapshot_every_events, self.state)
         logger.info("master {} resumed at seq {}", self.settings.name, self.state.last_seq)
         transitions: asyncio.Queue[bool] = asyncio.Queue()
+        self._progress.advanced(self.state.last_seq)
         async with asyncio.TaskGroup() as group:
+            group.create_task(self._hand_over(log, group))
             group.create_task(leadership.keep(transitions))
             group.create_task(self._follow_leadership(transitions))
             group.create_task(self._follow_heartbeats(log))
@@ -114,6 +119,25 @@ class Master:
             kept = event_subjects_without(ChunkGenerated)
             async for seq, event, subject in log.deliveries(self.state.last_seq + 1, kept):
                 await self._on_event(seq, event, subject)
+
+    async def _hand_over(self, log: EventLog, group: asyncio.TaskGroup) -> None:
+        """Answer the ranks' asks for their tasks' requests (`events.handover`), each by a task of
+        its own: an ask may wait for the fold, and must not hold up the next one. Every master
+        answers (leading or standing by: each folds the log), one per ask."""
+        desk = HandOverDesk(lambda: self.state, self._progress, log.get)
+        async for subject, data, reply in log.asks(handover_subject("*", "*"), HANDOVER_QUEUE):
+            if reply:
+                group.create_task(self._answer(log, desk, subject, data, reply))
+
+    async def _answer(self, log: EventLog, desk: HandOverDesk, subject: str, data: bytes, reply: str) -> None:
+        answer = await desk.answer(subject, data)
+        try:
+            await log.respond(reply, encode_handover(answer))
+        except Exception as exc:  # one lost answer is not the master's end; the asker is told why
+            logger.warning("master: could not answer the ask on {}: {}", subject, exc)
+            refused = HandOverRefused(error=f"the master could not send the request: {type(exc).__name__}: {exc}")
+            with contextlib.suppress(Exception):  # lost too: the asker asks again
+                await log.respond(reply, encode_handover(refused))
 
     async def _follow_leadership(self, transitions: asyncio.Queue[bool]) -> None:
         """Say so on each change; on taking over, decide what is owed (the State is current)."""
@@ -134,6 +158,7 @@ class Master:
 
     async def _on_event(self, seq: int, event: LogEvent, subject: bytes) -> None:
         self.state, error = apply_live(self.state, seq, event, subject)
+        self._progress.advanced(self.state.last_seq)
         if error is not None:
             logger.warning("master: skipping seq {}: {}", seq, error)
             return

@@ -18,17 +18,16 @@ import msgspec
 from loguru import logger
 
 from eventlog.endpoint import NatsEndpoint
+from eventlog.families import fold_families, follow_families
 from eventlog.log import EventLog
 from eventlog.publish import LogError
 from events.catalogue import (
-    ChunkGenerated,
     LinkMeasured,
     LogEvent,
     NodeHeartbeat,
     NodeJoined,
     NodeLeft,
     Origin,
-    PrefillProgress,
     RunnerStatusChanged,
 )
 from events.fold import apply_live
@@ -36,7 +35,7 @@ from events.ids import InstanceId, NodeId
 from events.runner_detail import exit_detail
 from events.stamp import Stamper
 from events.state import FINISHED_TASKS_KEPT, State
-from events.subjects import event_subjects_without
+from events.subjects import WORKER_FAMILIES
 from events.vocabulary import JoinCause
 from runner.affinity import compute_cpu_env
 from runner.blas import blas_env
@@ -90,9 +89,10 @@ class Worker:
                 self._runners = RunnerProcesses(
                     group, self._runner_exited, echo_prefix="" if not self.settings.echo_runner_logs else "runner"
                 )
-                end = await log.last_seq()
-                # catch up before acting: old instances may be retired later in the log
-                self.state = await log.fold(from_snapshot=True, finished_tasks_kept=self.settings.finished_tasks_kept)
+                # catch up before acting: old instances may be retired later in the log. Not from
+                # the snapshot, nor every event: a worker may read only what it serves (README
+                # "Security"), and nodes and instances are all it decides on.
+                self.state = await fold_families(log, WORKER_FAMILIES, self._empty_state())
                 self._cached_models = await asyncio.to_thread(cached_hub_models)  # announced as servable
                 probes = await asyncio.start_server(serve_probes, self.settings.host, 0)
                 self._probe_port = probes.sockets[0].getsockname()[1]
@@ -108,17 +108,20 @@ class Worker:
                 if ready is not None:
                     ready.set()
                 await self._reconcile()
-                # Per-token and per-chunk events say nothing about which runners to keep, and on a
-                # small machine waking for each one takes CPU from the model's forward.
-                kept = event_subjects_without(ChunkGenerated, PrefillProgress)
-                async for seq, event, subject in log.deliveries(max(end, self.state.last_seq) + 1, kept):
-                    self._fold(seq, event, subject)
-                    cause = rejoin_cause(self.state, self.node_id, event)
-                    if cause is not None:
-                        await self._announce(cause, event_id=f"rejoin-{self.node_id}-{event.env.event_id}")
-                    await self._reconcile()
+                await follow_families(log, self.state.last_seq + 1, WORKER_FAMILIES, self._on_event)
         finally:
             await self._shutdown(log)
+
+    def _empty_state(self) -> State:
+        return State.keeping(self.settings.finished_tasks_kept)
+
+    async def _on_event(self, entry: tuple[int, LogEvent, bytes]) -> None:
+        seq, event, subject = entry
+        self._fold(seq, event, subject)
+        cause = rejoin_cause(self.state, self.node_id, event)
+        if cause is not None:
+            await self._announce(cause, event_id=f"rejoin-{self.node_id}-{event.env.event_id}")
+        await self._reconcile()
 
     def _fold(self, seq: int, event: LogEvent, subject: bytes) -> None:
         self.state, error = apply_live(self.state, seq, event, subject)

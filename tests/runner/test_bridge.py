@@ -12,23 +12,23 @@ import pytest
 
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
-from events.catalogue import TaskCancelled, TaskCreated
+from events.catalogue import TaskAssigned, TaskCancelled
 from events.ids import TaskId
 from events.subjects import subject_for, task_subject
 from runner.service.bridge import LogBridge, LogBridgeDown, OpenLog, open_runner_log
 from tests.events.builders import Events
 
 pytestmark = pytest.mark.timeout(60)
-CRASH_MODEL = "crash-the-follow"
+CRASH_TASK = "crash-the-follow"
 
 
 class FollowCrashes(EventLog):
-    """The real log, except that a follow raises at a `TaskCreated` for CRASH_MODEL: a bug in a
+    """The real log, except that a follow raises at a `TaskAssigned` of CRASH_TASK: a bug in a
     bridge task, on demand."""
 
     async def follow(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
         async for seq, event in super().follow(*args, **kwargs):
-            if isinstance(event, TaskCreated) and event.model == CRASH_MODEL:
+            if isinstance(event, TaskAssigned) and event.task_id == CRASH_TASK:
                 raise RuntimeError("injected: the follow broke")
             yield seq, event
 
@@ -53,7 +53,7 @@ async def test_assignments_cancels_and_publishes_go_through(event_log: EventLog,
         await event_log.append_many([ev.created("t1"), ev.assigned("t2", "i2"), ev.assigned("t1", "i1")])
         assignment = await asyncio.to_thread(bridge.next_assignment, 10.0)
         assert assignment is not None and assignment.assigned.task_id == "t1"
-        assert assignment.created is not None and assignment.created.task_id == "t1"
+        assert assignment.created is None and assignment.seq == 3  # its request: asked of the masters
         assert await asyncio.to_thread(bridge.next_assignment, 0.2) is None  # t2 is another instance's
 
         await event_log.append(TaskCancelled(env=ev.api.stamp(), task_id=TaskId("t1"), reason="api"))
@@ -81,7 +81,7 @@ async def test_a_crashed_bridge_task_wakes_a_blocked_next_assignment(event_log: 
         assert not waiting.done()  # blocked, as a rank between tasks is
 
         crashed_at = time.monotonic()
-        await event_log.append(ev.created("t1", model=CRASH_MODEL))
+        await event_log.append(ev.assigned(CRASH_TASK, "i1"))
         with pytest.raises(LogBridgeDown, match="assignment consumer crashed: RuntimeError: injected"):
             await asyncio.wait_for(waiting, 45)
         assert time.monotonic() - crashed_at < 5.0  # at once, not after next_assignment's 50 s

@@ -49,7 +49,7 @@ def created(ev: Events, task_id: str, text: str) -> TaskCreated:
 
 def assignment(ev: Events, task_id: str, text: str = "hello") -> Assignment:
     assigned = TaskAssigned(env=ev.master.stamp(), task_id=TaskId(task_id), instance_id=InstanceId("i1"))
-    return Assignment(assigned, created(ev, task_id, text))
+    return Assignment(assigned, 0, created(ev, task_id, text))
 
 
 def test_large_means_a_large_task_or_one_still_to_fetch() -> None:
@@ -143,8 +143,8 @@ class ArrivingInbox:
         time.sleep(min(timeout, 0.01))
         return None
 
-    def fetch(self, subject: str, timeout: float = 10.0) -> Any:
-        return None
+    def hand_over(self, assignment: Assignment) -> Any:
+        return assignment.created or "not carried"  # every assignment here carries its request
 
 
 def tail_of_prompt(task_id: str, prompt: list[int], created: TaskCreated) -> GenerationRequest:
@@ -186,7 +186,7 @@ def test_a_large_prompt_is_tokenized_while_the_running_stream_keeps_stepping() -
     queue = [assignment(ev, "running"), large, assignment(ev, "small")]
     server, inbox, batch = serve(queue)
     built_inline = time.perf_counter()
-    server.request_for(TaskId("large"), large.created)
+    server.request_for(large)
     built_inline = time.perf_counter() - built_inline
     assert built_inline > 0.05, f"the large prompt built in {built_inline:.3f} s: too fast to tell the loop's gaps"
     assert inbox.released_at is not None

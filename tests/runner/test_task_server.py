@@ -98,9 +98,13 @@ class FakeInbox:
             return None
         return self.assignments.pop(0)
 
-    def fetch(self, subject: str, timeout: float = 10.0) -> Any:
-        self.fetched.append(subject)
-        return self.created.get(subject.split(".")[3])
+    def hand_over(self, assignment: Assignment) -> Any:
+        """As the masters would: the task's TaskCreated, or why not (a task they do not know)."""
+        if assignment.created is not None:
+            return assignment.created
+        task_id = assignment.assigned.task_id
+        self.fetched.append(task_id)
+        return self.created.get(task_id, f"task {task_id} is not in the master's State")
 
     def is_cancelled(self, task_id: str) -> bool:
         return False
@@ -124,7 +128,7 @@ def _server(batch: OneAtATime, inbox: FakeInbox, *, sampling: bool) -> TaskServe
 
 def _assignment(ev: Events, task_id: str, with_created: bool = True) -> Assignment:
     assigned = TaskAssigned(env=ev.master.stamp(), task_id=TaskId(task_id), instance_id=InstanceId("i1"))
-    return Assignment(assigned, ev.created(task_id) if with_created else None)
+    return Assignment(assigned, 7, ev.created(task_id) if with_created else None)
 
 
 def _serve_all(server: TaskServer, inbox: FakeInbox) -> None:
@@ -163,18 +167,18 @@ def test_a_bad_request_fails_the_task_with_the_runners_message() -> None:
     assert "context is 4096" in failed[0].error and failed[0].invalid_request
 
 
-def test_created_before_the_runner_watched_is_fetched_from_the_log() -> None:
+def test_a_request_not_carried_is_handed_over_by_the_masters() -> None:
     ev, inbox, batch = Events(), FakeInbox(), OneAtATime()
     inbox.created["t1"] = ev.created("t1")
     inbox.assignments.append(_assignment(ev, "t1", with_created=False))
     _serve_all(_server(batch, inbox, sampling=True), inbox)
-    assert inbox.fetched == ["shoal.ev.task.t1.created"] and len(batch.admitted) == 1
+    assert inbox.fetched == ["t1"] and len(batch.admitted) == 1
 
 
-def test_a_task_missing_from_the_log_fails_on_every_rank_alike() -> None:
+def test_a_task_the_masters_refuse_fails_with_their_reason() -> None:
     ev, inbox, batch = Events(), FakeInbox(), OneAtATime()
     inbox.assignments.append(_assignment(ev, "ghost", with_created=False))
     _serve_all(_server(batch, inbox, sampling=True), inbox)
     assert batch.admitted == []
     failed = [e for e in inbox.published if isinstance(e, TaskFailed)]
-    assert len(failed) == 1 and failed[0].error == CREATED_MISSING
+    assert len(failed) == 1 and failed[0].error == f"{CREATED_MISSING}: task ghost is not in the master's State"

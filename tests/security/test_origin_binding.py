@@ -121,12 +121,13 @@ async def test_node_bs_origin_on_node_as_subject_is_stored_but_quarantined_by_ev
     bus: SecuredBus, admin_log: EventLog, serving: Events
 ) -> None:
     """The server takes it (node-a's own subject), and checks no payload: the fold does, against
-    that subject, and every service's fold agrees (a reader of the whole log, and node-b's worker)."""
+    that subject, and every fold of tasks agrees (the API's and the master's: a node's identities
+    fold no task, `test_read_privilege.py`)."""
     before = await admin_log.last_seq()
     forged = _chunk(AS_RANK1_OF_B, "FORGED")
     on_node_a = f"{subject_for(forged).removesuffix('.node-b')}.node-a"
     assert await publish_as(bus, RUNNER_A, on_node_a, forged) == ""
-    for identity in (Identity("api"), Identity("worker", "node-b")):
+    for identity in (Identity("api"), Identity("master")):
         for state in await folds(bus, identity):
             assert state.tasks[T1].text == "honest ", identity.name  # the marker never reached the task
             (record,) = state.quarantined

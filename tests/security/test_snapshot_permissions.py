@@ -1,5 +1,6 @@
-"""On a bus that enforces identities: every service starts from the State's snapshot, and only
-the master may write it (`services.nats_permissions.snapshot_api`)."""
+"""On a bus that enforces identities: the control plane starts from the State's snapshot, and only
+the master may write it (`services.nats_permissions.snapshot_api`); a node's identities may not
+read it (it holds every task's messages and text: `tests/security/test_read_privilege.py`)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ EVENTS = synthetic_history(200)
 REFUSED_WITHIN_S = 2.0  # an unacknowledged (refused) chunk would wait for nats-py's 5 s publish timeout
 
 
-async def test_the_master_writes_the_snapshot_and_every_service_starts_from_it(
+async def test_the_master_writes_the_snapshot_and_the_control_plane_starts_from_it(
     bus: SecuredBus, admin_log: EventLog
 ) -> None:
     await admin_log.append_many(EVENTS)
@@ -33,7 +34,7 @@ async def test_the_master_writes_the_snapshot_and_every_service_starts_from_it(
         assert await master.write_snapshot(marked) == len(EVENTS)
     finally:
         await master.close()
-    for identity in (Identity("api"), Identity("master"), Identity("worker", "node-a")):
+    for identity in (Identity("api"), Identity("master")):
         log = await EventLog.connect(bus.endpoint(identity))
         try:
             assert (await log.fold(from_snapshot=True)).quarantined_count == 42, identity.name
