@@ -56,10 +56,10 @@ def wait_task_ended(http: httpx.Client, task_id: str, timeout: float = 30.0) -> 
 
 def eos_banned(env: dict[str, str]) -> dict[str, int]:
     """The `logit_bias` that keeps the tiny model of the cluster run with `env` from ever choosing
-    its EOS. Its random weights make greedy decoding end early on some prompts (`story 2` at its
-    56th token), and which prompts depends on the float rounding of the CPU and of the batch's
-    shape: a test that needs a task still running when it acts (a stop, a cancel, a deadline) bans
-    the EOS, so its task can end only by what the test does or by max_tokens."""
+    its EOS. Its random weights make the greedy answer (chat's default) to some prompts end at an
+    EOS after a few dozen tokens (`story 2` after 55), and a prompt that does not here may on a
+    machine that rounds otherwise: a test that needs a task still running when it acts (a stop, a
+    cancel, a deadline) bans the EOS, so its task ends only by what the test does or by max_tokens."""
     model_dir = tiny_dir(Path(env["SHOAL_DATA_DIR"]) / "models", TinySpec())
     eos = json.loads((model_dir / "config.json").read_text())["eos_token_id"]
     return {str(token): -100 for token in (eos if isinstance(eos, list) else [eos])}
