@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from tests.e2e.cluster import Cluster
-from tests.e2e.helpers import long_prompt, one_rank_text, task_state, wait_task_ended
+from tests.e2e.helpers import eos_banned, long_prompt, one_rank_text, task_state, wait_task_ended
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -116,6 +116,7 @@ def test_closing_the_stream_cancels_on_every_rank(cluster: Cluster, phase: str) 
         model="tiny",
         messages=[{"role": "user", "content": prompt}],
         max_tokens=2000 if phase == "decode" else 4,
+        logit_bias=eos_banned(cluster.env),  # it ends by the client going away, never by an early EOS
         stream=True,
         stream_options={"include_progress": True},  # pyright: ignore[reportArgumentType]
     ) as response:
@@ -145,7 +146,11 @@ def test_closing_the_stream_cancels_on_every_rank(cluster: Cluster, phase: str) 
 def test_cancel_endpoint(cluster: Cluster) -> None:
     client = cluster.client()
     with client.chat.completions.with_streaming_response.create(
-        model="tiny", messages=[{"role": "user", "content": PROMPT}], max_tokens=2000, stream=True
+        model="tiny",
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=2000,
+        logit_bias=eos_banned(cluster.env),  # it ends by the cancel, never by an early EOS
+        stream=True,
     ) as response:
         task_id = response.headers["x-shoal-task-id"]
         with cluster.http() as http:
