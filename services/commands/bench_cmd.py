@@ -59,6 +59,7 @@ class AllRun:
 ALL_RUNS: tuple[AllRun, ...] = (
     AllRun("log", "log"),
     AllRun("log-fsync", "log", ("--fsync", "--events", "5000", "--rounds", "3"), quick=("--fsync",)),
+    AllRun("log-tls", "log", ("--tls", "--events", "100000", "--rounds", "5"), quick=("--tls",)),
     AllRun("prefill-2ranks", "prefill", ("--ranks", "2")),
     AllRun("prefill-3ranks", "prefill", ("--ranks", "3")),
     AllRun("e2e", "e2e"),
