@@ -489,3 +489,25 @@ def test_random_runs_keep_every_rank_in_step(world: int, max_batch: int, data: s
         for assignment in data.draw(st.lists(assignments, max_size=2)):
             sim.log.append(replace(assignment, task_id=f"t{len(sim.log)}"))
         sim.run_step(data)
+
+
+@given(
+    world=st.integers(1, 3),
+    prompt_len=st.integers(1, 200),
+    cached_share=st.floats(0, 1),
+    beside_rows=st.booleans(),
+    decode_share=st.integers(0, 1000),
+)
+def test_a_newcomers_chunks_cover_its_prompt_once_past_the_cached_prefix(
+    world: int, prompt_len: int, cached_share: float, beside_rows: bool, decode_share: int
+) -> None:
+    """Whatever its path and the agreed pace: the cached prefix, then chunks of at least one token
+    that end at the prompt's last token but one (which the first decode step runs)."""
+    cached = int(cached_share * max(0, prompt_len - 1))
+    batch = state(world=world, parts=((("a",),) + ((),) * (world - 1)) if beside_rows else ((),) * world, admitted=1)
+    step = agreed(2, cached=(cached,), decode_share=decode_share)
+    (verdict,) = plan_step(batch, step, frozenset(), [Pending("b", prompt_len=prompt_len)]).admissions
+    assert isinstance(verdict, Admit) and verdict.cached == cached
+    assert all(size >= 1 for size in verdict.chunks)
+    assert cached + sum(verdict.chunks) == max(0, prompt_len - 1)
+    assert verdict.path == "sequential" or (world > 1 and not beside_rows and cached == 0)
