@@ -4,7 +4,7 @@ step loop keeps decoding the others' tokens while it compiles (`runner.engine.pr
 `Engine.prepare` checks a request and, on the sampling rank, compiles its grammar; llguidance
 releases the GIL while it builds and compiles one, so the step loop runs beside it. A request with
 no grammar is prepared at once on the step loop: its checks cost microseconds, less than a thread
-hop, and it joins the batch past any grammar still compiling (`batch_plan.ready_to_admit`).
+hop, and it joins the batch past any grammar still compiling (`step_plan.ready_to_admit`).
 
 One worker compiles one grammar at a time, and the grammars waiting take turns by owner
 (`GenerationRequest.cache_scope`, the API key; `runner.turns`), each owner's in log order: one

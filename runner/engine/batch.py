@@ -1,28 +1,21 @@
-"""Continuous batching on one rank: streams join at step boundaries and leave alone.
+"""Continuous batching on one rank: the executor of a step planned as data (`step_plan.py`).
 
-One `step` on every rank: the rank computes its micro-batch of decoding rows ([B, 1], one token;
-`micro_batches.py`: on N ranks the rows ride a ring of N micro-batches, so rank r works on one
-while rank r-1 works on the next, its sends starting after the step's agreement), the first stream
-still prefilling takes one prompt chunk, and the others one each while their chunks fit the
-step's prefill budget (`batch_plan.chunk_takers`: a burst of short prompts is in after a few steps;
-a long prompt never freezes the rows' tokens for more than a chunk); that chunk group is pipelined
-through the ranks (`batch_chunks`: rank r computes it r steps later, before its micro-batch; a
-stream joins the rows once its last chunk has passed the last rank), and one admitted into an
-empty batch takes its whole prefill on the overlapped pipeline path instead; then one all-reduce
-(`batch_plan.StepLayout`)
-agrees on the boundary micro-batch's tokens, the cancel votes and how many assignments every
-rank holds. The next batch follows from that vector alone (`batch_plan.next_composition`, applied
-to the boundary micro-batch and the prefilling streams: the prefilled ones join the rows together),
-so every rank runs the same forwards and the same collective at every step (docs/ARCHITECTURE.md
-§6). A stream's prefill chunks each cost what the first chunk of the instance's step does
-(`plan.balanced_chunk_sizes`: a late chunk attends to more keys, so it is shorter), less what the
-rows' decode step costs when it is admitted beside them (`pace.py`: rank 0's measure, agreed), and its
-sampler, stop rules, logprobs and grammar are its own; a cancelled, finished or failing stream leaves without
-touching the others' rows.
-A decoding row that leaves is copied into the rank's prefix cache (`prefix_cache`), and a newcomer
-starts from the prefix every rank agreed it can reuse (the step's all-reduce carries the proposals).
-A task of several completions (`n`) is admitted as that many rows, which share one prefill of its
-prompt (`choices.py`).
+A step on every rank, `ContinuousBatch.step`: `plan_work` on the batch as every rank holds it
+(`state`) names the work, which this runs: the prompt chunks taken (pipelined through the ranks:
+`batch_chunks`, rank r computes a group r steps after it was taken; first chunks of one length in
+one forward: `batch_prefill`), or a lone prompt's whole overlapped prefill on the GPipe schedule;
+then this rank's micro-batch of decoding rows ([B, 1], one token: `batch_rows.RowDecoder`, on the
+ring of `micro_batches`). Then the step's one all-reduce (`batch_plan.StepLayout`: the boundary
+micro-batch's tokens, the cancel votes, the assignments every rank holds, the newcomers' prefix
+proposals, the KV capacities, rank 0's pace), the sends' flush (the next rank computes this step's
+activations at the next step), and the agreed tokens through each row's stop rules. `plan_step`
+derives everything else from that vector, and this applies it: the rows that leave copied into
+the prefix cache (`prefix_cache`) and dropped from their micro-batch's cache, the followers of a
+task of several choices handed their leader's prompt KV (`choices.py`), the prefilled streams
+joined into the boundary micro-batch's cache (`batch_cache`), the newcomers' streams built with
+the chunks and the cached prefix the plan gives them, or ended alone. So every rank runs the same
+forwards and the same collective at every step (docs/ARCHITECTURE.md §6); every decision is in
+the planner, and nothing here decides what another rank must do alike.
 """
 
 from __future__ import annotations
@@ -36,38 +29,34 @@ import msgspec
 
 from runner.engine.batch_cache import BatchShardCache, join_room, prefix_caches
 from runner.engine.batch_chunks import PipelinedChunks
-from runner.engine.batch_plan import (
-    AgreedStep,
-    Composition,
-    StepLayout,
-    chunk_takers,
-    delivers,
-    next_composition,
-)
+from runner.engine.batch_plan import AgreedStep, StepLayout, delivers
 from runner.engine.batch_rows import RowDecoder
-from runner.engine.batch_streams import (
-    UNRUNNABLE_ELSEWHERE,
-    Admission,
-    Ended,
-    StepResult,
-    Stream,
-    merged,
-    reservations,
-    widths_of,
-)
+from runner.engine.batch_streams import Admission, Ended, StepResult, Stream, merged
 from runner.engine.choices import WAITING_FOR_LEADER, ChoiceSink, choice_seed, hands_prompt, task_of
 from runner.engine.decode import Emitter
 from runner.engine.engine import Engine
-from runner.engine.kv_budget import batch_need, too_large
+from runner.engine.kv_budget import batch_need
 from runner.engine.logprobs import LazyLogprobs
 from runner.engine.micro_batches import MicroBatch, MicroBatches
-from runner.engine.pace import StepPace, chunk_room
-from runner.engine.plan import effective_step, newcomer_prefill, prefill_cost, rank_schedule
+from runner.engine.pace import StepPace
+from runner.engine.plan import effective_step, prefill_cost, rank_schedule
 from runner.engine.prefill import run_pipeline_prefill
 from runner.engine.prefix_cache import PrefixIndex
 from runner.engine.preparation import Newcomers, Prepared, PrepareInline
 from runner.engine.protocols import PhaseTracker, Preparer
 from runner.engine.shared_cores import SharedCores
+from runner.engine.step_plan import (
+    Admit,
+    BatchState,
+    Composition,
+    Pending,
+    Refuse,
+    StepPlan,
+    StepWork,
+    Waiting,
+    plan_step,
+    plan_work,
+)
 
 
 class ContinuousBatch:
@@ -136,18 +125,19 @@ class ContinuousBatch:
             raise
 
     def _step(self, read_pending: Callable[[], Sequence[Admission]]) -> StepResult:
-        """The slots of this step's agreement are the boundary micro-batch's rows, then the
-        prefilling streams (`batch_plan.StepLayout`); the other rows are mid-ring."""
+        """The work `plan_work` names, the agreement, then what `plan_step` derives from it. The
+        slots of the agreement are the boundary micro-batch's rows, then the prefilling streams
+        (`batch_plan.StepLayout`); the other rows are mid-ring."""
         members = self.members
-        boundary = self.micro.boundary()
-        rows = boundary.rows if boundary is not None else ()
-        current = Composition(rows, self.composition.prefilling, self.composition.admitted)
+        state = self.state()
+        current = state.current
+        work = plan_work(state)
         self.phases.enter("decode", members[0] if members else None, self.steps)
-        self.cores.before_step(self.micro.lockstep and not self.composition.prefilling and not self.chunks.busy())
+        self.cores.before_step(work.sole)
         # the chunks before the rows: a chunk sent after the last agreement is read first
-        chunked, chunk_cost = self._prefill_chunks()
+        chunked, chunk_cost = self._prefill_chunks(work)
         working = self.micro.working(self.engine.rank)
-        tokens, logprobs = self._decode_rows(working)  # the boundary's, on the sampling rank; none elsewhere
+        tokens, logprobs = self._decode_rows(working, work)  # the boundary's, on the sampling rank; none elsewhere
         logprobs = logprobs or [None] * len(current.rows)
         asked: dict[str, bool] = {}  # by task: a task's choices vote alike (one read of its cancel)
         votes = [self._vote(self.streams[t], asked) for t in current.members]
@@ -163,15 +153,48 @@ class ContinuousBatch:
         outbox.complete()  # received before the peer's vote we just agreed with
         outbox.flush()  # the next rank computes this micro-batch at the next step
         self.chunks.retire(self.steps)
-        ended = self._apply(current, agreed, logprobs, chunked, pending)
+        ended, plan = self._apply(current, agreed, logprobs, chunked, pending)
         self.steps += 1
-        self.micro.advance()
+        self.micro.follow(plan.micro, plan.order)
         self.row_decoder.settle(self.micro)
         members = self.members
         self.phases.enter("decode" if members else "idle", members[0] if members else None, self.steps)
         if not self.busy:
             self._agreed_at = None  # the next step's period would count the wait for an assignment
         return ended
+
+    def state(self) -> BatchState:
+        """The batch as the plans see it: what every rank holds alike (docs/ARCHITECTURE.md §6)."""
+        engine, steps = self.engine, self.steps
+        keys = engine.prefill_keys_per_token
+        waiting = []
+        for row in self.composition.prefilling:
+            stream = self.streams[row]
+            waiting.append(
+                Waiting(
+                    row,
+                    stream.path,
+                    stream.chunks_left,
+                    stream.next_chunk_cost(keys),
+                    landed=stream.landed(steps),
+                    leader=stream.leader,
+                    awaiting_leader=stream.lands_at == WAITING_FOR_LEADER,
+                )
+            )
+        return BatchState(
+            world=engine.collectives.world,
+            max_batch=self.max_batch,
+            step=steps,
+            micro=self.micro.layout,
+            prefilling=tuple(waiting),
+            admitted=self.composition.admitted,
+            reserved={row: stream.reserved for row, stream in self.streams.items()},
+            chunks_in_flight=self.chunks.busy(),
+            last_join_step=self.last_join_step,
+            prefill_step_size=engine.settings.prefill_step_size,
+            keys_per_token=keys,
+            prefill_budget=self.prefill_budget,
+        )
 
     def _observe(self, chunk_cost: float | None, rows: int) -> None:
         """This step's period on this rank's clock, from the previous step's agreement (only rank 0's
@@ -194,33 +217,27 @@ class ContinuousBatch:
         tokens = self.layout.token_slots(len(first.rows))  # the lockstep rows are the first slots
         return collectives.agree_ahead(vector, lambda total: self.row_decoder.speculate(first, total[tokens]))
 
-    def _decode_rows(self, part: MicroBatch | None) -> tuple[list[int], list[LazyLogprobs | None]]:
+    def _decode_rows(self, part: MicroBatch | None, work: StepWork) -> tuple[list[int], list[LazyLogprobs | None]]:
         """This rank's micro-batch of the step (`MicroBatches.working`): on the sampling rank, the boundary one."""
         if part is None or part.cache is None:
             return [], []
         rows = [self.streams[t] for t in part.rows]
         specs = [s.spec for s in rows]
-        joining = any(self.streams[t].prefilled for t in self.composition.prefilling)  # chunks are taken first
-        joined = self.last_join_step == self.steps - 1
-        look_ahead = self.row_decoder.can_look_ahead(specs, joining, joined)
+        look_ahead = self.row_decoder.can_look_ahead(specs, work.joining)
         inputs = [s.next_input for s in rows]
         return self.row_decoder.step(inputs, specs, part.cache, look_ahead, send_now=self.micro.lockstep)
 
-    def _prefill_chunks(self) -> tuple[list[Stream], float | None]:
-        """The prefilling streams that take a chunk at this step (`batch_plan.chunk_takers`, from
-        agreed data: the composition and each stream's chunks), in slot order, first chunks of one
-        length in one forward (`batch_prefill`), pipelined through the ranks (`batch_chunks`: this
-        rank computes the group taken `rank` steps ago); or, for a stream admitted alone on the
-        pipeline path, its whole prefill (the GPipe schedule). With them, the cost of the chunks this
-        rank computed (None for a whole prefill)."""
-        waiting = [self.streams[t] for t in self.composition.prefilling]
-        costs = [s.next_chunk_cost(self.engine.prefill_keys_per_token) for s in waiting]
-        taking = chunk_takers(costs, self.prefill_budget)
-        takers = [waiting[i] for i in taking]
-        if takers and takers[0].path == "pipeline":  # admitted alone: nothing else prefills with it
+    def _prefill_chunks(self, work: StepWork) -> tuple[list[Stream], float | None]:
+        """The streams that take a chunk at this step (`work.takers`), first chunks of one length in
+        one forward (`batch_prefill`), pipelined through the ranks (`batch_chunks`: this rank
+        computes the group taken `rank` steps ago); or, for a stream admitted alone on the pipeline
+        path, its whole prefill (the GPipe schedule). With them, the cost of the chunks this rank
+        computed (None for a whole prefill)."""
+        takers = [self.streams[t] for t in work.takers]
+        if work.pipeline:  # admitted alone: nothing else prefills with it
             self._pipeline_prefill(takers[0])
-            return takers[:1], None
-        self.chunks.take(self.steps, takers, sum(costs[i] or 0.0 for i in taking))
+            return takers, None
+        self.chunks.take(self.steps, takers, work.chunk_cost)
         return takers, self.chunks.compute(self.steps)
 
     def _pipeline_prefill(self, head: Stream) -> None:
@@ -250,12 +267,43 @@ class ContinuousBatch:
         logprobs: list[LazyLogprobs | None],
         chunked: list[Stream],
         pending: Sequence[Admission],
-    ) -> StepResult:
+    ) -> tuple[StepResult, StepPlan]:
+        """The agreed tokens through the boundary rows' stop rules, then the step's plan
+        (`step_plan.plan_step`) carried out: the prompts handed, the rows that leave copied into the
+        prefix cache and dropped, the prefilled joined, the newcomers admitted."""
+        state = self.state()
+        stopped = self._feed(current.rows, agreed, logprobs)
+        self._chunks_done(current, agreed, chunked)
+        plan = plan_step(state, agreed, stopped, [self._pending(a) for a in pending])
+        self._hand_prompt(plan.handed)
+        transition, micro = plan.transition, self.micro
+        if plan.boundary is not None:
+            boundary = micro.parts[plan.boundary]
+            self._remember(boundary, transition.kept_rows)
+            self._keep_rows(boundary, transition.kept_rows)
+            boundary.rows = tuple(t for t in transition.composition.rows if t not in transition.joined)
+        if plan.join_target is not None:
+            self._join(micro.parts[plan.join_target], transition.joined)
+        leaving = [self._cancelled(t, current.rows) for t in transition.cancelled]
+        leaving += [self._finished(t) for t in transition.finished]
+        ended = [e for e in leaving if e is not None]
+        failed = [self._admit(pending[v.index], v, agreed.cached[v.index]) for v in plan.admissions]
+        ended += [f for f in failed if f is not None]
+        self.composition = plan.composition.without([f.task_id for f in failed if f is not None])
+        admitted = bool(plan.admissions)
+        kv = (
+            (batch_need([s.reserved for s in self.streams.values()]), agreed.kv_capacity) if admitted or ended else None
+        )
+        return StepResult(transition.newcomers, ended, kv), plan
+
+    def _feed(self, rows: tuple[str, ...], agreed: AgreedStep, logprobs: list[LazyLogprobs | None]) -> frozenset[str]:
+        """Each boundary row's agreed token into its stream; the rows it stops (a stop rule, or its
+        `max_tokens`: the same rules on every rank). Only the sampling rank delivers text."""
         stopped: set[str] = set()
         settings = self.engine.settings
         decoding, per_round = len(self.micro.rows), settings.batch_chunk_events_per_round
         min_interval = settings.stream_chunk_min_interval_seconds
-        for slot, task_id in enumerate(current.rows):
+        for slot, task_id in enumerate(rows):
             stream = self.streams[task_id]
             since_last = time.perf_counter() - stream.emitter.delivered_at
             deliver = delivers(stream.decode_step, decoding, per_round, since_last, min_interval)
@@ -268,45 +316,20 @@ class ContinuousBatch:
             stream.decode_step += 1
             if stream.decode_step >= stream.spec.max_tokens:
                 stopped.add(task_id)
-        self._chunks_done(current, agreed, chunked)
-        self._hand_prompt(current.prefilling)
-        micro = self.micro
-        boundary, target = micro.boundary(), micro.join_target()
-        prefilled = frozenset(t for t in current.prefilling if self.streams[t].landed(self.steps))
-        widths = widths_of(pending, self.max_batch)
-        needs = reservations(self.engine, self.streams, pending, agreed.runnable, widths) if pending else None
-        transition = next_composition(
-            current,
-            agreed,
-            stopped_rows=frozenset(stopped),
-            prefilled=prefilled,
-            join_room=0 if target is None else micro.join_room(len(prefilled)),
-            pending=[a.task_id for a in pending],
-            max_batch=self.max_batch - micro.rows_elsewhere(),
-            reservations=needs,
-            reserved_elsewhere=[needs[t] for t in micro.rows_in_flight()] if needs else (),
-            widths=widths,
+        return frozenset(stopped)
+
+    def _pending(self, admission: Admission) -> Pending:
+        """A pending assignment as the plan sees it (from its request: alike on every rank that built it)."""
+        request = admission.request
+        if request is None:
+            return Pending(admission.task_id, built=False, error=admission.error)
+        return Pending(
+            admission.task_id,
+            n=request.n,
+            prompt_len=len(request.prompt_token_ids),
+            prefill_path=request.prefill_path,
+            reserved=self.engine.kv_reservation(request),
         )
-        if boundary is not None:
-            self._remember(boundary, transition.kept_rows)
-            self._keep_rows(boundary, transition.kept_rows)
-            boundary.rows = tuple(t for t in transition.composition.rows if t not in transition.joined)
-        if target is not None and transition.joined:  # join_room is 0 without a target
-            self._join(target, transition.joined)
-        leaving = [self._cancelled(t, current.rows) for t in transition.cancelled]
-        leaving += [self._finished(t) for t in transition.finished]
-        ended = [e for e in leaving if e is not None]
-        alone = not micro.rows and len(transition.composition.prefilling) == 1 and not self.chunks.busy()
-        joining = set(transition.newcomers)  # by their index among the pending: the agreed proposals'
-        newcomers = [(i, a) for i, a in enumerate(pending) if a.task_id in joining] if joining else []
-        room = chunk_room(agreed.decode_share) if micro.rows else 1.0  # agreed: rank 0's pace, the rows
-        capacity = agreed.kv_capacity
-        failed = [self._admit(a, agreed.cached[i], agreed.runnable[i], alone, room, capacity) for i, a in newcomers]
-        ended += [f for f in failed if f is not None]
-        waiting = Composition((), transition.composition.prefilling, transition.composition.admitted)
-        self.composition = waiting.without([f.task_id for f in failed if f is not None])
-        kv = (batch_need([s.reserved for s in self.streams.values()]), capacity) if newcomers or ended else None
-        return StepResult(transition.newcomers, ended, kv)
 
     def _chunks_done(self, current: Composition, agreed: AgreedStep, chunked: list[Stream]) -> None:
         """The streams that took a chunk (moved past it already) and were not cancelled report it."""
@@ -316,18 +339,15 @@ class ContinuousBatch:
                 continue
             stream.run.report_progress(stream.prompt_done, len(stream.request.prompt_token_ids), stream.next_chunk)
 
-    def _hand_prompt(self, prefilling: tuple[str, ...]) -> None:
-        """At the step a leader's prefill lands (agreed: every rank derives it from the same
-        steps), every follower waiting on it gets its own copy of the leader's prompt KV on this
-        rank's layers and lands with it (`choices.py`): the prompt is prefilled once for all its
-        choices. No collective: each rank copies its own layers."""
-        for row in prefilling:
+    def _hand_prompt(self, followers: tuple[str, ...]) -> None:
+        """At the step a leader's prefill lands (`StepPlan.handed`), every follower waiting on it
+        gets its own copy of the leader's prompt KV on this rank's layers and lands with it
+        (`choices.py`): the prompt is prefilled once for all its choices. No collective: each rank
+        copies its own layers."""
+        for row in followers:
             follower = self.streams[row]
-            if follower.leader is None or follower.lands_at != WAITING_FOR_LEADER:
-                continue
-            leader = self.streams.get(follower.leader)
-            if leader is None or not leader.landed(self.steps):
-                continue  # a leader gone (cancelled) takes its followers with it at this very step
+            assert follower.leader is not None
+            leader = self.streams[follower.leader]
             owned = leader.run.caches
             follower.run.caches.replace_owned(prefix_caches([owned.slots[i] for i in owned.owned], leader.prompt_done))
             follower.cached, follower.lands_at = leader.prompt_done, self.steps
@@ -403,40 +423,27 @@ class ContinuousBatch:
         del self.choices_ended[task_id]
         return merged(task_id, parts)
 
-    def _admit(
-        self, admission: Admission, cached: int, runnable: bool, alone: bool, room: float, capacity: int
-    ) -> Ended | None:
-        """A newcomer's stream, or why it fails alone (the same verdict on every rank: `runnable` is
-        agreed, and a request every rank built is validated alike). It reuses the
-        agreed `cached` prompt tokens, cut from the entry this rank held for it. One admitted into an
-        empty batch with nothing cached takes the path a task alone would; otherwise its chunks ride
-        the rows' steps, each leaving `room` for the rows' decode (`plan.newcomer_prefill`)."""
-        request = admission.request
-        match, prepared = self.newcomers.admit(admission.task_id, runs=request is not None and runnable)
+    def _admit(self, admission: Admission, verdict: Admit | Refuse, cached: int) -> Ended | None:
+        """A newcomer's stream as the plan's `verdict` says, or why it fails alone (the same verdict
+        on every rank: its preparation's first, which every rank made from the same request, then
+        the plan's). It reuses the agreed `cached` prompt tokens, cut from the entry this rank held
+        for it."""
+        unrunnable = verdict.error if isinstance(verdict, Refuse) and not verdict.invalid_request else None
+        match, prepared = self.newcomers.admit(admission.task_id, runs=unrunnable is None)
         if cached > (0 if match is None else match.length):
             raise RuntimeError(f"internal error: agreed to reuse {cached} tokens, this rank proposed fewer")
+        request = admission.request
+        if unrunnable is not None:
+            return Ended(admission.task_id, None, unrunnable)
         if request is None or prepared is None:
-            return Ended(admission.task_id, None, admission.error or UNRUNNABLE_ELSEWHERE)
+            raise RuntimeError(f"internal error: {admission.task_id} admitted without its request")
         if prepared.error is not None:  # the same verdict on every rank
             return Ended(admission.task_id, None, prepared.error, invalid_request=True)
-        if request.n > self.max_batch:
-            error = f"n={request.n} completions need as many rows of the batch, over this instance's max_batch={self.max_batch}"
-            return Ended(admission.task_id, None, error, invalid_request=True)
-        reserved = self.engine.kv_reservation(request)
-        if (error := too_large(reserved * request.n, capacity)) is not None:
-            return Ended(admission.task_id, None, error, invalid_request=True)
+        if isinstance(verdict, Refuse):
+            return Ended(admission.task_id, None, verdict.error, invalid_request=True)
         engine, world = self.engine, self.engine.collectives.world
         prompt_len, step = len(request.prompt_token_ids), engine.settings.prefill_step_size
-        path, chunks = newcomer_prefill(
-            prompt_len,
-            step,
-            world,
-            request.prefill_path,
-            alone=alone,
-            cached=cached,
-            keys=engine.prefill_keys_per_token,
-            room=room,
-        )
+        path, chunks = verdict.path, list(verdict.chunks)
         iterations = len(rank_schedule(engine.rank, world, len(chunks), path))
         run = engine.task_run(request.task_id, admission.cancel, admission.sink, self.phases)
         # every layer's cache kind (not only this rank's): the same verdict on every rank
@@ -447,7 +454,15 @@ class ContinuousBatch:
         spec = engine.decode_spec(request, iterations, prepared)
         emitter = Emitter(run, spec, engine.tokenizer)
         stream = Stream(
-            request, run, spec, emitter, chunks, time.perf_counter(), path, cached=cached, reserved=reserved
+            request,
+            run,
+            spec,
+            emitter,
+            chunks,
+            time.perf_counter(),
+            path,
+            cached=cached,
+            reserved=engine.kv_reservation(request),
         )
         self.streams[request.task_id] = stream
         for choice in range(1, request.n):

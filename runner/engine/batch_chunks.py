@@ -1,6 +1,6 @@
 """One rank's prompt chunks of a continuous batch, pipelined through the ranks (`chunk_ring.py`).
 
-At each step every rank takes the same chunk group (the takers `batch_plan.chunk_takers` picks from
+At each step every rank takes the same chunk group (the takers `step_plan.chunk_takers` picks from
 the agreed composition: every rank moves each taker past its chunk at once), then computes the
 group the ring gives it: rank r the one taken r steps ago, from the activations rank r-1 sent after
 the previous step's agreement. Its own send waits for this step's agreement (`sends.PendingSends`),

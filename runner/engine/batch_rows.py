@@ -91,11 +91,11 @@ class RowDecoder:
         self.speculated_steps = 0  # how many steps rank 0 computed ahead and kept
         self.taken_back_steps = 0  # ... and took back
 
-    def can_look_ahead(self, specs: Sequence[DecodeSpec], joining: bool, joined: bool) -> bool:
-        """`joining`: a stream may join the rows at the end of this step (its prompt may be in);
-        `joined`: one joined them at the end of the last step."""
+    def can_look_ahead(self, specs: Sequence[DecodeSpec], joining: bool) -> bool:
+        """`joining`: a stream may join the rows at the end of this step (its prompt may be in), or
+        one joined them at the end of the last step (`step_plan.StepWork.joining`)."""
         plain = all(s.token_mask is None for s in specs)
-        return self.engine.collectives.world == 1 and not joining and not joined and plain
+        return self.engine.collectives.world == 1 and not joining and plain
 
     def step(
         self,

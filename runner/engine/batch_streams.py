@@ -8,18 +8,14 @@ from dataclasses import dataclass, field
 import msgspec
 
 from events.vocabulary import FinishReason, PrefillPath
-from runner.engine.choices import admission_width, row_id
+from runner.engine.choices import row_id
 from runner.engine.decode import DecodeSpec, Emitter
-from runner.engine.engine import Engine
 from runner.engine.plan import prefill_cost
 from runner.engine.protocols import CancelSource, RunnerSink
 from runner.engine.requests import ChoiceOutcome, GenerationOutcome, GenerationRequest, outcome_of
 from runner.engine.task_run import TaskRun
 
 CREATED_MISSING = "this rank was not handed the task's request"  # the masters refused, or none answered
-UNRUNNABLE_ELSEWHERE = (
-    "another rank of the instance could not build this request (it was not handed the task's TaskCreated)"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,34 +121,6 @@ class Stream:
         if self.prefilled:
             return None
         return prefill_cost(self.chunks[self.next_chunk], self.prompt_done, keys)
-
-
-def reservations(
-    engine: Engine,
-    streams: Mapping[str, Stream],
-    pending: Sequence[Admission],
-    runnable: Sequence[bool],
-    widths: Mapping[str, int] | None = None,
-) -> dict[str, int]:
-    """The KV positions every member and the first pending assignments may come to hold
-    (`kv_budget.reservation`): 0 for one no rank can run (it fails at admission), one row's times
-    its `widths` for one of several choices (each row holds the prompt's KV and its completion).
-    From requests every rank holds alike, so every rank admits alike (`batch_plan.next_composition`)."""
-    held = {task_id: stream.reserved for task_id, stream in streams.items()}
-    for admission, can_run in zip(pending, runnable, strict=False):
-        request = admission.request
-        rows = 1 if widths is None else widths.get(admission.task_id, 1)
-        held[admission.task_id] = engine.kv_reservation(request) * rows if can_run and request is not None else 0
-    return held
-
-
-def widths_of(pending: Sequence[Admission], max_batch: int) -> dict[str, int]:
-    """The rows each pending assignment of several choices takes (`choices.admission_width`)."""
-    return {
-        a.task_id: admission_width(a.request.n, max_batch)
-        for a in pending
-        if a.request is not None and a.request.n != 1
-    }
 
 
 def merged(task_id: str, parts: Mapping[int, Ended]) -> Ended:

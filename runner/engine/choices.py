@@ -1,6 +1,6 @@
 """A task's several completions (`GenerationRequest.n`, OpenAI's `n`) as rows of the batch, pure.
 
-A task of n choices is admitted as n rows at once (`batch_plan.next_composition` counts its
+A task of n choices is admitted as n rows at once (`step_plan.next_composition` counts its
 width against `max_batch`, and its KV reservation n times): choice 0 is the task's own row and
 prefills the prompt; choices 1..n-1 follow it (`Stream.leader`): they take no prompt chunk, and at
 the step the leader's prefill lands every follower gets a copy of the leader's prompt KV
@@ -63,7 +63,7 @@ def choice_seed(seed: int | None, choice: int) -> int | None:
 
 def admission_width(n: int, max_batch: int) -> int:
     """The rows a task of `n` choices takes when admitted. One wider than the batch could never be
-    admitted, so it is admitted as one row, to be refused at once (`ContinuousBatch._admit`)
+    admitted, so it is admitted as one row, to be refused at once (`step_plan.plan_step`)
     rather than to wait for ever at the head of the log."""
     return n if 1 <= n <= max_batch else 1
 

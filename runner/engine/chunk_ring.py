@@ -4,7 +4,7 @@ step, and when a group has passed every rank. The prefill counterpart of the dec
 
 Sequential chunks go through every rank inside one step, so each rank waits while the others
 compute their part of the chunk and prefill runs at one rank's speed. Here a chunk group taken at
-step t (from agreed data: `batch_plan.chunk_takers` over the composition) is computed by rank r at
+step t (from agreed data: `step_plan.chunk_takers` over the composition) is computed by rank r at
 step t + r; rank r's send of it starts after that step's agreement and rank r+1 receives it at the
 next step. A group may be taken at every step, so each rank carries at most one group's part per
 step while N ranks prefill N groups at once.

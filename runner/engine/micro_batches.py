@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runner.engine.batch_cache import BatchShardCache
-from runner.engine.decode_schedule import DecodeSchedule, next_iteration
+from runner.engine.step_plan import MicroLayout
 
 
 @dataclass(slots=True, eq=False)  # told apart by identity
@@ -29,12 +29,19 @@ class MicroBatch:
 
 
 class MicroBatches:
+    """The micro-batches with their caches; every decision about them is `step_plan.MicroLayout`'s,
+    on their rows alone."""
+
     def __init__(self, world: int, ring: bool = True) -> None:
         """`ring`: False keeps every row in one micro-batch on any number of ranks, always lockstep
         (agreed: `shared_cores.agree_lockstep`)."""
-        self.schedule = DecodeSchedule(world, world)
+        self.world = world
         self.parts = [MicroBatch() for _ in range(world if ring else 1)]
         self.iteration: int | None = None  # None: lockstep (parts[0] alone holds rows)
+
+    @property
+    def layout(self) -> MicroLayout:
+        return MicroLayout(self.world, tuple(part.rows for part in self.parts), self.iteration)
 
     @property
     def lockstep(self) -> bool:
@@ -46,58 +53,33 @@ class MicroBatches:
 
     def working(self, rank: int) -> MicroBatch | None:
         """What `rank` computes at this step (None: an idle slot of the ring)."""
-        if self.iteration is None:
-            return self.parts[0]
-        micro = self.schedule.work(rank, self.iteration)
-        return None if micro is None else self.parts[micro]
+        return self._part(self.layout.working(rank))
 
     def boundary(self) -> MicroBatch | None:
         """The micro-batch whose tokens this step agrees on (None: the ring is still filling)."""
-        if self.iteration is None:
-            return self.parts[0]
-        micro = self.schedule.boundary(self.iteration)
-        return None if micro is None else self.parts[micro]
+        return self._part(self.layout.boundary())
 
     def join_target(self) -> MicroBatch | None:
-        """Where a prefilled stream joins now, if it may: in lockstep the empty second micro-batch
-        (starting the ring) unless the first is empty; on the ring the boundary one (None while the
-        ring fills), up to its share (`join_room`)."""
-        boundary = self.boundary()
-        if self.iteration is None:
-            return self.parts[1] if self.parts[0].rows and len(self.parts) > 1 else boundary
-        return boundary
+        """Where a prefilled stream joins now, if it may (`MicroLayout.join_target`)."""
+        return self._part(self.layout.join_target())
 
     def join_room(self, waiting: int) -> int:
-        """How many of `waiting` prefilled streams may join `join_target` now. One rank: all of them
-        (one micro-batch, nothing to balance). Several: as many as bring the target to its share of
-        every row, decoding or waiting, over the micro-batches (rounded up), so a burst is in once
-        each micro-batch's boundary came by, and the ring stays balanced (it moves with its largest
-        micro-batch); in lockstep at least one, which starts the ring. (One at a time, keeping the
-        boundary within a row of the smallest, a burst of 16 took 8 ring iterations to join.)"""
-        target = self.join_target()
-        if len(self.parts) == 1:
-            return waiting
-        if target is None:
-            return 0
-        share = -(-(len(self.rows) + waiting) // len(self.parts))
-        room = share - len(target.rows)
-        return min(waiting, max(1, room) if self.iteration is None else max(0, room))
+        return self.layout.join_room(waiting)
 
     def rows_elsewhere(self) -> int:
-        return len(self.rows_in_flight())
-
-    def rows_in_flight(self) -> tuple[str, ...]:
-        """The rows of every micro-batch but the boundary one: mid-ring, they stay this step."""
-        boundary = self.boundary()
-        return tuple(t for part in self.parts if part is not boundary for t in part.rows)
+        return len(self.layout.rows_in_flight())
 
     def advance(self) -> None:
         """After the step's membership changes: the next step's mode and iteration."""
-        boundary = self.boundary()
-        just_agreed = None if boundary is None else self.parts.index(boundary)  # by identity
-        self.iteration = next_iteration(self.iteration, [bool(part.rows) for part in self.parts], just_agreed)
-        if self.iteration is None and not self.parts[0].rows:  # the one left becomes the first
-            occupied = [part for part in self.parts if part.rows]
-            if occupied:
-                index = self.parts.index(occupied[0])
-                self.parts[0], self.parts[index] = self.parts[index], self.parts[0]
+        self.follow(*self.layout.advanced())
+
+    def follow(self, layout: MicroLayout, order: tuple[int, ...]) -> None:
+        """Take the next step's layout a plan computed (`step_plan.StepPlan.micro`): its micro-batch
+        `i` is this step's `order[i]`; their rows must be what the executor made them."""
+        parts = [self.parts[index] for index in order]
+        if tuple(part.rows for part in parts) != layout.parts:
+            raise RuntimeError("internal error: the micro-batches' rows are not the ones the step planned")
+        self.parts, self.iteration = parts, layout.iteration
+
+    def _part(self, index: int | None) -> MicroBatch | None:
+        return None if index is None else self.parts[index]

@@ -10,7 +10,7 @@ costs microseconds; this module holds what is pure: the proposals and the verdic
 ready on every rank the batch does not admit it (the step's agreement carries each rank's "still
 preparing": `batch_plan.PREPARING`), so every rank admits it at the same step and every rank's
 verdict on it (the same checks of the same request) is known by then; the assignments after it in
-the log that are ready join past it (`batch_plan.ready_to_admit`).
+the log that are ready join past it (`step_plan.ready_to_admit`).
 """
 
 from __future__ import annotations

@@ -6,16 +6,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runner.engine.batch_plan import (
-    PREPARING,
-    AgreedStep,
-    Composition,
-    StepLayout,
-    chunk_takers,
-    delivers,
-    delivery_interval,
-    next_composition,
-)
+from runner.engine.batch_plan import PREPARING, AgreedStep, Proposal, StepLayout, delivers, delivery_interval
+from runner.engine.step_plan import Composition, chunk_takers, next_composition
+
+
+def _proposal(code: int) -> Proposal:
+    return None if code == -2 else PREPARING if code == -1 else code
+
+
+PROPOSALS = st.integers(-2, 50).map(_proposal)  # none, still preparing, or a cached length
 
 
 def agreed(received: int, cancelled: tuple[bool, ...] = (), tokens: tuple[int, ...] = (), slots: int = 4) -> AgreedStep:
@@ -248,7 +247,7 @@ def test_decoding_only_the_slots_in_use_agrees_with_decoding_them_all(world: int
             data.draw(st.lists(st.integers(0, 99), min_size=slots, max_size=slots)) if rank == world - 1 else [],
             data.draw(
                 st.lists(
-                    st.none() | st.just(PREPARING) | st.integers(0, 50),
+                    PROPOSALS,
                     min_size=min(pending, 4),
                     max_size=min(pending, 4),
                 )

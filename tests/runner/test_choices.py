@@ -1,13 +1,14 @@
 """The pure decisions of a task's several completions (`runner/engine/choices.py`, and the widths in
-`batch_plan.next_composition`): rows and ids, seed streams, and admission in log order by width."""
+`step_plan.next_composition`): rows and ids, seed streams, and admission in log order by width."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runner.engine.batch_plan import AgreedStep, Composition, next_composition
+from runner.engine.batch_plan import AgreedStep
 from runner.engine.choices import admission_width, choice_rows, choice_seed, hands_prompt, row_id, task_of
+from runner.engine.step_plan import Composition, next_composition
 from services.api.schemas import SEED_MAX
 
 

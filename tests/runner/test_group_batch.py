@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from runner.engine.batch_streams import CREATED_MISSING, UNRUNNABLE_ELSEWHERE
+from runner.engine.batch_streams import CREATED_MISSING
 from runner.engine.pace import MAX_DECODE_SHARE, SHARE_SCALE, chunk_room
 from runner.engine.plan import balanced_chunk_sizes, even_split, model_keys_per_token
+from runner.engine.step_plan import UNRUNNABLE_ELSEWHERE
 from runner.local.launch import run_group
 from runner.local.local_run import synthetic_prompt
 from runner.models.tiny import cached_tiny

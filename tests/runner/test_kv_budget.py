@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runner.engine.batch_plan import AgreedStep, Composition, next_composition
+from runner.engine.batch_plan import AgreedStep
 from runner.engine.kv_budget import (
     MAX_CAPACITY_TOKENS,
     admissible,
@@ -16,6 +16,7 @@ from runner.engine.kv_budget import (
     token_capacity,
     too_large,
 )
+from runner.engine.step_plan import Composition, next_composition
 
 
 def test_budget_is_the_setting_or_half_the_available_memory() -> None:
