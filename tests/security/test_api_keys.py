@@ -22,6 +22,7 @@ from eventlog.export import read_export
 from events.catalogue import TaskAssigned, TaskCreated
 from events.codec import ExportRecord
 from services.api.auth import key_id
+from services.master.fair_share import handed_ahead
 from tests.e2e.cluster import Cluster, shoal_argv
 from tests.e2e.helpers import wait_task_ended
 
@@ -33,6 +34,7 @@ ADMIN = "admin-0123456789abcdef0123"
 APP_ORIGIN = "http://app.example:3000"
 PROMPT = "Tell me about the river"
 FAIR_BATCH = 2  # the instance holds 2 + handed_ahead(2) = 4 tasks; the others wait at the master
+HANDED_AHEAD = handed_ahead(FAIR_BATCH)  # the tasks the master hands an instance beyond the streams it runs
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +188,8 @@ def test_another_keys_request_is_served_beside_a_flood_not_behind_it(cluster: Cl
 
     with ThreadPoolExecutor(11) as pool, _http(cluster, ALICE) as alice:
         long_ids, long = start(pool, ALICE, 3000, FAIR_BATCH)  # the rows: no place frees until one is cancelled
-        _, short = start(pool, ALICE, 64, 8)
+        short_ids, short = start(pool, ALICE, 64, 8)
+        _wait_handed_ahead(alice, short_ids, HANDED_AHEAD)
         _, [bob] = start(pool, BOB, 64, 1)
         assert alice.post(f"/v1/tasks/{long_ids[0]}/cancel").status_code == 202
         ended = [future.result(timeout=120) for future in [*short, bob]]
@@ -198,10 +201,24 @@ def test_another_keys_request_is_served_beside_a_flood_not_behind_it(cluster: Cl
     log = _exported_log(cluster, tmp_path / "log.jsonl")
     created, assigned = _seqs(log, TaskCreated), _seqs(log, TaskAssigned)
     waiting = [task.task_id for task in hers if assigned[task.task_id] > created[his.task_id]]
-    assert len(waiting) == 6, (waiting, created, assigned)  # hers not handed ahead before his came
+    assert len(waiting) == 8 - HANDED_AHEAD, (waiting, created, assigned)  # none handed ahead past the quota
     assert all(assigned[his.task_id] < assigned[task_id] for task_id in waiting), (his, created, assigned)
     ended_at = {streamed.task_id: streamed.at for streamed in ended}
     assert all(ended_at[his.task_id] < ended_at[task_id] for task_id in waiting), ended
+
+
+def _wait_handed_ahead(http: httpx.Client, task_ids: list[str], count: int) -> None:
+    """Until the master has handed `count` of the tasks to the instance ahead of a free place (the
+    rest wait at the master): Bob's request comes after that, whatever the master's pace."""
+    deadline = time.monotonic() + 60
+    while True:
+        statuses = [http.get(f"/v1/tasks/{task_id}").json()["status"] for task_id in task_ids]
+        handed = sum(status != "created" for status in statuses)
+        assert handed <= count, statuses  # past the quota: the fair share is broken
+        if handed == count:
+            return
+        assert time.monotonic() < deadline, f"the master handed {handed} of {count} ahead in 60 s: {statuses}"
+        time.sleep(0.05)
 
 
 class Streamed(NamedTuple):
