@@ -22,6 +22,7 @@ def node_joined(state: State, seq: int, event: NodeJoined) -> State:
         host_memory_bytes=event.host_memory_bytes or event.memory_bytes,
         cached_models=tuple(event.cached_models),
         link_probe_port=event.link_probe_port,
+        runner_logs=event.runner_logs,
         backend=event.backend,
         version=event.version,
         changed_at=event.env.wall_time,

@@ -59,6 +59,7 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     host_memory_bytes: int = 0  # the machine's, shared with every node on `host`
     cached_models: tuple[str, ...] = ()  # Hub models in its cache (`/v1/models` lists them as servable)
     link_probe_port: int = 0
+    runner_logs: str = ""  # where its runners' stderr files lie on `host` (`NodeJoined.runner_logs`)
     links: dict[NodeId, LinkInfo] = msgspec.field(default_factory=dict)  # to each peer, as it measured
     status: NodeStatus = "up"
     reason: str = ""

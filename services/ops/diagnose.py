@@ -15,6 +15,7 @@ instance whose rank died; a node gone from under an instance).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import PurePath
 from typing import assert_never
 
 import msgspec
@@ -37,6 +38,7 @@ from events.vocabulary import SERVING_STATUSES, STOPPING_PHASES
 from services.ops import advice
 from services.ops.findings import Cause, Finding, Limits
 from services.ops.ranks import Heartbeats
+from services.worker.runner_logs import runner_log_name
 
 
 class TaskCase:
@@ -59,6 +61,7 @@ class TaskCase:
         stuck_views = [self.views[rank] for rank in culprit.ranks]
         if self.batch_mates:  # the same ranks hold every task of the batch: each gets this finding
             evidence = [*evidence, f"in a batch with {', '.join(self.batch_mates)} on {self.instance.instance_id}"]
+        evidence = [*evidence, *self.stderr_files(culprit.ranks)]
         return Finding(
             kind="task",
             subject=self.task.task_id,
@@ -76,6 +79,17 @@ class TaskCase:
 
     def node_of(self, rank: int) -> NodeId:
         return self.instance.runners[rank].node_id
+
+    def stderr_files(self, ranks: tuple[int, ...]) -> list[str]:
+        """Where each of `ranks` left its stderr (what the log cannot say: a traceback, a rank
+        that ended the task without a word), as its node announced it; none for older nodes."""
+        files: list[str] = []
+        for rank in ranks:
+            node = self.state.nodes.get(self.node_of(rank))
+            if node is not None and node.runner_logs:
+                path = PurePath(node.runner_logs) / runner_log_name(self.instance.instance_id, rank)
+                files.append(f"rank {rank}'s stderr: {path} on host {node.host} (node {node.node_id})")
+        return files
 
 
 def _in_stalled_batch(task: TaskInfo, instance: InstanceInfo, by_rank: Mapping[int, RunnerHeartbeat]) -> bool:
