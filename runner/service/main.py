@@ -17,7 +17,6 @@ import signal
 import sys
 import tempfile
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +40,7 @@ from runner.ring_wait import RingInbound
 from runner.service.bridge import LogBridge, LogBridgeDown
 from runner.service.exit_codes import PEER_LOST_EXIT, is_peer_loss
 from runner.service.heartbeats import LogHeartbeats, RunningTasks
+from runner.service.orphan import ExitWithParent
 from runner.service.sink import LogSink
 from runner.service.tasks import TaskServer
 
@@ -279,33 +279,20 @@ def _status_publisher(bridge: LogBridge, stamper: Stamper, args: argparse.Namesp
     return publish
 
 
-def exit_with_parent(poll_seconds: float = 1.0) -> threading.Thread:
-    """A runner whose worker died (even by SIGKILL) exits too, instead of holding its ports."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(poll_seconds)
-            if os.getppid() != parent:
-                os._exit(3)
-
-    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
-    thread.start()
-    return thread
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     _, placed_on = pin_compute_threads(os.environ)  # first: every thread started after inherits it
     BlasThreads.at_share(os.environ)  # a batch takes every core for its lockstep steps (`shared_cores.py`)
     logger.info("rank {} of {}: {}", args.rank, args.instance, placed_on)
-    exit_with_parent()
+    orphan = ExitWithParent()
+    orphan.start()
     stamper = Stamper(Origin(service="runner", node=args.node_id, rank=args.rank))
     phases = PhaseTracker()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     bridge = LogBridge(NatsEndpoint.from_env(args.nats_url, os.environ), stamper)  # TLS files: see NatsEndpoint
     bridge.start()
+    orphan.before_exit(_last_words(bridge, stamper, args, orphan.parent))
     try:
         placed_seq, placed = fetch_placement(bridge, args.instance)
         bridge.limit_backlog(placed.settings.publish_backlog_events)
@@ -326,6 +313,20 @@ def main(argv: list[str] | None = None) -> int:
     _status_publisher(bridge, stamper, args)("stopped", "SIGTERM", "terminated")
     bridge.close()
     return 0
+
+
+def _last_words(
+    bridge: LogBridge, stamper: Stamper, args: argparse.Namespace, worker_pid: int
+) -> Callable[[float], None]:
+    """An orphaned rank's report of its own going down (its worker, who reports exits, is gone),
+    queued after everything it made, then the queue handed over within `seconds`."""
+
+    def speak(seconds: float) -> None:
+        detail = f"its worker (pid {worker_pid}) died, so the runner exited with it"
+        _status_publisher(bridge, stamper, args)("failed", detail, "exited")
+        bridge.close(timeout=seconds)
+
+    return speak
 
 
 def _flight_recorder(
