@@ -151,8 +151,10 @@ class TaskEvidence(Evidence):
         beats: Mapping[int, RunnerHeartbeat],
         reference_ns: int,
         bounds: Bounds,
+        silences: Mapping[int, float] | None = None,
     ) -> TaskEvidence:
-        return cls(state, instance, task, rank_views(task, instance, beats, reference_ns), bounds)
+        """`silences`: see `events.evidence.rank_views`."""
+        return cls(state, instance, task, rank_views(task, instance, beats, reference_ns, silences), bounds)
 
 
 InstanceRule = Callable[[Evidence], Culprit | None]

@@ -51,7 +51,9 @@ class TaskCase:
         self.reference_ns = task.ended_at if task.ended else now_ns
         by_rank = beats.for_task(task, instance)
         bounds = limits.bounds(stalled=bool(task.stalled) or _in_stalled_batch(task, instance, by_rank))
-        self.evidence = TaskEvidence.about_task(state, instance, task, by_rank, self.reference_ns, bounds)
+        # An ended task's ranks' silences on their peers' clocks: its end is stamped on another host.
+        silences = beats.silences(task, instance) if task.ended else None
+        self.evidence = TaskEvidence.about_task(state, instance, task, by_rank, self.reference_ns, bounds, silences)
         self.views = self.evidence.views
         self.batch_mates = sorted({t for beat in by_rank.values() for t in beat.tasks} - {task.task_id})
 
