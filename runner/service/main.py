@@ -17,15 +17,17 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+import nats.errors
 from loguru import logger
 
 from eventlog.endpoint import NatsEndpoint
-from events.catalogue import InstancePlaced, Origin, TaskCreated, TaskFailed
+from events.catalogue import AnyEvent, InstancePlaced, Origin, TaskCreated, TaskFailed
 from events.ids import InstanceId, NodeId
 from events.runner_settings import RunnerSettings
 from events.stamp import Stamper
@@ -131,9 +133,40 @@ def make_request_factory() -> Callable[[str, list[int], TaskCreated], Generation
     return make
 
 
-def fetch_placement(bridge: LogBridge, instance_id: str) -> tuple[int, InstancePlaced]:
-    """The instance's `InstancePlaced` and its sequence number: where the rank learns everything."""
-    found = bridge.fetch_entry(instance_subject(instance_id, "placed"))
+# How long a rank keeps asking for its placement while NATS cannot answer (a server restarting, an
+# election: JetStream says 503 "temporarily unavailable" for seconds). Past it the rank fails; the
+# master's loading deadline bounds the whole start anyway.
+PLACEMENT_FETCH_SECONDS = 60.0
+PLACEMENT_RETRY_MAX_SECONDS = 5.0
+
+
+class PlacementSource(Protocol):
+    def fetch_entry(self, subject: str, timeout: float = 10.0) -> tuple[int, AnyEvent] | None: ...
+
+
+def fetch_placement(
+    bridge: PlacementSource,
+    instance_id: str,
+    stop: threading.Event,
+    *,
+    patience_s: float = PLACEMENT_FETCH_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[int, InstancePlaced]:
+    """The instance's `InstancePlaced` and its sequence number: where the rank learns everything.
+    A NATS that cannot answer yet is asked again (0.5 s, doubling to 5 s) for `patience_s`, or
+    until the rank is stopped: a transient outage as the rank starts must not cost the instance."""
+    deadline = clock() + patience_s
+    delay = 0.5
+    while True:
+        try:
+            found = bridge.fetch_entry(instance_subject(instance_id, "placed"))
+            break
+        except (TimeoutError, nats.errors.Error) as exc:
+            if clock() + delay > deadline or stop.is_set():
+                raise
+            logger.warning("cannot read the placement of {} yet ({}): asking again in {}s", instance_id, exc, delay)
+            stop.wait(delay)
+            delay = min(2 * delay, PLACEMENT_RETRY_MAX_SECONDS)
     if found is None or not isinstance(found[1], InstancePlaced):
         raise RuntimeError(f"instance {instance_id} has no InstancePlaced in the log")
     return found[0], found[1]
@@ -294,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     bridge.start()
     orphan.before_exit(_last_words(bridge, stamper, args, orphan.parent))
     try:
-        placed_seq, placed = fetch_placement(bridge, args.instance)
+        placed_seq, placed = fetch_placement(bridge, args.instance, stop)
         bridge.limit_backlog(placed.settings.publish_backlog_events)
         running = RunningTasks()
         with _flight_recorder(args, placed.settings, bridge, phases, running):
