@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,7 @@ from eventlog.export import write_export
 from eventlog.log import EventLog
 from events.catalogue import LogEvent
 from events.codec import ExportRecord
+from services.worker.runner_logs import RUNNER_LOGS_DIRNAME
 
 ABOUT = (
     "a seeded nemesis (partitions, kills, pauses, slow links, a full store, clock jumps) vs a live workload; violations"
@@ -313,6 +315,9 @@ def _keep(root: Path, keep: Path) -> None:
         (keep / path.name).write_bytes(path.read_bytes()[-200_000:])
     if (root / "export.jsonl").exists():
         (keep / "export.jsonl").write_bytes((root / "export.jsonl").read_bytes())
+    runner_logs = root / "data" / RUNNER_LOGS_DIRNAME  # each rank's stderr, by node (the checker names them)
+    if runner_logs.is_dir():
+        shutil.copytree(runner_logs, keep / RUNNER_LOGS_DIRNAME, dirs_exist_ok=True)
 
 
 def _result(schedule: Schedule, report: ChaosReport | None, *, quick: bool, clients: int) -> dict[str, Any]:

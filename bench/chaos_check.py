@@ -2,7 +2,7 @@
 the faults as they were applied, and what the run saw after the last heal. `violations` returns
 every broken guarantee as a sentence (empty: all held):
 
-- every task on the log ended: completed with the full text its client got (the log's chunks, in
+- every task on the log ended (one that did not is pointed at its ranks' stderr files): completed with the full text its client got (the log's chunks, in
   index order, equal what the client received), cancelled by its client, or failed with a reason
   that its client was told and that `shoal diagnose` explains;
 - no acknowledged event lost: every task id a client was given has its `TaskCreated` on the log,
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Literal
 
 from events.catalogue import (
@@ -36,6 +37,7 @@ from events.catalogue import (
     TaskFailed,
     TaskStalled,
 )
+from services.worker.runner_logs import runner_log_name
 
 Outcome = Literal["completed", "failed", "cancelled", "refused", "hung", "broken"]
 # Faults that may cut a client's connection to the API mid-call (the API's process or its host).
@@ -104,6 +106,8 @@ class History:
 
     tasks: dict[str, TaskHistory] = field(default_factory=dict)
     instance_nodes: dict[str, set[str]] = field(default_factory=dict)
+    instance_ranks: dict[str, list[str]] = field(default_factory=dict)  # each rank's node, by rank
+    runner_logs: dict[str, str] = field(default_factory=dict)  # where each node keeps its runners' stderr
     node_up: dict[str, bool] = field(default_factory=dict)  # by each node's last membership event
     seq_holes: list[tuple[int, int]] = field(default_factory=list)  # (after, next) where seqs skip
     malformed: list[int] = field(default_factory=list)  # seqs of messages that decode to no event
@@ -127,8 +131,11 @@ def fold_history(records: Iterable[tuple[int, LogEvent | None]]) -> History:
 def _take(history: History, event: LogEvent) -> None:
     if isinstance(event, InstancePlaced):
         history.instance_nodes[event.instance_id] = {shard.node_id for shard in event.shards}
+        history.instance_ranks[event.instance_id] = [shard.node_id for shard in event.shards]
     elif isinstance(event, NodeJoined):
         history.node_up[event.node_id] = True
+        if event.runner_logs:
+            history.runner_logs[event.node_id] = event.runner_logs
     elif isinstance(event, NodeTimedOut | NodeLeft):
         history.node_up[event.node_id] = False
     elif isinstance(event, TaskCreated | TaskAssigned | ChunkGenerated | TaskCompleted | TaskFailed | TaskStalled):
@@ -247,7 +254,9 @@ def _task_violations(task_id: str, task: TaskHistory, run: Run) -> list[str]:
     if not task.created:
         found.append(f"task {task_id}: events on the log but no TaskCreated")
     if not task.ended:
-        found.append(f"task {task_id}: never ended on the log (neither completed, cancelled nor failed)")
+        files = stderr_files(run.history, task.assigned[-1]) if task.assigned else []
+        where = f"; its ranks' stderr: {', '.join(files)}" if files else ""
+        found.append(f"task {task_id}: never ended on the log (neither completed, cancelled nor failed){where}")
     if task.ended == "failed":
         if not task.reason.strip():
             found.append(f"task {task_id}: failed without a reason")
@@ -265,6 +274,15 @@ def _task_violations(task_id: str, task: TaskHistory, run: Run) -> list[str]:
     elif task.chunks:
         found.append(f"task {task_id}: text on the log but never assigned")
     return found
+
+
+def stderr_files(history: History, instance_id: str) -> list[str]:
+    """The stderr file of each rank of `instance_id`, where its node announced a directory for them."""
+    return [
+        str(PurePath(history.runner_logs[node]) / runner_log_name(instance_id, rank))
+        for rank, node in enumerate(history.instance_ranks.get(instance_id, []))
+        if node in history.runner_logs
+    ]
 
 
 def _recovery_violations(run: Run) -> list[str]:

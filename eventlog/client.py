@@ -95,7 +95,10 @@ class NatsClient:
         if self.nc.is_connected and await self._answers():
             await self._drain_within(DRAIN_SECONDS)
         if not self.nc.is_closed:
-            await self.nc.close()
+            try:
+                await self.nc.close()
+            except OSError as exc:  # the socket broke under it (ETIMEDOUT after a partition): closed all the same
+                logger.debug("the NATS connection broke as it closed: {}", exc)
 
     async def _drain_within(self, seconds: float) -> None:
         """nats-py's drain, for `seconds` at most: its own timeout does not bound it (a flush of up

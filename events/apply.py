@@ -297,7 +297,9 @@ def _task_assigned(state: State, seq: int, event: TaskAssigned) -> State:
     if task.instance_id is not None:
         raise InvalidEvent(f"task {task.task_id!r} is already assigned to {task.instance_id!r}")
     at = event.env.wall_time
-    assigned = replace(task, status="assigned", instance_id=instance.instance_id, assigned_at=at, last_activity_at=at)
+    assigned = replace(
+        task, status="assigned", instance_id=instance.instance_id, assigned_at=at, assigned_seq=seq, last_activity_at=at
+    )
     head_since = instance.head_since if instance.queue else at
     keep_alive = task.params.keep_alive_seconds
     queued = replace(
@@ -305,6 +307,7 @@ def _task_assigned(state: State, seq: int, event: TaskAssigned) -> State:
         queue=(*instance.queue, task.task_id),
         head_since=head_since,
         last_busy_seq=seq,
+        last_assigned_seq=seq,
         keep_alive_seconds=instance.keep_alive_seconds if keep_alive is None else keep_alive,
     )
     return replace(
@@ -378,7 +381,7 @@ def _instance_placed(state: State, seq: int, event: InstancePlaced) -> State:
         shards=shards,
         ring_hosts=tuple(event.ring_hosts),
         settings=event.settings,
-        runners=tuple(RunnerInfo(rank=s.rank, node_id=s.node_id, changed_at=at) for s in shards),
+        runners=tuple(RunnerInfo(rank=s.rank, node_id=s.node_id, changed_at=at, changed_seq=seq) for s in shards),
         placed_seq=seq,
         placed_at=at,
         placement_reason=event.reason,
@@ -400,6 +403,7 @@ def _runner_status_changed(state: State, seq: int, event: RunnerStatusChanged) -
         detail=event.detail,
         cause=event.cause,
         changed_at=event.env.wall_time,
+        changed_seq=seq,
     )
     runners = (*instance.runners[: event.rank], runner, *instance.runners[event.rank + 1 :])
     updated = replace(instance, runners=runners)
@@ -411,6 +415,11 @@ def _runner_status_changed(state: State, seq: int, event: RunnerStatusChanged) -
 def _instance_retired(state: State, seq: int, event: InstanceRetired) -> State:
     instance = _instance(state, event.instance_id, "instance_retired")
     retired = replace(
-        instance, retired=True, retire_reason=event.reason, retire_cause=event.cause, retired_at=event.env.wall_time
+        instance,
+        retired=True,
+        retire_reason=event.reason,
+        retire_cause=event.cause,
+        retired_at=event.env.wall_time,
+        retired_seq=seq,
     )
     return replace(state, last_seq=seq, instances=state.instances.set(instance.instance_id, retired))

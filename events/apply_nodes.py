@@ -22,22 +22,30 @@ def node_joined(state: State, seq: int, event: NodeJoined) -> State:
         host_memory_bytes=event.host_memory_bytes or event.memory_bytes,
         cached_models=tuple(event.cached_models),
         link_probe_port=event.link_probe_port,
+        runner_logs=event.runner_logs,
         backend=event.backend,
         version=event.version,
         changed_at=event.env.wall_time,
         changed_seq=seq,
-        last_outage=_outage_ended(state.nodes.get(event.node_id), event.env.wall_time),
+        last_outage=_outage_ended(state.nodes.get(event.node_id), event.env.wall_time, seq),
     )
     return msgspec.structs.replace(state, last_seq=seq, nodes=state.nodes.set(node.node_id, node))
 
 
-def _outage_ended(before: NodeInfo | None, back_at: int) -> NodeOutage | None:
+def _outage_ended(before: NodeInfo | None, back_at: int, back_seq: int) -> NodeOutage | None:
     """The outage a join ends; a join of a node already up (a reconnect) keeps the last one."""
     if before is None:
         return None
     if before.status == "up":
         return before.last_outage
-    return NodeOutage(status=before.status, reason=before.reason, at=before.changed_at, back_at=back_at)
+    return NodeOutage(
+        status=before.status,
+        reason=before.reason,
+        at=before.changed_at,
+        back_at=back_at,
+        at_seq=before.changed_seq,
+        back_seq=back_seq,
+    )
 
 
 def link_measured(state: State, seq: int, event: LinkMeasured) -> State:

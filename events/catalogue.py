@@ -156,6 +156,9 @@ class NodeJoined(Event, tag="node_joined", frozen=True, kw_only=True):
     host_memory_bytes: int = 0
     cached_models: list[str] = msgspec.field(default_factory=list)  # Hub models in its cache: servable at once
     link_probe_port: int = 0  # where peers measure their link to it (`LinkMeasured`); 0 = none
+    # The directory on its host where the worker keeps each runner's stderr
+    # (`<instance>.rank<r>.log`, `services/worker/runner_logs.py`); "" = none (older logs).
+    runner_logs: str = ""
 
 
 class LinkMeasured(Event, tag="link_measured", frozen=True, kw_only=True):

@@ -11,6 +11,11 @@ The callers differ only in what they hold. The watchdog judges the head task of 
 from the newest heartbeat it heard of each rank, when it gives the task up; diagnose judges any
 task from the log's heartbeats, at the task's end or now. Given the same evidence they name the
 same ranks: tests/ops/test_culprit_agreement.py runs the hang catalogue through both. Pure.
+
+What belongs to an ended task's story is judged by the log's order, never by comparing stamps:
+a node's going away is stamped by the master or its worker, a rank's exit by its worker, the
+task's end by the sampling rank or the master, each on its own host's wall clock, and minutes of
+skew between them would move a death in or out of the story. `story_end_seq` says how far it runs.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Literal, get_args, overload
 import msgspec
 
 from events.catalogue import RunnerHeartbeat
-from events.evidence import NS, RankView, rank_views, waits_in_collective
+from events.evidence import RankView, rank_views, waits_in_collective
 from events.state import InstanceInfo, NodeInfo, RunnerInfo, State, TaskInfo
 from events.vocabulary import COMPUTE_PHASES, STOPPING_PHASES, WORKING_PHASES
 
@@ -45,10 +50,6 @@ CulpritCause = Literal[
 ]
 
 DOWN_CAUSES: frozenset[CulpritCause] = frozenset(get_args(DownCause))
-
-# How long after a task ended a rank going down still counts as part of its story: the worker's
-# report of a killed rank can land just after the peer's own error already failed the task.
-AFTERMATH_NS = 10 * NS
 
 
 class Bounds(msgspec.Struct, frozen=True, kw_only=True):
@@ -111,8 +112,30 @@ class Evidence:
         return any(v.heartbeat_ago_s is not None for v in self.views)
 
     @property
-    def end_ns(self) -> int | None:
-        return self.task.ended_at if self.task is not None and self.task.ended else None
+    def broke_with_task(self) -> bool:
+        """The ended task's instance broke with it: it was retired with a rank failed by then,
+        and no other task was assigned to it after this one ended. Its ranks' later failures
+        (a peer that lost the killed rank, reported as the instance stops) are this story's too."""
+        task, instance = self.task, self.instance
+        if task is None or not task.ended or not instance.retired or instance.last_assigned_seq > task.ended_seq:
+            return False
+        return any(r.status == "failed" and r.changed_seq <= instance.retired_seq for r in instance.runners)
+
+    @property
+    def story_end_seq(self) -> int | None:
+        """The last seq of the log that belongs to the task's story; None: it has not ended, so
+        everything until now does.
+
+        An ended task's story runs on past its end only while its instance is breaking because
+        of it (`broke_with_task`): a rank's own error can fail the task before its worker's
+        report of the killed peer lands, or before the master times out the node whose loss the
+        ranks already felt; then the story runs until the instance's retirement. Otherwise it
+        ends with the task (an instance that went on serving, or idled until a node left at
+        shutdown, failed later for reasons of its own)."""
+        task = self.task
+        if task is None or not task.ended:
+            return None
+        return max(task.ended_seq, self.instance.retired_seq) if self.broke_with_task else task.ended_seq
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +151,10 @@ class TaskEvidence(Evidence):
         beats: Mapping[int, RunnerHeartbeat],
         reference_ns: int,
         bounds: Bounds,
+        silences: Mapping[int, float] | None = None,
     ) -> TaskEvidence:
-        return cls(state, instance, task, rank_views(task, instance, beats, reference_ns), bounds)
+        """`silences`: see `events.evidence.rank_views`."""
+        return cls(state, instance, task, rank_views(task, instance, beats, reference_ns, silences), bounds)
 
 
 InstanceRule = Callable[[Evidence], Culprit | None]
@@ -163,12 +188,21 @@ def name_culprit(evidence: Evidence) -> Culprit | None:
 
 
 def down_runners(evidence: Evidence) -> list[RunnerInfo]:
-    """Runners failed or stopped while the task ran (or just after). After a task ended its
-    instance is retired and its runners stopped on purpose: those stops are not evidence."""
-    end = evidence.end_ns
-    grace = {"failed": AFTERMATH_NS, "stopped": 0}
+    """Runners down while the task ran, in log order; for an ended task, those stopped before
+    it ended and those failed before it ended or, when the instance broke with it, at any time
+    since (nothing else ran on it). After a task ended its instance is retired and its runners
+    stopped on purpose: those stops are not evidence."""
+    story_end = evidence.story_end_seq
+    if story_end is None:
+        return [r for r in evidence.instance.runners if r.down]
+    assert evidence.task is not None  # an ended story is a task's
+    ended = evidence.task.ended_seq
+    failed_until = None if evidence.broke_with_task else ended
     return [
-        r for r in evidence.instance.runners if r.down and (end is None or r.changed_at <= end + grace.get(r.status, 0))
+        r
+        for r in evidence.instance.runners
+        if (r.status == "stopped" and r.changed_seq <= ended)
+        or (r.status == "failed" and (failed_until is None or r.changed_seq <= failed_until))
     ]
 
 
@@ -187,23 +221,23 @@ def stalled_views(evidence: Evidence) -> list[RankView]:
 
 
 def _node_gone(evidence: Evidence) -> Culprit | None:
-    """The node of a rank timed out or left (before the task ended, for an ended task: a node
-    that left at shutdown long after the task failed did not fail it). An ended task is also
-    blamed on a node that has come back since, if its outage overlapped the task's run."""
+    """The node of a rank timed out or left (within the story, for an ended task: a node that
+    left at shutdown long after the task failed did not fail it). An ended task is also blamed
+    on a node that has come back since, if its outage overlapped the task's run, in log order."""
     gone = [r.rank for r in evidence.instance.runners if _away_for(evidence, evidence.state.nodes.get(r.node_id))]
     return Culprit(ranks=tuple(gone), cause="node_gone") if gone else None
 
 
 def _away_for(evidence: Evidence, node: NodeInfo | None) -> bool:
-    end = evidence.end_ns
+    story_end = evidence.story_end_seq
     if node is None:
         return False
     if node.status != "up":
-        return end is None or node.changed_at <= end + AFTERMATH_NS
+        return story_end is None or node.changed_seq <= story_end
     outage, task = node.last_outage, evidence.task
-    if outage is None or task is None or end is None:
+    if outage is None or task is None or story_end is None:
         return False
-    return outage.at <= end + AFTERMATH_NS and outage.back_at >= (task.assigned_at or task.created_at)
+    return outage.at_seq <= story_end and outage.back_seq >= (task.assigned_seq or task.created_seq)
 
 
 def _down(evidence: Evidence) -> Culprit | None:

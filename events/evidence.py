@@ -63,9 +63,15 @@ def ago(reference_ns: int, at_ns: int) -> float:
 
 
 def rank_views(
-    task: TaskInfo | None, instance: InstanceInfo, beats: Mapping[int, RunnerHeartbeat], reference_ns: int
+    task: TaskInfo | None,
+    instance: InstanceInfo,
+    beats: Mapping[int, RunnerHeartbeat],
+    reference_ns: int,
+    silences: Mapping[int, float] | None = None,
 ) -> tuple[RankView, ...]:
-    """Every rank of `instance`, about `task` (None: the instance alone), from `beats` by rank."""
+    """Every rank of `instance`, about `task` (None: the instance alone), from `beats` by rank.
+    `silences`: each rank's heartbeat silence as measured elsewhere (on its peers' clocks,
+    `services.ops.ranks.Heartbeats.silences`), instead of its newest beat against `reference_ns`."""
     views: list[RankView] = []
     for runner in instance.runners:
         beat = beats.get(runner.rank)
@@ -80,12 +86,22 @@ def rank_views(
                 processed=progress.processed if progress else None,
                 total=progress.total if progress else None,
                 last_progress_ago_s=ago(reference_ns, progress.at) if progress else None,
-                heartbeat_ago_s=ago(reference_ns, beat.env.wall_time) if beat else None,
+                heartbeat_ago_s=_silence(runner.rank, beat, reference_ns, silences),
                 phase_age_s=beat.phase_age_ms / 1000 if beat else None,
                 stack=beat.stack if beat else None,
             )
         )
     return tuple(views)
+
+
+def _silence(
+    rank: int, beat: RunnerHeartbeat | None, reference_ns: int, silences: Mapping[int, float] | None
+) -> float | None:
+    if beat is None:
+        return None
+    if silences is not None and rank in silences:
+        return silences[rank]
+    return ago(reference_ns, beat.env.wall_time)
 
 
 def _phase(task: TaskInfo | None, beat: RunnerHeartbeat | None, progress: RankProgress | None) -> Phase | None:

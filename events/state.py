@@ -41,6 +41,8 @@ class NodeOutage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     reason: str
     at: int  # wall ns it went away (the event's stamp)
     back_at: int  # wall ns it was announced again
+    at_seq: int = 0  # the log's seq of its going away: the order `events.culprit` judges by
+    back_seq: int = 0  # the log's seq of its announcement
 
 
 class LinkInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -59,6 +61,7 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     host_memory_bytes: int = 0  # the machine's, shared with every node on `host`
     cached_models: tuple[str, ...] = ()  # Hub models in its cache (`/v1/models` lists them as servable)
     link_probe_port: int = 0
+    runner_logs: str = ""  # where its runners' stderr files lie on `host` (`NodeJoined.runner_logs`)
     links: dict[NodeId, LinkInfo] = msgspec.field(default_factory=dict)  # to each peer, as it measured
     status: NodeStatus = "up"
     reason: str = ""
@@ -74,6 +77,7 @@ class RunnerInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     detail: str = ""
     cause: RunnerStatusCause | None = None  # of the last status change (see RunnerStatusChanged)
     changed_at: int = 0
+    changed_seq: int = 0  # the log's seq of the last status change (0: none since placed)
 
     @property
     def down(self) -> bool:
@@ -95,6 +99,8 @@ class InstanceInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     retire_reason: str = ""
     retire_cause: RetireCause | None = None
     retired_at: int = 0  # wall ns of the InstanceRetired
+    retired_seq: int = 0  # its seq
+    last_assigned_seq: int = 0  # seq of the newest task assigned to it
     became_ready_at: int = 0  # wall ns when every rank first reported ready; 0 = never
     last_busy_seq: int = 0  # seq of the last task assigned to it or ended on it (least recently used first)
     placement_reason: str = ""  # why the master put it there (`InstancePlaced.reason`)
@@ -141,6 +147,7 @@ class TaskInfo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     created_at: int = 0
     instance_id: InstanceId | None = None
     assigned_at: int = 0
+    assigned_seq: int = 0
     prefill: dict[int, RankPrefill] = msgspec.field(default_factory=dict)  # by rank
     progress: dict[int, RankProgress] = msgspec.field(default_factory=dict)  # by rank
     first_token_at: int = 0

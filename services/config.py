@@ -54,6 +54,7 @@ from services.config_values import REDACTED, ConfigError, DeclaredFields
 from services.master.lease import DEFAULT_LEASE_SECONDS
 from services.master.placement import DEFAULT_RING_BASE_PORT
 from services.nats_durability import JETSTREAM_SYNC_INTERVAL, SyncInterval
+from services.worker.runner_logs import RUNNER_LOG_BYTES, RUNNER_LOG_BYTES_LEAST
 
 ENV_PREFIX = "SHOAL_"
 # SHOAL_* variables that are not settings (SHOAL_ADMIN_KEY: the key `shoal models` sends the API)
@@ -277,6 +278,14 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     snapshot_every_events: Annotated[
         int, Meta(ge=0, description="events between the master's snapshots of the State (start-ups); 0 = none")
     ] = 10_000
+    runner_log_bytes: Annotated[
+        int,
+        Meta(
+            ge=RUNNER_LOG_BYTES_LEAST,
+            description="the most bytes of each runner's stderr a worker keeps, in "
+            "<data_dir>/runner-logs/<node_id>/<instance>.rank<r>.log and its rotated .1 together",
+        ),
+    ] = RUNNER_LOG_BYTES
     blas: BlasSetting = "auto"
     pin_runner_threads: PinRunnerThreads = True
     log_level: Annotated[LogLevel, Meta(description="the least severe log message printed")] = "INFO"

@@ -20,6 +20,7 @@ from services.master.placement import NodeCount
 from services.master.service import Master, MasterSettings
 from services.models import LocalModelCatalog
 from services.nats_permissions import Identity
+from services.worker.runner_logs import runner_logs_dir
 from services.worker.service import Worker, WorkerSettings
 
 
@@ -78,9 +79,7 @@ async def run_master(
     await Master(settings, LocalModelCatalog(allow_download=config.model_download)).run(ready)
 
 
-def worker_settings(
-    config: ShoalConfig, node_id: str, *, host: str = "127.0.0.1", echo_runner_logs: bool = False
-) -> WorkerSettings:
+def worker_settings(config: ShoalConfig, node_id: str, *, host: str = "127.0.0.1") -> WorkerSettings:
     return WorkerSettings(
         nats=endpoint_for(config, Identity("worker", node_id)),
         runner_nats=endpoint_for(config, Identity("runner", node_id)),
@@ -91,7 +90,8 @@ def worker_settings(
         heartbeat_interval_seconds=config.heartbeat_interval_seconds,
         blas=config.blas,
         pin_runner_threads=config.pin_runner_threads,
-        echo_runner_logs=echo_runner_logs,
+        runner_logs_dir=str(runner_logs_dir(config.data_path.absolute(), node_id)),
+        runner_log_bytes=config.runner_log_bytes,
         finished_tasks_kept=config.finished_tasks_kept,
     )
 
@@ -101,10 +101,9 @@ async def run_worker(
     node_id: str,
     *,
     host: str = "127.0.0.1",
-    echo_runner_logs: bool = False,
     ready: asyncio.Event | None = None,
 ) -> None:
-    settings = worker_settings(resolved.config, node_id, host=host, echo_runner_logs=echo_runner_logs)
+    settings = worker_settings(resolved.config, node_id, host=host)
     await Worker(settings).run(ready)
 
 

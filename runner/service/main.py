@@ -21,12 +21,13 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+import nats.errors
 from loguru import logger
 
 from eventlog.endpoint import NatsEndpoint
-from events.catalogue import InstancePlaced, Origin, TaskCreated, TaskFailed
+from events.catalogue import AnyEvent, InstancePlaced, Origin, TaskCreated, TaskFailed
 from events.ids import InstanceId, NodeId
 from events.runner_settings import RunnerSettings
 from events.stamp import Stamper
@@ -41,6 +42,7 @@ from runner.ring_wait import RingInbound
 from runner.service.bridge import LogBridge, LogBridgeDown
 from runner.service.exit_codes import PEER_LOST_EXIT, is_peer_loss
 from runner.service.heartbeats import LogHeartbeats, RunningTasks
+from runner.service.orphan import ExitWithParent
 from runner.service.sink import LogSink
 from runner.service.tasks import TaskServer
 
@@ -131,9 +133,40 @@ def make_request_factory() -> Callable[[str, list[int], TaskCreated], Generation
     return make
 
 
-def fetch_placement(bridge: LogBridge, instance_id: str) -> tuple[int, InstancePlaced]:
-    """The instance's `InstancePlaced` and its sequence number: where the rank learns everything."""
-    found = bridge.fetch_entry(instance_subject(instance_id, "placed"))
+# How long a rank keeps asking for its placement while NATS cannot answer (a server restarting, an
+# election: JetStream says 503 "temporarily unavailable" for seconds). Past it the rank fails; the
+# master's loading deadline bounds the whole start anyway.
+PLACEMENT_FETCH_SECONDS = 60.0
+PLACEMENT_RETRY_MAX_SECONDS = 5.0
+
+
+class PlacementSource(Protocol):
+    def fetch_entry(self, subject: str, timeout: float = 10.0) -> tuple[int, AnyEvent] | None: ...
+
+
+def fetch_placement(
+    bridge: PlacementSource,
+    instance_id: str,
+    stop: threading.Event,
+    *,
+    patience_s: float = PLACEMENT_FETCH_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[int, InstancePlaced]:
+    """The instance's `InstancePlaced` and its sequence number: where the rank learns everything.
+    A NATS that cannot answer yet is asked again (0.5 s, doubling to 5 s) for `patience_s`, or
+    until the rank is stopped: a transient outage as the rank starts must not cost the instance."""
+    deadline = clock() + patience_s
+    delay = 0.5
+    while True:
+        try:
+            found = bridge.fetch_entry(instance_subject(instance_id, "placed"))
+            break
+        except (TimeoutError, nats.errors.Error) as exc:
+            if clock() + delay > deadline or stop.is_set():
+                raise
+            logger.warning("cannot read the placement of {} yet ({}): asking again in {}s", instance_id, exc, delay)
+            stop.wait(delay)
+            delay = min(2 * delay, PLACEMENT_RETRY_MAX_SECONDS)
     if found is None or not isinstance(found[1], InstancePlaced):
         raise RuntimeError(f"instance {instance_id} has no InstancePlaced in the log")
     return found[0], found[1]
@@ -279,35 +312,22 @@ def _status_publisher(bridge: LogBridge, stamper: Stamper, args: argparse.Namesp
     return publish
 
 
-def exit_with_parent(poll_seconds: float = 1.0) -> threading.Thread:
-    """A runner whose worker died (even by SIGKILL) exits too, instead of holding its ports."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(poll_seconds)
-            if os.getppid() != parent:
-                os._exit(3)
-
-    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
-    thread.start()
-    return thread
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     _, placed_on = pin_compute_threads(os.environ)  # first: every thread started after inherits it
     BlasThreads.at_share(os.environ)  # a batch takes every core for its lockstep steps (`shared_cores.py`)
     logger.info("rank {} of {}: {}", args.rank, args.instance, placed_on)
-    exit_with_parent()
+    orphan = ExitWithParent()
+    orphan.start()
     stamper = Stamper(Origin(service="runner", node=args.node_id, rank=args.rank))
     phases = PhaseTracker()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     bridge = LogBridge(NatsEndpoint.from_env(args.nats_url, os.environ), stamper)  # TLS files: see NatsEndpoint
     bridge.start()
+    orphan.before_exit(_last_words(bridge, stamper, args, orphan.parent))
     try:
-        placed_seq, placed = fetch_placement(bridge, args.instance)
+        placed_seq, placed = fetch_placement(bridge, args.instance, stop)
         bridge.limit_backlog(placed.settings.publish_backlog_events)
         running = RunningTasks()
         with _flight_recorder(args, placed.settings, bridge, phases, running):
@@ -326,6 +346,20 @@ def main(argv: list[str] | None = None) -> int:
     _status_publisher(bridge, stamper, args)("stopped", "SIGTERM", "terminated")
     bridge.close()
     return 0
+
+
+def _last_words(
+    bridge: LogBridge, stamper: Stamper, args: argparse.Namespace, worker_pid: int
+) -> Callable[[float], None]:
+    """An orphaned rank's report of its own going down (its worker, who reports exits, is gone),
+    queued after everything it made, then the queue handed over within `seconds`."""
+
+    def speak(seconds: float) -> None:
+        detail = f"its worker (pid {worker_pid}) died, so the runner exited with it"
+        _status_publisher(bridge, stamper, args)("failed", detail, "exited")
+        bridge.close(timeout=seconds)
+
+    return speak
 
 
 def _flight_recorder(

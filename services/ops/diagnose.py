@@ -15,6 +15,7 @@ instance whose rank died; a node gone from under an instance).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import PurePath
 from typing import assert_never
 
 import msgspec
@@ -37,6 +38,7 @@ from events.vocabulary import SERVING_STATUSES, STOPPING_PHASES
 from services.ops import advice
 from services.ops.findings import Cause, Finding, Limits
 from services.ops.ranks import Heartbeats
+from services.worker.runner_logs import runner_log_name
 
 
 class TaskCase:
@@ -49,7 +51,9 @@ class TaskCase:
         self.reference_ns = task.ended_at if task.ended else now_ns
         by_rank = beats.for_task(task, instance)
         bounds = limits.bounds(stalled=bool(task.stalled) or _in_stalled_batch(task, instance, by_rank))
-        self.evidence = TaskEvidence.about_task(state, instance, task, by_rank, self.reference_ns, bounds)
+        # An ended task's ranks' silences on their peers' clocks: its end is stamped on another host.
+        silences = beats.silences(task, instance) if task.ended else None
+        self.evidence = TaskEvidence.about_task(state, instance, task, by_rank, self.reference_ns, bounds, silences)
         self.views = self.evidence.views
         self.batch_mates = sorted({t for beat in by_rank.values() for t in beat.tasks} - {task.task_id})
 
@@ -59,6 +63,7 @@ class TaskCase:
         stuck_views = [self.views[rank] for rank in culprit.ranks]
         if self.batch_mates:  # the same ranks hold every task of the batch: each gets this finding
             evidence = [*evidence, f"in a batch with {', '.join(self.batch_mates)} on {self.instance.instance_id}"]
+        evidence = [*evidence, *self.stderr_files(culprit.ranks)]
         return Finding(
             kind="task",
             subject=self.task.task_id,
@@ -76,6 +81,17 @@ class TaskCase:
 
     def node_of(self, rank: int) -> NodeId:
         return self.instance.runners[rank].node_id
+
+    def stderr_files(self, ranks: tuple[int, ...]) -> list[str]:
+        """Where each of `ranks` left its stderr (what the log cannot say: a traceback, a rank
+        that ended the task without a word), as its node announced it; none for older nodes."""
+        files: list[str] = []
+        for rank in ranks:
+            node = self.state.nodes.get(self.node_of(rank))
+            if node is not None and node.runner_logs:
+                path = PurePath(node.runner_logs) / runner_log_name(self.instance.instance_id, rank)
+                files.append(f"rank {rank}'s stderr: {path} on host {node.host} (node {node.node_id})")
+        return files
 
 
 def _in_stalled_batch(task: TaskInfo, instance: InstanceInfo, by_rank: Mapping[int, RunnerHeartbeat]) -> bool:

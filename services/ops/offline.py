@@ -31,7 +31,8 @@ def scan_file(
 
 
 def heartbeats_of(result: ScanResult) -> Heartbeats:
-    return Heartbeats(result.heartbeats.latest, result.heartbeats.by_task)
+    beats = result.heartbeats
+    return Heartbeats(beats.latest, beats.by_task, beats.peers_at, beats.positions)
 
 
 def diagnose_scan(
@@ -113,4 +114,4 @@ def _observe(builder: EventObserver, events: Iterable[tuple[int, AnyEvent]]) -> 
         builder.observe(seq, event)
         if isinstance(event, RunnerHeartbeat):
             beats.add(event)
-    return Heartbeats(beats.latest, beats.by_task)
+    return Heartbeats(beats.latest, beats.by_task, beats.peers_at, beats.positions)

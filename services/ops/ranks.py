@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from events.catalogue import RunnerHeartbeat
+from events.evidence import NS
 from events.ids import InstanceId, TaskId
 from events.state import InstanceInfo, TaskInfo
 
@@ -16,9 +17,36 @@ class Heartbeats:
         self,
         latest: Mapping[tuple[InstanceId, int], RunnerHeartbeat],
         by_task: Mapping[tuple[TaskId, int], RunnerHeartbeat],
+        peers_at: Mapping[tuple[TaskId, int], Mapping[int, int]] | None = None,
+        positions: Mapping[tuple[TaskId, int], int] | None = None,
     ) -> None:
         self.latest = latest
         self.by_task = by_task
+        self.peers_at: Mapping[tuple[TaskId, int], Mapping[int, int]] = peers_at or {}
+        self.positions: Mapping[tuple[TaskId, int], int] = positions or {}
+
+    def silences(self, task: TaskInfo, instance: InstanceInfo) -> dict[int, float] | None:
+        """How long each rank of an ended task had been silent about it when its peers last beat
+        about it, in seconds: for each peer whose newest beat about it came later in the stream,
+        from where the peer's own clock stood at the rank's newest beat to the peer's newest beat;
+        the longest of them (0: no peer beat after it). Each span is read on one host's clock, so
+        no skew between hosts enters it (a rank's stamp against the task's end would). None with
+        fewer than two ranks' beats (one rank, or no telemetry): the caller falls back to the
+        reference time."""
+        beats = self.for_task(task, instance)
+        if len(beats) < 2:
+            return None
+        silences: dict[int, float] = {}
+        for rank in beats:
+            key = (task.task_id, rank)
+            at = self.peers_at.get(key, {})
+            spans = [
+                beats[peer].env.wall_time - at[peer]
+                for peer in beats
+                if peer in at and self.positions.get((task.task_id, peer), 0) > self.positions.get(key, 0)
+            ]
+            silences[rank] = round(max([0, *spans]) / NS, 3)
+        return silences
 
     def for_rank(self, task: TaskInfo, instance_id: InstanceId, rank: int) -> RunnerHeartbeat | None:
         """A task still running: the rank's newest beat. An ended one: its newest beat about it."""

@@ -42,25 +42,36 @@ class Cutoff(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class HeartbeatIndex:
-    """The newest heartbeat of each rank, and of each rank about each task."""
+    """The newest heartbeat of each rank, and of each rank about each task; and, with the newest
+    about a task, where each peer's own clock stood then (`peers_at`: the stamp of the peer's
+    newest beat before it, in the telemetry stream's order), so a rank's silence can be told on
+    its peers' clocks (`Heartbeats.silences`), and where in the stream each came (`positions`)."""
 
     def __init__(self) -> None:
         self.latest: dict[tuple[InstanceId, int], RunnerHeartbeat] = {}
         self.by_task: dict[tuple[TaskId, int], RunnerHeartbeat] = {}
+        self.peers_at: dict[tuple[TaskId, int], dict[int, int]] = {}
+        self.positions: dict[tuple[TaskId, int], int] = {}  # where in the stream each `by_task` beat came
+        self._walls: dict[InstanceId, dict[int, int]] = {}  # each rank's newest stamp so far, in stream order
         self.count = 0
 
     def add(self, beat: RunnerHeartbeat) -> None:
         self.count += 1
         key = (beat.instance_id, beat.rank)
+        wall = beat.env.wall_time
+        walls = self._walls.setdefault(beat.instance_id, {})
+        walls[beat.rank] = wall
         previous = self.latest.get(key)
         # Exports may interleave streams in any order: keep the newest by wall time, not by position.
-        if previous is None or previous.env.wall_time <= beat.env.wall_time:
+        if previous is None or previous.env.wall_time <= wall:
             self.latest[key] = beat
         for task_id in beat.tasks:  # a batched rank's beat is about every task of its batch
             task_key = (task_id, beat.rank)
             previous = self.by_task.get(task_key)
-            if previous is None or previous.env.wall_time <= beat.env.wall_time:
+            if previous is None or previous.env.wall_time <= wall:
                 self.by_task[task_key] = beat
+                self.peers_at[task_key] = {rank: at for rank, at in walls.items() if rank != beat.rank}
+                self.positions[task_key] = self.count
 
 
 class EventObserver(Protocol):

@@ -116,11 +116,20 @@ class LogBuilder:
         """A `shoal up` began a run here (what came before belongs to earlier runs)."""
         self._emit(ClusterStarted(env=self._env("up"), workers=workers, model=model))
 
-    def node_joined(self, node_id: str, host: str = "10.0.0.1") -> None:
+    def node_joined(self, node_id: str, host: str = "10.0.0.1", runner_logs: str = "") -> None:
         env = self._env("worker", node_id)
         nid = NodeId(node_id)
         self._emit(
-            NodeJoined(env=env, node_id=nid, host=host, cores=8, memory_bytes=64 << 30, backend="cpu", version="0.1")
+            NodeJoined(
+                env=env,
+                node_id=nid,
+                host=host,
+                cores=8,
+                memory_bytes=64 << 30,
+                backend="cpu",
+                version="0.1",
+                runner_logs=runner_logs,
+            )
         )
 
     def node_timed_out(self, node_id: str, last_seen_ns: int) -> None:

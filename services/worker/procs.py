@@ -1,4 +1,5 @@
-"""Runner processes of one worker: spawn, watch, stop. Exit reports go through a callback."""
+"""Runner processes of one worker: spawn, watch, stop. Exit reports go through a callback; each
+runner's stderr goes to its own bounded file (`runner_logs`) as well as the exit report's tail."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 
 from loguru import logger
 
 from services.config import is_secret_variable
 from services.worker.plan import RunnerKey
+from services.worker.runner_logs import RUNNER_LOGS_KEPT, BoundedLog, prune_runner_logs, runner_log_name
 
 STDERR_TAIL_LINES = 30
 STOP_GRACE_SECONDS = 3.0
@@ -39,23 +42,56 @@ def runner_argv(nats_url: str, key: RunnerKey, node_id: str) -> list[str]:
 
 
 class RunnerProcess:
-    def __init__(self, key: RunnerKey, process: asyncio.subprocess.Process) -> None:
+    def __init__(self, key: RunnerKey, process: asyncio.subprocess.Process, log: BoundedLog | None) -> None:
         self.key = key
         self.process = process
         self.tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self.stopping = False
+        self.log = log
 
     def stderr_tail(self) -> str:
         return "\n".join(self.tail)
+
+    def keep(self, line: str) -> None:
+        """One line of stderr: into the tail, and into the runner's file while it can be written."""
+        self.tail.append(line)
+        self.note(line)
+
+    def note(self, line: str) -> None:
+        """A line into the runner's file only (the worker's own remarks: when it started, how it ended)."""
+        if self.log is None:
+            return
+        try:
+            self.log.write_line(line)
+        except OSError as error:  # a full disk costs the file, never the runner or the worker
+            logger.warning("runner {} rank {}: stopped writing {}: {}", *self.key, self.log.path, error)
+            self._close_log()
+
+    def _close_log(self) -> None:
+        if self.log is not None:
+            try:
+                self.log.close()
+            except OSError:
+                pass
+            self.log = None
+
+    def finish(self, code: int) -> None:
+        self.note(f"# shoal worker: runner {self.key[0]} rank {self.key[1]} {describe_exit(code)}")
+        self._close_log()
 
 
 class RunnerProcesses:
     """Owns the runner processes; each gets a watcher task in the caller's task group."""
 
-    def __init__(self, group: asyncio.TaskGroup, on_exit: ExitReport, *, echo_prefix: str = "") -> None:
+    def __init__(
+        self, group: asyncio.TaskGroup, on_exit: ExitReport, *, log_dir: Path | None = None, log_bytes: int = 0
+    ) -> None:
+        """`log_dir`: where each runner's stderr file goes (None: nowhere, only the exit report's
+        tail), each at most `log_bytes` with its rotated predecessor."""
         self._group = group
         self._on_exit = on_exit
-        self._echo_prefix = echo_prefix
+        self._log_dir = log_dir
+        self._log_bytes = log_bytes
         self.running: dict[RunnerKey, RunnerProcess] = {}
         self.ever_started: set[RunnerKey] = set()
 
@@ -69,10 +105,21 @@ class RunnerProcesses:
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # Ctrl-C at a terminal reaches the worker, which stops runners in order
         )
-        runner = RunnerProcess(key, process)
+        runner = RunnerProcess(key, process, self._open_log(key))
+        runner.note(f"# shoal worker: runner {key[0]} rank {key[1]} started, pid {process.pid}")
         self.running[key] = runner
         logger.info("started runner {} rank {} (pid {})", key[0], key[1], process.pid)
         self._group.create_task(self._watch(runner))
+
+    def _open_log(self, key: RunnerKey) -> BoundedLog | None:
+        if self._log_dir is None:
+            return None
+        try:
+            prune_runner_logs(self._log_dir, RUNNER_LOGS_KEPT - 1)  # room for this one
+            return BoundedLog(self._log_dir / runner_log_name(*key), self._log_bytes)
+        except OSError as error:
+            logger.warning("runner {} rank {}: no stderr file in {}: {}", *key, self._log_dir, error)
+            return None
 
     async def stop(self, key: RunnerKey) -> None:
         runner = self.running.get(key)
@@ -87,11 +134,9 @@ class RunnerProcesses:
     async def _watch(self, runner: RunnerProcess) -> None:
         assert runner.process.stderr is not None
         async for raw in runner.process.stderr:
-            line = raw.decode(errors="replace").rstrip()
-            runner.tail.append(line)
-            if self._echo_prefix:
-                print(f"{self._echo_prefix}[{runner.key[0]}/{runner.key[1]}] {line}", file=sys.stderr, flush=True)
+            runner.keep(raw.decode(errors="replace").rstrip())
         code = await runner.process.wait()
+        runner.finish(code)
         self.running.pop(runner.key, None)
         logger.info("runner {} rank {} exited with {}", runner.key[0], runner.key[1], code)
         if not runner.stopping:

@@ -13,6 +13,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import msgspec
 from loguru import logger
@@ -45,6 +46,7 @@ from runner.service.exit_codes import exit_cause
 from services.worker.links import LinkSample, measure_links_forever, serve_probes
 from services.worker.plan import RunnerKey, host_rank_index, plan_runners, ranks_sharing_host, rejoin_cause
 from services.worker.procs import RunnerProcesses, child_env, describe_exit, runner_argv
+from services.worker.runner_logs import RUNNER_LOG_BYTES
 
 VERSION = "0.1.0"
 
@@ -61,7 +63,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat_interval_seconds: float
     blas: str
     pin_runner_threads: bool = True
-    echo_runner_logs: bool = False
+    runner_logs_dir: str = ""  # where each runner's stderr is kept (`runner_logs`); "" = nowhere
+    runner_log_bytes: int = RUNNER_LOG_BYTES
     finished_tasks_kept: int = FINISHED_TASKS_KEPT
 
 
@@ -86,8 +89,12 @@ class Worker:
         self._log = log
         try:
             async with asyncio.TaskGroup() as group:
+                logs = self.settings.runner_logs_dir
                 self._runners = RunnerProcesses(
-                    group, self._runner_exited, echo_prefix="" if not self.settings.echo_runner_logs else "runner"
+                    group,
+                    self._runner_exited,
+                    log_dir=Path(logs) if logs else None,
+                    log_bytes=self.settings.runner_log_bytes,
                 )
                 # catch up before acting: old instances may be retired later in the log. Not from
                 # the snapshot, nor every event: a worker may read only what it serves (README
@@ -196,6 +203,7 @@ class Worker:
             backend="cpu" if os.uname().sysname == "Linux" else "metal",
             version=VERSION,
             cause=cause,
+            runner_logs=self.settings.runner_logs_dir,
         )
 
     async def _report_link(self, peer: NodeId, sample: LinkSample) -> None:

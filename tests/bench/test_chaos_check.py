@@ -235,3 +235,14 @@ def test_each_broken_rule_is_reported(breaks: Callable[[Case], None], says: str)
     breaks(case)
     found = violations(case.run())
     assert any(says in line for line in found), found
+
+
+def test_a_task_that_never_ended_points_at_its_ranks_stderr_files() -> None:
+    case = clean()
+    case.log[1] = msgspec.structs.replace(case.ev.node("n2"), runner_logs="/data/runner-logs/n2")
+    _never_end(case)
+    found = [line for line in violations(case.run()) if "t9" in line]
+    assert found == [
+        "task t9: never ended on the log (neither completed, cancelled nor failed); "
+        "its ranks' stderr: /data/runner-logs/n2/i1.rank1.log"
+    ]

@@ -98,3 +98,18 @@ def test_frozen_rank_is_told_apart_from_an_exited_one() -> None:
 def test_never_assigned_names_the_masters_error() -> None:
     finding = diagnosis_of(scenarios.unplaceable_model).findings[0]
     assert "cannot be loaded" in finding.summary and finding.next_step
+
+
+def test_a_rank_to_blame_is_pointed_at_its_stderr_file_where_its_node_keeps_one() -> None:
+    log = scenarios.started(stop_after=3)
+    log.node_joined("n2", host="10.0.0.2", runner_logs="/data/shoal/runner-logs/n2")  # a re-announce, newer workers
+    log.runner_status("i1", 1, "failed", scenarios.KILLED, cause="killed")
+    scenarios.master_decides(log)
+    finding = diagnose_scan(scan(enumerate(log.records, 1))).findings[0]
+    assert finding.stuck_ranks == (1,)
+    assert "rank 1's stderr: /data/shoal/runner-logs/n2/i1.rank1.log on host 10.0.0.2 (node n2)" in finding.evidence
+
+
+def test_a_node_that_announced_no_stderr_directory_gets_no_file_named() -> None:
+    finding = diagnosis_of(scenarios.killed_then_peer_failed).findings[0]
+    assert not any("stderr:" in line for line in finding.evidence)
