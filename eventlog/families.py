@@ -26,11 +26,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from loguru import logger
 
 from eventlog.log import EventLog
+from eventlog.publish import LogUnreachable
 from events.catalogue import LogEvent
 from events.fold import Folder
 from events.state import State
 
 Entry = tuple[int, LogEvent, bytes]
+RETRY_READ_S = 1.0
 
 
 async def read_family(log: EventLog, family: str, first: int, last: int) -> list[Entry]:
@@ -42,6 +44,18 @@ async def read_family(log: EventLog, family: str, first: int, last: int) -> list
         if seq <= last:
             found.append((seq, event, subject))
     return found
+
+
+async def _read_patiently(log: EventLog, family: str, first: int, last: int) -> list[Entry]:
+    """`read_family`, tried again for as long as NATS is away: a live follower waits out an outage
+    as its own consumers do (a bounded read alone gives up after the log's retry time, and took
+    the worker down with it while a NATS majority was cut off)."""
+    while True:
+        try:
+            return await read_family(log, family, first, last)
+        except LogUnreachable as exc:
+            logger.info("reading {} up to seq {} waits for NATS: {}", family, last, exc)
+            await asyncio.sleep(RETRY_READ_S)
 
 
 async def fold_families(log: EventLog, families: Sequence[str], state: State) -> State:
@@ -78,7 +92,7 @@ async def follow_families(
             if seq <= yielded:
                 continue  # read already by a bounded read of its family
             others = [family for other, family in enumerate(families) if other != index]
-            reads = [await read_family(log, family, yielded + 1, seq - 1) for family in others]
+            reads = [await _read_patiently(log, family, yielded + 1, seq - 1) for family in others]
             for earlier in heapq.merge(*reads, key=lambda found: found[0]):
                 await handle(earlier)
             await handle(entry)

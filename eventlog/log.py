@@ -441,7 +441,7 @@ class EventLog:
                 now = time.monotonic()
                 failing_since = failing_since or now
                 if not live and now - failing_since > self.settings.retry_seconds:
-                    raise LogError(f"replay of {stream_name(stream)} failed: {exc}") from exc
+                    raise LogUnreachable(f"replay of {stream_name(stream)} failed: {exc}") from exc
                 logger.info("reading {} restarts at seq {}: {}", stream_name(stream), position.seq, exc)
                 await asyncio.sleep(0.05 if isinstance(exc, ConsumerRestart) else 0.25)
             finally:
