@@ -46,7 +46,7 @@ async def read_family(log: EventLog, family: str, first: int, last: int) -> list
     return found
 
 
-async def _read_patiently(log: EventLog, family: str, first: int, last: int) -> list[Entry]:
+async def read_patiently(log: EventLog, family: str, first: int, last: int) -> list[Entry]:
     """`read_family`, tried again for as long as NATS is away: a live follower waits out an outage
     as its own consumers do (a bounded read alone gives up after the log's retry time, and took
     the worker down with it while a NATS majority was cut off)."""
@@ -92,7 +92,7 @@ async def follow_families(
             if seq <= yielded:
                 continue  # read already by a bounded read of its family
             others = [family for other, family in enumerate(families) if other != index]
-            reads = [await _read_patiently(log, family, yielded + 1, seq - 1) for family in others]
+            reads = [await read_patiently(log, family, yielded + 1, seq - 1) for family in others]
             for earlier in heapq.merge(*reads, key=lambda found: found[0]):
                 await handle(earlier)
             await handle(entry)

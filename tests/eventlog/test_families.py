@@ -4,19 +4,27 @@ what a worker folds now that a node may create only consumers filtered to one su
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+from collections.abc import Callable
 
 import pytest
 
-from eventlog.families import Entry, fold_families, follow_families
+from eventlog.families import Entry, fold_families, follow_families, read_family, read_patiently
 from eventlog.log import EventLog
+from eventlog.publish import LogUnreachable
+from eventlog.streams import LogSettings
 from events.catalogue import InstanceRetired, LogEvent
 from events.fold import fold
 from events.ids import InstanceId
 from events.state import State
 from events.subjects import WORKER_FAMILIES
+from services.nats import EmbeddedNats
 from tests.events.builders import Events
+from tests.freeze import freeze
 
 pytestmark = pytest.mark.timeout(60)
+NODES = WORKER_FAMILIES[0]
 
 
 def interleaved(ev: Events, round_: int) -> list[LogEvent]:
@@ -81,3 +89,33 @@ async def test_following_families_hands_their_events_on_in_log_order(event_log: 
     finally:
         following.cancel()
     assert got == expected
+
+
+def test_a_catch_up_read_waits_out_an_outage_longer_than_the_retry_time(
+    make_nats: Callable[..., EmbeddedNats],
+) -> None:
+    """A bounded read gives up after the log's retry time (`LogUnreachable`); the live follower's
+    catch-up reads wait the outage out instead: with a NATS majority cut off for longer, a worker
+    otherwise went down mid-run (tests/netns/test_chaos.py)."""
+    server = make_nats("outage").start()
+    pid = server.pid
+    assert pid is not None
+
+    async def run() -> list[Entry]:
+        log = await EventLog.connect(server.url, LogSettings(retry_seconds=0.5))
+        try:
+            ev = Events()
+            await log.append_many([ev.node("a"), ev.node("b")])
+            freeze(pid)
+            try:
+                with pytest.raises(LogUnreachable):
+                    await read_family(log, NODES, 1, 2)
+                patient = asyncio.create_task(read_patiently(log, NODES, 1, 2))
+                await asyncio.sleep(1.5)  # the outage outlasts the retry time
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            return await asyncio.wait_for(patient, 30)
+        finally:
+            await log.close()
+
+    assert [seq for seq, _event, _subject in asyncio.run(run())] == [1, 2]
