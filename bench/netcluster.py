@@ -314,7 +314,17 @@ class NetCluster:
         return self
 
     def tails(self, prefix: str = "") -> str:
-        return "\n".join(f"--- {n}\n{p.tail(1500)}" for n, p in self.procs.items() if n.startswith(prefix))
+        """The end of each process's output, the services' and their runners' first (what a failed
+        test's reader needs most, before a truncation), the NATS servers' last."""
+        names = sorted((n for n in self.procs if n.startswith(prefix)), key=lambda n: n.startswith("nats"))
+        services = [f"--- {n}\n{self.procs[n].tail(1500)}" for n in names if not n.startswith("nats")]
+        servers = [f"--- {n}\n{self.procs[n].tail(1500)}" for n in names if n.startswith("nats")]
+        return "\n".join([*services, *(self.runner_tails() if not prefix else []), *servers])
+
+    def runner_tails(self, newest: int = 4) -> list[str]:
+        """The end of the `newest` runner log files (`<data_dir>/runner-logs/<node>/...`)."""
+        logs = sorted((self.root / "data" / "runner-logs").glob("*/*.log"), key=lambda f: f.stat().st_mtime)
+        return [f"--- runner {f.parent.name}/{f.name}\n{f.read_text(errors='replace')[-1500:]}" for f in logs[-newest:]]
 
     def stop(self) -> None:
         for proc in self.procs.values():

@@ -21,6 +21,8 @@ from eventlog.frames import Msg
 from eventlog.wire import Wire, WireError, request
 
 IDLE_HEARTBEAT_S = 1.0
+CREATE_TIMEOUT_S = 5.0  # a consumer create this long unanswered: the wire is dropped and read again
+CREATE_HEDGE_S = 1.0  # a create unanswered this long is joined by another beside it (`_create`)
 
 
 class ConsumerRestart(Exception):
@@ -118,6 +120,14 @@ async def stream_last_seq(wire: Wire, stream: str) -> int:
     return reply.state.last_seq
 
 
+class _CreateTry(msgspec.Struct, frozen=True):
+    """One consumer create sent: the consumer's name, and the sids of its deliveries and its answer."""
+
+    name: str
+    deliver_sid: bytes
+    reply_sid: bytes
+
+
 class Deliveries(msgspec.Struct):
     """Stream messages in order, as one socket read brought them: `seqs[i]` is the stream
     sequence of `messages[i]`. Two parallel lists rather than a pair per message: the replay's
@@ -139,24 +149,87 @@ class StreamReader:
         self._subjects = subjects
         self._live = live
         self._name = ""
-        self._deliver = ""
         self._sid = b""
         self._early: list[Msg] = []  # deliveries that raced the create reply
         self._expected = 1
 
     async def _create(self, position: Position) -> int:
-        """Create the consumer; returns its pending count. The deliver SUB is live before."""
-        self._name = f"shoal_{secrets.token_hex(8)}"
-        self._deliver = self._wire.new_inbox()
-        self._sid = self._wire.subscribe(self._deliver)
-        config = consumer_config(self._name, self._deliver, position, self._subjects)
-        body = _json.encode({"stream_name": self._stream, "config": config, "action": "create"})
-        subject = create_subject(self._stream, self._name, self._subjects)
-        raw = await request(self._wire, subject, body, others=self._early)
-        created = _created.decode(raw)
+        """Create the consumer; returns its pending count. Each try's deliver SUB is live before.
+
+        A try not answered within `CREATE_HEDGE_S` is joined by another, beside it, under a new
+        name: an R1 consumer is placed on a server chosen among the stream's replicas, and one
+        that died a moment ago still counts as alive to the JetStream leader for a while, so a
+        create can vanish with it. One try at a time cost a whole `CREATE_TIMEOUT_S` per such
+        placement (two in a row kept a runner from reading its assignments for 10 s after one NATS
+        server of three was killed). The first answer wins; the other tries are deleted."""
+        tries: dict[bytes, _CreateTry] = {}  # by the sid of the try's reply inbox
+        try:
+            created = await self._hedged_create(position, tries)
+        finally:
+            for attempt in tries.values():
+                self._wire.unsubscribe(attempt.reply_sid)
+                if attempt.name != self._name:
+                    self._wire.unsubscribe(attempt.deliver_sid)
+                    self._delete(attempt.name)
         if created.error is not None:
             raise _api_failure(f"cannot read stream {self._stream}", created.error)
         return created.num_pending
+
+    async def _hedged_create(self, position: Position, tries: dict[bytes, _CreateTry]) -> ConsumerCreated:
+        """Send tries into `tries`, one more every `CREATE_HEDGE_S`, until one is answered: that
+        one becomes this reader's consumer."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + CREATE_TIMEOUT_S
+        while loop.time() < give_up:
+            attempt = self._ask_create(position)
+            tries[attempt.reply_sid] = attempt
+            await self._wire.flush()
+            answer = await self._first_answer(tries, min(loop.time() + CREATE_HEDGE_S, give_up))
+            if answer is not None:
+                won, created = answer
+                self._name, self._sid = won.name, won.deliver_sid
+                return created
+        raise TimeoutError(f"no answer to {len(tries)} consumer creates on {self._stream} in {CREATE_TIMEOUT_S:g}s")
+
+    def _ask_create(self, position: Position) -> _CreateTry:
+        name = f"shoal_{secrets.token_hex(8)}"
+        deliver = self._wire.new_inbox()
+        deliver_sid = self._wire.subscribe(deliver)
+        config = consumer_config(name, deliver, position, self._subjects)
+        body = _json.encode({"stream_name": self._stream, "config": config, "action": "create"})
+        inbox = self._wire.new_inbox()
+        reply_sid = self._wire.subscribe(inbox)
+        subject = create_subject(self._stream, name, self._subjects)
+        self._wire.publish(subject.encode(), body, inbox.encode())
+        return _CreateTry(name=name, deliver_sid=deliver_sid, reply_sid=reply_sid)
+
+    async def _first_answer(
+        self, tries: dict[bytes, _CreateTry], until: float
+    ) -> tuple[_CreateTry, ConsumerCreated] | None:
+        """The first try answered before the event loop's time `until`, with its answer; deliveries that
+        race the answers are kept (`_early`: a delivery for a try that loses is dropped later,
+        by its sid)."""
+        while (left := until - asyncio.get_running_loop().time()) > 0:
+            try:
+                async with asyncio.timeout(left):
+                    messages = await self._wire.read_messages()
+            except TimeoutError:
+                break
+            for index, message in enumerate(messages):
+                attempt = tries.get(message.sid)
+                if attempt is None:
+                    continue
+                if message.status == 503:
+                    raise WireError(f"no responders on the consumer create of {self._stream} (is JetStream enabled?)")
+                self._early += [m for m in messages[:index] + messages[index + 1 :] if m.sid not in tries]
+                return attempt, _created.decode(message.payload)
+            self._early += messages
+        return None
+
+    def _delete(self, name: str) -> None:
+        """Delete consumer `name` (best effort, unanswered: it also expires on its own after 30 s
+        with no one reading)."""
+        self._wire.publish(f"$JS.API.CONSUMER.DELETE.{self._stream}.{name}".encode(), b"")
 
     async def batches(self, position: Position) -> AsyncIterator[Deliveries]:
         end = 0 if self._live else await stream_last_seq(self._wire, self._stream)
@@ -254,6 +327,5 @@ class StreamReader:
     def drop(self) -> None:
         """Delete the consumer (best effort; it also expires on its own after 30 s idle)."""
         if self._name:
-            subject = f"$JS.API.CONSUMER.DELETE.{self._stream}.{self._name}"
-            self._wire.publish(subject.encode(), b"")
+            self._delete(self._name)
             self._name = ""
