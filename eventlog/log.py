@@ -231,11 +231,11 @@ class EventLog:
             self._pub_wire.close()
             self._pub_wire = None
 
-    async def asks(self, subjects: str, queue: str) -> AsyncIterator[tuple[str, bytes, str]]:
-        """(subject, payload, reply subject) of each request on `subjects`, shared with the other
-        members of `queue` (one of them gets each), until cancelled: what a control-plane service
-        answers off the streams (`events.handover`)."""
-        subscription = await self._nc.subscribe(subjects, queue=queue)  # pyright: ignore[reportUnknownMemberType]
+    async def asks(self, subjects: str) -> AsyncIterator[tuple[str, bytes, str]]:
+        """(subject, payload, reply subject) of each request on `subjects`, until cancelled: what a
+        control-plane service answers off the streams (`events.handover`). Every subscriber gets
+        every request; the asker takes the first answer."""
+        subscription = await self._nc.subscribe(subjects)  # pyright: ignore[reportUnknownMemberType]
         try:
             async for message in subscription.messages:
                 yield message.subject, message.data, message.reply

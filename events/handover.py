@@ -5,7 +5,11 @@ log. A rank reads its instance's `TaskAssigned`s (ids only) in log order, as bef
 control plane for each task's request on its own node's subject, `handover_subject(node, task)`,
 which the server lets only that node's runner publish; a master answers from its State (the task
 must be assigned to an instance with a rank on that node: `services.master.handover`) with the
-task's `TaskCreated` as the log stores it, or says why not. The request never enters the log
+task's `TaskCreated` as the log stores it, or says why not. Every master answers every ask (not a
+queue group, which hands each ask to one member) and the asker takes the first answer: a master the
+server still counts as subscribed but that cannot answer (partitioned away, frozen, its fold blind)
+would otherwise swallow the asks the server hands it until the server drops its connection,
+minutes later. The request never enters the log
 twice, and no node can ask for a task it does not serve.
 """
 
@@ -16,8 +20,6 @@ import msgspec
 from events.catalogue import TaskCreated
 from events.ids import TaskIdField
 from events.subjects import PREFIX
-
-HANDOVER_QUEUE = "shoal-masters"  # every master answers, one per ask
 
 
 class HandOverAsk(msgspec.Struct, frozen=True, kw_only=True):

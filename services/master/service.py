@@ -26,7 +26,7 @@ from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog
 from events.catalogue import ChunkGenerated, LogEvent, MasterProbe, ModelLoadRequested, Origin, TaskCreated
 from events.fold import apply_live
-from events.handover import HANDOVER_QUEUE, HandOverRefused, encode_handover, handover_subject
+from events.handover import HandOverRefused, encode_handover, handover_subject
 from events.origins import heartbeat_refusal
 from events.retention import live_tasks_of
 from events.stamp import Stamper
@@ -123,9 +123,10 @@ class Master:
     async def _hand_over(self, log: EventLog, group: asyncio.TaskGroup) -> None:
         """Answer the ranks' asks for their tasks' requests (`events.handover`), each by a task of
         its own: an ask may wait for the fold, and must not hold up the next one. Every master
-        answers (leading or standing by: each folds the log), one per ask."""
+        answers every ask (leading or standing by: each folds the log), and the asker takes the
+        first answer (`events.handover`: one that cannot answer then costs nothing)."""
         desk = HandOverDesk(lambda: self.state, self._progress, log.get)
-        async for subject, data, reply in log.asks(handover_subject("*", "*"), HANDOVER_QUEUE):
+        async for subject, data, reply in log.asks(handover_subject("*", "*")):
             if reply:
                 group.create_task(self._answer(log, desk, subject, data, reply))
 

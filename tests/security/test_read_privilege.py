@@ -25,7 +25,6 @@ from eventlog.log import EventLog
 from eventlog.wire import Wire, WireError, request
 from events.catalogue import ChatMessage, LogEvent, TaskAssigned, TaskCancelled, TaskCreated
 from events.handover import (
-    HANDOVER_QUEUE,
     HandedOver,
     HandOverAsk,
     HandOverRefused,
@@ -216,7 +215,7 @@ async def desk(bus: SecuredBus, serving: list[LogEvent], admin_log: EventLog) ->
     answers = HandOverDesk(lambda: state, progress, log.get)
 
     async def serve() -> None:
-        async for subject, data, reply in log.asks(handover_subject("*", "*"), HANDOVER_QUEUE):
+        async for subject, data, reply in log.asks(handover_subject("*", "*")):
             await log.respond(reply, encode_handover(await answers.answer(subject, data)))
 
     serving_task = asyncio.create_task(serve())
@@ -234,6 +233,34 @@ async def ask_as(bus: SecuredBus, identity: Identity, node: str, task: str, seq:
         payload = encode_handover(HandOverAsk(task_id=TaskId(task), assigned_seq=seq))
         return decode_reply(await log.ask(handover_subject(node, task), payload, 5.0))
     finally:
+        await log.close()
+
+
+async def test_a_master_that_never_answers_costs_no_ask(bus: SecuredBus, desk: None, serving: list[LogEvent]) -> None:
+    """A second master the server still counts as subscribed, but that never answers: what a
+    master partitioned away, frozen, or with its fold blind looks like to the bus. Every ask still
+    gets the answering master's answer (a queue group handed it some of them: each such ask was
+    lost until the asker's timeout, again and again, until the server dropped the silent one)."""
+    log = await EventLog.connect(bus.endpoint(Identity("master")))
+    heard: list[str] = []
+
+    async def never_answer() -> None:
+        async for subject, _data, _reply in log.asks(handover_subject("*", "*")):
+            heard.append(subject)
+
+    silent = asyncio.create_task(never_answer())
+    try:
+        for _ in range(100):  # until the silent master is surely subscribed: it heard an ask
+            assert isinstance(await ask_as(bus, RUNNER_A, "node-a", "t1", 6), HandedOver)
+            if heard:
+                break
+        assert heard, "the silent master never heard an ask"
+        before = len(heard)
+        answers = [await ask_as(bus, RUNNER_A, "node-a", "t1", 6) for _ in range(4)]
+        assert all(isinstance(a, HandedOver) and a.created == serving[4] for a in answers), answers
+        assert len(heard) - before == 4, "every master hears every ask"
+    finally:
+        silent.cancel()
         await log.close()
 
 
