@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 from bench.chaos_check import ClientRecord, FaultWindow, History, Recovery, Run, fold_history, violations
-from bench.chaos_client import Clients, send
+from bench.chaos_client import KEEPALIVE_S, TCP_KEEPALIVE, Clients, send
 from bench.chaos_faults import Applied, Nemesis, clock_env
 from bench.chaos_schedule import (
     FAULT_KINDS,
@@ -66,7 +66,11 @@ KEYS = (API_KEY, "chaos-client-key-one-0123", "chaos-client-key-two-0123")
 WORKERS = 3
 STORE_BYTES = 512 << 20  # room for the telemetry stream's 256 MiB reservation; filled in about a second
 STALL = float(FAST_SETTINGS["task_stall_seconds"])
-SETTINGS = {"api_keys": ",".join([f"{API_KEY}:admin", *KEYS[1:]]), "events_max_bytes": "-1"}
+SETTINGS = {
+    "api_keys": ",".join([f"{API_KEY}:admin", *KEYS[1:]]),
+    "events_max_bytes": "-1",
+    "sse_keepalive_seconds": f"{KEEPALIVE_S:g}",  # what the clients' silence is counted in
+}
 TOPOLOGY = Topology(
     nats_hosts=("nats0", "nats1", "nats2"),
     service_hosts=("control", "m1", *(f"w{i}" for i in range(WORKERS))),
@@ -306,7 +310,12 @@ def _reasons(history: History) -> dict[str, int]:
 
 
 def _http(cluster: NetCluster, key: int, timeout: float) -> httpx.Client:
-    return httpx.Client(base_url=cluster.base_url, headers={"authorization": f"Bearer {KEYS[key]}"}, timeout=timeout)
+    return httpx.Client(
+        base_url=cluster.base_url,
+        headers={"authorization": f"Bearer {KEYS[key]}"},
+        timeout=timeout,
+        transport=httpx.HTTPTransport(socket_options=TCP_KEEPALIVE),
+    )
 
 
 def _keep(root: Path, keep: Path) -> None:

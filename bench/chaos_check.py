@@ -10,7 +10,8 @@ every broken guarantee as a sentence (empty: all held):
 - nothing decided twice: no task assigned twice, no chunk index twice, no task's text published
   from a node outside the instance it was assigned to;
 - no client call longer than its bound (`call_bound`: the run's own base, plus each fault that
-  held while it ran), and none cut off unless a fault hit the API while it ran;
+  held while it ran), and none cut off, nor gone silent (no keepalive for a few intervals), unless
+  a fault hit the API while it ran; such a call's text is a prefix of its task's on the log;
 - no service exited by itself; after the last heal every worker node is back `up` (on the log and
   at /healthz) and a request is served, each within the recovery bound.
 
@@ -39,7 +40,9 @@ from events.catalogue import (
 )
 from services.worker.runner_logs import runner_log_name
 
-Outcome = Literal["completed", "failed", "cancelled", "refused", "hung", "broken"]
+# silent: its client gave up on a stream that sent nothing, not even a keepalive, for a few
+# keepalive intervals (`bench/chaos_client.py`): the client's verdict on its connection, not the task's.
+Outcome = Literal["completed", "failed", "cancelled", "refused", "hung", "broken", "silent"]
 # Faults that may cut a client's connection to the API mid-call (the API's process or its host).
 API_PROCESS, API_HOST = "api", "control"
 
@@ -197,6 +200,8 @@ def _call_violations(call: ClientRecord, run: Run) -> list[str]:
         found.append(f"{name} took {call.ended - call.started:.1f}s, past its bound {bound:.0f}s ({call.outcome})")
     if call.outcome == "broken" and not _api_hit(call, run.faults):
         found.append(f"{name} was cut off with no fault on the API while it ran: {call.error}")
+    if call.outcome == "silent" and not _api_hit(call, run.faults):  # a live API sends keepalives
+        found.append(f"{name}: its connection went silent with no fault on the API while it ran: {call.error}")
     if not call.task_id:
         if call.outcome == "refused" and not (call.status in (429, 503) or call.status >= 500):
             found.append(f"{name} refused with {call.status}, not a server-side refusal: {call.error}")
@@ -234,7 +239,7 @@ def _agreement(name: str, call: ClientRecord, task: TaskHistory) -> list[str]:
         return found + _prefix(name, call, task)
     if call.outcome == "cancelled":
         return _prefix(name, call, task)
-    if call.outcome in ("broken", "hung"):
+    if call.outcome in ("broken", "hung", "silent"):
         return _prefix(name, call, task)
     return [f"{name}: given a task id, then refused ({call.status}): {call.error}"]
 

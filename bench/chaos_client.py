@@ -1,10 +1,21 @@
 """The chaos run's clients: each request of the workload (`bench/chaos_schedule.py`) sent the way
 its kind says — streamed, answered whole, streamed then cancelled by closing it, or streamed with
-a JSON schema — and recorded as its client saw it (`ClientRecord`), never waiting past its bound."""
+a JSON schema — and recorded as its client saw it (`ClientRecord`), never waiting past its bound.
+
+A connection can die without a word: the API killed while a partition swallowed its FIN, then
+restarted; the client, which only reads, never sends the byte that would draw a reset, so it would
+wait out its bound (the whole run: a 60-minute run counted three such calls as hung). The API
+sends a stream an SSE comment whenever it has been silent for `KEEPALIVE_S`, so a streaming client
+that hears nothing for `SILENCE_INTERVALS` of them has lost its connection: it gives up on that
+call (outcome `silent`), as a real client behind a proxy would. The same read timeout covers the
+wait for the response's head, which the API sends within the log's retry time even while NATS is
+away (a 503 then), so `SILENCE_S` is longer than that too. A call answered whole hears nothing
+until its answer: TCP keepalive probes (`TCP_KEEPALIVE`) find a dead connection under it."""
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +26,18 @@ import httpx
 from bench.chaos_check import ClientRecord
 from bench.chaos_schedule import RequestSpec
 from bench.cluster import long_prompt
+
+KEEPALIVE_S = 10.0  # the chaos cluster's sse_keepalive_seconds (`bench/chaos.py` sets it)
+SILENCE_INTERVALS = 5
+SILENCE_S = SILENCE_INTERVALS * KEEPALIVE_S  # a stream that heard nothing for this long is dead
+# Probes once a connection has been idle for SILENCE_S: unanswered ones reset it (a dead host), a
+# restarted peer answers the first with a reset. A stream hears its keepalives long before.
+TCP_KEEPALIVE = [
+    (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, int(SILENCE_S)),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, int(KEEPALIVE_S)),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3),
+]
 
 SCHEMA = {
     "type": "object",
@@ -36,15 +59,28 @@ def body_of(spec: RequestSpec) -> dict[str, Any]:
     return body
 
 
-def send(http: httpx.Client, spec: RequestSpec, *, bound: float, clock: Callable[[], float]) -> ClientRecord:
-    """One request; `clock` gives seconds since the chaos started (the records' time base)."""
+def send(
+    http: httpx.Client,
+    spec: RequestSpec,
+    *,
+    bound: float,
+    clock: Callable[[], float],
+    silence: float = SILENCE_S,
+) -> ClientRecord:
+    """One request; `clock` gives seconds since the chaos started (the records' time base). A
+    streamed one gives up once the connection sent nothing for `silence` seconds."""
     record = ClientRecord(number=spec.number, kind=spec.kind, key=spec.key, started=clock(), bound=bound)
     deadline = time.monotonic() + bound
     try:
         if spec.kind == "plain":
             _plain(http, spec, record, bound)
         else:
-            _stream(http, spec, record, deadline)
+            _stream(http, spec, record, deadline, silence)
+    except httpx.ReadTimeout as exc:
+        if spec.kind == "plain" or time.monotonic() >= deadline:
+            record.outcome, record.error = "hung", f"no answer within the bound: {exc!r}"
+        else:
+            record.outcome, record.error = "silent", f"connection silent for {silence:g}s (not even a keepalive)"
     except httpx.TimeoutException as exc:
         record.outcome, record.error = "hung", f"no byte within the bound: {exc!r}"
     except httpx.HTTPError as exc:
@@ -65,8 +101,10 @@ def _plain(http: httpx.Client, spec: RequestSpec, record: ClientRecord, bound: f
         record.error = response.text[:500]
 
 
-def _stream(http: httpx.Client, spec: RequestSpec, record: ClientRecord, deadline: float) -> None:
-    with http.stream("POST", "/v1/chat/completions", json=body_of(spec), timeout=deadline - time.monotonic()) as r:
+def _stream(http: httpx.Client, spec: RequestSpec, record: ClientRecord, deadline: float, silence: float) -> None:
+    left = deadline - time.monotonic()
+    timeout = httpx.Timeout(left, read=min(silence, left))  # read: the longest wait for any byte
+    with http.stream("POST", "/v1/chat/completions", json=body_of(spec), timeout=timeout) as r:
         record.status, record.task_id = r.status_code, r.headers.get("x-shoal-task-id", "")
         if r.status_code != 200:
             record.outcome = "failed" if record.task_id else "refused"
@@ -132,7 +170,7 @@ class Clients:
                 record = send(http, spec, bound=self._bound, clock=self._clock)
             with self._lock:
                 self.records.append(record)
-            if record.outcome in ("refused", "broken", "hung"):
+            if record.outcome in ("refused", "broken", "hung", "silent"):
                 self._stopping.wait(1.0)  # no tight loop against an API that is down
 
     def stop_sending(self) -> None:

@@ -214,7 +214,9 @@ class ShoalConfig(msgspec.Struct, frozen=True, kw_only=True):
     sse_keepalive_seconds: Annotated[
         float,
         _SECONDS_OR_ZERO,
-        Meta(description="silence before a stream's first token that sends an SSE comment; 0 = never"),
+        Meta(
+            description="silence on a stream (queued, in prefill, a held-up decode) that sends an SSE comment; 0 = never"
+        ),
     ] = 10.0
     max_queued_tasks: Annotated[
         int, Meta(ge=1, description="tasks of one model waiting or running at once; beyond it the API answers 429")

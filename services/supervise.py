@@ -11,6 +11,15 @@ Cancellation is never caught: Ctrl-C or SIGTERM cancels the task group the super
 each supervisor ends with its service, also when the service's own clean-up turned the cancellation
 into another error (a connection lost while closing) or swallowed it: the task still carries the
 request to cancel, and no restart follows one.
+
+Each start runs in a task of its own, so that request is only ever a real one. On Python 3.11 (3.11.7
+and 3.12.1 checked; 3.13.0 takes it back) a task group whose child fails while its parent task waits
+in the group's `async with` exit cancels the parent to wake it and never takes that cancellation
+back: the parent's `cancelling()` stays 1. A worker's live follow is such a group (`follow_families`,
+awaited to the end of `Worker.run`), so a failed read there left the task the worker ran in (the
+supervisor's own, then) looking as if Ctrl-C had asked it to stop: the worker said
+`NodeLeft(shutdown)` and its process exited 0 instead of starting again (issue 46's chaos run). The leaked count now dies with the
+start's own task.
 """
 
 from __future__ import annotations
@@ -79,7 +88,7 @@ async def supervise(
         started = clock()
         health.running()
         try:
-            await run()
+            await asyncio.create_task(_awaited(run()), name=name)  # a task of its own: see the module's doc
             error = "it ended (its log follow stopped)"
         except Exception as exc:  # any failure of one service costs a restart, not the process
             if _carries(exc, fatal):
@@ -93,6 +102,10 @@ async def supervise(
         health.failed(error)
         logger.warning("{} is degraded: {}; restarting in {:g}s (failure {} in a row)", name, error, wait, failures)
         await sleep(wait)
+
+
+async def _awaited(work: Awaitable[None]) -> None:
+    await work
 
 
 def _stop_if_cancelled(cause: Exception | None) -> None:

@@ -43,7 +43,7 @@ async def chat_completions(request: Request, ctx: ApiContext) -> Response:
 
     splitters = [output_splitter(task, markers, parser, max_calls) for _ in range(chat.choices)]
     shape = _ChatShape(ctx, chat, task, splitters) if chat.stream else None
-    return await respond(ctx, task, request, shape=shape, wants_progress=chat.wants_progress, answer=answer)
+    return await respond(ctx, task, request, shape=shape, answer=answer)
 
 
 class _ChatShape:

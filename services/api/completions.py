@@ -45,7 +45,7 @@ async def completions(request: Request, ctx: ApiContext) -> Response:
         return text_completion(f"cmpl-{task.task_id}", body.model, choices, terminal.usage, terminal.finish_reason)
 
     shape = _TextShape(body, task.task_id, echoed) if body.stream else None
-    return await respond(ctx, task, request, shape=shape, wants_progress=body.wants_progress, answer=answer)
+    return await respond(ctx, task, request, shape=shape, answer=answer)
 
 
 async def _echo_text(ctx: ApiContext, model_name: str, prompt: RawPrompt) -> str:

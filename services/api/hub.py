@@ -36,6 +36,13 @@ class TaskEvents:
     async def next(self) -> LogEvent:
         return await self._queue.get()
 
+    def next_nowait(self) -> LogEvent | None:
+        """The next event if one is waiting, else None."""
+        try:
+            return self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+
 
 class LogHub:
     def __init__(

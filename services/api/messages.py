@@ -61,7 +61,7 @@ async def create_message(request: Request, ctx: ApiContext) -> Response:
     parser = await ctx.tool_parser(body.model)
     if body.stream:
         shape = MessageEvents(message_id, body.model, _tool_call_splitter(task, parser, one_call_at_most(body)))
-        return TaskStream(ctx, task, shape, headers, keepalive_seconds(ctx, False), errors=AnthropicStreamErrors())
+        return TaskStream(ctx, task, shape, headers, keepalive_seconds(ctx), errors=AnthropicStreamErrors())
     outcome = await run_task(ctx, task, request.receive, collect)
     if outcome is None:
         return Response(status_code=499)  # nobody reads it: the client went away

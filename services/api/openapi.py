@@ -89,7 +89,7 @@ def openapi_document() -> dict[str, Any]:
     def streamed(schema: dict[str, Any], chunk: str) -> dict[str, Any]:
         answer = json(f"completion (with stream=true: text/event-stream of {chunk}); header x-shoal-task-id", schema)
         # each server-sent event's `data` is a JSON chunk, then the literal [DONE]; `: keepalive`
-        # comment lines may come before the first token
+        # comment lines come whenever the stream was silent for sse_keepalive_seconds
         event = {"type": "object", "properties": {"data": {"type": "string"}}, "required": ["data"]}
         answer["content"]["text/event-stream"] = {"schema": event}
         return answer
@@ -218,7 +218,7 @@ def _anthropic_paths(
         return {str(status): json("error (Anthropic's shape)", error_schema) for status in statuses}
 
     streamed = json("message (with stream=true: text/event-stream of Anthropic's message events)", message)
-    # each server-sent event has an `event:` name and a JSON `data`; `: keepalive` comments may come first
+    # each server-sent event has an `event:` name and a JSON `data`; `: keepalive` comments come whenever it was silent
     event = {"type": "object", "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}
     streamed["content"]["text/event-stream"] = {"schema": event}
     # 401: no or a wrong key (x-api-key or Authorization: Bearer); 408: the body came too slowly;

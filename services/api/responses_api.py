@@ -57,7 +57,7 @@ async def create_response(request: Request, ctx: ApiContext) -> HttpResponse:
         if body.stream
         else None
     )
-    return await respond(ctx, task, request, shape=shape, wants_progress=False, answer=answer)
+    return await respond(ctx, task, request, shape=shape, answer=answer)
 
 
 class ResponsesShape:

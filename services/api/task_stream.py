@@ -245,13 +245,12 @@ async def respond(
     request: Request,
     *,
     shape: StreamShape | None,
-    wants_progress: bool,
     answer: Callable[[Collected, TaskCompleted], msgspec.Struct],
 ) -> Response:
     """Run `task` for `request`: streamed in `shape` when there is one, else answered as JSON."""
     headers = {"x-shoal-task-id": str(task.task_id)}
     if shape is not None:
-        return TaskStream(ctx, task, shape, headers, keepalive_seconds(ctx, wants_progress))
+        return TaskStream(ctx, task, shape, headers, keepalive_seconds(ctx))
     return await run_to_end(ctx, task, request, headers, answer)
 
 
@@ -330,9 +329,11 @@ class StreamShape(Protocol):
 class TaskStream(Response):
     """An SSE response that publishes and follows its task while it streams.
 
-    Until the first token, `keepalive_seconds` without a byte sent sends an SSE comment, so a
-    proxy does not take a long prefill for a dead connection (None: never, as when progress is
-    streamed)."""
+    Whenever the client has been sent nothing for `keepalive_seconds` (None: never), it is sent an
+    SSE comment: while the task waits in the queue, through a long prefill, through a decode held
+    up by a fault until the master's stall deadline. So neither a proxy nor a NAT takes a waiting
+    stream for a dead connection, and a client can: one that hears nothing for a few intervals
+    has lost its connection (the chaos bench's clients give up on one after `SILENCE_INTERVALS`)."""
 
     media_type = "text/event-stream"
 
@@ -386,8 +387,6 @@ class TaskStream(Response):
             await self._send(send, chunk)
         while True:
             event = await self._next_event(events, send)
-            if isinstance(event, ChunkGenerated):
-                self._keepalive = None
             for chunk in self._shape.chunks(event):
                 await self._send(send, chunk)
             if isinstance(event, TaskCompleted | TaskFailed):
@@ -400,7 +399,11 @@ class TaskStream(Response):
 
     async def _next_event(self, events: TaskEvents, send: Send) -> LogEvent:
         """The task's next event, sending a keepalive comment whenever the client has been sent
-        nothing for the interval (events it is not shown, such as prefill progress, count as nothing)."""
+        nothing for the interval (events it is not shown, such as prefill progress, count as
+        nothing). An event already waiting is taken without a timer: tokens come in bursts."""
+        queued = events.next_nowait()
+        if queued is not None:
+            return queued
         while self._keepalive is not None:
             with anyio.move_on_after(self._last_sent + self._keepalive - anyio.current_time()):
                 return await events.next()
@@ -408,7 +411,7 @@ class TaskStream(Response):
         return await events.next()
 
 
-def keepalive_seconds(ctx: ApiContext, wants_progress: bool) -> float | None:
-    """The stream's keepalive interval: none when progress chunks already flow, or when set to 0."""
+def keepalive_seconds(ctx: ApiContext) -> float | None:
+    """The streams' keepalive interval; None when set to 0."""
     seconds = ctx.resolved.config.sse_keepalive_seconds
-    return None if wants_progress or seconds == 0 else seconds
+    return None if seconds == 0 else seconds

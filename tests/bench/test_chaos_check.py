@@ -91,6 +91,16 @@ def test_a_call_cut_off_while_a_fault_hit_the_api_is_explained() -> None:
     assert violations(case.run()) == []
 
 
+def test_a_stream_its_client_gave_up_on_as_silent_while_a_fault_hit_the_api_is_its_clients_verdict() -> None:
+    """Not a lost task nor a hang: the task ends on the log as it may (completed here), and the
+    client's text is a prefix of it."""
+    case = clean()
+    case.completed("t4")
+    case.call("t4", "silent", "he", error="connection silent for 50s (not even a keepalive)")
+    case.faults.append(FaultWindow("partition_host", "control", case.calls[-1].started + 1, case.calls[-1].ended + 60))
+    assert violations(case.run()) == []
+
+
 def test_each_fault_while_a_call_ran_extends_its_bound_by_its_length_and_a_grace() -> None:
     case = clean()
     call = case.calls[0]
@@ -170,6 +180,15 @@ def _cut_off_without_fault(case: Case) -> None:
     case.calls[0].outcome, case.calls[0].text = "broken", "he"
 
 
+def _silent_without_fault(case: Case) -> None:
+    case.calls[0].outcome, case.calls[0].text = "silent", "he"
+
+
+def _silent_with_text_not_the_logs(case: Case) -> None:
+    case.calls[0].outcome, case.calls[0].text = "silent", "hx"
+    case.faults.append(FaultWindow("kill", "api", case.calls[0].started, case.calls[0].ended))
+
+
 def _refused_for_the_client(case: Case) -> None:
     case.calls[3].status = 400
 
@@ -220,6 +239,8 @@ def _never_served(case: Case) -> None:
         (_too_long, "past its bound"),
         (_hung, "past its bound"),
         (_cut_off_without_fault, "cut off with no fault on the API"),
+        (_silent_without_fault, "went silent with no fault on the API"),
+        (_silent_with_text_not_the_logs, "its client got 'hx', not a prefix of the log's 'hello'"),
         (_refused_for_the_client, "not a server-side refusal"),
         (_refused_without_reason, "no reason"),
         (_hole, "a hole in the log: seq 5 is followed by 7"),

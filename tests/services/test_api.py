@@ -34,8 +34,8 @@ CANCEL_WITHIN_S = 1.0  # a disconnect is a message, not something found by polli
 
 
 @asynccontextmanager
-async def running_api(log: EventLog) -> AsyncIterator[tuple[ApiContext, Starlette]]:
-    resolved = ResolvedConfig(config=ShoalConfig(), sources={}, yaml_path=None)
+async def running_api(log: EventLog, config: ShoalConfig | None = None) -> AsyncIterator[tuple[ApiContext, Starlette]]:
+    resolved = ResolvedConfig(config=config or ShoalConfig(), sources={}, yaml_path=None)
     ctx = ApiContext.on(log, resolved, ["tiny"], access=ApiAccess())
     async with anyio.create_task_group() as group:
         group.start_soon(ctx.hub.run)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
@@ -123,3 +124,78 @@ async def test_a_cancel_the_service_turns_into_an_error_or_a_return_still_ends_t
     await asyncio.wait({task}, timeout=5)
     assert task.done(), "the supervisor restarted its service instead of stopping"  # Ctrl-C ignored
     assert task.cancelled() and service.starts == 1
+
+
+class FollowThatFails:
+    """A service shaped like `Worker.run`: a task group of helpers whose body awaits, to its end, a
+    nested task group (`follow_families`: one reader per family and their merge), where one
+    reader's read fails while the rest wait. Real task groups, no fakes: on Python 3.11 the
+    nested group cancels the task it waits in and never takes that back (`cancelling()` stays 1)."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.starts = 0
+        self.running = asyncio.Event()  # set by the start that does not fail
+        self.cancelling_after_failure: list[int] = []
+
+    async def run(self) -> None:
+        self.starts += 1
+        try:
+            async with asyncio.TaskGroup() as helpers:
+                helpers.create_task(asyncio.Event().wait())  # heartbeats, link probes...
+                await self._follow()
+        except Exception:
+            self.cancelling_after_failure.append(_cancelling())
+            raise
+
+    async def _follow(self) -> None:
+        async with asyncio.TaskGroup() as readers:
+            readers.create_task(asyncio.Event().wait())  # the other family's reader
+            readers.create_task(self._read())
+
+    async def _read(self) -> None:
+        await asyncio.sleep(0)
+        if self.starts <= self.failures:
+            raise ConnectionRefusedError("the read was refused")
+        self.running.set()
+        await asyncio.Event().wait()
+
+
+def _cancelling() -> int:
+    task = asyncio.current_task()
+    assert task is not None
+    return task.cancelling()
+
+
+async def test_a_failure_inside_a_nested_task_group_is_restarted_not_taken_for_a_stop() -> None:
+    """Issue 46: a worker whose live follow failed exited 0 with `NodeLeft(shutdown)`, because the
+    nested group's leaked cancellation sat on the supervisor's own task."""
+    service = FollowThatFails(failures=2)
+    waits: list[float] = []
+
+    async def no_wait(seconds: float) -> None:
+        waits.append(seconds)
+
+    task = asyncio.create_task(supervise("worker", service.run, backoff=POLICY, sleep=no_wait))
+    serving = asyncio.create_task(service.running.wait())
+    await asyncio.wait({task, serving}, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+    serving.cancel()
+    assert not task.done(), "the supervisor ended on its service's failure, as if it had been stopped"
+    assert service.starts == 3 and waits == [0.5, 1.0]
+    task.cancel()  # a real stop still ends it
+    await asyncio.wait({task}, timeout=5)
+    assert task.cancelled()
+
+
+async def test_the_leak_the_supervisor_is_guarded_against_is_real_on_this_python() -> None:
+    """What the test above guards against, shown on the Python that runs the suite: a start that
+    failed in a nested group leaves its task cancelling (3.11, 3.12.1) or not (3.13); either way
+    the supervisor's task is not."""
+    service = FollowThatFails(failures=1)
+    task = asyncio.create_task(supervise("worker", service.run, backoff=POLICY, sleep=lambda _: asyncio.sleep(0)))
+    await asyncio.wait_for(service.running.wait(), 5)
+    expected = 1 if sys.version_info < (3, 13) else 0
+    assert service.cancelling_after_failure == [expected]
+    task.cancel()
+    await asyncio.wait({task}, timeout=5)
+    assert task.cancelled()
