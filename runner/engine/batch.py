@@ -27,6 +27,7 @@ from typing import Any
 import mlx.core as mx
 import msgspec
 
+from events.vocabulary import FinishReason
 from runner.engine.batch_cache import BatchShardCache, join_room, prefix_caches
 from runner.engine.batch_chunks import PipelinedChunks
 from runner.engine.batch_plan import AgreedStep, StepLayout, delivers
@@ -408,7 +409,7 @@ class ContinuousBatch:
         stream.emitter.finish()
         return self._end(stream, stream.emitter.result.finish_reason)
 
-    def _end(self, stream: Stream, finish_reason: Any) -> Ended | None:
+    def _end(self, stream: Stream, finish_reason: FinishReason) -> Ended | None:
         """How the row's task ends; None while other choices of its task still run (a task of
         several choices ends once, when its last row leaves: `batch_streams.merged`)."""
         del self.streams[stream.row]

@@ -21,7 +21,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import nats.errors
 from loguru import logger
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from runner.engine.batch import ContinuousBatch
     from runner.engine.engine import Engine
     from runner.engine.requests import GenerationRequest
+    from runner.flight.recorder import FlightRecorder
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -364,7 +365,7 @@ def _last_words(
 
 def _flight_recorder(
     args: argparse.Namespace, settings: RunnerSettings, bridge: LogBridge, phases: PhaseTracker, running: RunningTasks
-) -> Any:
+) -> FlightRecorder:
     """The flight recorder (docs/ARCHITECTURE.md §7), publishing RunnerHeartbeat to telemetry."""
     from runner.flight.recorder import FlightRecorder
 

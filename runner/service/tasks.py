@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from loguru import logger
 
@@ -36,6 +36,8 @@ from runner.service.bridge import Assignment
 from runner.service.heartbeats import RunningTasks
 
 if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
     from runner.engine.requests import GenerationRequest
 
 
@@ -73,7 +75,7 @@ class ChoiceLike(Protocol):
 
 class EngineLike(Protocol):
     @property
-    def tokenizer(self) -> Any: ...
+    def tokenizer(self) -> TokenizerWrapper: ...
 
 
 class Inbox(Protocol):
