@@ -210,7 +210,7 @@ class Engine:
             sampler=request_sampler(request.temperature, truncation_of(request), request.seed),
             eos_ids=frozenset(int(i) for i in self.tokenizer.eos_token_ids),
             prefill_iterations=prefill_iterations,
-            top_logprobs=request.top_logprobs,
+            top_logprobs=request.logprobs,
             token_mask=prepared.token_mask,
             adjustments=(
                 logit_adjustments(request.frequency_penalty, request.presence_penalty, request.logit_bias)
