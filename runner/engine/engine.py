@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 import mlx.core as mx
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from events.constraints import Constraint, ToolCallRequired, ToolFunction
 from events.runner_settings import RunnerSettings
@@ -150,7 +151,7 @@ class Engine:
         return reservation(prompt_len, completion_room(request.max_tokens, prompt_len, self.shard.context_length))
 
     @property
-    def tokenizer(self):  # mlx_lm TokenizerWrapper
+    def tokenizer(self) -> TokenizerWrapper:
         return self.shard.tokenizer
 
     def validate(self, request: GenerationRequest) -> None:
