@@ -40,7 +40,7 @@ ENGINE_MAY_NOT_IMPORT = (
     *("events", "eventlog", "services", "runner.local", "runner.service", "runner.flight"),
 )
 ENGINE_MAY_IMPORT_ANYWAY = (  # pure value types
-    *("events.vocabulary", "events.runner_settings", "events.logprobs", "events.constraints"),
+    *("events.vocabulary", "events.runner_settings", "events.logprobs", "events.constraints", "events.task_params"),
 )
 ENGINE_MAY_NOT_CALL = ("open", "print", "input", "breakpoint")
 RUNNER_MAY_NOT_IMPORT = ("services",)

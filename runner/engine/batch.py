@@ -26,7 +26,9 @@ from typing import Any
 
 import mlx.core as mx
 import msgspec
+from mlx_lm.models.cache import make_prompt_cache
 
+from events.vocabulary import FinishReason
 from runner.engine.batch_cache import BatchShardCache, join_room, prefix_caches
 from runner.engine.batch_chunks import PipelinedChunks
 from runner.engine.batch_plan import AgreedStep, StepLayout, delivers
@@ -101,6 +103,8 @@ class ContinuousBatch:
         self.prefixes: PrefixIndex[list[Any]] = PrefixIndex(bound)
         self.newcomers = Newcomers(self.prefixes, preparer or PrepareInline(engine.prepare))
         self.choices_ended: dict[str, dict[int, Ended]] = {}  # a task of several choices: its rows gone so far
+        # every layer's cache kind (not only this rank's): the same verdict on every rank
+        self.choices_error = hands_prompt(make_prompt_cache(engine.shard.model))
 
     @property
     def busy(self) -> bool:
@@ -194,6 +198,7 @@ class ContinuousBatch:
             prefill_step_size=engine.settings.prefill_step_size,
             keys_per_token=keys,
             prefill_budget=self.prefill_budget,
+            choices_error=self.choices_error,
         )
 
     def _observe(self, chunk_cost: float | None, rows: int) -> None:
@@ -287,9 +292,11 @@ class ContinuousBatch:
         leaving = [self._cancelled(t, current.rows) for t in transition.cancelled]
         leaving += [self._finished(t) for t in transition.finished]
         ended = [e for e in leaving if e is not None]
-        failed = [self._admit(pending[v.index], v, agreed.cached[v.index]) for v in plan.admissions]
-        ended += [f for f in failed if f is not None]
-        self.composition = plan.composition.without([f.task_id for f in failed if f is not None])
+        for verdict in plan.admissions:
+            failed = self._admit(pending[verdict.index], verdict)
+            if failed is not None:
+                ended.append(failed)
+        self.composition = plan.composition
         admitted = bool(plan.admissions)
         kv = (
             (batch_need([s.reserved for s in self.streams.values()]), agreed.kv_capacity) if admitted or ended else None
@@ -319,12 +326,14 @@ class ContinuousBatch:
         return frozenset(stopped)
 
     def _pending(self, admission: Admission) -> Pending:
-        """A pending assignment as the plan sees it (from its request: alike on every rank that built it)."""
+        """A pending assignment as the plan sees it (from its request and its preparation's verdict:
+        alike on every rank that built it)."""
         request = admission.request
         if request is None:
             return Pending(admission.task_id, built=False, error=admission.error)
         return Pending(
             admission.task_id,
+            invalid=self.newcomers.invalid(admission.task_id),
             n=request.n,
             prompt_len=len(request.prompt_token_ids),
             prefill_path=request.prefill_path,
@@ -408,7 +417,7 @@ class ContinuousBatch:
         stream.emitter.finish()
         return self._end(stream, stream.emitter.result.finish_reason)
 
-    def _end(self, stream: Stream, finish_reason: Any) -> Ended | None:
+    def _end(self, stream: Stream, finish_reason: FinishReason) -> Ended | None:
         """How the row's task ends; None while other choices of its task still run (a task of
         several choices ends once, when its last row leaves: `batch_streams.merged`)."""
         del self.streams[stream.row]
@@ -423,32 +432,24 @@ class ContinuousBatch:
         del self.choices_ended[task_id]
         return merged(task_id, parts)
 
-    def _admit(self, admission: Admission, verdict: Admit | Refuse, cached: int) -> Ended | None:
-        """A newcomer's stream as the plan's `verdict` says, or why it fails alone (the same verdict
-        on every rank: its preparation's first, which every rank made from the same request, then
-        the plan's). It reuses the agreed `cached` prompt tokens, cut from the entry this rank held
-        for it."""
-        unrunnable = verdict.error if isinstance(verdict, Refuse) and not verdict.invalid_request else None
-        match, prepared = self.newcomers.admit(admission.task_id, runs=unrunnable is None)
+    def _admit(self, admission: Admission, verdict: Admit | Refuse) -> Ended | None:
+        """A newcomer's stream as the plan's `verdict` says, or how it fails alone (the plan's
+        `Refuse`: the same on every rank). It reuses the agreed `cached` prompt tokens, cut from the
+        entry this rank held for it."""
+        match, prepared = self.newcomers.admit(admission.task_id, runs=isinstance(verdict, Admit))
+        if isinstance(verdict, Refuse):
+            return Ended(admission.task_id, None, verdict.error, invalid_request=verdict.invalid_request)
+        cached = verdict.cached
         if cached > (0 if match is None else match.length):
             raise RuntimeError(f"internal error: agreed to reuse {cached} tokens, this rank proposed fewer")
         request = admission.request
-        if unrunnable is not None:
-            return Ended(admission.task_id, None, unrunnable)
         if request is None or prepared is None:
             raise RuntimeError(f"internal error: {admission.task_id} admitted without its request")
-        if prepared.error is not None:  # the same verdict on every rank
-            return Ended(admission.task_id, None, prepared.error, invalid_request=True)
-        if isinstance(verdict, Refuse):
-            return Ended(admission.task_id, None, verdict.error, invalid_request=True)
         engine, world = self.engine, self.engine.collectives.world
         prompt_len, step = len(request.prompt_token_ids), engine.settings.prefill_step_size
         path, chunks = verdict.path, list(verdict.chunks)
         iterations = len(rank_schedule(engine.rank, world, len(chunks), path))
         run = engine.task_run(request.task_id, admission.cancel, admission.sink, self.phases)
-        # every layer's cache kind (not only this rank's): the same verdict on every rank
-        if request.n > 1 and (error := hands_prompt(run.caches.slots)) is not None:
-            return Ended(admission.task_id, None, error, invalid_request=True)
         if match is not None and cached:
             run.caches.replace_owned(prefix_caches(match.value, cached))
         spec = engine.decode_spec(request, iterations, prepared)

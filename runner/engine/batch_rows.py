@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 import mlx.core as mx
 from mlx_lm.sample_utils import greedy_sampler
@@ -50,10 +50,10 @@ from runner.engine.micro_batches import MicroBatch, MicroBatches
 class _Drawn:
     """One step's sampled tokens ([rows]) and per-row logprobs, possibly still being computed."""
 
-    sampled: Any
+    sampled: mx.array
     logprobs: list[LazyLogprobs | None]
 
-    def arrays(self) -> list[Any]:
+    def arrays(self) -> list[mx.array]:
         return [self.sampled, *(a for lp in self.logprobs for a in (lp or ()))]
 
     def keep(self, rows: tuple[int, ...]) -> _Drawn:
@@ -67,7 +67,7 @@ class _Speculated:
     part: MicroBatch
     rows: tuple[str, ...]
     cache: BatchShardCache
-    sends: list[Any]
+    sends: list[mx.array]
 
 
 def _is_plain_greedy(spec: DecodeSpec) -> bool:
@@ -121,7 +121,7 @@ class RowDecoder:
             mx.async_eval(*self.ahead.arrays(), *cache.states())
         else:
             mx.eval(*drawn.arrays(), *cache.states())
-        return [int(t) for t in drawn.sampled.tolist()], drawn.logprobs
+        return [int(t) for t in cast(list[int], drawn.sampled.tolist())], drawn.logprobs
 
     def can_speculate(self, part: MicroBatch) -> bool:
         """Rank 0 of several (it receives nothing and samples nothing), rows whose caches can take
@@ -129,7 +129,7 @@ class RowDecoder:
         engine = self.engine
         return engine.collectives.world > 1 and engine.rank == 0 and part.cache is not None and part.cache.trimmable()
 
-    def speculate(self, part: MicroBatch, tokens: Any) -> list[Any]:
+    def speculate(self, part: MicroBatch, tokens: mx.array) -> list[mx.array]:
         """Build `part`'s next forward on `tokens` (lazy: the agreement still on its way); its sends
         are held until `settle`. Returns what to compute."""
         assert part.cache is not None
@@ -191,7 +191,7 @@ class RowDecoder:
         self.speculated = self.sent_ahead = None
 
     def _forward(
-        self, inputs: Any, specs: Sequence[DecodeSpec], cache: BatchShardCache, send_now: bool
+        self, inputs: mx.array, specs: Sequence[DecodeSpec], cache: BatchShardCache, send_now: bool
     ) -> _Drawn | None:
         """`send_now`: lockstep, the next rank needs this part before the agreement; on the ring
         the send starts after it (micro_batches.py)."""

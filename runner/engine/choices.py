@@ -18,7 +18,7 @@ rank's own layers.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runner.engine.protocols import NullSink
 
@@ -87,7 +87,7 @@ class ChoiceSink(NullSink):
         self.inner.tokens(task_id, index, text, token_ids, logprobs, choice=self.choice)
 
 
-def hands_prompt(slots: Sequence[Any]) -> str | None:
+def hands_prompt(slots: Sequence[object]) -> str | None:
     """Why a model's caches (`ShardCache.slots`: every layer's, so the verdict is alike on every
     rank) cannot hand one row's prompt KV to another, or None: a follower's copy is cut from the
     leader's plain or quantized KV (`batch_cache.prefix_caches`); a sliding window or a recurrent

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import mlx.core as mx
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from events.logprobs import TokenLogprob
 from events.vocabulary import FinishReason
 from runner.engine.constraints import TokenMask
 from runner.engine.logprobs import LazyLogprobs, as_token_logprob, token_logprobs
-from runner.engine.sampling import LogitAdjustments
+from runner.engine.sampling import LogitAdjustments, Sampler
 from runner.engine.stops import TextAssembler
 from runner.engine.task_run import TaskRun
 
@@ -28,7 +28,7 @@ class DecodeSpec:
     prompt_len: int
     max_tokens: int
     stop: list[str]
-    sampler: Any
+    sampler: Sampler
     eos_ids: frozenset[int]
     prefill_iterations: int
     top_logprobs: int | None = None  # logprobs with this many alternatives; None: not computed
@@ -53,7 +53,7 @@ class Emitter:
     (every rank must see them alike to stop at the same token); else it keeps the token ids and
     their EOS and `max_tokens` rules, and its outcome's text is empty."""
 
-    def __init__(self, run: TaskRun, spec: DecodeSpec, tokenizer: Any) -> None:
+    def __init__(self, run: TaskRun, spec: DecodeSpec, tokenizer: TokenizerWrapper) -> None:
         self.run, self.spec = run, spec
         self.result = DecodeResult()
         self.assembler = TextAssembler(stop=list(spec.stop))
@@ -120,7 +120,7 @@ class Emitter:
             self.run.notify(self.run.sink.tokens, self.run.task_id, index, text, ids, logprobs)
 
 
-def sample_token(logits: Any, spec: DecodeSpec) -> tuple[Any, LazyLogprobs | None]:
+def sample_token(logits: mx.array, spec: DecodeSpec) -> tuple[mx.array, LazyLogprobs | None]:
     """The sampled token and, when the request asks, its logprobs (lazily). They are of the
     distribution the sampler drew from: the model's, adjusted by the request's penalties and
     logit_bias, and under a grammar with the tokens it refuses at -inf, renormalized over the ones

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 import mlx.core as mx
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from events.constraints import Constraint, ToolCallRequired, ToolFunction
 from events.runner_settings import RunnerSettings
@@ -150,7 +151,7 @@ class Engine:
         return reservation(prompt_len, completion_room(request.max_tokens, prompt_len, self.shard.context_length))
 
     @property
-    def tokenizer(self):  # mlx_lm TokenizerWrapper
+    def tokenizer(self) -> TokenizerWrapper:
         return self.shard.tokenizer
 
     def validate(self, request: GenerationRequest) -> None:
@@ -210,7 +211,7 @@ class Engine:
             sampler=request_sampler(request.temperature, truncation_of(request), request.seed),
             eos_ids=frozenset(int(i) for i in self.tokenizer.eos_token_ids),
             prefill_iterations=prefill_iterations,
-            top_logprobs=request.top_logprobs,
+            top_logprobs=request.logprobs,
             token_mask=prepared.token_mask,
             adjustments=(
                 logit_adjustments(request.frequency_penalty, request.presence_penalty, request.logit_bias)

@@ -42,12 +42,14 @@ IDLE_WAIT_SECONDS = 0.05  # an idle batch's wait for its next newcomer's prepara
 
 class Newcomers:
     """One rank's pending assignments until admitted: the cached prefix it proposes for each (looked
-    up once and held, so what it proposed is still there when the batch agrees) and its preparation."""
+    up once and held, so what it proposed is still there when the batch agrees) and its preparation,
+    taken from the preparer once ready and held, so the step's plan reads its verdict (`invalid`)."""
 
     def __init__(self, prefixes: PrefixIndex[list[Any]], preparations: Preparer) -> None:
         self.prefixes = prefixes
         self.preparations = preparations
         self._held: dict[str, PrefixMatch[list[Any]] | None] = {}
+        self._prepared: dict[str, Prepared] = {}
 
     def propose(self, pending: Sequence[Admission], idle: bool) -> list[Proposal]:
         """This rank's proposal for each of `pending` (`batch_plan.StepLayout.encode`): the prompt
@@ -69,18 +71,34 @@ class Newcomers:
             if idle and not proposals:
                 self.preparations.wait(admission.task_id, IDLE_WAIT_SECONDS)
             match = self._held[admission.task_id]
-            ready = self.preparations.ready(admission.task_id)
+            ready = self._take_if_ready(admission.task_id)
             proposals.append(PREPARING if not ready else 0 if match is None else match.length)
         return proposals
 
+    def _take_if_ready(self, task_id: str) -> bool:
+        if task_id not in self._prepared and self.preparations.ready(task_id):
+            self._prepared[task_id] = self.preparations.take(task_id)
+        return task_id in self._prepared
+
+    def invalid(self, task_id: str) -> str | None:
+        """Why `task_id`'s request cannot run (its preparation's verdict: the same checks of the
+        same request on every rank), once this rank proposed it prepared; None otherwise."""
+        prepared = self._prepared.get(task_id)
+        return None if prepared is None else prepared.error
+
     def admit(self, task_id: str, runs: bool) -> tuple[PrefixMatch[list[Any]] | None, Prepared | None]:
         """What this rank held for `task_id`, admitted now: its prefix match and, if it `runs` (agreed),
-        its preparation."""
+        its preparation (held since this rank proposed it: only what every rank proposed prepared is
+        admitted, `step_plan.ready_to_admit`)."""
         match = self._held.pop(task_id, None)
+        prepared = self._prepared.pop(task_id, None)
         if not runs:
-            self.preparations.discard(task_id)
+            if prepared is None:
+                self.preparations.discard(task_id)
             return match, None
-        return match, self.preparations.take(task_id)
+        if prepared is None:
+            raise RuntimeError(f"internal error: {task_id} admitted before this rank proposed it prepared")
+        return match, prepared
 
 
 class PrepareInline:

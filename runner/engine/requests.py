@@ -8,7 +8,7 @@ import time
 
 import msgspec
 
-from events.constraints import Constraint, ToolFunction
+from events.task_params import TaskParams
 from events.vocabulary import FinishReason, PrefillPath
 from runner.engine.plan import PathChoice
 from runner.engine.sampling import Truncation
@@ -16,25 +16,26 @@ from runner.engine.task_run import TaskRun
 from runner.errors import RequestError
 
 
-class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
+class GenerationRequest(TaskParams, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A task's request on a rank: the client's parameters as the log carries them (`TaskParams`,
+    inherited, so a field added there reaches the runner without a copy by hand) and what only the
+    rank knows: the task, its prompt's token ids, whose prefix-cache entries it may use, the path a
+    test or bench forces. A field not declared here or in `TaskParams` is refused (a test job's typo
+    must not turn a check off). `TaskParams` fields the runner does not act on (`stream_progress`,
+    `keep_alive_seconds`, `enable_thinking`: the API's, the master's and the chat template's) ride
+    along unread."""
+
     task_id: str
     prompt_token_ids: list[int]
-    max_tokens: int  # always said by the caller: the API's default is `events.catalogue.DEFAULT_MAX_TOKENS`
-    temperature: float = 0.0
-    top_p: float = 1.0
-    min_p: float = 0.0  # the draw's other truncations (`sampling.Truncation`): 0 = off
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] = msgspec.field(default_factory=list)
-    top_logprobs: int | None = None  # logprobs with this many alternatives per token; None: none
     prefill_path: PathChoice = "auto"  # benchmarks and tests force a path; services leave auto
-    constraint: Constraint | None = None  # a grammar the output must follow (structured output, forced tool call)
-    tools: list[ToolFunction] = msgspec.field(default_factory=list)  # what a tool-call constraint may name
-    frequency_penalty: float = 0.0  # OpenAI's adjustments of the logits (`sampling.LogitAdjustments`)
-    presence_penalty: float = 0.0
-    logit_bias: list[tuple[int, float]] = msgspec.field(default_factory=list)  # (token id, bias)
     cache_scope: str = ""  # whose prefix-cache entries it may reuse and adds to: its owner's (`prefix_cache`)
-    n: int = 1  # completions of the prompt, each a row of the batch (`choices.py`)
+
+    @classmethod
+    def of_task(cls, task_id: str, prompt_token_ids: list[int], params: TaskParams, owner: str) -> GenerationRequest:
+        """The request for a task of `params` created by `owner` (one API key's KV is never another's)."""
+        return cls(
+            **msgspec.structs.asdict(params), task_id=task_id, prompt_token_ids=prompt_token_ids, cache_scope=owner
+        )
 
 
 class ChoiceOutcome(msgspec.Struct, frozen=True, kw_only=True):

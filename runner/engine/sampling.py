@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import mlx.core as mx
 import msgspec
@@ -87,14 +86,14 @@ class LogitAdjustments:
         self.frequency_penalty = frequency_penalty
         self.presence_penalty = presence_penalty
         self._bias_pairs = list(logit_bias)
-        self._bias: Any = None  # [vocab], built on the first logits (their width is the vocabulary)
-        self._counts: Any = None  # [vocab] float32: how often each token was sampled
+        self._bias: mx.array | None = None  # [vocab], built on the first logits (their width is the vocabulary)
+        self._counts: mx.array | None = None  # [vocab] float32: how often each token was sampled
 
     @property
     def penalizes(self) -> bool:
         return self.frequency_penalty != 0 or self.presence_penalty != 0
 
-    def apply(self, logits: Any) -> Any:
+    def apply(self, logits: mx.array) -> mx.array:
         """`logits` ([1, vocab]) adjusted."""
         vocab = logits.shape[-1]
         if self._bias_pairs and self._bias is None:
@@ -112,7 +111,7 @@ class LogitAdjustments:
             logits = logits - penalty.astype(logits.dtype)
         return logits
 
-    def advance(self, sampled: Any) -> None:
+    def advance(self, sampled: mx.array) -> None:
         """Count the token just sampled (a lazy [1] array)."""
         if self._counts is not None:
             self._counts = self._counts.at[sampled.reshape(-1)].add(1.0)

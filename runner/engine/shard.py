@@ -18,6 +18,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from runner.engine.protocols import PeerWait
 from runner.engine.sends import PassThroughLayer, PendingSends, ReceiveGate, StageBoundaryLayer
@@ -49,7 +50,7 @@ class ShardPlacement:
 @dataclass(slots=True)
 class LoadedShard:
     model: nn.Module
-    tokenizer: Any  # mlx_lm TokenizerWrapper
+    tokenizer: TokenizerWrapper
     placement: ShardPlacement
     n_layers: int
     context_length: int | None

@@ -62,6 +62,7 @@ class BatchState:
     prefill_step_size: int = 512
     keys_per_token: float | None = None  # the agreed chunk cost rate (`Engine.prefill_keys_per_token`)
     prefill_budget: float = 0.0  # what a step's chunk group may cost beyond its first chunk (`chunk_takers`)
+    choices_error: str | None = None  # why this model cannot run n > 1 (`choices.hands_prompt`); None: it can
 
     @property
     def current(self) -> Composition:
@@ -89,6 +90,7 @@ class Pending:
     task_id: str
     built: bool = True  # this rank built its request (else `error` says why, or another rank's failure)
     error: str | None = None  # why this rank could not build it
+    invalid: str | None = None  # why its request cannot run: its preparation's verdict (alike on every rank)
     n: int = 1  # completions (`choices.py`)
     prompt_len: int = 2
     prefill_path: PathChoice = "auto"
@@ -141,9 +143,11 @@ class StepPlan:
 
     @property
     def composition(self) -> Composition:
-        """The next step's streams not decoding yet (its rows are in `micro`)."""
+        """The next step's streams not decoding yet (its rows are in `micro`): the newcomers refused
+        at admission never take a step."""
         composition = self.transition.composition
-        return Composition((), composition.prefilling, composition.admitted)
+        refused = [v.task_id for v in self.admissions if isinstance(v, Refuse)]
+        return Composition((), composition.prefilling, composition.admitted).without(refused)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,11 +265,15 @@ def _verdict(
     task_id = assignment.task_id
     if not assignment.built or not agreed.runnable[index]:
         return Refuse(task_id, index, assignment.error or UNRUNNABLE_ELSEWHERE, invalid_request=False)
+    if assignment.invalid is not None:
+        return Refuse(task_id, index, assignment.invalid, invalid_request=True)
     if assignment.n > state.max_batch:
         error = f"n={assignment.n} completions need as many rows of the batch, over this instance's max_batch={state.max_batch}"
         return Refuse(task_id, index, error, invalid_request=True)
     if (error := too_large(assignment.reserved * assignment.n, agreed.kv_capacity)) is not None:
         return Refuse(task_id, index, error, invalid_request=True)
+    if assignment.n > 1 and state.choices_error is not None:
+        return Refuse(task_id, index, state.choices_error, invalid_request=True)
     cached = agreed.cached[index]
     path, chunks = newcomer_prefill(
         assignment.prompt_len,

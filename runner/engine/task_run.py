@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import mlx.core as mx
 import mlx.nn as nn
 
 from events.vocabulary import ComputePhase
@@ -58,7 +59,7 @@ class TaskRun:
             self.cancelled_at = f"{phase}:{iteration}"
         return stop
 
-    def forward(self, tokens: Any) -> Any:
+    def forward(self, tokens: mx.array) -> mx.array:
         """Run this rank's part of the model on a [rows, n] token array (lazily); returns logits."""
         logits = self.model(tokens, cache=self.caches.slots)
         self.receive_gate.wait()  # the graph is built: now wait (without spinning) for the receive's bytes

@@ -12,8 +12,8 @@ from typing import Any
 
 import msgspec
 
-from events.catalogue import DEFAULT_MAX_TOKENS
 from events.runner_settings import RunnerSettings
+from events.task_params import DEFAULT_MAX_TOKENS
 from runner.engine.plan import even_split, split_from_counts
 from runner.errors import RequestError, SplitError
 from runner.models.model_info import ModelInfo, read_model_info

@@ -21,7 +21,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import nats.errors
 from loguru import logger
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from runner.engine.batch import ContinuousBatch
     from runner.engine.engine import Engine
     from runner.engine.requests import GenerationRequest
+    from runner.flight.recorder import FlightRecorder
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -109,26 +110,7 @@ def make_request_factory() -> Callable[[str, list[int], TaskCreated], Generation
     from runner.engine.requests import GenerationRequest
 
     def make(task_id: str, prompt: list[int], created: TaskCreated) -> GenerationRequest:
-        p = created.params
-        return GenerationRequest(
-            task_id=task_id,
-            prompt_token_ids=prompt,
-            max_tokens=p.max_tokens,
-            temperature=p.temperature,
-            top_p=p.top_p,
-            min_p=p.min_p,
-            top_k=p.top_k,
-            seed=p.seed,
-            stop=list(p.stop),
-            top_logprobs=p.logprobs,
-            constraint=p.constraint,
-            tools=list(p.tools),
-            frequency_penalty=p.frequency_penalty,
-            presence_penalty=p.presence_penalty,
-            logit_bias=list(p.logit_bias),
-            cache_scope=created.owner,  # one API key's KV is never another's (`prefix_cache`)
-            n=p.n,
-        )
+        return GenerationRequest.of_task(task_id, prompt, created.params, created.owner)
 
     return make
 
@@ -364,7 +346,7 @@ def _last_words(
 
 def _flight_recorder(
     args: argparse.Namespace, settings: RunnerSettings, bridge: LogBridge, phases: PhaseTracker, running: RunningTasks
-) -> Any:
+) -> FlightRecorder:
     """The flight recorder (docs/ARCHITECTURE.md §7), publishing RunnerHeartbeat to telemetry."""
     from runner.flight.recorder import FlightRecorder
 

@@ -1,18 +1,24 @@
-"""The runner's task loop: assignments from the log, in log order, on every rank alike.
+"""The runner's task loop: assignments from the log, in log order, on every rank alike, served by
+the instance's continuous batch (`max_batch` 1 is a batch of one, one task at a time).
 
-Every instance serves through its continuous batch (`batch_serving.BatchServing`; `max_batch` = 1
-is a batch of one, one task at a time): every rank is handed each task's `TaskCreated` by the
-masters (`events.handover`) and builds the same request from it (deterministic), and the batch admits, runs and ends it at step
-boundaries, its cancel vote and its checks agreed at the batch's steps (a bad request fails alike
-on every rank). The sampling rank (the last) publishes the terminal event, after its last chunk,
-so a reader of the task's subjects sees every chunk before `TaskCompleted`.
+Every rank reads its instance's assignments in the same order and is handed each task's
+`TaskCreated` by the masters (`events.handover`); it builds the same request from it
+(deterministic: `request_for`; a large prompt's off the step loop while the batch runs:
+`pending.py`) and hands the ones built and not yet admitted to `ContinuousBatch.step`, which admits
+the first of them once every rank holds them (the step's all-reduce carries each rank's count, read
+after the rank's forward, so an assignment read meanwhile counts at once). While the batch is busy
+every rank steps; while it is empty a rank waits for an assignment first, and every rank gets the
+same one, so all of them enter the step's collective. Cancel votes and checks are agreed at the
+batch's steps (a bad request fails alike on every rank). The sampling rank (the last) publishes
+each task's terminal event when the task leaves the batch, after its last chunk, so a reader of the
+task's subjects sees every chunk before `TaskCompleted`.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from loguru import logger
 
@@ -29,13 +35,16 @@ from events.catalogue import (
 from events.ids import InstanceId, TaskId
 from events.stamp import Stamper
 from events.vocabulary import FinishReason, RunnerStatus
+from runner.engine.batch_streams import CREATED_MISSING, Admission, StepResult
 from runner.engine.protocols import CancelSource, PhaseTracker, RunnerSink
 from runner.models.chat import encode_task_prompt
-from runner.service.batch_serving import BatchLike, BatchServing
 from runner.service.bridge import Assignment
 from runner.service.heartbeats import RunningTasks
+from runner.service.pending import PendingAdmissions, is_large
 
 if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
     from runner.engine.requests import GenerationRequest
 
 
@@ -73,13 +82,21 @@ class ChoiceLike(Protocol):
 
 class EngineLike(Protocol):
     @property
-    def tokenizer(self) -> Any: ...
+    def tokenizer(self) -> TokenizerWrapper: ...
 
 
 class Inbox(Protocol):
     def publish(self, event: LogEvent | TelemetryEvent) -> None: ...
     def next_assignment(self, timeout: float) -> Assignment | None: ...
     def hand_over(self, assignment: Assignment) -> TaskCreated | str: ...
+
+
+class BatchLike(Protocol):
+    @property
+    def busy(self) -> bool: ...
+    @property
+    def members(self) -> tuple[str, ...]: ...
+    def step(self, read_pending: Callable[[], Sequence[Admission]]) -> StepResult: ...
 
 
 class TaskServer:
@@ -112,6 +129,7 @@ class TaskServer:
         self.make_request = make_request
         self.batch = batch  # the instance's continuous batch (max_batch 1: a batch of one)
         self._running = running or RunningTasks()
+        self.pending = PendingAdmissions(self._admission)  # read from the log, not admitted yet, in log order
 
     @property
     def running(self) -> tuple[TaskId, ...]:
@@ -127,9 +145,62 @@ class TaskServer:
         self._running.kv = (reserved, capacity)
 
     def serve(self, stop: threading.Event, poll_seconds: float = 0.2) -> None:
-        """Run assignments until `stop` is set. Engine errors propagate (the group is broken), and so
-        does `LogBridgeDown` (no assignment can come any more)."""
-        BatchServing(self, self.batch).serve(stop, poll_seconds)
+        """Run assignments until `stop` is set with the batch empty (the flag is read between
+        batches, as between tasks). Engine errors propagate (the group is broken), and so does
+        `LogBridgeDown` (no assignment can come any more)."""
+        while True:
+            if not self.batch.busy:
+                if stop.is_set():
+                    return
+                if not self.pending:
+                    self._receive(self.inbox.next_assignment(poll_seconds), idle=True)
+                    continue
+                if not self.pending.built():  # read while the batch ran: its prompt is still being built
+                    self.pending.wait_first(poll_seconds)
+                    continue
+            self._handle(self.batch.step(self._read_pending))
+
+    def _read_pending(self) -> list[Admission]:
+        """Every assignment read and built so far, in log order (the batch asks after its forward)."""
+        while self._receive(self.inbox.next_assignment(0), idle=False):
+            pass
+        return self.pending.built()
+
+    def _receive(self, assignment: Assignment | None, idle: bool) -> bool:
+        if assignment is None:
+            return False
+        self.pending.add(assignment, at_once=idle or not is_large(assignment.created))  # None: to be handed over
+        return True
+
+    def _admission(self, assignment: Assignment) -> Admission:
+        task_id = assignment.assigned.task_id
+        request = self.request_for(assignment)
+        if isinstance(request, str):
+            return Admission(task_id, None, self.cancel, self.sink, f"{CREATED_MISSING}: {request}")
+        return Admission(task_id, request, self.cancel, self.sink, None)
+
+    def _handle(self, result: StepResult) -> None:
+        """What a step's result says to the log: who runs, who ended and how, the batch's KV."""
+        was_idle = not self.running
+        admitted = self.pending.pop(result.admitted)
+        self.running = tuple(TaskId(t) for t in self.batch.members)
+        if result.kv is not None:
+            self.batch_kv(*result.kv)
+        for admission in admitted:
+            if admission.task_id in self.batch.members:
+                self.status("running", admission.task_id)
+        for ended in result.ended:
+            task_id = TaskId(ended.task_id)
+            if ended.outcome is None:
+                error = ended.error or ""
+                failed = TaskFailed(
+                    env=self.stamper.stamp(), task_id=task_id, error=error, invalid_request=ended.invalid_request
+                )
+                self.terminal(failed)
+            else:
+                self.completed(task_id, ended.outcome)
+        if not was_idle and not self.running:
+            self.status("ready")
 
     def request_for(self, assignment: Assignment) -> GenerationRequest | str:
         """The task's request, built alike on every rank from its `TaskCreated`, or why this rank

@@ -29,7 +29,8 @@ from collections.abc import Sequence
 
 import msgspec
 
-from events.catalogue import ChatMessage, RawPrompt, ToolFunction
+from events.catalogue import ChatMessage, RawPrompt
+from events.constraints import ToolFunction
 from events.ids import KeyId
 from services.api.fair_lane import FairLane
 from services.api.prompts import PromptModel, prompt_tokens

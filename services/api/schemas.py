@@ -17,8 +17,9 @@ from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
-from events.catalogue import DEFAULT_MAX_TOKENS, ChatMessage, TaskParams
+from events.catalogue import ChatMessage
 from events.ids import KeyId
+from events.task_params import DEFAULT_MAX_TOKENS, TaskParams
 from events.vocabulary import BIAS_BOUND, MAX_BIASED_TOKENS, PENALTY_BOUND
 from services.api.fair_lane import FairLane
 from services.api.reasoning import ReasoningEffort, thinking_switch_of

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from events.catalogue import DEFAULT_MAX_TOKENS
+from events.task_params import DEFAULT_MAX_TOKENS
 from runner.local.local_run import RUNNER_DEFAULTS
 
 

@@ -4,6 +4,7 @@ decodes a row of its own with its own seed stream, and the task ends once, when 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from runner.local.local_run import synthetic_prompt
 from runner.local.testing.tools import FixedCancel, RecordingSink
 from runner.models.tiny import cached_tiny
 from runner.shard_loading import load_shard
+from tests.runner.families import make_family_model
 
 pytestmark = pytest.mark.timeout(180)
 PROMPT = synthetic_prompt(40)
@@ -137,3 +139,17 @@ def test_a_task_wider_than_the_batch_or_of_no_choice_fails_alone(
     assert len(ended) == 1 and ended[0].outcome is None and ended[0].invalid_request
     assert "n" in (ended[0].error or "")
     assert prefilled == 0
+
+
+def test_a_model_with_sliding_window_layers_refuses_several_choices_and_runs_one(tmp_path: Path) -> None:
+    """Its rotating caches cannot hand the prompt's KV on (`choices.hands_prompt`): the batch's plan
+    refuses n > 1 at admission (the model's cache kinds, alike on every rank) and runs n = 1."""
+    shard = load_shard(make_family_model(tmp_path, "gemma3_text"), ShardPlacement(0, 1, ((0, 6),)), None)
+    engine = Engine(None, shard, RunnerSettings(prefill_step_size=16, prefix_cache_bytes=0))
+    counter = CountingModel(shard.model)
+    refused, _, _, members = run(engine, counter, 2)
+    assert [(e.task_id, e.outcome, e.invalid_request) for e in refused] == [("t", None, True)]
+    assert refused[0].error is not None and "RotatingKVCache" in refused[0].error
+    assert all(m == () for m in members)  # it never took a step
+    (one,), _, _, _ = run(engine, counter, 1)
+    assert one.outcome is not None and one.outcome.completion_tokens > 0

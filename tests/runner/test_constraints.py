@@ -67,7 +67,7 @@ def test_logprobs_under_a_grammar_are_of_the_masked_distribution(engine: Engine)
     allows (a refused one would be -inf), renormalized over them, so a token the grammar forces,
     such as the opening brace, has logprob 0 whatever the model thought of it."""
     sink = RecordingSink()
-    held = _generate(engine, 64, sink, constraint=JsonSchema(name="s", schema=json.dumps(SCHEMA)), top_logprobs=5)
+    held = _generate(engine, 64, sink, constraint=JsonSchema(name="s", schema=json.dumps(SCHEMA)), logprobs=5)
     assert [lp.token_id for lp in sink.logprobs] == held.token_ids
     assert sink.logprobs[0].token == "{" and sink.logprobs[0].logprob == pytest.approx(0.0, abs=1e-4)
     for lp in sink.logprobs:

@@ -69,7 +69,7 @@ def burst_schedule(world: int) -> dict[str, Any]:
         }
         for k in range(8)
     ]
-    tasks[0]["request"]["top_logprobs"] = 2  # held tokens keep their logprobs
+    tasks[0]["request"]["logprobs"] = 2  # held tokens keep their logprobs
     tasks.insert(3, {"request": req("burst-odd", 2), "at": 0})
     tasks.append({"request": req("burst-long", 13), "at": 1})
     return {"kind": "batch", "name": "burst", "max_batch": 8, "tasks": tasks}

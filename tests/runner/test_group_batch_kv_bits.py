@@ -54,7 +54,7 @@ def schedules(world: int) -> list[dict[str, Any]]:
 
 def with_logprobs(schedule: dict[str, Any]) -> dict[str, Any]:
     """The schedule with every request asking for its two best logprobs (the reference's margins)."""
-    tasks = [{**e, "request": {**e["request"], "top_logprobs": 2}} for e in schedule["tasks"]]
+    tasks = [{**e, "request": {**e["request"], "logprobs": 2}} for e in schedule["tasks"]]
     return {**schedule, "tasks": tasks}
 
 
@@ -70,9 +70,7 @@ def group_results(world: int) -> list[list[dict[str, Any]]]:
     tasks += [{**s, "settings": KV_BITS} for s in schedules(world)]
     if world == 1:
         tasks += [
-            {"request": {**e["request"], "top_logprobs": 2}, "settings": KV_BITS}
-            for s in schedules(2)
-            for e in s["tasks"]
+            {"request": {**e["request"], "logprobs": 2}, "settings": KV_BITS} for s in schedules(2) for e in s["tasks"]
         ]
         tasks += [with_logprobs({**conversation(True), "warm_pace": False, "name": "talk-plain"})]
         tasks += [with_logprobs(schedule) for schedule in schedules(1)]

@@ -21,9 +21,9 @@ TOP = 5
 
 
 def _job(world: int) -> dict[str, Any]:
-    greedy = {"task_id": "greedy", "prompt_token_ids": PROMPT, "max_tokens": 8, "top_logprobs": TOP}
-    sampled = {**greedy, "task_id": "sampled", "temperature": 0.9, "seed": 3, "top_logprobs": 0}
-    plain = {**greedy, "task_id": "plain", "top_logprobs": None}
+    greedy = {"task_id": "greedy", "prompt_token_ids": PROMPT, "max_tokens": 8, "logprobs": TOP}
+    sampled = {**greedy, "task_id": "sampled", "temperature": 0.9, "seed": 3, "logprobs": 0}
+    plain = {**greedy, "task_id": "plain", "logprobs": None}
     return {
         "model_dir": str(cached_tiny()),
         "testing": True,  # its tasks are run by the test-only runner.local.testing

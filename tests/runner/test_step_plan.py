@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runner.engine.batch_plan import PREPARING, AgreedStep, Proposal, StepLayout
-from runner.engine.choices import WAITING_FOR_LEADER, choice_rows
+from runner.engine.choices import WAITING_FOR_LEADER, choice_rows, task_of
 from runner.engine.kv_budget import MAX_CAPACITY_TOKENS
 from runner.engine.plan import chunk_sizes, prefill_cost
 from runner.engine.step_plan import (
@@ -33,6 +33,7 @@ from runner.engine.step_plan import (
 pytestmark = pytest.mark.timeout(120)
 
 STEP = 8  # prefill_step_size: small, so short prompts take several chunks
+CHOICES_ERROR = "n > 1 is not supported for this model"
 
 
 def agreed(
@@ -200,11 +201,37 @@ def test_a_newcomer_beside_rows_leaves_room_for_their_decode() -> None:
             agreed(1, cached=(0,)),
             Refuse("a", 0, "n=5 completions need as many rows of the batch, over this instance's max_batch=4", True),
         ),
+        (
+            "its preparation refused it (the request's checks, its grammar)",
+            Pending("a", invalid="max_tokens must be > 0, got 0"),
+            agreed(1, cached=(0,)),
+            Refuse("a", 0, "max_tokens must be > 0, got 0", invalid_request=True),
+        ),
+        (
+            "its preparation's verdict comes after a rank's failure to build it",
+            Pending("a", invalid="bad grammar"),
+            agreed(1, cached=(0,), runnable=(False,)),
+            Refuse("a", 0, UNRUNNABLE_ELSEWHERE, invalid_request=False),
+        ),
+        (
+            "several choices on a model whose caches cannot hand the prompt on",
+            Pending("a", n=2),
+            agreed(1, cached=(0,)),
+            Refuse("a", 0, CHOICES_ERROR, invalid_request=True),
+        ),
     ],
 )
 def test_a_newcomer_that_cannot_run_fails_alone(case: str, pending: Pending, step: AgreedStep, verdict: Refuse) -> None:
-    plan = plan_step(state(), step, frozenset(), [pending])
+    plan = plan_step(replace(state(), choices_error=CHOICES_ERROR), step, frozenset(), [pending])
     assert plan.admissions == (verdict,), case
+    assert plan.transition.newcomers == ("a",) and plan.composition.prefilling == (), "it never takes a step"
+    assert plan.composition.admitted == 1
+
+
+def test_a_model_that_cannot_hand_a_prompt_on_still_runs_one_choice() -> None:
+    plan = plan_step(replace(state(), choices_error=CHOICES_ERROR), agreed(1, cached=(0,)), frozenset(), [Pending("a")])
+    assert plan.admissions == (Admit("a", 0, 0, "sequential", (1,)),)  # its prompt of 2: one chunk of 1
+    assert plan.composition.prefilling == ("a",)
 
 
 def test_a_request_larger_than_the_kv_capacity_fails_and_never_blocks_the_queue() -> None:
@@ -292,6 +319,7 @@ class Assignment:
     reserved: int
     unbuilt_on: int | None  # a rank that could not build its request
     preparing_until: int  # the step before which one rank still prepares it
+    invalid: bool = False  # its preparation refuses it (a bad request: the same verdict on every rank)
 
 
 class Sim:
@@ -415,7 +443,8 @@ class Sim:
             self.streams[verdict.task_id] = SimStream(prompt_len, verdict.path, verdict.chunks, cached=verdict.cached)
             for row in choice_rows(verdict.task_id, n)[1:]:
                 self.streams[row] = SimStream(prompt_len, leader=verdict.task_id, lands_at=WAITING_FOR_LEADER)
-        self.prefilling = plan.composition.without(sorted(refused)).prefilling
+        self.prefilling = plan.composition.prefilling
+        assert not refused & {task_of(row) for row in self.prefilling}, "a refused newcomer never takes a step"
         scheduled = set(plan.micro.rows) | set(self.prefilling)
         assert not leaving & scheduled, "a leaving row is never scheduled again"
         assert scheduled == set(self.streams), "every stream is either decoding or waiting"
@@ -455,7 +484,11 @@ class Sim:
         if assignment.unbuilt_on == rank:
             return Pending(assignment.task_id, built=False, error="not read")
         return Pending(
-            assignment.task_id, n=assignment.n, prompt_len=assignment.prompt_len, reserved=assignment.reserved
+            assignment.task_id,
+            n=assignment.n,
+            prompt_len=assignment.prompt_len,
+            reserved=assignment.reserved,
+            invalid="refused by its preparation" if assignment.invalid else None,
         )
 
 
@@ -478,6 +511,7 @@ assignments = st.builds(
     reserved=st.sampled_from((30, 30, 30, 20_000)),
     unbuilt_on=st.one_of(st.none(), st.none(), st.none(), st.integers(0, 2)),
     preparing_until=st.sampled_from((0, 0, 0, 3)),
+    invalid=st.sampled_from((False, False, False, True)),
 )
 
 

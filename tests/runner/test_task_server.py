@@ -1,4 +1,4 @@
-"""The runner's task loop (`TaskServer` serving through `BatchServing`) with a fake batch and inbox:
+"""The runner's task loop (`TaskServer`: one loop over the instance's batch) with a fake batch and inbox:
 what each rank publishes, and when. The batch's own decisions (admission, cancel votes, checks)
 are the real `ContinuousBatch`'s, tested on real groups (tests/runner/test_group_batch.py)."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from events.catalogue import DEFAULT_MAX_TOKENS, TaskParams
+from events.task_params import DEFAULT_MAX_TOKENS, TaskParams
 from services.api.schemas import ChatCompletionRequest, RequestMessage, RequestProblem, to_task
 from services.config import ShoalConfig
 
