@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import time
@@ -37,6 +38,10 @@ NATS_CLIENT_PORT, NATS_ROUTE_PORT, API_PORT = 4222, 6222, 8000
 # progress fails after 12 s; small prefill steps make many prefill iterations of a long prompt.
 # The API listens on the control host's address, not loopback: it refuses to without a key.
 API_KEY = "netns-test-key-0123456789"
+# nats-server's log line when it becomes the JetStream metadata leader, with its timestamp
+META_LEADER_LINE = re.compile(
+    r"(\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d+) \[INF\] Self is new JetStream cluster metadata leader"
+)
 FAST_SETTINGS = {"prefill_step_size": "64", "task_stall_seconds": "12", "node_timeout_seconds": "6"}
 
 
@@ -248,6 +253,17 @@ class NetCluster:
 
         name = asyncio.run(leader())
         return int(name.removeprefix("nats-")) if name.startswith("nats-") else 0
+
+    def meta_leader(self) -> int:
+        """Which NATS server (index) leads the JetStream cluster's metadata now: the newest
+        "Self is new JetStream cluster metadata leader" line among the servers' logs (the API
+        that reports it needs the system account, which the cluster's identities do not hold)."""
+        newest = ("", 0)
+        for index in range(len(self.nats_hosts)):
+            text = self.procs[f"nats{index}"].stderr_path.read_text(errors="replace")
+            for found in META_LEADER_LINE.finditer(text):
+                newest = max(newest, (found.group(1), index))
+        return newest[1]
 
     def count_on_log(self, kind: type[LogEvent]) -> int:
         """How many events of `kind` the log holds."""

@@ -129,6 +129,13 @@ def test_killing_the_nats_server_leading_the_log_mid_decode_loses_nothing(cluste
     kill_one_nats_server(cluster, cluster.events_leader(), "decode")
 
 
+def test_killing_the_jetstream_meta_leader_mid_prefill_loses_nothing(cluster: NetCluster) -> None:
+    """The server leading JetStream's metadata dies mid-prefill: until the survivors elect
+    another (seconds), no consumer can be created, so a reader whose consumer was on that server
+    is blind that long (docs/ARCHITECTURE.md §3); requests are served again afterwards."""
+    kill_one_nats_server(cluster, cluster.meta_leader(), "prefill")
+
+
 def test_pausing_the_whole_nats_cluster_past_the_node_timeout_is_survived(cluster: NetCluster) -> None:
     """All three servers SIGSTOPped for longer than the node timeout, mid-decode: every service
     survives, no node is timed out (the master could not see either), and requests are served
