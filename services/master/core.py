@@ -135,6 +135,8 @@ class MasterCore:
             case TaskCancelled():
                 task = state.tasks.get(event.task_id)  # None: a late cancel of an evicted task
                 return [] if task is None else self._finish_if_waiting(task)
+            case TaskAssigned():
+                return self._fail_if_assigned_to_retired(state, event)
             case TaskCompleted() | TaskFailed() | PrefillStarted():
                 # a place freed, or a task handed ahead joined the batch; an unloaded model's
                 # instance that just ended its last task goes
@@ -159,6 +161,18 @@ class MasterCore:
                 return self._keep_placed(state, waited)  # the models kept placed after this one
             case _:
                 return []
+
+    def _fail_if_assigned_to_retired(self, state: State, event: TaskAssigned) -> list[LogEvent]:
+        """An assignment stored after its instance's retirement: decided on a State that did not
+        hold the retirement yet (this master's own, still on its way to the log, or another
+        master's). The instance's ranks are gone and the retirement failed only the tasks queued
+        before it, so nothing else would end this one: it fails as they did."""
+        task = state.tasks.get(event.task_id)
+        instance = state.instances.get(event.instance_id)
+        if task is None or task.ended or instance is None or not instance.retired:
+            return []
+        error = f"instance {instance.instance_id} was retired: {instance.retire_reason}"
+        return [TaskFailed(env=self.stamper.stamp(f"master-fail-{task.task_id}"), task_id=task.task_id, error=error)]
 
     def _on_runner_status(self, state: State, instance: InstanceInfo, waited: Waited) -> list[LogEvent]:
         if instance.retired:

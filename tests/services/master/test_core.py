@@ -193,6 +193,23 @@ def test_runner_failure_retires_fails_queue_and_replaces() -> None:
     assert _kinds(replaced) == ["InstancePlaced"] and replaced[0].instance_id != instance  # pyright: ignore[reportAttributeAccessIssue]
 
 
+def test_an_assignment_stored_after_its_instance_was_retired_fails_the_task_naming_the_retirement() -> None:
+    """The master decided t1's assignment on a State without its own retirement of that instance,
+    still on its way to the log (or another master decided it): stored after the retirement, it
+    names an instance whose ranks are gone. Nothing else would ever end t1 (a chaos run's task
+    hung until its client gave up), so the task fails, saying why."""
+    c = Cluster()
+    instance = c.ready_instance()
+    (stale,) = [e for e in c.feed(c.ev.created("t1"), echo=False) if isinstance(e, TaskAssigned)]
+    assert stale.instance_id == instance
+    retired = c.feed(c.ev.runner(1, "failed", instance))
+    assert "InstanceRetired" in _kinds(retired) and c.state.tasks[TaskId("t1")].instance_id is None
+    out = c.feed(stale)
+    failed = [e for e in out if isinstance(e, TaskFailed) and e.task_id == "t1"]
+    assert len(failed) == 1 and f"instance {instance} was retired" in failed[0].error, out
+    assert c.state.tasks[TaskId("t1")].status == "failed"
+
+
 def test_node_timeout_retires_its_instances() -> None:
     c = Cluster()
     instance = c.ready_instance()
