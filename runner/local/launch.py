@@ -20,7 +20,9 @@ the launcher counts only silence it was there to see: when its own polls stop fo
 machine or its VM stalled, the launcher starved), every rank stopped with it, and its first poll
 afterwards would see stale heartbeats and CPU times that had no chance to move; so a gap in the
 launcher's polls restarts the counts. A rank with a thread waiting on the disk (state D) is
-waiting, not frozen: the deadline bounds it.
+waiting, not frozen, and one with a thread runnable (state R) is waiting for a CPU: the deadline
+bounds both. A fresh clone's suite beside a chaos run (load 12 on 2 cores) had a lone rank's CPU
+time stand still for 10 s with three threads runnable.
 """
 
 from __future__ import annotations
@@ -222,7 +224,7 @@ def _wait(ranks: list[RankProcess], workdir: Path, deadline: float) -> None:
                 continue  # exited, or its result is in and only its exit is left: the deadline's
             silent = rp.liveness.silent_for(now)
             phase = (_load(workdir / f"rank{rp.rank}.phase") or {}).get("phase") if silent is not None else None
-            if is_frozen(silent, rp.liveness.idle_for(now), phase=phase) and not _waits_on_disk(rp.process.pid):
+            if is_frozen(silent, rp.liveness.idle_for(now), phase=phase) and not _waits_for_disk_or_cpu(rp.process.pid):
                 raise RankFailedError(rp.rank, _frozen_message(rp.rank, silent or 0.0, workdir, ranks, now))
         if time.monotonic() > deadline:
             raise _stall_error([rp for rp, code in zip(ranks, codes, strict=True) if code is None], workdir)
@@ -260,8 +262,9 @@ def _process_seen(rp: RankProcess, workdir: Path, now: float) -> str:
     )
 
 
-def _waits_on_disk(pid: int) -> bool:
-    return any(state.startswith("D") for state in (thread_states(pid) or "").split()[1::2])
+def _waits_for_disk_or_cpu(pid: int) -> bool:
+    """A thread of `pid` waits on the disk (D) or is runnable (R): held up, not frozen."""
+    return any(state[:1] in ("D", "R") for state in (thread_states(pid) or "").split()[1::2])
 
 
 def thread_states(pid: int) -> str | None:

@@ -27,6 +27,7 @@ from runner.engine.protocols import CancelSource, NeverCancelled, NullSink, Phas
 from runner.flight.faults import FaultInjector
 from runner.flight.recorder import FlightReading, FlightRecorder
 from runner.heap import settle_heap
+from runner.ring_init import init_ring
 from runner.ring_wait import RingInbound
 
 if TYPE_CHECKING:
@@ -78,7 +79,6 @@ class CancelAtPoll:
 
 def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[str, Any]]:
     phases.enter("loading")  # importing MLX, mlx-lm and transformers takes seconds (20 s on a busy 2-core host)
-    import mlx.core as mx
 
     from runner.engine.alone import warm_up
     from runner.engine.collectives import Collectives
@@ -90,7 +90,7 @@ def run_job(job: dict[str, Any], rank: int, phases: PhaseTracker) -> list[dict[s
     world = len(ranges)
     faults = FaultInjector.from_env(rank)
     faults.loading()
-    group = mx.distributed.init(backend="ring", strict=True) if world > 1 else None
+    group = init_ring(rank, world) if world > 1 else None
     inbound = None if group is None else _inbound(rank)
     Collectives(group, inbound).check_members(os.environ.get("MLX_HOSTFILE", ""))  # the group's own hostfile
     shard = load_shard(Path(job["model_dir"]), ShardPlacement(rank, world, ranges), group, inbound)

@@ -38,6 +38,7 @@ from runner.blas import BlasThreads
 from runner.engine.protocols import PhaseTracker
 from runner.flight.faults import FaultInjector
 from runner.heap import settle_heap
+from runner.ring_init import init_ring
 from runner.ring_wait import RingInbound
 from runner.service.bridge import LogBridge, LogBridgeDown
 from runner.service.exit_codes import PEER_LOST_EXIT, is_peer_loss
@@ -73,15 +74,13 @@ def write_hostfile(ring_hosts: list[str]) -> Path:
 
 def join_group(placed: InstancePlaced, rank: int) -> mx.distributed.Group | None:
     """The ring group of this instance (None for one rank)."""
-    import mlx.core as mx
-
     if len(placed.shards) == 1:
         return None
     hostfile = write_hostfile(list(placed.ring_hosts))
     os.environ["MLX_RANK"] = str(rank)
     os.environ["MLX_HOSTFILE"] = str(hostfile)
     try:
-        return mx.distributed.init(backend="ring", strict=True)
+        return init_ring(rank, len(placed.shards))
     except RuntimeError as exc:
         raise RuntimeError(ring_failure(str(exc), list(placed.ring_hosts), rank)) from exc
     finally:

@@ -49,17 +49,14 @@ def fault(spec: str) -> dict[str, str]:
 
 @pytest.mark.timeout(90)
 def test_rank_killed_mid_prefill_fails_fast_naming_it() -> None:
-    started = time.monotonic()
     with pytest.raises(RankFailedError) as failure:
         run_group(_long_job(3), 3, deadline_s=60, extra_env=fault("die:1:3"))  # poll 3: prefill iteration 3
     assert failure.value.rank == 1
-    assert "rank 1" in str(failure.value) and "SIGKILL" in str(failure.value)
-    assert time.monotonic() - started < 45
+    assert "rank 1" in str(failure.value) and "SIGKILL" in str(failure.value)  # not the deadline's "stalled"
 
 
 @pytest.mark.timeout(90)
 def test_frozen_rank_is_named_from_its_silent_heartbeat() -> None:
-    started = time.monotonic()
     job = _long_job(3)
     job["tasks"][0]["request"]["max_tokens"] = 400
     with pytest.raises(RankFailedError) as failure:
@@ -69,8 +66,18 @@ def test_frozen_rank_is_named_from_its_silent_heartbeat() -> None:
     assert failure.value.rank == 2
     message = str(failure.value)
     # The last heartbeat may be a step or two older than the freeze; it names the task either way.
-    assert "rank 2 stopped responding" in message and "(task victim, iteration" in message
-    assert time.monotonic() - started < 60
+    assert "rank 2 stopped responding" in message and "(task victim, iteration" in message  # not the deadline's
+
+
+@pytest.mark.timeout(180)
+def test_the_last_rank_waits_for_a_rank_0_that_starts_after_mlxs_connect_attempts() -> None:
+    """Rank 0 sleeps 20 s before it joins the ring, longer than the 15 s mlx's ring gives the last
+    rank's connect to it (a rank 0 still importing MLX on a loaded host): the last rank connects
+    again (`runner.ring_init`) and the run completes. Without the retry: "[ring] Couldn't connect
+    (error: 111)" and the whole run fails."""
+    job = _long_job(2)
+    for rank_result in run_group(job, 2, deadline_s=150, extra_env=fault("sleep:0:load:20")):
+        assert len(rank_result["results"]) == 1
 
 
 @pytest.mark.timeout(90)
@@ -99,9 +106,7 @@ def _batch_job() -> dict:
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize(("spec", "named"), [("die:1:12", "SIGKILL"), ("freeze:0:12", "stopped responding")])
 def test_a_rank_lost_mid_batch_is_named_and_nothing_hangs(spec: str, named: str) -> None:
-    started = time.monotonic()
     with pytest.raises(RankFailedError) as failure:
         run_group(_batch_job(), 2, deadline_s=60, extra_env=fault(spec))  # poll 12: the batch is decoding
     assert failure.value.rank == int(spec.split(":")[1])
-    assert named in str(failure.value)
-    assert time.monotonic() - started < 60
+    assert named in str(failure.value)  # the liveness rule's verdict, not the deadline's "stalled"
