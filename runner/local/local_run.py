@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from events.runner_settings import RunnerSettings
-from events.task_params import DEFAULT_MAX_TOKENS
+from events.task_params import TaskParams
 from runner.engine.plan import even_split, split_from_counts
 from runner.errors import RequestError, SplitError
 from runner.models.model_info import ModelInfo, read_model_info
@@ -28,15 +28,9 @@ class LocalRunSpec:
     split: list[int] | None = None
     prompt: str | None = None
     prompt_tokens: int | None = None
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    temperature: float = 0.0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    top_k: int = 0
-    seed: int | None = None
+    params: TaskParams = field(default_factory=TaskParams)  # the sampling options, as a served task's
     prefill_step: int = RUNNER_DEFAULTS.prefill_step_size
     kv_bits: int | None = RUNNER_DEFAULTS.kv_bits
-    stop: list[str] = field(default_factory=list)
     cancel_at_iteration: int | None = None
     cancel_rank: int = 0
     warmup: bool = True
@@ -84,21 +78,11 @@ def build_job(spec: LocalRunSpec, model_dir: Path) -> dict[str, Any]:
         if count <= 0:
             raise RequestError(f"empty prompt: --prompt-tokens must be > 0, got {count}")
         prompt_ids = synthetic_prompt(count)
-    if spec.max_tokens <= 0:
-        raise RequestError(f"--max-tokens must be > 0, got {spec.max_tokens}")
+    if spec.params.max_tokens <= 0:
+        raise RequestError(f"--max-tokens must be > 0, got {spec.params.max_tokens}")
     if info.context_length is not None and len(prompt_ids) > info.context_length:
         raise RequestError(f"prompt has {len(prompt_ids)} tokens but the model's context is {info.context_length}")
-    request = {
-        "task_id": "generate",
-        "prompt_token_ids": prompt_ids,
-        "max_tokens": spec.max_tokens,
-        "temperature": spec.temperature,
-        "top_p": spec.top_p,
-        "min_p": spec.min_p,
-        "top_k": spec.top_k,
-        "seed": spec.seed,
-        "stop": spec.stop,
-    }
+    request = {"task_id": "generate", "prompt_token_ids": prompt_ids, **msgspec.to_builtins(spec.params)}
     task: dict[str, Any] = {"request": request}
     if spec.cancel_at_iteration is not None:
         task.update(cancel_rank=spec.cancel_rank, cancel_at_poll=spec.cancel_at_iteration)

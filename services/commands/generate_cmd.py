@@ -7,8 +7,10 @@ import json
 import sys
 from typing import Any
 
-from events.task_params import DEFAULT_MAX_TOKENS
+from events.task_params import TaskParams
 from runner.local.local_run import RUNNER_DEFAULTS
+
+DEFAULT_PARAMS = TaskParams()  # a served task's defaults: `shoal generate` samples alike
 
 
 def register(subparsers: Any) -> None:
@@ -19,12 +21,19 @@ def register(subparsers: Any) -> None:
     prompt = gen.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", help="user message (the model's chat template is applied)")
     prompt.add_argument("--prompt-tokens", type=int, help="use K synthetic prompt tokens instead")
-    gen.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--min-p", type=float, default=0.0, help="drop tokens under MIN_P x the likeliest's probability")
-    gen.add_argument("--top-k", type=int, default=0, help="draw from the TOP_K likeliest tokens only (0: all)")
-    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--max-tokens", type=int, default=DEFAULT_PARAMS.max_tokens)
+    gen.add_argument("--temperature", type=float, default=DEFAULT_PARAMS.temperature)
+    gen.add_argument("--top-p", type=float, default=DEFAULT_PARAMS.top_p)
+    gen.add_argument(
+        "--min-p",
+        type=float,
+        default=DEFAULT_PARAMS.min_p,
+        help="drop tokens under MIN_P x the likeliest's probability",
+    )
+    gen.add_argument(
+        "--top-k", type=int, default=DEFAULT_PARAMS.top_k, help="draw from the TOP_K likeliest tokens only (0: all)"
+    )
+    gen.add_argument("--seed", type=int, default=DEFAULT_PARAMS.seed)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--prefill-step", type=int, default=RUNNER_DEFAULTS.prefill_step_size)
     gen.add_argument("--kv-bits", type=int, default=RUNNER_DEFAULTS.kv_bits, help="KV-cache bits (default: off)")
@@ -55,15 +64,17 @@ def generate_command(args: argparse.Namespace) -> int:
         split=args.split,
         prompt=args.prompt,
         prompt_tokens=args.prompt_tokens,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        top_k=args.top_k,
-        seed=args.seed,
+        params=TaskParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            top_k=args.top_k,
+            seed=args.seed,
+            stop=args.stop,
+        ),
         prefill_step=args.prefill_step,
         kv_bits=args.kv_bits,
-        stop=args.stop,
         cancel_at_iteration=args.cancel_at_iteration,
         cancel_rank=args.cancel_rank,
         warmup=not args.no_warmup,

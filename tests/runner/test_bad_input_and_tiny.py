@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from events.runner_settings import RunnerSettings
+from events.task_params import TaskParams
 from runner.engine.protocols import PhaseTracker
 from runner.errors import ModelDirError, RequestError, SplitError
 from runner.local.local_run import LocalRunSpec, build_job
@@ -99,7 +100,7 @@ def test_bad_model_dirs(tmp_path: Path, make_dir, message: str) -> None:
         ({"ranks": 9}, SplitError, "only 8 layers"),
         ({"prompt_tokens": None, "prompt": "  "}, RequestError, "empty prompt"),
         ({"prompt_tokens": 0}, RequestError, "empty prompt"),
-        ({"max_tokens": 0}, RequestError, "max-tokens must be > 0"),
+        ({"params": TaskParams(max_tokens=0)}, RequestError, "max-tokens must be > 0"),
         ({"prompt_tokens": 5000}, RequestError, "context is 4096"),
         ({"prefill_step": 0}, RequestError, "invalid --prefill-step or --kv-bits: Expected `int` >= 1"),
         ({"kv_bits": 5}, RequestError, "invalid --prefill-step or --kv-bits: Invalid enum value 5"),
