@@ -195,7 +195,18 @@ class Cluster:
             pids[(instance, rank)] = int(cmdline.parent.name)
         return pids
 
+    def tails(self, newest_runners: int = 4) -> str:
+        """The end of `shoal up`'s output and of its `newest_runners` runner logs: what a failed
+        test's reader needs (CI keeps no files)."""
+        logs = sorted((self.root / "data" / "runner-logs").glob("*/*.log"), key=lambda f: f.stat().st_mtime)
+        runners = [f"--- runner {f.parent.name}/{f.name}\n{f.read_text(errors='replace')[-2000:]}" for f in logs]
+        return "\n".join([f"--- {self.up.name}\n{self.up.tail(6000)}", *runners[-newest_runners:]])
+
     def stop(self) -> None:
+        """Stop every process; when called while an exception is raised (a test's `finally`), first
+        print the processes' tails to stderr, which pytest shows beside the failure."""
+        if sys.exc_info()[1] is not None:
+            print(f"cluster logs at the failure:\n{self.tails()}", file=sys.stderr)
         self.up.stop()
         for pid in self.runner_pids().values():
             kill_group(pid)
