@@ -25,6 +25,7 @@ from bench.tiny_seed import seed_tiny
 from eventlog.endpoint import NatsEndpoint
 
 READY = re.compile(r"shoal: ready: instance (\S+)")
+_ACCESS_GET = re.compile(r"access_log:.* - GET ")
 
 
 def free_ring_base_port() -> int:
@@ -196,11 +197,14 @@ class Cluster:
         return pids
 
     def tails(self, newest_runners: int = 4) -> str:
-        """The end of `shoal up`'s output and of its `newest_runners` runner logs: what a failed
-        test's reader needs (CI keeps no files)."""
+        """The end of the `newest_runners` runner logs and of `shoal up`'s output (last: nearest the
+        end of a truncated report), without its access-log lines for GETs (a test polling /metrics
+        writes twenty a second): what a failed test's reader needs, as CI keeps no files."""
         logs = sorted((self.root / "data" / "runner-logs").glob("*/*.log"), key=lambda f: f.stat().st_mtime)
         runners = [f"--- runner {f.parent.name}/{f.name}\n{f.read_text(errors='replace')[-2000:]}" for f in logs]
-        return "\n".join([f"--- {self.up.name}\n{self.up.tail(6000)}", *runners[-newest_runners:]])
+        output = self.up.stdout_path.read_text(errors="replace") + self.up.stderr_path.read_text(errors="replace")
+        lines = [line for line in output.splitlines() if not _ACCESS_GET.search(line)]
+        return "\n".join([*runners[-newest_runners:], f"--- {self.up.name}", "\n".join(lines)[-6000:]])
 
     def stop(self) -> None:
         """Stop every process; when called while an exception is raised (a test's `finally`), first

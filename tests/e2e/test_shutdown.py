@@ -38,17 +38,20 @@ def _stream(base_url: str, index: int, bias: dict[str, int], first_chunk: thread
         "stream": True,
     }
     events: list[str] = []
-    with (
-        httpx.Client(base_url=base_url, timeout=60) as http,
-        http.stream("POST", "/v1/chat/completions", json=body) as r,
-    ):
-        out["status"] = r.status_code
-        out["task_id"] = r.headers.get("x-shoal-task-id")
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                events.append(line[6:])
-                first_chunk.set()
     out["events"] = events
+    try:
+        with (
+            httpx.Client(base_url=base_url, timeout=60) as http,
+            http.stream("POST", "/v1/chat/completions", json=body) as r,
+        ):
+            out["status"] = r.status_code
+            out["task_id"] = r.headers.get("x-shoal-task-id")
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    first_chunk.set()
+    except httpx.HTTPError as exc:  # told by the assertions on `out`, not as a thread's traceback
+        out["error"] = repr(exc)
 
 
 def _answer(base_url: str, bias: dict[str, int], out: dict[str, Any]) -> None:
@@ -58,8 +61,12 @@ def _answer(base_url: str, bias: dict[str, int], out: dict[str, Any]) -> None:
         "max_tokens": LONG,
         "logit_bias": bias,
     }
-    with httpx.Client(base_url=base_url, timeout=60) as http:
-        response = http.post("/v1/chat/completions", json=body)
+    try:
+        with httpx.Client(base_url=base_url, timeout=60) as http:
+            response = http.post("/v1/chat/completions", json=body)
+    except httpx.HTTPError as exc:  # told by the assertions on `out`, not as a thread's traceback
+        out["error"] = repr(exc)
+        return
     out.update(status=response.status_code, headers=dict(response.headers), body=response.json())
 
 
@@ -77,6 +84,7 @@ def test_stopping_tells_every_client_and_cancels_every_task(tmp_path: Path) -> N
         threads.append(threading.Thread(target=_answer, args=(cluster.base_url, bias, answer), daemon=True))
         for thread in threads:
             thread.start()
+        # the first data line is the role's chunk, sent when the task is published, not when it runs
         assert all(event.wait(60) for event in started), "the streams never started"
         with cluster.http() as http:
             wait_running(http, "tiny", len(threads))  # the request not streamed is in flight too
