@@ -132,7 +132,13 @@ class KvLease:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, endpoint: NatsEndpoint, holder: str, lease_seconds: float) -> AsyncGenerator[KvLease]:
+    async def open(
+        cls,
+        endpoint: NatsEndpoint,
+        holder: str,
+        lease_seconds: float,
+        mono_ns: Callable[[], int] = time.monotonic_ns,
+    ) -> AsyncGenerator[KvLease]:
         client = await NatsClient.open(endpoint, name=f"shoal-{holder}-lease", wait_seconds=5.0)
         try:
             js = client.nc.jetstream(timeout=max(lease_seconds / POLLS_PER_LEASE, 0.5))  # pyright: ignore[reportUnknownMemberType]
@@ -149,7 +155,7 @@ class KvLease:
             kv = KeyValue(
                 name=LEASE_BUCKET, stream=f"KV_{LEASE_BUCKET}", pre=f"$KV.{LEASE_BUCKET}.", js=js, direct=False
             )
-            lease = cls(kv, LeaseState(holder, lease_seconds))
+            lease = cls(kv, LeaseState(holder, lease_seconds), mono_ns)
             try:
                 yield lease
             finally:
@@ -162,13 +168,19 @@ class KvLease:
         return self.state.leading(self.mono_ns())
 
     async def keep(self, transitions: asyncio.Queue[bool]) -> None:
-        was_leading: bool | None = None  # the first step's outcome is news either way
+        """Step every `poll_seconds`, telling each change of leadership. A lease that lapsed since
+        the last step (the loop slowed past the leader's share of it) is told before the step that
+        claims it back: while it lapsed the master dropped its decisions, and a master that takes
+        over reconciles."""
+        told: bool | None = None  # the first step's outcome is news either way
         while True:
+            if told and not self.leading():
+                told = False
+                transitions.put_nowait(told)
             await self.step()
-            now_leading = self.leading()
-            if now_leading != was_leading:
-                transitions.put_nowait(now_leading)
-                was_leading = now_leading
+            if self.leading() != told:
+                told = self.leading()
+                transitions.put_nowait(told)
             await asyncio.sleep(self.poll_seconds)
 
     async def step(self) -> None:

@@ -42,6 +42,8 @@ from services.master.placement import RetryClock
 from services.master.snapshots import SnapshotWriter
 from services.master.watchdog import tick
 
+OWN_DECISIONS_WAIT_SECONDS = 10.0  # a master taking over waits this long at most for its own last decisions
+
 
 class MasterSettings(msgspec.Struct, frozen=True, kw_only=True):
     nats: NatsEndpoint  # URL, TLS files and the master's identity
@@ -145,8 +147,10 @@ class Master:
         name = self.settings.name
         while True:
             if await transitions.get():
+                # A leader whose lease lapsed a moment ago may have decisions on their way to its
+                # State still: it reconciles once they are in, not on a State that lacks them.
+                await self._progress.reached(self._awaiting_seq, OWN_DECISIONS_WAIT_SECONDS)
                 logger.info("master {} leading at seq {}", name, self.state.last_seq)
-                self._awaiting_seq = 0  # a stand-by published nothing it could wait for
                 await self._publish(self.core.reconcile(self.state))
             elif self._undecided or self._awaiting_seq:
                 logger.warning("master {} lost the lease: standing by", name)

@@ -151,3 +151,26 @@ async def test_a_leader_that_cannot_renew_stops_before_a_stand_by_takes_over(
             await asyncio.sleep(0.01)
         waited = time.monotonic() - taken_at
     assert 1.0 <= waited < 2.0, waited
+
+
+@pytest.mark.timeout(60)
+async def test_a_lease_that_lapsed_between_steps_is_told_before_it_is_claimed_back(
+    event_log: EventLog, nats_url: str
+) -> None:
+    """The leader's loop slept past its share of the lease (a loaded host): by its own clock it led
+    no more, so it dropped what it decided meanwhile, and the next step claims the lease back at
+    once (still its own revision). The lapse is told, then the take-over, on which the master
+    reconciles what it dropped; the renewal must not hide it. On the real bucket, the clock driven
+    by the test."""
+    now = [0]
+    async with KvLease.open(NatsEndpoint(url=nats_url), "slowed", 8.0, mono_ns=lambda: now[0]) as lease:
+        transitions: asyncio.Queue[bool] = asyncio.Queue()
+        keeping = asyncio.create_task(lease.keep(transitions))
+        try:
+            assert await asyncio.wait_for(transitions.get(), 30) is True
+            now[0] += 60 * 1_000_000_000  # past the leader's share: lapsed
+            told = [await asyncio.wait_for(transitions.get(), 30) for _ in range(2)]
+            assert told == [False, True]
+            assert lease.leading()
+        finally:
+            keeping.cancel()
