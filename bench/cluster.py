@@ -136,6 +136,12 @@ def kill_group(pid: int) -> None:
         pass
 
 
+def runner_log_tails(data_dir: Path, newest: int, chars: int = 2000) -> list[str]:
+    """The end of the `newest` runner log files of a cluster (`<data_dir>/runner-logs/<node>/...`)."""
+    logs = sorted((data_dir / "runner-logs").glob("*/*.log"), key=lambda f: f.stat().st_mtime)
+    return [f"--- runner {f.parent.name}/{f.name}\n{f.read_text(errors='replace')[-chars:]}" for f in logs[-newest:]]
+
+
 def setting_env(settings: Mapping[str, str]) -> dict[str, str]:
     """Settings as the environment `shoal` reads them (`max_batch` -> `SHOAL_MAX_BATCH`)."""
     return {f"SHOAL_{key.upper()}": value for key, value in settings.items()}
@@ -200,11 +206,10 @@ class Cluster:
         """The end of the `newest_runners` runner logs and of `shoal up`'s output (last: nearest the
         end of a truncated report), without its access-log lines for GETs (a test polling /metrics
         writes twenty a second): what a failed test's reader needs, as CI keeps no files."""
-        logs = sorted((self.root / "data" / "runner-logs").glob("*/*.log"), key=lambda f: f.stat().st_mtime)
-        runners = [f"--- runner {f.parent.name}/{f.name}\n{f.read_text(errors='replace')[-2000:]}" for f in logs]
         output = self.up.stdout_path.read_text(errors="replace") + self.up.stderr_path.read_text(errors="replace")
         lines = [line for line in output.splitlines() if not _ACCESS_GET.search(line)]
-        return "\n".join([*runners[-newest_runners:], f"--- {self.up.name}", "\n".join(lines)[-6000:]])
+        runners = runner_log_tails(self.root / "data", newest_runners)
+        return "\n".join([*runners, f"--- {self.up.name}", "\n".join(lines)[-6000:]])
 
     def stop(self) -> None:
         """Stop every process; when called while an exception is raised (a test's `finally`), first

@@ -21,7 +21,7 @@ import msgspec
 import nats.errors
 import nats.js.errors
 
-from bench.cluster import Proc, shoal_argv
+from bench.cluster import Proc, runner_log_tails, shoal_argv
 from bench.hosts import Host, Network
 from eventlog.endpoint import NatsEndpoint
 from eventlog.log import EventLog, LogError
@@ -339,8 +339,7 @@ class NetCluster:
 
     def runner_tails(self, newest: int = 4) -> list[str]:
         """The end of the `newest` runner log files (`<data_dir>/runner-logs/<node>/...`)."""
-        logs = sorted((self.root / "data" / "runner-logs").glob("*/*.log"), key=lambda f: f.stat().st_mtime)
-        return [f"--- runner {f.parent.name}/{f.name}\n{f.read_text(errors='replace')[-1500:]}" for f in logs[-newest:]]
+        return runner_log_tails(self.root / "data", newest, chars=1500)
 
     def stop(self) -> None:
         for proc in self.procs.values():

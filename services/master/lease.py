@@ -178,8 +178,9 @@ class KvLease:
                 told = False
                 transitions.put_nowait(told)
             await self.step()
-            if self.leading() != told:
-                told = self.leading()
+            leading = self.leading()
+            if leading != told:
+                told = leading
                 transitions.put_nowait(told)
             await asyncio.sleep(self.poll_seconds)
 
