@@ -254,6 +254,40 @@ class NetCluster:
         name = asyncio.run(leader())
         return int(name.removeprefix("nats-")) if name.startswith("nats-") else 0
 
+    def wait_nats_whole(self, timeout: float = 60.0) -> NetCluster:
+        """Until every stream has a leader and each of its replicas is current: a server started
+        again has caught up from its peers. A test that kills one server of three must not find
+        another still behind, which would be two faults at once (no quorum until it catches up)."""
+        deadline = time.monotonic() + timeout
+        while behind := asyncio.run(self._streams_behind()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"NATS streams not whole after {timeout}s: {behind}\n{self.tails('nats')}")
+            time.sleep(0.5)
+        return self
+
+    async def _streams_behind(self) -> list[str]:
+        """Why the streams are not whole yet (empty: they are)."""
+        try:
+            log = await EventLog.connect(self.admin_endpoint(), ensure=False, wait_seconds=3)
+        except (LogError, nats.errors.Error, OSError, TimeoutError) as exc:
+            return [f"cannot connect: {exc}"]
+        try:
+            infos = await log._js.streams_info()  # pyright: ignore[reportPrivateUsage]
+        except (nats.js.errors.Error, nats.errors.Error, TimeoutError) as exc:
+            return [f"cannot list the streams: {exc}"]
+        finally:
+            await log.close()
+        behind: list[str] = []
+        for info in infos:
+            cluster, name = info.cluster, info.config.name
+            replicas = [] if cluster is None else cluster.replicas or []
+            if cluster is None or not cluster.leader:
+                behind.append(f"{name}: no leader")
+            elif len(replicas) < len(self.nats_hosts) - 1 or any(p.offline or not p.current for p in replicas):
+                peers = ", ".join(f"{p.name} current={p.current} offline={p.offline}" for p in replicas)
+                behind.append(f"{name}: leader {cluster.leader}, replicas {peers or 'none'}")
+        return behind
+
     def meta_leader(self) -> int:
         """Which NATS server (index) leads the JetStream cluster's metadata now: the newest
         "Self is new JetStream cluster metadata leader" line among the servers' logs (the API
@@ -330,12 +364,17 @@ class NetCluster:
         return self
 
     def tails(self, prefix: str = "") -> str:
-        """The end of each process's output, the services' and their runners' first (what a failed
-        test's reader needs most, before a truncation), the NATS servers' last."""
-        names = sorted((n for n in self.procs if n.startswith(prefix)), key=lambda n: n.startswith("nats"))
+        """The end of each process's output: the runners' first, then the masters', the API's and
+        the workers', the NATS servers' last (a failed test's report is cut in its middle when
+        long: what its reader needs most comes first)."""
+        order = ("master", "api", "w", "nats")
+        names = sorted(
+            (n for n in self.procs if n.startswith(prefix)),
+            key=lambda n: next((i for i, kind in enumerate(order) if n.startswith(kind)), len(order)),
+        )
         services = [f"--- {n}\n{self.procs[n].tail(1500)}" for n in names if not n.startswith("nats")]
         servers = [f"--- {n}\n{self.procs[n].tail(1500)}" for n in names if n.startswith("nats")]
-        return "\n".join([*services, *(self.runner_tails() if not prefix else []), *servers])
+        return "\n".join([*(self.runner_tails() if not prefix else []), *services, *servers])
 
     def runner_tails(self, newest: int = 4) -> list[str]:
         """The end of the `newest` runner log files (`<data_dir>/runner-logs/<node>/...`)."""

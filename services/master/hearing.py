@@ -10,7 +10,8 @@ second, one that runs fast would never be). So the shell records when things *ar
   a master whose reading stalled never times out the nodes for it;
 - a runner's newest heartbeat is kept with its `env.wall_time` replaced by the arrival time, so
   `events.culprit` judges a rank silent by what the master heard, whatever the rank's clock says;
-- a busy instance's progress is when the master first saw its head task where it is now, and a
+- a busy instance's progress is when the master first saw its head task where it is now (its
+  time without progress, like a node's silence, counts only while the master could see), and a
   failed instance's losses when it first saw its down ranks as they are now;
 - a task's age (its request deadline, its assignment timeout) counts from when the master first
   saw it in the log, never from the API's `created_at`; a loading instance's from its newest sign
@@ -173,6 +174,7 @@ class Hearing:
             node_silence={node_id: self.sight.silence(heard) for node_id, heard in self._nodes.items()},
             runners=self._runners,
             activity=_times(self._activity),
+            activity_silence={key: self.sight.silence(at) for key, (_, at) in self._activity.items()},
             losses=_times(self._losses),
             tasks=_times(self._tasks),
             loading=_times(self._loading),

@@ -49,6 +49,10 @@ class Liveness(msgspec.Struct, frozen=True, kw_only=True):
     is judged by the State's own stamps (a tool replaying a log has no arrivals).
     `node_silence` is each node's silence counted only while the master could see
     (`services.master.sight`); a node missing from it is judged by `now - nodes[node]`.
+    `activity_silence` is each busy instance's time without progress counted the same way: a
+    master whose reading of the heartbeats stalled (a NATS server dying under its consumer) sees
+    no step move, and must not take that for a stalled task; an instance missing from it is
+    judged by `now - activity[instance]`.
     `wall_offset_ns` turns a time of this clock into the master's wall time, for the one value
     written to the log (`NodeTimedOut.last_seen`)."""
 
@@ -56,6 +60,7 @@ class Liveness(msgspec.Struct, frozen=True, kw_only=True):
     node_silence: Mapping[NodeId, int] = msgspec.field(default_factory=dict[NodeId, int])
     runners: Mapping[RunnerKey, RunnerHeartbeat] = msgspec.field(default_factory=dict[RunnerKey, RunnerHeartbeat])
     activity: Mapping[InstanceId, int] = msgspec.field(default_factory=dict[InstanceId, int])
+    activity_silence: Mapping[InstanceId, int] = msgspec.field(default_factory=dict[InstanceId, int])
     losses: Mapping[InstanceId, int] = msgspec.field(default_factory=dict[InstanceId, int])
     tasks: Mapping[TaskId, int] = msgspec.field(default_factory=dict[TaskId, int])
     loading: Mapping[InstanceId, int] = msgspec.field(default_factory=dict[InstanceId, int])
@@ -184,7 +189,7 @@ def _stalled_tasks(
             continue
         task = state.tasks[instance.queue[0]]
         since = liveness.activity.get(instance.instance_id, max(instance.head_since, *batch_activity(state, instance)))
-        if now_ns - since <= policy.task_stall_seconds * NS:
+        if liveness.activity_silence.get(instance.instance_id, now_ns - since) <= policy.task_stall_seconds * NS:
             continue
         diagnosis = describe_positions(task, instance, liveness, now_ns)
         culprit = blame(state, instance, task, liveness, now_ns)

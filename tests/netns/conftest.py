@@ -37,9 +37,12 @@ def shared_cluster(netns_available: None, tmp_path_factory: pytest.TempPathFacto
 
 @pytest.fixture
 def cluster(shared_cluster: NetCluster) -> NetCluster:
-    """The shared cluster, serving: a test that left it without an instance (a fault the current
-    code does not recover from) is followed by what an operator would do, restarting what died or
-    went silent, so one unrecovered fault fails its own test and not every later one."""
+    """The shared cluster, whole and serving: its three NATS servers current (a test that killed
+    one started it again, and it catches up from its peers: killing another before that would be
+    two faults at once), and an instance ready. A test that left it without an instance (a fault
+    the current code does not recover from) is followed by what an operator would do, restarting
+    what died or went silent, so one unrecovered fault fails its own test and not every later one."""
+    shared_cluster.wait_nats_whole(90)
     try:
         return shared_cluster.wait_ready(15)
     except TimeoutError:

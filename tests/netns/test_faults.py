@@ -111,7 +111,7 @@ def kill_one_nats_server(cluster: NetCluster, victim: int, when: str) -> None:
         beside.join(BOUND + 5)
         after = served_within(cluster, NODE_TIMEOUT + 10)
     finally:
-        cluster.start_nats(victim)  # back for the next test; it catches up from its peers
+        cluster.start_nats(victim)  # back for the next test, which waits until it caught up (`conftest.cluster`)
     assert all(p.process.poll() is None for n, p in cluster.procs.items() if not n.startswith("nats")), cluster.tails()
     assert cluster.count_on_log(NodeTimedOut) == timed_out, "the master took its own blindness for silence"
     assert_checked(cluster, [call, beside.result, *after])

@@ -203,8 +203,11 @@ def test_a_task_whose_ranks_clocks_run_slow_is_not_stalled_while_it_progresses()
         assert master_tick(c, hearing) == []
     by_stamps = tick(c.state, c.clock.now_ns, Liveness(), c.policy, fake_stamper("master", c.clock))
     assert any(isinstance(e, TaskStalled) for e in by_stamps)
-    c.clock.advance(31)
-    assert any(isinstance(e, TaskStalled) for e in master_tick(c, hearing))
+    stalled: list[LogEvent] = []
+    for _ in range(31):  # the progress stops; the master ticks on, seeing (its probes come back)
+        c.clock.advance(1)
+        stalled += [e for e in master_tick(c, hearing) if isinstance(e, TaskStalled)]
+    assert stalled
 
 
 def test_a_decoding_task_shows_its_progress_by_its_ranks_steps_not_its_chunks() -> None:
@@ -226,6 +229,46 @@ def test_a_decoding_task_shows_its_progress_by_its_ranks_steps_not_its_chunks() 
     assert all(beat_at(step) == [] for step in range(1, 61))  # a minute of decode, no event folded
     stalled = [e for step in range(31) for e in beat_at(60) if isinstance(e, TaskStalled)]
     assert len(stalled) == 1 and "decoding: step 60" in stalled[0].diagnosis
+
+
+@pytest.mark.parametrize(
+    ("blind_s", "frozen_after", "stalled_at"),
+    [
+        (40, None, None),  # blind longer than the stall bound while the ranks step on: never stalled
+        # Frozen from the start: the master first sees the ranks' steps when it hears again (41,
+        # or 1 when it always could), and stalls the task once more than 30 seen seconds passed.
+        (40, 0, 41 + 31),
+        (0, 0, 1 + 31),
+    ],
+)
+def test_a_decoding_task_is_stalled_for_its_ranks_silence_never_for_the_masters_blindness(
+    blind_s: int, frozen_after: int | None, stalled_at: int | None
+) -> None:
+    """The master's reading of the heartbeats stalls (its consumer was on a NATS server that died):
+    it hears no step and no probe of its own. That time is not counted against the task; once
+    sight returns, a task whose ranks moved on is not stalled, and one whose ranks froze is, after
+    the bound of seen time."""
+    c = Cluster(MasterPolicy(task_stall_seconds=30.0, node_timeout_seconds=TIMEOUT_S))
+    instance_id = c.ready_instance()
+    c.feed(*(c.ev.started("warm", rank) for rank in (0, 1)))
+    hearing = Hearing(MASTER, 1.0)
+    stalled: list[int] = []
+    step = 0
+    for second in range(1, 121):
+        c.clock.advance(1)
+        step += frozen_after is None or second <= frozen_after
+        if second > blind_s:  # the master hears again: beats and its own probes
+            for n in ("n1", "n2"):
+                hearing.heard(Node(c, n, 0).beat(), c.clock.now_ns)
+            for rank in (0, 1):
+                hearing.heard(c.ev.heartbeat(instance_id, rank, "decode", "warm", iteration=step), c.clock.now_ns)
+            probe(c, hearing)
+        hearing.notice(c.state, c.clock.now_ns)
+        decided = tick(c.state, c.clock.now_ns, hearing.liveness(), c.policy, fake_stamper("master", c.clock))
+        if any(isinstance(e, TaskStalled) for e in decided):
+            stalled.append(second)
+            break
+    assert stalled == ([] if stalled_at is None else [stalled_at])
 
 
 def test_a_casualty_whose_clock_runs_fast_is_retired_after_the_grace() -> None:
