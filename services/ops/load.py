@@ -46,30 +46,28 @@ class ExportReader:
         self._file: BinaryIO | None = None
 
     def __iter__(self) -> Iterator[tuple[int, ExportRecord]]:
+        # The hot loop of every offline command, one generator deep (no `yield from` hop per line):
+        # the decoder is called directly (no wrapper call per line) and `abandon` is noticed
+        # through `skipped` only after the consumer comes back.
+        decode = _RECORD_DECODER.decode
         with self.path.open("rb") as file:
             self._file = file
             try:
-                yield from self._records(file)
+                for number, line in enumerate(file, 1):
+                    try:
+                        record = decode(line)
+                    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                        if line.isspace():
+                            continue  # a blank line carries nothing to lose
+                        truncated = not line.endswith(b"\n")
+                        reason = f"truncated line ({exc})" if truncated else f"malformed record ({exc})"
+                        self._stop(number, reason, file)
+                        return
+                    yield number, record
+                    if self.skipped is not None:
+                        return
             finally:
                 self._file = None
-
-    def _records(self, file: BinaryIO) -> Iterator[tuple[int, ExportRecord]]:
-        # The hot loop of every offline command: the decoder is called directly (no wrapper call per
-        # line) and `abandon` is noticed through `skipped` only after the consumer comes back.
-        decode = _RECORD_DECODER.decode
-        for number, line in enumerate(file, 1):
-            try:
-                record = decode(line)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                if line.isspace():
-                    continue  # a blank line carries nothing to lose
-                truncated = not line.endswith(b"\n")
-                reason = f"truncated line ({exc})" if truncated else f"malformed record ({exc})"
-                self._stop(number, reason, file)
-                return
-            yield number, record
-            if self.skipped is not None:
-                return
 
     def abandon(self, line: int, reason: str) -> None:
         """Stop reading at `line` (already yielded) because its record cannot be used."""

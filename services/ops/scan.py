@@ -26,7 +26,7 @@ from events.vocabulary import StreamKey
 from services.ops.load import SkippedLines
 from services.ops.runs import RunStart
 
-_TELEMETRY_TYPES = (RunnerHeartbeat, NodeHeartbeat, MasterProbe)
+_TELEMETRY_TYPES = frozenset((RunnerHeartbeat, NodeHeartbeat, MasterProbe))  # exact types: none is subclassed
 
 
 class Cutoff(msgspec.Struct, frozen=True, kw_only=True):
@@ -114,6 +114,7 @@ def scan(
     add_heartbeat = result.heartbeats.add
     folder = Folder(result.state)
     add_event = folder.add
+    last_seq = folder.last_seq  # the folder's, kept here: every fold that returns advances it to `seq`
     newest = read = folded = 0
     for line, record in records:  # hot loop: a million iterations, so kept flat and local
         event = record.event
@@ -121,12 +122,13 @@ def scan(
         if cutoff is not None and cutoff.excludes(record.stream, record.seq, wall):
             continue
         read += 1
+        kind = type(event)
         if record.stream == "telemetry":
-            if isinstance(event, RunnerHeartbeat):
-                add_heartbeat(event)
-        elif not isinstance(event, _TELEMETRY_TYPES):
+            if kind is RunnerHeartbeat:
+                add_heartbeat(event)  # pyright: ignore[reportArgumentType]
+        elif kind not in _TELEMETRY_TYPES:
             seq = record.seq
-            if seq > folder.last_seq + 1 and (allow_gaps or folder.last_seq == 0):
+            if seq > last_seq + 1 and (allow_gaps or last_seq == 0):
                 folder.skip_to(seq)  # trimmed head / skipped poison message
             try:
                 refused = add_event(seq, event, record.subject)  # pyright: ignore[reportArgumentType]
@@ -136,13 +138,15 @@ def scan(
                 if abandon is not None:
                     abandon(line, error)
                 break
+            last_seq = seq
             folded += 1
-            if type(event) is ClusterStarted and refused is None:  # a forged one starts no run
+            if kind is ClusterStarted and refused is None:  # a forged one starts no run
                 result.runs.append(RunStart(seq=seq, wall_ns=wall))
         if wall > newest:
             newest = wall
-        for watcher in watchers:
-            watcher.observe(record.seq, event)
+        if watchers:
+            for watcher in watchers:
+                watcher.observe(record.seq, event)
     result.state, result.newest_wall_ns, result.records_read, result.events_folded = folder.state, newest, read, folded
     return result
 
