@@ -39,15 +39,14 @@ def shared_cluster(netns_available: None, tmp_path_factory: pytest.TempPathFacto
 def cluster(shared_cluster: NetCluster) -> NetCluster:
     """The shared cluster, whole and serving: its three NATS servers current (a test that killed
     one started it again, and it catches up from its peers: killing another before that would be
-    two faults at once), and an instance ready. A test that left it without an instance (a fault
-    the current code does not recover from) is followed by what an operator would do, restarting
-    what died or went silent, so one unrecovered fault fails its own test and not every later one."""
-    shared_cluster.wait_nats_whole(90)
+    two faults at once), and an instance ready. A test that left it otherwise (a fault the current
+    code does not recover from) is followed by what an operator would do, restarting what died or
+    went silent, so one unrecovered fault fails its own test and not every later one."""
     try:
-        return shared_cluster.wait_ready(15)
+        return shared_cluster.wait_nats_whole(90).wait_ready(15)
     except TimeoutError:
         shared_cluster.restart_all()
-        return shared_cluster.wait_ready(90)
+        return shared_cluster.wait_nats_whole(90).wait_ready(90)
 
 
 def assert_checked(cluster: NetCluster, calls: list[ClientCall]) -> None:
