@@ -283,7 +283,9 @@ class NetCluster:
             replicas = [] if cluster is None else cluster.replicas or []
             if cluster is None or not cluster.leader:
                 behind.append(f"{name}: no leader")
-            elif len(replicas) < len(self.nats_hosts) - 1 or any(p.offline or not p.current for p in replicas):
+            elif len(replicas) < (info.config.num_replicas or 1) - 1 or any(
+                p.offline or not p.current for p in replicas
+            ):
                 peers = ", ".join(f"{p.name} current={p.current} offline={p.offline}" for p in replicas)
                 behind.append(f"{name}: leader {cluster.leader}, replicas {peers or 'none'}")
         return behind
