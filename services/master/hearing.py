@@ -173,7 +173,6 @@ class Hearing:
             nodes=self._nodes,
             node_silence={node_id: self.sight.silence(heard) for node_id, heard in self._nodes.items()},
             runners=self._runners,
-            activity=_times(self._activity),
             activity_silence={key: self.sight.silence(at) for key, (_, at) in self._activity.items()},
             losses=_times(self._losses),
             tasks=_times(self._tasks),

@@ -41,25 +41,24 @@ RankOfTask = tuple[TaskId, int]
 class Liveness(msgspec.Struct, frozen=True, kw_only=True):
     """What the master heard, on its own clock (`services.master.hearing`): when it last heard
     each node (wall ns at arrival), each runner's newest heartbeat stamped with its arrival, when
-    it first saw each busy instance's head task where it is now (`activity`) and each failed
-    instance's down ranks as they are now (`losses`), each live task (`tasks`: its request
+    it first saw each busy instance's head task where it is now (as `activity_silence`, below),
+    each failed instance's down ranks as they are now (`losses`), each live task (`tasks`: its request
     deadline and assignment timeout count from here), each loading instance's newest sign of
     loading (`loading`), each rank's prefill position of a stalled-candidate head task
     (`progress`) and each live task's cancel request (`cancels`). Anything missing from these
     is judged by the State's own stamps (a tool replaying a log has no arrivals).
     `node_silence` is each node's silence counted only while the master could see
     (`services.master.sight`); a node missing from it is judged by `now - nodes[node]`.
-    `activity_silence` is each busy instance's time without progress counted the same way: a
-    master whose reading of the heartbeats stalled (a NATS server dying under its consumer) sees
-    no step move, and must not take that for a stalled task; an instance missing from it is
-    judged by `now - activity[instance]`.
+    `activity_silence` is each busy instance's time without progress since the master first saw
+    it where it is now, counted the same way: a master whose reading of the heartbeats stalled (a
+    NATS server dying under its consumer) sees no step move, and must not take that for a stalled
+    task; an instance missing from it is judged by the State's stamps.
     `wall_offset_ns` turns a time of this clock into the master's wall time, for the one value
     written to the log (`NodeTimedOut.last_seen`)."""
 
     nodes: Mapping[NodeId, int] = msgspec.field(default_factory=dict[NodeId, int])
     node_silence: Mapping[NodeId, int] = msgspec.field(default_factory=dict[NodeId, int])
     runners: Mapping[RunnerKey, RunnerHeartbeat] = msgspec.field(default_factory=dict[RunnerKey, RunnerHeartbeat])
-    activity: Mapping[InstanceId, int] = msgspec.field(default_factory=dict[InstanceId, int])
     activity_silence: Mapping[InstanceId, int] = msgspec.field(default_factory=dict[InstanceId, int])
     losses: Mapping[InstanceId, int] = msgspec.field(default_factory=dict[InstanceId, int])
     tasks: Mapping[TaskId, int] = msgspec.field(default_factory=dict[TaskId, int])
@@ -188,8 +187,10 @@ def _stalled_tasks(
         if instance.retired or not instance.queue:
             continue
         task = state.tasks[instance.queue[0]]
-        since = liveness.activity.get(instance.instance_id, max(instance.head_since, *batch_activity(state, instance)))
-        if liveness.activity_silence.get(instance.instance_id, now_ns - since) <= policy.task_stall_seconds * NS:
+        silence = liveness.activity_silence.get(instance.instance_id)
+        if silence is None:  # no arrivals (a tool replaying a log): the State's stamps
+            silence = now_ns - max(instance.head_since, *batch_activity(state, instance))
+        if silence <= policy.task_stall_seconds * NS:
             continue
         diagnosis = describe_positions(task, instance, liveness, now_ns)
         culprit = blame(state, instance, task, liveness, now_ns)

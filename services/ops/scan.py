@@ -124,8 +124,8 @@ def scan(
         read += 1
         kind = type(event)
         if record.stream == "telemetry":
-            if kind is RunnerHeartbeat:
-                add_heartbeat(event)  # pyright: ignore[reportArgumentType]
+            if isinstance(event, RunnerHeartbeat):
+                add_heartbeat(event)
         elif kind not in _TELEMETRY_TYPES:
             seq = record.seq
             if seq > last_seq + 1 and (allow_gaps or last_seq == 0):
