@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -23,6 +24,9 @@ import openai
 
 from bench.tiny_seed import seed_tiny
 from eventlog.endpoint import NatsEndpoint
+from eventlog.export import read_export
+from events.catalogue import ChunkGenerated, PrefillProgress
+from events.codec import ExportRecord
 
 READY = re.compile(r"shoal: ready: instance (\S+)")
 _ACCESS_GET = re.compile(r"access_log:.* - GET ")
@@ -211,11 +215,28 @@ class Cluster:
         runners = runner_log_tails(self.root / "data", newest_runners)
         return "\n".join([*runners, f"--- {self.up.name}", "\n".join(lines)[-6000:]])
 
+    def story(self, last: int = 40) -> str:
+        """The log's last `last` events other than tokens and prefill progress, one line each (when,
+        what, about which task or instance, from whom): what happened in the order the cluster
+        agreed on, which no process's log shows whole."""
+        path = self.root / "story.jsonl"
+        argv = shoal_argv("events", "export", "-o", str(path))
+        env = {**self.env, "SHOAL_NATS_URL": self.nats_url}  # its data dir: the admin identity
+        try:
+            exported = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            return "(the log could not be exported within 60 s)"
+        if exported.returncode != 0:
+            return f"(the log could not be exported: {exported.stderr[-400:]})"
+        told = [story_line(r) for r in read_export(path) if r.stream == "events" and not _is_progress(r.event)]
+        return "\n".join(told[-last:])
+
     def stop(self) -> None:
         """Stop every process; when called while an exception is raised (a test's `finally`), first
-        print the processes' tails to stderr, which pytest shows beside the failure."""
+        print the processes' tails and the log's story to stderr, which pytest shows beside the
+        failure."""
         if sys.exc_info()[1] is not None:
-            print(f"cluster logs at the failure:\n{self.tails()}", file=sys.stderr)
+            print(f"cluster logs at the failure:\n{self.tails()}\n--- the log\n{self.story()}", file=sys.stderr)
         self.up.stop()
         for pid in self.runner_pids().values():
             kill_group(pid)
@@ -225,6 +246,23 @@ class Cluster:
     def nats_pids(self) -> list[int]:
         port = str(self.nats_port)
         return [int(c.parent.name) for c, args in _cmdlines() if "nats-server" in args[0] and port in args]
+
+
+def story_line(record: ExportRecord) -> str:
+    """`record` as one line: its seq, wall time (UTC), kind, the ids it is about, its origin."""
+    event = record.event
+    at = datetime.fromtimestamp(event.env.wall_time / 1e9, UTC).strftime("%H:%M:%S.%f")[:-3]
+    about = [f"{name}={value}" for name in STORY_FIELDS if (value := getattr(event, name, None)) is not None]
+    origin = event.env.origin
+    who = "/".join(str(part) for part in (origin.service, origin.node, origin.rank) if part not in ("", None))
+    return f"{record.seq} {at} {type(event).__name__} {' '.join(about)} <- {who}"[:240]
+
+
+STORY_FIELDS = ("task_id", "instance_id", "node_id", "model", "status", "reason", "error")
+
+
+def _is_progress(event: object) -> bool:
+    return isinstance(event, ChunkGenerated | PrefillProgress)
 
 
 _PROMPT_WORDS = ("river", "stone", "cloud", "amber", "violet", "north", "quiet", "swift", "lantern", "maple")

@@ -168,16 +168,21 @@ class KvLease:
         return self.state.leading(self.mono_ns())
 
     async def keep(self, transitions: asyncio.Queue[bool]) -> None:
-        """Step every `poll_seconds`, telling each change of leadership. A lease that lapsed since
-        the last step (the loop slowed past the leader's share of it) is told before the step that
-        claims it back: while it lapsed the master dropped its decisions, and a master that takes
-        over reconciles."""
+        """Step every `poll_seconds`, telling each change of leadership. A lease that lapsed is told
+        as lost even when the next step claims it back: while it lapsed the master dropped its
+        decisions, and a master that takes over reconciles. It may lapse between steps (the loop
+        slowed past the leader's share of it), or during one: a renewal answered after the
+        deadline it extends renews the lease, but the master led no more meanwhile."""
         told: bool | None = None  # the first step's outcome is news either way
         while True:
-            if told and not self.leading():
+            deadline = self.state.held_until_ns
+            if told and self.mono_ns() >= deadline:  # lapsed since the last step
                 told = False
                 transitions.put_nowait(told)
             await self.step()
+            if told and self.mono_ns() >= deadline:  # lapsed while the step ran, renewed by it or not
+                told = False
+                transitions.put_nowait(told)
             leading = self.leading()
             if leading != told:
                 told = leading

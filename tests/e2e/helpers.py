@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,10 +14,18 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.cluster import Cluster, long_prompt, shoal_argv
+from bench.cluster import Cluster, long_prompt, runner_log_tails, shoal_argv
 from runner.models.tiny import TinySpec, tiny_dir
 
-__all__ = ["eos_banned", "long_prompt", "one_rank_text", "task_state", "wait_running", "wait_task_ended"]
+__all__ = [
+    "eos_banned",
+    "long_prompt",
+    "one_rank_text",
+    "story_on_failure",
+    "task_state",
+    "wait_running",
+    "wait_task_ended",
+]
 
 
 def one_rank_text(env: dict[str, str], prompt: str, max_tokens: int, prefill_step: int = 64) -> str:
@@ -91,3 +101,15 @@ def serve_cluster(root: Path, workers: int) -> Iterator[Cluster]:
         yield running.wait_ready()
     finally:
         running.stop()
+
+
+@contextlib.contextmanager
+def story_on_failure(cluster: Cluster) -> Iterator[None]:
+    """For a test on a cluster that outlives it (a module's): the log's story (`Cluster.story`)
+    printed beside the failure, since the cluster's own report comes only when it stops."""
+    try:
+        yield
+    except BaseException:
+        runners = "\n".join(runner_log_tails(cluster.root / "data", newest=2, chars=1500))
+        print(f"{runners}\n--- the log at the failure\n{cluster.story(60)}", file=sys.stderr)
+        raise

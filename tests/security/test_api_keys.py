@@ -24,7 +24,7 @@ from events.codec import ExportRecord
 from services.api.auth import key_id
 from services.master.fair_share import handed_ahead
 from tests.e2e.cluster import Cluster, shoal_argv
-from tests.e2e.helpers import wait_task_ended
+from tests.e2e.helpers import story_on_failure, wait_task_ended
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -186,7 +186,7 @@ def test_another_keys_request_is_served_beside_a_flood_not_behind_it(cluster: Cl
                     future.result()  # a stream that failed before its headers: its own error
             raise
 
-    with ThreadPoolExecutor(11) as pool, _http(cluster, ALICE) as alice:
+    with story_on_failure(cluster), ThreadPoolExecutor(11) as pool, _http(cluster, ALICE) as alice:
         long_ids, long = start(pool, ALICE, 3000, FAIR_BATCH)  # the rows: no place frees until one is cancelled
         short_ids, short = start(pool, ALICE, 64, 8)
         _wait_handed_ahead(alice, short_ids, HANDED_AHEAD)
