@@ -6,6 +6,7 @@ failed test never leaves runners or nats-servers behind.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import re
@@ -211,9 +212,8 @@ class Cluster:
         end of a truncated report), without its access-log lines for GETs (a test polling /metrics
         writes twenty a second): what a failed test's reader needs, as CI keeps no files."""
         output = self.up.stdout_path.read_text(errors="replace") + self.up.stderr_path.read_text(errors="replace")
-        lines = [line for line in output.splitlines() if not _ACCESS_GET.search(line)]
         runners = runner_log_tails(self.root / "data", newest_runners)
-        return "\n".join([*runners, f"--- {self.up.name}", "\n".join(lines)[-6000:]])
+        return "\n".join([*runners, f"--- {self.up.name}", "\n".join(gets_collapsed(output.splitlines()))[-6000:]])
 
     def story(self, last: int = 40) -> str:
         """The log's last `last` events other than tokens and prefill progress, one line each (when,
@@ -246,6 +246,44 @@ class Cluster:
     def nats_pids(self) -> list[int]:
         port = str(self.nats_port)
         return [int(c.parent.name) for c, args in _cmdlines() if "nats-server" in args[0] and port in args]
+
+
+def gets_collapsed(lines: Sequence[str]) -> list[str]:
+    """`lines` of a log with each run of access-log lines for GETs (a test polling /metrics writes
+    twenty a second) told in one line: how many, from when to when, and the longest time between
+    two of them, which shows a process that stopped answering."""
+    told: list[str] = []
+    run: list[str] = []
+
+    def tell_run() -> None:
+        if run:
+            stamps = [_stamp_seconds(line) for line in run]
+            known = [stamp for stamp in stamps if stamp is not None]
+            gap = max((b - a for a, b in itertools.pairwise(known)), default=0.0)
+            first, last = run[0][11:23], run[-1][11:23]
+            told.append(f"[{len(run)} GET requests {first}..{last}, longest gap {gap:.1f}s]")
+            run.clear()
+
+    for line in lines:
+        if _ACCESS_GET.search(line):
+            run.append(line)
+            continue
+        tell_run()
+        told.append(line)
+    tell_run()
+    return told
+
+
+def _stamp_seconds(line: str) -> float | None:
+    """Seconds of the day of a loguru line's `YYYY-MM-DD HH:MM:SS.mmm` stamp; None if it has none."""
+    match = _LOG_STAMP.match(line)
+    if match is None:
+        return None
+    hours, minutes, seconds = match.groups()
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+_LOG_STAMP = re.compile(r"\d{4}-\d\d-\d\d (\d\d):(\d\d):(\d\d\.\d+)")
 
 
 def story_line(record: ExportRecord) -> str:

@@ -32,6 +32,7 @@ from events.runner_settings import RunnerSettings
 from events.vocabulary import Phase
 
 RUNNER_DEFAULTS = RunnerSettings()
+LATE_WAKE_SECONDS = 3.0  # a wake-up this late is logged: the rank was silent for it, not stuck in its phase
 MAX_STACK_FRAMES = 40  # the innermost frames: where it sits matters, not how it got there
 
 
@@ -135,8 +136,16 @@ class FlightRecorder:
             except Exception as exc:  # a lost beat must not end the recorder: keep beating
                 self.failures += 1
                 logger.warning("flight recorder of rank {}: beat not recorded: {}", self._rank, exc)
+            asleep_since = time.monotonic()  # real time: how long the process itself went without running
             if self._stop.wait(self._interval_s):
                 return
+            late = time.monotonic() - asleep_since - self._interval_s
+            if late > max(LATE_WAKE_SECONDS, 3 * self._interval_s):  # no beat meanwhile: say why it was silent
+                logger.warning(
+                    "flight recorder of rank {}: woke {:.1f}s late (the process did not run, or a thread held the GIL)",
+                    self._rank,
+                    late,
+                )
 
     def __enter__(self) -> FlightRecorder:
         self._thread.start()

@@ -42,6 +42,7 @@ from services.master.placement import RetryClock
 from services.master.snapshots import SnapshotWriter
 from services.master.watchdog import tick
 
+LOOP_LATE_SECONDS = 3.0  # a tick this late is logged: the event loop was blocked, or the process was not scheduled
 OWN_DECISIONS_WAIT_SECONDS = 10.0  # a master taking over waits this long at most for its own last decisions
 
 
@@ -189,7 +190,15 @@ class Master:
 
     async def _tick_loop(self) -> None:
         while True:
+            asleep_since = time.monotonic()  # the process's real time, whatever clock the master decides by
             await asyncio.sleep(self.settings.tick_seconds)
+            late = time.monotonic() - asleep_since - self.settings.tick_seconds
+            if late > LOOP_LATE_SECONDS:  # nothing was decided meanwhile: say so, for whoever reads why
+                logger.warning(
+                    "master {}: its tick came {:.1f}s late (its event loop was blocked, or the process did not run)",
+                    self.settings.name,
+                    late,
+                )
             await self._probe()
             # Every master notices, leading or not: a stand-by that takes over keeps the times it
             # first saw each task and node, so a take-over restarts no deadline.
