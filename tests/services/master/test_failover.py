@@ -9,8 +9,8 @@ import contextlib
 import subprocess
 import sys
 import time
-from typing import Any
 from collections.abc import AsyncGenerator, Sequence
+from typing import Any
 
 import msgspec
 import nats
