@@ -8,7 +8,8 @@ for each. Measured on a 2-core VM (`cpuidle` haltpoll, `guest_halt_poll_ns=0`), 
 of the tiny model: 5.46 ms a token on any CPU, 4.24 on one.
 
 The worker picks the CPU (`compute_cpu`: the first of the rank's share of the node, the same share
-its BLAS threads are sized by) and hands it over in `SHOAL_COMPUTE_CPU`; the runner pins its main
+its BLAS threads are sized by, counting from the CPU the fewest other programs' threads are pinned
+to: `pinned_elsewhere`) and hands it over in `SHOAL_COMPUTE_CPU`; the runner pins its main
 thread first thing (`pin_compute_threads`), so every thread started after it inherits the CPU
 (MLX starts its stream threads on first use). OpenBLAS starts its worker threads when the library
 loads, before that, so they keep every CPU and a large matmul still spreads over the rank's share.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
 from typing import Annotated
 
 import msgspec
@@ -40,22 +42,66 @@ def can_pin() -> bool:
     return hasattr(os, "sched_setaffinity") and bool(STARTING_CPUS)
 
 
-def compute_cpu(index: int, ranks_on_node: int, allowed: Sequence[int]) -> int:
+def compute_cpu(index: int, ranks_on_node: int, allowed: Sequence[int], first: int | None = None) -> int:
     """The CPU of the node's `index`-th rank (in the node's order of its ranks): the first of its
-    equal share of `allowed`; ranks beyond the CPUs wrap around."""
+    equal share of `allowed`, counted from `first` (default: the lowest) around the sorted CPUs;
+    ranks beyond the CPUs wrap around."""
     if not allowed:
         raise ValueError("no CPU is allowed")
     cpus = sorted(allowed)
+    if first is not None and first in cpus:
+        start = cpus.index(first)
+        cpus = cpus[start:] + cpus[:start]
     share = max(1, len(cpus) // max(1, ranks_on_node))
     return cpus[(index * share) % len(cpus)]
 
 
-def compute_cpu_env(index: int, ranks_on_node: int) -> dict[str, str]:
+def compute_cpu_env(index: int, ranks_on_node: int, first: int | None = None) -> dict[str, str]:
     """What a rank's process gets to pin its compute threads (`SHOAL_COMPUTE_CPU`): the node's
-    `index`-th rank's CPU among those this process may use; nothing where the OS cannot pin."""
+    `index`-th rank's CPU among those this process may use, counted from `first`; nothing where
+    the OS cannot pin."""
     if not can_pin():
         return {}
-    return {COMPUTE_CPU_ENV: str(compute_cpu(index, ranks_on_node, sorted(STARTING_CPUS)))}
+    return {COMPUTE_CPU_ENV: str(compute_cpu(index, ranks_on_node, sorted(STARTING_CPUS), first))}
+
+
+def least_pinned_cpu(allowed: Collection[int], pinned: Mapping[int, int]) -> int:
+    """The CPU of `allowed` that the fewest threads of other programs are pinned to (`pinned`: how
+    many on each, from `pinned_elsewhere`); the lowest of those tied."""
+    if not allowed:
+        raise ValueError("no CPU is allowed")
+    return min(sorted(allowed), key=lambda cpu: pinned.get(cpu, 0))
+
+
+def pinned_elsewhere(ours: str, proc: Path = Path("/proc")) -> dict[int, int]:
+    """How many threads of user processes are pinned to each single CPU, leaving out the processes
+    whose command line holds `ours` (this cluster's runners: its NATS URL) and kernel threads
+    (every CPU has its own). Another cluster on this machine pins its ranks' compute threads too:
+    counted from the lowest CPU, two clusters stacked theirs on CPU 0 while CPU 1 had room, and a
+    thread pinned beside another program's busy compute threads went seconds without running
+    (measured here: 2-4 s, against none on the other CPU)."""
+    counts: dict[int, int] = {}
+    for process in proc.glob("[0-9]*"):
+        try:
+            cmdline = (process / "cmdline").read_bytes()
+            if not cmdline or ours.encode() in cmdline:
+                continue
+            for task in (process / "task").iterdir():
+                cpu = _single_cpu(task / "status")
+                if cpu is not None:
+                    counts[cpu] = counts.get(cpu, 0) + 1
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return counts
+
+
+def _single_cpu(status: Path) -> int | None:
+    """The one CPU a thread may run on (its `Cpus_allowed_list`), or None when it may use several."""
+    for line in status.read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            value = line.split(":", 1)[1].strip()
+            return int(value) if value.isdigit() else None
+    return None
 
 
 def pin_compute_threads(

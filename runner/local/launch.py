@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.affinity import compute_cpu_env
+from runner.affinity import STARTING_CPUS, can_pin, compute_cpu_env, least_pinned_cpu, pinned_elsewhere
 from runner.blas import blas_env
 from runner.errors import RankFailedError
 
@@ -157,10 +157,12 @@ class RankProcess:
     liveness: Liveness
 
 
-def rank_env(rank: int, world: int, hostfile: Path, base: dict[str, str]) -> dict[str, str]:
+def rank_env(
+    rank: int, world: int, hostfile: Path, base: dict[str, str], first_cpu: int | None = None
+) -> dict[str, str]:
     env = dict(base)
     env.update(blas_env(base.get("SHOAL_BLAS"), world, os.cpu_count() or 1, base))
-    for name, value in compute_cpu_env(rank, world).items():  # as a worker places its runners
+    for name, value in compute_cpu_env(rank, world, first_cpu).items():  # as a worker places its runners
         env.setdefault(name, value)
     env["MLX_RANK"] = str(rank)
     env["MLX_HOSTFILE"] = str(hostfile)
@@ -180,8 +182,9 @@ def run_group(
         hostfile = workdir / "hostfile.json"
         hostfile.write_text(json.dumps(ring_hostfile(free_ports(world))))
         base = {**os.environ, **(extra_env or {})}
+        first_cpu = least_pinned_cpu(STARTING_CPUS, pinned_elsewhere(str(workdir))) if can_pin() else None
         for rank in range(world):
-            ranks.append(_spawn(rank, world, job_path, workdir, hostfile, base))
+            ranks.append(_spawn(rank, world, job_path, workdir, hostfile, base, first_cpu))
         _wait(ranks, workdir, time.monotonic() + deadline_s)
         return [_read_result(workdir, rp) for rp in ranks]
     finally:
@@ -190,12 +193,14 @@ def run_group(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _spawn(rank: int, world: int, job: Path, workdir: Path, hostfile: Path, base: dict[str, str]) -> RankProcess:
+def _spawn(
+    rank: int, world: int, job: Path, workdir: Path, hostfile: Path, base: dict[str, str], first_cpu: int | None
+) -> RankProcess:
     stderr_path = workdir / f"rank{rank}.stderr"
     with open(stderr_path, "wb") as stderr, open(workdir / f"rank{rank}.stdout", "wb") as stdout:
         process = subprocess.Popen(
             [sys.executable, "-m", "runner.local.rank_main", str(job), str(workdir)],
-            env=rank_env(rank, world, hostfile, base),
+            env=rank_env(rank, world, hostfile, base, first_cpu),
             stdout=stdout,
             stderr=stderr,
             stdin=subprocess.DEVNULL,

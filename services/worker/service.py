@@ -38,7 +38,7 @@ from events.stamp import Stamper
 from events.state import FINISHED_TASKS_KEPT, State
 from events.subjects import WORKER_FAMILIES
 from events.vocabulary import JoinCause
-from runner.affinity import compute_cpu_env
+from runner.affinity import STARTING_CPUS, can_pin, compute_cpu_env, least_pinned_cpu, pinned_elsewhere
 from runner.blas import blas_env
 from runner.memory import memory_available_bytes
 from runner.models.hub import cached_hub_models
@@ -82,6 +82,7 @@ class Worker:
         self._cached_models: list[str] = []  # Hub models in this node's cache, read once at start
         self._probe_port = 0  # where peers measure their link to this node (`links.py`)
         self._runners: RunnerProcesses | None = None
+        self._first_cpu: int | None = None  # where its ranks' compute CPUs are counted from (`_runner_env`)
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Serve until cancelled; on the way out stop the runners and say the node left."""
@@ -151,8 +152,26 @@ class Worker:
         blas = blas_env(self.settings.blas, sharing, os.cpu_count() or 1, os.environ)
         placed: dict[str, str] = {}
         if self.settings.pin_runner_threads:  # runner.affinity: its compute threads share one CPU
-            placed = compute_cpu_env(host_rank_index(self.state, self.settings.host, key), sharing)
+            placed = compute_cpu_env(
+                host_rank_index(self.state, self.settings.host, key), sharing, self._first_cpu_once()
+            )
         return child_env({**blas, **placed, **self.settings.runner_nats.child_env()})  # paths only, never a seed
+
+    def _first_cpu_once(self) -> int | None:
+        """The CPU this node's ranks are counted from, chosen at its first runner and kept: the one
+        the fewest threads of other programs on this machine are pinned to (another cluster's
+        ranks), so independent clusters on one machine spread their compute threads. Every worker
+        of this cluster on the host leaves out the same runners (its NATS URL), so they agree."""
+        if self._first_cpu is None and can_pin():
+            pinned = pinned_elsewhere(self.settings.nats.url)
+            self._first_cpu = least_pinned_cpu(STARTING_CPUS, pinned)
+            logger.info(
+                "worker {}: ranks' compute CPUs counted from CPU {} (pinned elsewhere: {})",
+                self.node_id,
+                self._first_cpu,
+                pinned,
+            )
+        return self._first_cpu
 
     async def _runner_exited(self, key: RunnerKey, code: int, stderr_tail: str) -> None:
         assert self._log is not None

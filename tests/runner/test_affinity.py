@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,8 +17,10 @@ from runner.affinity import (
     STARTING_CPUS,
     compute_cpu,
     compute_cpu_env,
+    least_pinned_cpu,
     leave_compute_cpu,
     pin_compute_threads,
+    pinned_elsewhere,
 )
 from runner.blas import SYSTEM_OPENBLAS_PATHS
 
@@ -34,6 +37,43 @@ from runner.blas import SYSTEM_OPENBLAS_PATHS
 )
 def test_the_cpu_is_the_first_of_the_ranks_share(index: int, ranks: int, allowed: list[int], cpu: int) -> None:
     assert compute_cpu(index, ranks, allowed) == cpu
+
+
+@pytest.mark.parametrize(
+    ("index", "ranks", "allowed", "first", "cpu"),
+    [
+        (0, 1, [0, 1], 1, 1),  # another cluster's ranks hold CPU 0: this one's start on CPU 1
+        (1, 2, [0, 1], 1, 0),  # two ranks still one CPU each, counted from CPU 1
+        (1, 2, [5, 2, 4, 3], 4, 2),  # shares of two, counted from CPU 4 around the sorted CPUs
+        (0, 1, [0, 1], 7, 0),  # a CPU not allowed: counted from the lowest, as without one
+    ],
+)
+def test_the_shares_are_counted_from_the_first_cpu(
+    index: int, ranks: int, allowed: list[int], first: int, cpu: int
+) -> None:
+    assert compute_cpu(index, ranks, allowed, first) == cpu
+
+
+def test_the_least_pinned_cpu_is_the_one_fewest_other_threads_are_pinned_to() -> None:
+    assert least_pinned_cpu({0, 1}, {0: 12, 1: 3}) == 1
+    assert least_pinned_cpu({0, 1, 2}, {0: 2, 1: 2, 2: 2}) == 0  # tied: the lowest
+    assert least_pinned_cpu({2, 3}, {0: 9}) == 2  # none pinned to the allowed ones
+
+
+def test_pinned_threads_are_counted_per_cpu_leaving_out_this_clusters_and_the_kernels(tmp_path: Path) -> None:
+    def process(pid: int, cmdline: bytes, *allowed: str) -> None:
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cmdline").write_bytes(cmdline)
+        for tid, cpus in enumerate(allowed):
+            task = tmp_path / str(pid) / "task" / str(pid + tid)
+            task.mkdir(parents=True)
+            task.joinpath("status").write_text(f"Name:\tx\nCpus_allowed:\t3\nCpus_allowed_list:\t{cpus}\n")
+
+    process(10, b"python\0-m\0runner.service.main\0--nats-url\0nats://127.0.0.1:4001\0", "0", "0", "0-1")
+    process(20, b"python\0-m\0runner.service.main\0--nats-url\0nats://127.0.0.1:4002\0", "1", "0-1")
+    process(30, b"", "0")  # a kernel thread: every CPU has its own
+    assert pinned_elsewhere("nats://127.0.0.1:4002", proc=tmp_path) == {0: 2}  # its own runner left out
+    assert pinned_elsewhere("nats://127.0.0.1:9999", proc=tmp_path) == {0: 2, 1: 1}
 
 
 def test_no_allowed_cpu_is_an_error() -> None:
