@@ -27,6 +27,9 @@ from typing import Annotated
 import msgspec
 
 COMPUTE_CPU_ENV = "SHOAL_COMPUTE_CPU"
+# Threads pinned elsewhere that make the lowest CPU give way (`least_pinned_cpu`): fewer than one
+# rank's (its Python thread, MLX's stream thread, its log bridge and flight recorder, ...).
+PINNED_MARGIN = 4
 # The CPUs the process could run on when it loaded this module: a runner loads it before it pins.
 STARTING_CPUS: frozenset[int] = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
 PinRunnerThreads = Annotated[
@@ -67,10 +70,15 @@ def compute_cpu_env(index: int, ranks_on_node: int, first: int | None = None) ->
 
 def least_pinned_cpu(allowed: Collection[int], pinned: Mapping[int, int]) -> int:
     """The CPU of `allowed` that the fewest threads of other programs are pinned to (`pinned`: how
-    many on each, from `pinned_elsewhere`); the lowest of those tied."""
+    many on each, from `pinned_elsewhere`), when it has `PINNED_MARGIN` fewer than the lowest CPU;
+    else the lowest. Every worker of a cluster on the host reads the counts at its own moment, and
+    another program starting its threads meanwhile must not make them choose apart (their ranks
+    would share a CPU): a near tie keeps the lowest, as before the counts were read."""
     if not allowed:
         raise ValueError("no CPU is allowed")
-    return min(sorted(allowed), key=lambda cpu: pinned.get(cpu, 0))
+    cpus = sorted(allowed)
+    least = min(cpus, key=lambda cpu: pinned.get(cpu, 0))
+    return least if pinned.get(least, 0) + PINNED_MARGIN < pinned.get(cpus[0], 0) else cpus[0]
 
 
 def pinned_elsewhere(ours: str, proc: Path = Path("/proc")) -> dict[int, int]:

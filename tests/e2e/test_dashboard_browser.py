@@ -134,14 +134,20 @@ def test_the_chat_box_streams_through_the_public_api(tmp_path: Path) -> None:
 
 
 def shown_progress(browser: Browser, row: str, cluster: Cluster, task: str) -> tuple[str, dict[str, Any]]:
-    """The task's row once it shows every rank's progress as the API reports it at that moment
-    (both are read again until they agree: the ranks may still be moving)."""
+    """The task's row once it shows every rank's progress as the API reports it at that moment,
+    past the first chunk (both are read again until they agree: the ranks may still be moving; the
+    row read before any chunk was done showed 0/567 for both, agreeing with the API)."""
     shown, progress = "", {}
     with cluster.http() as http:
         for _ in range(100):
             progress = task_state(http, task)["progress"]
             shown = browser.text(row)
-            if len(progress) == 2 and all(f"{p['processed']}/{p['total']}" in shown for p in progress.values()):
+            moved = any(p["processed"] > 0 for p in progress.values())
+            if (
+                len(progress) == 2
+                and moved
+                and all(f"{p['processed']}/{p['total']}" in shown for p in progress.values())
+            ):
                 return shown, progress
             threading.Event().wait(0.1)
     raise AssertionError(f"the row never showed the progress {progress}: {shown}")

@@ -14,6 +14,7 @@ import pytest
 
 from runner.affinity import (
     COMPUTE_CPU_ENV,
+    PINNED_MARGIN,
     STARTING_CPUS,
     compute_cpu,
     compute_cpu_env,
@@ -55,8 +56,10 @@ def test_the_shares_are_counted_from_the_first_cpu(
 
 
 def test_the_least_pinned_cpu_is_the_one_fewest_other_threads_are_pinned_to() -> None:
-    assert least_pinned_cpu({0, 1}, {0: 12, 1: 3}) == 1
+    assert least_pinned_cpu({0, 1}, {0: 12, 1: 3}) == 1  # another cluster's rank holds CPU 0
+    assert least_pinned_cpu({0, 1, 2}, {0: 12, 1: 7, 2: 1}) == 2
     assert least_pinned_cpu({0, 1, 2}, {0: 2, 1: 2, 2: 2}) == 0  # tied: the lowest
+    assert least_pinned_cpu({0, 1}, {0: 13, 1: 13 - PINNED_MARGIN}) == 0  # a near tie too
     assert least_pinned_cpu({2, 3}, {0: 9}) == 2  # none pinned to the allowed ones
 
 
