@@ -257,8 +257,7 @@ def gets_collapsed(lines: Sequence[str]) -> list[str]:
 
     def tell_run() -> None:
         if run:
-            stamps = [_stamp_seconds(line) for line in run]
-            known = [stamp for stamp in stamps if stamp is not None]
+            known = [stamp for line in run if (stamp := _stamp_seconds(line)) is not None]
             gap = max((b - a for a, b in itertools.pairwise(known)), default=0.0)
             first, last = run[0][11:23], run[-1][11:23]
             told.append(f"[{len(run)} GET requests {first}..{last}, longest gap {gap:.1f}s]")

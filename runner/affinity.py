@@ -83,7 +83,7 @@ def least_pinned_cpu(allowed: Collection[int], pinned: Mapping[int, int]) -> int
 
 def pinned_elsewhere(ours: str, proc: Path = Path("/proc")) -> dict[int, int]:
     """How many threads of user processes are pinned to each single CPU, leaving out the processes
-    whose command line holds `ours` (this cluster's runners: its NATS URL) and kernel threads
+    with `ours` among their arguments (this cluster's runners: its NATS URL) and kernel threads
     (every CPU has its own). Another cluster on this machine pins its ranks' compute threads too:
     counted from the lowest CPU, two clusters stacked theirs on CPU 0 while CPU 1 had room, and a
     thread pinned beside another program's busy compute threads went seconds without running
@@ -92,7 +92,7 @@ def pinned_elsewhere(ours: str, proc: Path = Path("/proc")) -> dict[int, int]:
     for process in proc.glob("[0-9]*"):
         try:
             cmdline = (process / "cmdline").read_bytes()
-            if not cmdline or ours.encode() in cmdline:
+            if not cmdline or ours.encode() in cmdline.split(b"\0"):  # an argument, not a prefix of one
                 continue
             for task in (process / "task").iterdir():
                 cpu = _single_cpu(task / "status")

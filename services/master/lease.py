@@ -176,11 +176,8 @@ class KvLease:
         told: bool | None = None  # the first step's outcome is news either way
         while True:
             deadline = self.state.held_until_ns
-            if told and self.mono_ns() >= deadline:  # lapsed since the last step
-                told = False
-                transitions.put_nowait(told)
             await self.step()
-            if told and self.mono_ns() >= deadline:  # lapsed while the step ran, renewed by it or not
+            if told and self.mono_ns() >= deadline:  # lapsed before or during the step, renewed by it or not
                 told = False
                 transitions.put_nowait(told)
             leading = self.leading()

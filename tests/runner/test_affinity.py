@@ -75,8 +75,10 @@ def test_pinned_threads_are_counted_per_cpu_leaving_out_this_clusters_and_the_ke
     process(10, b"python\0-m\0runner.service.main\0--nats-url\0nats://127.0.0.1:4001\0", "0", "0", "0-1")
     process(20, b"python\0-m\0runner.service.main\0--nats-url\0nats://127.0.0.1:4002\0", "1", "0-1")
     process(30, b"", "0")  # a kernel thread: every CPU has its own
-    assert pinned_elsewhere("nats://127.0.0.1:4002", proc=tmp_path) == {0: 2}  # its own runner left out
-    assert pinned_elsewhere("nats://127.0.0.1:9999", proc=tmp_path) == {0: 2, 1: 1}
+    process(40, b"python\0-m\0runner.service.main\0--nats-url\0nats://127.0.0.1:40020\0", "1")
+    # its own runner left out; another cluster's whose URL it only begins is counted
+    assert pinned_elsewhere("nats://127.0.0.1:4002", proc=tmp_path) == {0: 2, 1: 1}
+    assert pinned_elsewhere("nats://127.0.0.1:9999", proc=tmp_path) == {0: 2, 1: 2}
 
 
 def test_no_allowed_cpu_is_an_error() -> None:
