@@ -264,9 +264,14 @@ def _report(settings: dict[str, Any], per_world: dict[int, dict[str, Any]], mode
             itl["with"], itl["without"], "difference", "with newcomer - without", "ms"
         )
         increase = comparisons[f"itl_p99_increase_ms_{w}"]["median"]
-        targets[f"itl_p99_increase_{w}"] = target(increase, "<=", round(chunk, 2), "ms")
         slowest = statistics.median(got["slowest_chunk_ms"])
-        targets[f"itl_p99_increase_vs_slowest_chunk_{w}"] = target(increase, "<=", round(slowest, 2), "ms")
+        account = _newcomer_account(
+            statistics.median(itl["with"]), statistics.median(itl["without"]), chunk, slowest, increase
+        )
+        targets[f"itl_p99_increase_{w}"] = target(increase, "<=", round(chunk, 2), "ms", bounded_by=account)
+        targets[f"itl_p99_increase_vs_slowest_chunk_{w}"] = target(
+            increase, "<=", round(slowest, 2), "ms", bounded_by=account
+        )
         longest = got["longest_gap"]
         for side in ("without", "grammar", "grammar_on_loop"):
             measures[f"{side}_itl_max_ms_{w}"] = summarize(longest[side], "ms")
@@ -318,6 +323,20 @@ def _report(settings: dict[str, Any], per_world: dict[int, dict[str, Any]], mode
             "cancel_streams": CANCEL_STREAMS,
             "cancels": {world: got["cancels"] for world, got in per_world.items()},
         },
+    )
+
+
+def _newcomer_account(with_p99: float, without_p99: float, chunk: float, slowest: float, increase: float | None) -> str:
+    """What bounds a newcomer's cost to the running streams, from this run's medians: a stream's
+    p99 gap is the step that runs the newcomer's slowest chunk beside the batch's decode."""
+    if increase is None:
+        return "no increase was measured"
+    beside = with_p99 - slowest
+    return (
+        f"the streams' p99 gap with the newcomer ({with_p99:.1f} ms) is the step that runs its slowest chunk, not a "
+        f"median one: late chunks attend to the whole prompt before them ({slowest:.1f} ms alone against "
+        f"{chunk:.1f} ms); that step also decodes the running rows, {beside:.1f} ms beyond the chunk alone, "
+        f"against a whole decode gap of {without_p99:.1f} ms (p99) without the newcomer"
     )
 
 

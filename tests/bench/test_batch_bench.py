@@ -40,3 +40,12 @@ def test_batch_bench_runs_quick_and_keeps_the_other_streams_tokens() -> None:
         assert result["measures"][f"cancel_to_free_ms_{world}"]["p99"]["n"] == result["settings"]["cancels"]
     figures = {**result["measures"], **result["comparisons"]}
     assert all("median" in figures[name] and "n" in figures[name] for name in result["headline"])
+
+
+def test_a_missed_newcomer_target_says_the_p99_gap_holds_the_slowest_chunk_beside_the_decode() -> None:
+    from bench.batch import _newcomer_account  # pyright: ignore[reportPrivateUsage]
+
+    account = _newcomer_account(with_p99=178.0, without_p99=14.8, chunk=124.0, slowest=150.0, increase=163.2)
+    assert "(178.0 ms) is the step that runs its slowest chunk" in account
+    assert "150.0 ms alone against 124.0 ms" in account and "28.0 ms beyond the chunk alone" in account
+    assert _newcomer_account(1.0, 1.0, 1.0, 1.0, None) == "no increase was measured"

@@ -66,3 +66,19 @@ def test_tls_and_fsync_are_separate_records_and_need_embedded_servers() -> None:
         run(argparse.Namespace(events=1000, rounds=2, nats_url=None, quick=False, tls=True, fsync=True))
     with pytest.raises(SystemExit, match="leave out --nats-url"):
         run(argparse.Namespace(events=1000, rounds=2, nats_url="nats://127.0.0.1:4222", quick=False, tls=True))
+
+
+def test_a_missed_replay_or_append_target_says_what_bounds_it_from_the_runs_own_figures() -> None:
+    measures = {
+        "replay_per_s": {"median": 50_000.0},
+        "fold_per_s": {"median": 200_000.0},
+        "replay_nats_py_per_s": {"median": 20_000.0},
+        "raw_nats_publish_per_s": {"median": 250_000.0},
+        "append_per_s": {"median": 100_000.0},
+    }
+    replay = bench.log.replay_account(measures)
+    assert "20.00 us an event" in replay and "fold alone (decode and apply) is 5.00 us" in replay
+    assert "the read the other 15.00 us" in replay and "50.00 us" in replay  # nats-py's, beside
+    append = bench.log.append_account(measures)
+    assert "10.00 us an event against a raw publish's 4.00 us" in append
+    assert bench.log.replay_account({}) == "no replay or no fold was measured"
