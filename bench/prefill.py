@@ -1,15 +1,19 @@
 """`shoal bench prefill`: overlapped pipeline prefill vs the sequential path, and the baselines that explain it.
 
 Each round (sides in rotating order) runs, on the same prompt and chunk size:
-- an N-rank ring group (one BLAS thread per rank on a 2-core node) running the pipeline and the
-  sequential path back to back;
+- an N-rank ring group (each rank's BLAS threads as a runner sets them: `runner.blas.BlasThreads`)
+  running the pipeline and the sequential path back to back, each rank keeping its timeline
+  (`runner.local.timeline`), from which `bench.prefill_timeline` reads where its time went in the
+  pipeline's iterations: busy (CPU) or waiting, the agreement, the bubble;
 - one process on all the node's cores (`OPENBLAS_NUM_THREADS` = cores);
 - one process on one thread (`OPENBLAS_NUM_THREADS=1`).
 Prefill rate = prompt tokens / the slowest rank's time to first token. Then a ring probe
 (`bench.ring_probe`) times the protocol's per-chunk costs: one all-reduce and one send/recv
 of a chunk's activations. `ideal = N*M/(M+N-1)` is the GPipe bound for M chunks and
-`efficiency = median(per-round pipeline/sequential) / ideal`. The ceiling a node can give is
-measured, not assumed: one process on all cores over one process on one thread.
+`efficiency = median(per-round pipeline/sequential) / ideal`. The ideal assumes an iteration with
+every rank computing takes one stage's compute alone: `stage_alone_over_iteration` measures that
+(a chunk on one thread / N, over the iteration). The ceiling a node can give is measured, not
+assumed: one process on all cores over one process on one thread.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.options import Sized, add_sized, resolve
+from bench.prefill_timeline import pipeline_account
 from bench.result import bench_result, median_text, readable
 from bench.ring_probe import probe
 from bench.rounds import rotated, run_rounds
@@ -68,12 +73,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     prompt = synthetic_prompt(settings["tokens"])
     group_runs = itertools.count()
 
-    def group() -> dict[str, float]:
+    def group() -> dict[str, Any]:
         paths = rotated(PATHS, next(group_runs))  # the two paths take turns going first, too
-        results = run_group(
-            _job(model_dir, even_split(n_layers, world), group_step, prompt, paths), world, args.deadline
-        )
-        return {path: _rate(results, index) for index, path in enumerate(paths)}
+        job = _job(model_dir, even_split(n_layers, world), group_step, prompt, paths) | {"timeline": True}
+        results = run_group(job, world, args.deadline)
+        return {path: _rate(results, index) for index, path in enumerate(paths)} | {
+            "timeline": _timeline(results, paths.index("pipeline"), world)
+        }
 
     def one_process(threads: int) -> float:
         job = _job(model_dir, [(0, n_layers)], chunk, prompt, ["sequential"])
@@ -110,6 +116,12 @@ def _rate(results: list[dict], index: int) -> float:
     return outcomes[0]["prompt_tokens"] / (max(o["ttft_ms"] for o in outcomes) / 1000)
 
 
+def _timeline(results: list[dict], index: int, world: int) -> dict[str, float]:
+    """Where the ranks' time went in the pipeline task's iterations (`bench.prefill_timeline`)."""
+    ran = results[0]["results"][index]["prefill_iterations"]  # chunks + world - 1 on every rank
+    return pipeline_account([r["timeline"] for r in results], f"pipeline-{index}", chunks=ran - world + 1)
+
+
 def _activation_shape(model_dir: Path) -> tuple[int, str]:
     config = json.loads((model_dir / "config.json").read_text())
     return int(config["hidden_size"]), str(config.get("torch_dtype", "float32"))
@@ -138,7 +150,18 @@ def _report(
     measures["chunk_one_thread_ms"] = summarize(
         [settings["step"] / r * 1000 for r in rates["one_process_one_thread_tps"]], "ms"
     )
+    timelines: list[dict[str, float]] = [g["timeline"] for g in samples["group"]]
+    for name in timelines[0]:
+        measures[f"overlapped_{name}"] = summarize([t[name] for t in timelines if name in t], "ms")
+    stage_alone = [settings["step"] / r * 1000 / world for r in rates["one_process_one_thread_tps"]]
+    measures["stage_alone_ms"] = summarize(stage_alone, "ms")
     comparisons = {
+        "stage_alone_over_iteration": compare(
+            stage_alone,
+            [t["iteration_ms"] for t in timelines],
+            "ratio",
+            f"a stage's compute alone (a chunk on one thread / {world}) / an overlapped iteration, every rank computing",
+        ),
         "speedup": compare(rates["overlapped_tps"], rates["sequential_tps"], "ratio", "overlapped / sequential"),
         "overlapped_vs_one_process_all_cores": compare(
             rates["overlapped_tps"], rates["one_process_all_cores_tps"], "ratio", "overlapped / one process, all cores"
@@ -196,13 +219,19 @@ def _efficiency_account(measures: dict[str, Any], comparisons: dict[str, Any], w
     def median(name: str) -> str:
         return median_text(measures, comparisons, name)
 
+    ranks = ", ".join(
+        f"rank {r} {median(f'overlapped_rank{r}_busy_ms')} busy + {median(f'overlapped_rank{r}_idle_ms')} waiting"
+        for r in range(world)
+    )
     return (
-        f"the ideal assumes {world} ranks computing at once run {world}x as fast as one; here they share {cores} "
-        f"cores, on which one process runs {median('ceiling')}x one thread, and the sequential path runs at "
-        f"{median('sequential_vs_one_thread')}x one thread; a chunk's ring costs (all-reduce "
-        f"{median('all_reduce_ms')} ms, send/recv {median('send_recv_ms')} ms) are small beside its "
-        f"{median('chunk_one_thread_ms')} ms of compute: the cores, not the schedule, bound it (per-rank busy/idle "
-        "time per chunk is not measured yet)"
+        f"the ideal assumes an iteration with all {world} ranks computing takes one stage's compute alone; it took "
+        f"{median('overlapped_iteration_ms')} ms (the slowest rank's; {ranks} ms, of which the agreement and "
+        f"hand-off {median('overlapped_agreement_ms')} ms) against a stage's {median('stage_alone_ms')} ms alone on "
+        f"one thread: {median('stage_alone_over_iteration')}, the efficiency this leaves. The ranks share {cores} "
+        f"cores, on which one process runs {median('ceiling')}x one thread: a rank's busy time is its stage's "
+        f"compute on its share of them; its waiting is for the upstream rank's activations (send/recv "
+        f"{median('send_recv_ms')} ms alone) and the agreement (all-reduce {median('all_reduce_ms')} ms alone); an "
+        f"idle iteration of the bubble took {median('overlapped_bubble_iteration_ms')} ms"
     )
 
 
@@ -228,4 +257,12 @@ def _notes(
         f"per chunk of {step} tokens: {median('chunk_one_thread_ms')} ms of compute through every layer on one "
         f"thread, against an all-reduce of {median('all_reduce_ms')} ms and a send/recv of "
         f"{median('send_recv_ms')} ms on the ring (medians).",
+        f"an overlapped iteration with every rank computing took {median('overlapped_iteration_ms')} ms against a "
+        f"stage's {median('stage_alone_ms')} ms alone: {median('stage_alone_over_iteration')} "
+        f"(per rank, busy / waiting: "
+        + ", ".join(
+            f"{median(f'overlapped_rank{r}_busy_ms')} / {median(f'overlapped_rank{r}_idle_ms')} ms"
+            for r in range(world)
+        )
+        + ").",
     ]

@@ -5,7 +5,8 @@ and writes `rank<r>.json`. `shoal generate`'s task is a request served alone (a 
 `runner.engine.alone`); a job that sets `"testing"` has its tasks run by the test-only
 `runner.local.testing` instead (its keys are refused elsewhere). The flight recorder keeps
 `rank<r>.phase` fresh so the launcher can say where a stalled rank is; SHOAL_TEST_FAULT, if set,
-acts here as in the service.
+acts here as in the service. A job that sets `"timeline"` also gets every phase the rank entered,
+with its wall and CPU time (`runner.local.timeline`), in `rank<r>.json`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from runner.engine.protocols import CancelSource, NeverCancelled, NullSink, Phas
 from runner.flight.faults import FaultInjector
 from runner.flight.recorder import FlightReading, FlightRecorder
 from runner.heap import settle_heap
+from runner.local.timeline import TimedPhases
 from runner.ring_init import init_ring
 from runner.ring_wait import RingInbound
 
@@ -161,7 +163,7 @@ def main(argv: list[str]) -> int:
     job_path, out_dir = Path(argv[0]), Path(argv[1])
     rank = int(os.environ.get("MLX_RANK", "0"))
     job = json.loads(job_path.read_text())
-    phases = PhaseTracker()
+    phases = TimedPhases() if job.get("timeline") else PhaseTracker()
     phase_file = PhaseFile(out_dir / f"rank{rank}.phase")
     with FlightRecorder(phases, phase_file, rank=rank, interval_s=PHASE_FILE_INTERVAL_S, stall_stack_seconds=None):
         try:
@@ -180,7 +182,8 @@ def main(argv: list[str]) -> int:
             return 1
         # Written while the heartbeat still beats: from here on the launcher has what it needs
         # and judges only the exit, by its deadline (`runner.local.launch._wait`).
-        write_json_atomic(out_dir / f"rank{rank}.json", {"rank": rank, "results": results})
+        timeline = {"timeline": phases.entries} if isinstance(phases, TimedPhases) else {}
+        write_json_atomic(out_dir / f"rank{rank}.json", {"rank": rank, "results": results, **timeline})
     return 0
 
 
