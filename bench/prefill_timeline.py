@@ -5,8 +5,9 @@ An iteration of the pipeline runs from entering `prefill` (its chunk's forward, 
 upstream rank's activations included) to entering its agreement (`agree_cancel`: the one-scalar
 all-reduce, then the hand-off of the sends and the progress report) and on to the next phase. A
 rank's CPU time in it is its busy time; the rest of the wall time it waited. With M chunks on N
-ranks, the steady iterations N-1..M-1 have every rank computing: how long one takes against a
-stage's compute alone is the efficiency the GPipe ideal (which assumes they take the same) leaves.
+ranks, rank r computes its chunks in iterations r..M+r-1 and idles in the others (the bubble); the
+steady iterations N-1..M-1 have every rank computing: how long one takes against a stage's compute
+alone is the efficiency the GPipe ideal (which assumes they take the same) leaves.
 """
 
 from __future__ import annotations
@@ -66,24 +67,27 @@ def iterations(entries: Sequence[Entry], task_id: str) -> dict[int, Iteration]:
 
 
 def pipeline_account(timelines: Sequence[Sequence[Entry]], task_id: str, chunks: int) -> dict[str, float]:
-    """Medians over the steady iterations (every rank computing a chunk): the iteration's wall time
-    (its slowest rank's), the agreement's, and each rank's busy and idle time; and an idle
-    iteration's wall time (the bubble's: a rank before its first chunk or after its last)."""
+    """Medians: an iteration's wall time (its slowest rank's) over the steady iterations (every rank
+    computing a chunk; over every iteration when the prompt has fewer chunks than ranks), the
+    agreement's; each rank's busy and waiting time in the iterations that computed its chunks; and
+    an idle iteration's wall time (the bubble's: a rank before its first chunk or after its last)."""
     world = len(timelines)
     per_rank = [iterations(timeline, task_id) for timeline in timelines]
-    steady = [k for k in range(world - 1, chunks) if all(k in rank for rank in per_rank)]
+    common = [k for k in range(chunks + world - 1) if all(k in rank for rank in per_rank)]
+    steady = [k for k in common if world - 1 <= k < chunks] or common
     if not steady:
-        raise ValueError(f"no iteration of {task_id} has all {world} ranks computing ({chunks} chunks)")
+        raise ValueError(f"no iteration of {task_id} is on the timelines of all {world} ranks")
     account = {
         "iteration_ms": median(max(rank[k].wall_ms for rank in per_rank) for k in steady),
         "agreement_ms": median(rank[k].agree_wall_ms for rank in per_rank for k in steady),
     }
+    bubble: list[float] = []
     for number, rank in enumerate(per_rank):
-        account[f"rank{number}_busy_ms"] = median(rank[k].busy_ms for k in steady)
-        account[f"rank{number}_idle_ms"] = median(rank[k].idle_ms for k in steady)
-    bubble = [
-        rank[k].wall_ms for number, rank in enumerate(per_rank) for k in rank if not number <= k < chunks + number
-    ]
+        own = [rank[k] for k in rank if number <= k < chunks + number]
+        bubble += [rank[k].wall_ms for k in rank if not number <= k < chunks + number]
+        if own:
+            account[f"rank{number}_busy_ms"] = median(i.busy_ms for i in own)
+            account[f"rank{number}_idle_ms"] = median(i.idle_ms for i in own)
     if bubble:
         account["bubble_iteration_ms"] = median(bubble)
     return account

@@ -50,5 +50,13 @@ def test_an_agreement_missing_after_a_prefill_iteration_is_an_error_not_a_guess(
     del entries[2]  # iteration 0's agree_cancel
     with pytest.raises(ValueError, match="iteration 0 of pipeline-0 is followed by"):
         iterations(entries, "pipeline-0")
-    with pytest.raises(ValueError, match="no iteration of pipeline-0 has all 2 ranks computing"):
+    with pytest.raises(ValueError, match="no iteration of pipeline-0 is on the timelines of all 2 ranks"):
         pipeline_account([rank_timeline(0, 2, 3, 20, 3), []], "pipeline-0", chunks=3)
+
+
+def test_a_prompt_of_fewer_chunks_than_ranks_is_read_over_every_iteration() -> None:
+    timelines = [rank_timeline(rank, 3, 2, compute_ms=20, idle_ms=4) for rank in range(3)]
+    account = pipeline_account(timelines, "pipeline-0", chunks=2)  # no iteration has all 3 computing
+    assert account["iteration_ms"] == 24  # each of the 4 iterations has a rank computing
+    assert all(account[f"rank{r}_busy_ms"] == 20 and account[f"rank{r}_idle_ms"] == 4 for r in range(3))
+    assert account["bubble_iteration_ms"] == 5
