@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         settings=settings,
         measures=measures,
         comparisons=comparisons,
-        targets=_targets(measures),
+        targets=_targets(measures, records),
         headline=[
             name
             for name in (
@@ -166,9 +166,23 @@ def _fold_and_diagnose(samples: dict[str, list[Any]], records: int) -> tuple[dic
     return measures, checks
 
 
-def _targets(measures: dict[str, Any]) -> dict[str, Any]:
+def diagnose_account(records: int, fold_per_s: float | None, diagnose_s: float | None) -> str:
+    """What bounds `diagnose` of a whole log: it reads and folds every record in one Python thread."""
+    if not fold_per_s or diagnose_s is None:
+        return "no fold or no diagnose was measured"
+    folding = records / fold_per_s
+    return (
+        f"diagnose reads and folds every record of the log in one Python thread: {records:,} records at the "
+        f"fold's {1e6 / fold_per_s:.2f} us each (fold_events_per_s) are {folding:.2f} s of its {diagnose_s:.2f} s; "
+        "it is as fast as the fold (see its target)"
+    )
+
+
+def _targets(measures: dict[str, Any], records: int) -> dict[str, Any]:
     def median(name: str) -> float | None:
         return measures[name]["median"] if name in measures else None
+
+    diagnosed = diagnose_account(records, median("fold_events_per_s"), median("diagnose_s"))
 
     targets = {
         "fold_events_per_s": target(
@@ -185,8 +199,8 @@ def _targets(measures: dict[str, Any]) -> dict[str, Any]:
             "events/cpu-s",
             bounded_by=fold_account(median("fold_events_per_cpu_s")),
         ),
-        "diagnose_s": target(median("diagnose_s"), "<=", DIAGNOSE_MAX_S, "s"),
-        "diagnose_cpu_s": target(median("diagnose_cpu_s"), "<=", DIAGNOSE_MAX_S, "s"),
+        "diagnose_s": target(median("diagnose_s"), "<=", DIAGNOSE_MAX_S, "s", bounded_by=diagnosed),
+        "diagnose_cpu_s": target(median("diagnose_cpu_s"), "<=", DIAGNOSE_MAX_S, "s", bounded_by=diagnosed),
         "diagnose_peak_rss_mib": target(median("diagnose_peak_rss_mib"), "<=", DIAGNOSE_MAX_MIB, "MiB"),
     }
     if "bound_overhead_pct_1hz" in measures:

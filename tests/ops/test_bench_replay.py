@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.replay import read_decode_fold, run
+from bench.replay import diagnose_account, read_decode_fold, run
 from bench.replay_log import generate
 from services.ops.offline import diagnose_file
 
@@ -43,3 +43,9 @@ def test_bench_reports_rounds_and_targets(tmp_path: Path) -> None:
     }
     assert all(isinstance(t["met"], bool) for t in result["targets"].values())
     assert all(result["checks"].values()) and result["details"]["findings"] == ["stalled_in_compute:task_000002"]
+
+
+def test_a_missed_diagnose_target_says_it_costs_what_folding_every_record_costs() -> None:
+    account = diagnose_account(1_000_000, 200_000.0, 5.2)
+    assert "1,000,000 records at the fold's 5.00 us each (fold_events_per_s) are 5.00 s of its 5.20 s" in account
+    assert diagnose_account(10, None, 5.2) == "no fold or no diagnose was measured"
