@@ -88,6 +88,25 @@ def test_shoal_is_read_against_the_faster_anchor_of_each_round_and_against_its_e
     assert missed["met"] is False and "events per token" in missed["note"]
 
 
+def test_on_a_model_where_serving_costs_dominate_the_engine_alone_bounds_the_ratio_over_the_anchor() -> None:
+    figures = {
+        "tiny": {
+            "mlx_lm_server": {16: [_level(100), _level(100)]},
+            "shoal_1w": {16: [_level(130), _level(140)]},
+            "shoal_engine_alone": {16: [_level(170), _level(190)]},
+        }
+    }
+    result = report({"rounds": 2}, figures, quick=False)
+    comparisons, targets = result["comparisons"], result["targets"]
+    assert comparisons["tiny_engine_alone_over_mlx_lm_c16"]["samples"] == [1.7, 1.9]
+    assert "tiny_1w_over_engine_alone_c16" in comparisons  # reported, judged only where compute dominates
+    assert "tiny_1w_over_engine_alone_c16" not in targets
+    missed = targets["tiny_1w_over_mlx_lm_c16"]  # >= 2: beyond what the engine alone reached
+    assert missed["met"] is False
+    assert "engine alone (the same batch in one process, no services) decoded 180 tok/s" in missed["note"]
+    assert "against shoal_1w's 135: 1.8x the anchor, what serving at no cost would reach" in missed["note"]
+
+
 def test_kv_bits_8_is_judged_at_16_clients_against_one_client_of_its_own_side() -> None:
     figures = {"tiny": {"shoal_1w_kv8": {1: [_level(40), _level(50)], 16: [_level(160), _level(100)]}}}
     result = report({"rounds": 2}, figures, quick=False)
