@@ -273,8 +273,8 @@ def _notes(
         f"a GPipe ideal of {readable(ideal)} (efficiency {efficiency}); the ideal assumes {world} ranks computing at "
         f"once run {world}x as fast as one stage at a time.",
         f"the batch's sequential path pipelines its chunks through the ranks too (`batch_chunks`): it ran "
-        f"{median('sequential_vs_one_thread')}x one thread, {median('overlapped_over_sequential')}x the overlapped "
-        "path's rate.",
+        f"{median('sequential_vs_one_thread')}x one thread; the overlapped path ran "
+        f"{median('overlapped_over_sequential')}x its rate.",
         f"the node's ceiling: one process on {cores} cores runs {median('ceiling')}x one process on one thread "
         f"({median('one_process_all_cores_tps')} vs {median('one_process_one_thread_tps')} tok/s); the overlapped "
         f"pipeline runs {median('overlapped_vs_one_process_all_cores')}x one process on all cores.",

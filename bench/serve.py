@@ -247,8 +247,24 @@ def report(
         targets=targets,
         headline=list(comparisons),
         checks={"every_level_answered_every_request": _all_answered(figures)},
+        notes=failure_notes(figures),
         details={"levels": tables},
     )
+
+
+def failure_notes(figures: dict[str, dict[str, dict[int, list[dict[str, Any]]]]]) -> list[str]:
+    """Every side that failed requests, the anchor's too (only shoal's are judged): a dead anchor
+    leaves its rounds to the other anchor, which the reader should know."""
+    notes = []
+    for model, sides in figures.items():
+        for side, levels in sides.items():
+            rounds = [level for by_round in levels.values() for level in by_round]
+            failed = sum(level["errors"] + level.get("hangs", 0) for level in rounds)
+            if failed:
+                first = next((e for level in rounds for e in level.get("first_errors", [])), "no message")
+                asked = sum(level["requests"] for level in rounds)
+                notes.append(f"{model}: {side} failed {failed} of {asked} requests (first: {first})")
+    return notes
 
 
 def _best_anchor(sides: dict[str, dict[int, list[dict[str, Any]]]]) -> dict[str, dict[int, list[dict[str, Any]]]]:

@@ -5,7 +5,7 @@ faster anchor per round and judges errors and hangs at every level."""
 
 from __future__ import annotations
 
-from bench.serve import model_settings, report
+from bench.serve import failure_notes, model_settings, report
 from bench.serve_load import Served, summarize_level
 
 
@@ -130,3 +130,16 @@ def test_the_compute_bound_model_runs_its_own_sizes_unless_a_flag_names_them() -
     assert (own["levels"], own["max_tokens"], own["requests_per_client"]) == ([16, 64], 32, 1)
     assert own["ready_timeout"] > settings["ready_timeout"]  # its warm-up takes minutes
     assert model_settings(settings, "qwen3-0.6b", given={"max_tokens"})["max_tokens"] == 64
+
+
+def test_a_side_that_failed_requests_is_named_in_a_note_the_anchor_too() -> None:
+    dead = _level(0, errors=4) | {"first_errors": ["ConnectError: All connection attempts failed"]}
+    figures = {
+        "qwen3-0.6b": {
+            "mlx_lm_server": {16: [_level(26), dead]},
+            "shoal_1w": {16: [_level(36), _level(35)]},
+        }
+    }
+    assert failure_notes(figures) == [
+        "qwen3-0.6b: mlx_lm_server failed 4 of 8 requests (first: ConnectError: All connection attempts failed)"
+    ]
