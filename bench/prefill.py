@@ -15,8 +15,9 @@ runs at its share of the cores, one thread on a 2-core node with 2 ranks, so one
 thread is one stage at a time at that speed. (The batch's sequential path is not that baseline:
 its chunks are pipelined through the ranks too, `runner/engine/batch_chunks.py`.) The ideal
 assumes an iteration with every rank computing takes one stage's compute alone:
-`stage_alone_over_iteration` measures that (a chunk on one thread / N, over the iteration). The ceiling a node can give is measured, not
-assumed: one process on all cores over one process on one thread.
+`stage_alone_over_iteration` measures that (a chunk on one thread / N, over the iteration). The
+ceiling a node can give is measured, not assumed: one process on all cores over one process on one
+thread.
 """
 
 from __future__ import annotations
@@ -234,13 +235,10 @@ def _efficiency_account(measures: dict[str, Any], comparisons: dict[str, Any], w
     def median(name: str) -> str:
         return median_text(measures, comparisons, name)
 
-    ranks = ", ".join(
-        f"rank {r} {median(f'overlapped_rank{r}_busy_ms')} busy + {median(f'overlapped_rank{r}_idle_ms')} waiting"
-        for r in range(world)
-    )
     return (
         f"the ideal assumes an iteration with all {world} ranks computing takes one stage's compute alone; it took "
-        f"{median('overlapped_iteration_ms')} ms (the slowest rank's; {ranks} ms, of which the agreement and "
+        f"{median('overlapped_iteration_ms')} ms (the slowest rank's; busy / waiting per rank: "
+        f"{_per_rank(measures, comparisons, world)}, of which the agreement and "
         f"hand-off {median('overlapped_agreement_ms')} ms) against a stage's {median('stage_alone_ms')} ms alone on "
         f"one thread: {median('stage_alone_over_iteration')}, the efficiency this leaves. The ranks share {cores} "
         f"cores, on which one process runs {median('ceiling')}x one thread: a rank's busy time is its stage's "
@@ -283,10 +281,16 @@ def _notes(
         f"{median('send_recv_ms')} ms on the ring (medians).",
         f"an overlapped iteration with every rank computing took {median('overlapped_iteration_ms')} ms against a "
         f"stage's {median('stage_alone_ms')} ms alone: {median('stage_alone_over_iteration')} "
-        f"(per rank, busy / waiting: "
-        + ", ".join(
-            f"{median(f'overlapped_rank{r}_busy_ms')} / {median(f'overlapped_rank{r}_idle_ms')} ms"
-            for r in range(world)
-        )
-        + ").",
+        f"(per rank, busy / waiting: {_per_rank(measures, comparisons, world)}).",
     ]
+
+
+def _per_rank(measures: dict[str, Any], comparisons: dict[str, Any], world: int) -> str:
+    """Each rank's busy / waiting time in its pipeline iterations (medians), in rank order."""
+
+    def median(name: str) -> str:
+        return median_text(measures, comparisons, name)
+
+    return ", ".join(
+        f"{median(f'overlapped_rank{r}_busy_ms')} / {median(f'overlapped_rank{r}_idle_ms')} ms" for r in range(world)
+    )

@@ -295,12 +295,21 @@ def _ratios(model: str, sides: dict[str, dict[int, list[dict[str, Any]]]]) -> tu
     targets: dict[str, Any] = {}
     over_anchor = OVER_ANCHOR_MIN.get(model, OVER_ANCHOR_MIN_DEFAULT)
     for level in judged:
+        ceiling = None  # the engine alone over the anchor: what serving at no cost would reach
+        if engine and level in engine and anchor and level in anchor:
+            ceiling = out[f"{model}_engine_alone_over_mlx_lm_c{level}"] = compare(
+                tps(engine, level),
+                tps(anchor, level),
+                "ratio",
+                f"shoal's engine alone / the faster mlx_lm.server at {level}: what serving at no cost would reach",
+            )
         if anchor and level in anchor:
             name = f"{model}_1w_over_mlx_lm_c{level}"
             out[name] = compare(
                 tps(one, level), tps(anchor, level), "ratio", f"shoal_1w / the faster mlx_lm.server at {level}"
             )
-            targets[name] = target(out[name]["median"], ">=", over_anchor, bounded_by=_anchor_account(sides, level))
+            account = _anchor_account(sides, level, None if ceiling is None else ceiling["median"])
+            targets[name] = target(out[name]["median"], ">=", over_anchor, bounded_by=account)
             if two and level in two:
                 name = f"{model}_2w_over_mlx_lm_c{level}"
                 out[name] = compare(
@@ -321,13 +330,6 @@ def _ratios(model: str, sides: dict[str, dict[int, list[dict[str, Any]]]]) -> tu
             if model in COMPUTE_BOUND:
                 targets[name] = target(
                     out[name]["median"], ">=", OVER_ENGINE_ALONE_MIN, bounded_by=_engine_account(sides, level)
-                )
-            if anchor and level in anchor:
-                out[f"{model}_engine_alone_over_mlx_lm_c{level}"] = compare(
-                    tps(engine, level),
-                    tps(anchor, level),
-                    "ratio",
-                    f"shoal's engine alone / the faster mlx_lm.server at {level}: what serving at no cost would reach",
                 )
     level = judged[0]
     if two and level in two:
@@ -363,21 +365,17 @@ def _kv8_ratio(model: str, sides: dict[str, dict[int, list[dict[str, Any]]]]) ->
     return {name: ratio}, {name: judged}
 
 
-def _anchor_account(sides: dict[str, dict[int, list[dict[str, Any]]]], level: int) -> str:
+def _anchor_account(sides: dict[str, dict[int, list[dict[str, Any]]]], level: int, ceiling: float | None) -> str:
     """What bounds shoal against the anchor at `level`, from this run: the events it stored per token,
-    and, where the engine alone ran, how near the served side came to it."""
+    and, where the engine alone ran, its rate and `ceiling` (its ratio over the anchor)."""
     events = [r["events_per_token"] for r in sides["shoal_1w"][level] if r.get("events_per_token") is not None]
-    engine = sides.get(ENGINE_ALONE, {}).get(level)
     text = f"shoal_1w stored {_median_text(events)} events per generated token at {level} clients"
-    anchor = sides.get(BEST_ANCHOR, {}).get(level)
-    if engine and anchor:
-        rounds = zip(engine, anchor, strict=False)
-        ceiling = [e["aggregate_tps"] / a["aggregate_tps"] for e, a in rounds if a["aggregate_tps"]]
-        served = [r["aggregate_tps"] for r in sides["shoal_1w"][level]]
+    if ceiling is not None:
+        engine, served = ([r["aggregate_tps"] for r in sides[side][level]] for side in (ENGINE_ALONE, "shoal_1w"))
         text += (
-            f"; its engine alone (the same batch in one process, no services) decoded "
-            f"{_median_text([r['aggregate_tps'] for r in engine])} tok/s there against shoal_1w's "
-            f"{_median_text(served)}: {_median_text(ceiling)}x the anchor, what serving at no cost would reach"
+            f"; its engine alone (the same batch in one process, no services) decoded {_median_text(engine)} tok/s "
+            f"there against shoal_1w's {_median_text(served)}: {readable(ceiling)}x the anchor, what serving at no "
+            "cost would reach"
         )
     return text
 
