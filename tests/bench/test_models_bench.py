@@ -111,6 +111,29 @@ def test_a_level_where_one_model_was_never_served_fails_its_check_and_a_missed_t
     assert "without switching: 0.5 x tok/s, TTFT p50 150 ms against 100 ms" in missed
 
 
+def test_a_missed_target_above_one_client_is_split_into_the_one_client_ratio_and_each_sides_scaling() -> None:
+    figures = {
+        "mlx_lm_server": {1: [_level(80, 100)] * 3, 8: [_level(1200, 150), _level(1400, 140), _level(1300, 160)]},
+        "shoal": {1: [_level(20, 100)] * 3, 8: [_level(150, 300), _level(140, 310), _level(130, 320)]},
+    }
+    steady = {"mlx_lm_server": [_level(25, 110)] * 3, "shoal": [_level(20, 100)] * 3}
+    result = report({}, Runs(figures, steady, {"a": [], "b": []}, {"a": None, "b": None}, []), {}, quick=True)
+    judged = result["targets"]["mlx_lm_over_shoal_ttft_p50_c8"]
+    assert judged["met"] is True and judged["value"] == 10  # the median of the rounds' ratios 8, 10, 10
+    ttft = result["targets"]["mlx_lm_over_shoal_ttft_p50_c1"]
+    assert ttft["met"] is False and "switch costs it only 3.2 x" in ttft["note"]  # one client: the switch's ceiling
+    tps = result["targets"]["shoal_over_mlx_lm_tps_c8"]
+    assert tps["met"] is True  # 2, 2.21, 2: median 2
+    figures["shoal"][8] = [_level(400, 150), _level(300, 155), _level(350, 160)]  # shoal's TTFT grew 17.5x
+    result = report({}, Runs(figures, steady, {"a": [], "b": []}, {"a": None, "b": None}, []), {}, quick=True)
+    note = result["targets"]["mlx_lm_over_shoal_ttft_p50_c8"]["note"]
+    assert note.startswith("in medians, 3.71 x (the judged figure is the median of the rounds' ratios) is the sides'")
+    assert "ratio at 1 client (4 x," in note
+    assert "mlx_lm.server's went 80 -> 1,300 ms (16.2 x), shoal's 20 -> 350 ms (17.5 x, its requests batched)" in note
+    tps_note = result["targets"]["shoal_over_mlx_lm_tps_c8"]["note"]
+    assert "aggregate tok/s scaled from 1 to 8 clients: mlx_lm.server's went 100 -> 150 tok/s (1.5 x)" in tps_note
+
+
 @pytest.mark.timeout(420)
 def test_models_bench_runs_quick_on_both_sides() -> None:
     """Both sides answer every request of both models; every cold request placed a new instance,
