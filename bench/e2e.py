@@ -3,7 +3,8 @@
 Three sides stay up for the whole run: bare mlx-lm `stream_generate` (a subprocess with a
 1-rank runner's BLAS environment and compute CPU pinning, `bench.bare_mlx`), `shoal up --workers 1`
 and `shoal up --workers 2`, both reached with the official openai client; bare mlx-lm unpinned is a
-side of its own, so what the pinning is worth is measured, not folded into a ratio. After a
+side of its own, so what the pinning is worth is measured, not folded into a ratio, and so is
+`shoal up --workers 1` with `pin_runner_threads: false`, read against it: the same pinning, none. After a
 warm-up, each round sends every side two requests (the order of the sides rotates per round), so a
 neighbour's load lands on all of them; the ratios and differences are taken per round and their
 medians judged. The first request is cold: its prompt starts with a prefix no side has seen (one
@@ -52,7 +53,8 @@ ABOUT = (
     "streamed chat requests after warm-up, interleaved per round, each side a cold request (a prompt prefix no "
     "side has seen: TTFT and decode judged on it) and a warm one (the warm-up's prompt: shoal's prefix cache, "
     "reported apart): bare mlx-lm `stream_generate` pinned as shoal's runners are (and unpinned, a side of its own) vs "
-    "`shoal up --workers 1` and `--workers 2` through the openai client (tiny model); 1 worker with "
+    "`shoal up --workers 1` and `--workers 2` through the openai client (tiny model), and 1 worker with "
+    "pin_runner_threads false against bare mlx-lm unpinned; 1 worker with "
     "logprobs (top_logprobs=5); and 1 worker under a json_schema constraint and with logit_bias and "
     "penalties, for the per-token cost of constrained decoding and of logit adjustments; and bare mlx "
     "on a 2-rank ring (the model's halves, one hop each way per token), what a 2-rank pipeline costs "
@@ -72,6 +74,7 @@ SIDES = (
     "shoal_1w",
     "shoal_2w",
     "shoal_1w_logprobs",
+    "shoal_1w_unpinned",
 )
 # The side measured on its own prompt only: its prefill runs through the whole model on both ranks
 # and is not what it stands for (its TTFT is not compared).
@@ -84,6 +87,8 @@ DECODE_RATIOS = (
     ("engine_alone_decode_ratio", "shoal_engine_alone", "bare_mlx_lm"),
     ("decode_ratio_1w_over_engine_alone", "shoal_1w", "shoal_engine_alone"),
     ("logprobs_decode_ratio_1w", "shoal_1w_logprobs", "shoal_1w"),
+    ("decode_ratio_1w_unpinned", "shoal_1w_unpinned", "bare_mlx_lm_unpinned"),  # the same pinning: none
+    ("unpinned_over_pinned_decode_ratio_1w", "shoal_1w_unpinned", "shoal_1w"),  # what `pin_runner_threads` is worth
 )
 LOGPROBS = {"logprobs": True, "top_logprobs": 5}
 JSON_SCHEMA_SIDE = "shoal_1w_json_schema"
@@ -147,6 +152,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         env = {**os.environ, "SHOAL_DATA_DIR": str(Path(root) / "data")}
         model_dir = _tiny_dir(env)
         clusters = [_cluster(Path(root), workers, args.prefill_step) for workers in (1, 2)]
+        unpinned_cluster = _cluster(Path(root), 1, args.prefill_step, pinned=False)
+        clusters.append(unpinned_cluster)
         for cluster in clusters:
             stack.callback(cluster.stop)
         bare = stack.enter_context(
@@ -167,8 +174,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             PIPELINE_SIDE: lambda _: Sample(**pipeline.generate()),
             "shoal_engine_alone": lambda prompt: Sample(**engine.generate(prompt)),
         }
-        for workers, cluster in zip((1, 2), clusters, strict=True):
+        for workers, cluster in zip((1, 2), clusters[:2], strict=True):
             sides[f"shoal_{workers}w"] = partial(_one_request, cluster.client(timeout=120), settings["max_tokens"])
+        sides["shoal_1w_unpinned"] = partial(_one_request, unpinned_cluster.client(timeout=120), settings["max_tokens"])
         sides["shoal_1w_logprobs"] = partial(
             _one_request, clusters[0].client(timeout=120), settings["max_tokens"], **LOGPROBS
         )
@@ -186,10 +194,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return _report(settings, samples, quick=bool(args.quick))
 
 
-def _cluster(root: Path, workers: int, prefill_step: int) -> Cluster:
-    home = root / f"w{workers}"
+def _cluster(root: Path, workers: int, prefill_step: int, pinned: bool = True) -> Cluster:
+    """`pinned`: the runners' `pin_runner_threads` (shoal's default: true)."""
+    home = root / f"w{workers}{'' if pinned else '-unpinned'}"
     home.mkdir(parents=True)
-    return Cluster(home, workers=workers, prefill_step_size=str(prefill_step), log_level="WARNING")
+    return Cluster(
+        home,
+        workers=workers,
+        prefill_step_size=str(prefill_step),
+        log_level="WARNING",
+        pin_runner_threads=str(pinned).lower(),
+    )
 
 
 def _tiny_dir(env: dict[str, str]) -> str:
@@ -317,11 +332,19 @@ def _decode_account(comparisons: dict[str, Any]) -> str:
     engine, serving = (
         comparisons[n]["median"] for n in ("engine_alone_decode_ratio", "decode_ratio_1w_over_engine_alone")
     )
-    pin = comparisons["bare_pinned_over_unpinned_decode_ratio"]["median"]
+    pin, unpinned, shoal_pin = (
+        comparisons[n]["median"]
+        for n in (
+            "bare_pinned_over_unpinned_decode_ratio",
+            "decode_ratio_1w_unpinned",
+            "unpinned_over_pinned_decode_ratio_1w",
+        )
+    )
     return (
         f"shoal's engine alone decodes at {_shown(engine)}x bare mlx-lm (the decode loop) and 1 worker at "
         f"{_shown(serving)}x the engine alone (serving: the runner's bridge and events, NATS, the API, HTTP, "
-        f"the client); pinning is worth {_shown(pin)}x to bare mlx-lm, which has it too"
+        f"the client); pinning is worth {_shown(pin)}x to bare mlx-lm, which has it too; with neither pinned, "
+        f"1 worker decodes at {_shown(unpinned)}x bare mlx-lm ({_shown(shoal_pin)}x its pinned self)"
     )
 
 

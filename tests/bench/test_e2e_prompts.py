@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 from bench.e2e import COLD_ALPHABET, COLD_DIGITS, PROMPT, cold_prompt
 from runner.models.tiny_tokenizer import write_tokenizer
 
-SIDES = 9
+SIDES = 10  # a run's sides: `bench.e2e.SIDES` and the two more on 1 worker (json_schema, adjusted)
 
 
 def test_every_side_and_round_gets_a_prompt_of_its_own() -> None:
