@@ -151,9 +151,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="shoal-bench-e2e-") as root, contextlib.ExitStack() as stack:
         env = {**os.environ, "SHOAL_DATA_DIR": str(Path(root) / "data")}
         model_dir = _tiny_dir(env)
-        clusters = [_cluster(Path(root), workers, args.prefill_step) for workers in (1, 2)]
+        pinned = [_cluster(Path(root), workers, args.prefill_step) for workers in (1, 2)]
         unpinned_cluster = _cluster(Path(root), 1, args.prefill_step, pinned=False)
-        clusters.append(unpinned_cluster)
+        clusters = [*pinned, unpinned_cluster]
         for cluster in clusters:
             stack.callback(cluster.stop)
         bare = stack.enter_context(
@@ -174,15 +174,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             PIPELINE_SIDE: lambda _: Sample(**pipeline.generate()),
             "shoal_engine_alone": lambda prompt: Sample(**engine.generate(prompt)),
         }
-        for workers, cluster in zip((1, 2), clusters[:2], strict=True):
+        for workers, cluster in zip((1, 2), pinned, strict=True):
             sides[f"shoal_{workers}w"] = partial(_one_request, cluster.client(timeout=120), settings["max_tokens"])
         sides["shoal_1w_unpinned"] = partial(_one_request, unpinned_cluster.client(timeout=120), settings["max_tokens"])
         sides["shoal_1w_logprobs"] = partial(
-            _one_request, clusters[0].client(timeout=120), settings["max_tokens"], **LOGPROBS
+            _one_request, pinned[0].client(timeout=120), settings["max_tokens"], **LOGPROBS
         )
-        sides[JSON_SCHEMA_SIDE] = _json_schema_side(clusters[0], settings["max_tokens"])
+        sides[JSON_SCHEMA_SIDE] = _json_schema_side(pinned[0], settings["max_tokens"])
         sides[ADJUSTED_SIDE] = partial(
-            _one_request, clusters[0].client(timeout=120), settings["max_tokens"], **ADJUSTMENTS
+            _one_request, pinned[0].client(timeout=120), settings["max_tokens"], **ADJUSTMENTS
         )
         rounds = {
             name: _cold_then_warm(name, index, len(sides), side) for index, (name, side) in enumerate(sides.items())
