@@ -43,7 +43,7 @@ BatchChunkEventsPerRound = Annotated[
     msgspec.Meta(
         ge=1,
         description="chunk events a full batch publishes per round (a token for each of its streams), about: "
-        "with R streams decoding each one's tokens go out every R/N tokens (its first at once); max_batch or "
+        "with R streams decoding each one's tokens go out every R/N tokens (its first text at once); max_batch or "
         "more: every token at once",
     ),
 ]
@@ -54,7 +54,7 @@ StreamChunkMinIntervalSeconds = Annotated[
         le=1.0,
         extra={"allowed": "a number of seconds from 0 to 1"},
         description="least time between two chunk events of one stream: tokens decoded faster wait and go out "
-        "together with the next (its first token at once, the rest at its end); 0: as each is decoded. "
+        "together with the next (its first text at once, the rest at its end); 0: as each is decoded. "
         "Applies to batching instances (max_batch > 1)",
     ),
 ]

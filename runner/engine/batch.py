@@ -313,7 +313,8 @@ class ContinuousBatch:
         for slot, task_id in enumerate(rows):
             stream = self.streams[task_id]
             since_last = time.perf_counter() - stream.emitter.delivered_at
-            deliver = delivers(stream.decode_step, decoding, per_round, since_last, min_interval)
+            shown = stream.emitter.text_shown
+            deliver = delivers(stream.decode_step, decoding, per_round, since_last, min_interval, text_shown=shown)
             if not agreed.cancelled[slot] and stream.emitter.accept(
                 stream.decode_step, agreed.tokens[slot], logprobs[slot], deliver
             ):

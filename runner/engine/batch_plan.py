@@ -145,18 +145,27 @@ def delivery_interval(rows: int, events_per_round: int) -> int:
     taken from the batch's own forward: so a batch publishes about `events_per_round`
     (`batch_chunk_events_per_round`) chunks per round of tokens (one for each stream), not one per
     token (16 rows, 4 per round: each stream's tokens every 4 tokens), whatever the number of ranks.
-    A few rows deliver every token; a first token always goes out at once (`delivers`)."""
+    A few rows deliver every token; a first text always goes out at once (`delivers`)."""
     return max(1, rows // events_per_round)
 
 
 def delivers(
-    decode_step: int, rows: int, events_per_round: int, since_last_s: float = 0.0, min_interval_s: float = 0.0
+    decode_step: int,
+    rows: int,
+    events_per_round: int,
+    since_last_s: float = 0.0,
+    min_interval_s: float = 0.0,
+    *,
+    text_shown: bool,
 ) -> bool:
     """Whether a stream's token of `decode_step` goes out now (with those held since its last):
-    its first token at once; later ones on the round's rhythm (`delivery_interval`), once
-    `min_interval_s` (`stream_chunk_min_interval_seconds`) has passed since its last delivery, so a
-    stream decoding faster than that sends its tokens a few at a time. Only the sampling rank
-    delivers, so the clock read here decides nothing any other rank does."""
-    if decode_step == 0:
+    every token at once until the stream has shown text (`text_shown`: its first token, and the
+    ones after it while they make no text a reader sees yet: the first bytes of a character split
+    over tokens, the possible start of a stop string), so its first text is never held for the
+    round; later ones on the round's rhythm (`delivery_interval`), once `min_interval_s`
+    (`stream_chunk_min_interval_seconds`) has passed since its last delivery, so a stream decoding
+    faster than that sends its tokens a few at a time. Only the sampling rank delivers, so what is
+    read here (the clock, the text shown) decides nothing any other rank does."""
+    if not text_shown:
         return True
     return decode_step % delivery_interval(rows, events_per_round) == 0 and since_last_s >= min_interval_s

@@ -66,6 +66,7 @@ class Emitter:
         self.logprobs: list[TokenLogprob] = []  # the sampling rank's, one per entry of result.token_ids
         self.held: tuple[str, list[int]] = ("", [])  # released by the assembler, not delivered yet
         self.delivered_at = 0.0  # perf_counter() at its last delivery
+        self.text_shown = False  # whether a delivery carried text (a reader has seen the stream begin)
 
     def cancelled(self, step: int) -> DecodeResult:
         self.run.cancelled_at = f"decode:{step}"
@@ -113,6 +114,7 @@ class Emitter:
         self.held = ("", []) if now else (text, ids)
         if now:
             self.delivered_at = time.perf_counter()
+            self.text_shown = self.text_shown or bool(text)
         if now and self.sampling and (text or ids):
             produced = len(self.result.token_ids)
             index = produced - len(ids)

@@ -330,7 +330,9 @@ def test_a_full_batch_publishes_a_few_chunks_per_step(rows: int, interval: int) 
     assert delivery_interval(rows, 4) == interval
     assert delivery_interval(rows, 32) == 1  # batch_chunk_events_per_round >= max_batch: every token
     steps = range(64)
-    assert [s for s in steps if delivers(s, rows, 4)] == list(range(0, 64, interval))  # the first token at once
+    assert [s for s in steps if delivers(s, rows, 4, text_shown=s > 0)] == list(
+        range(0, 64, interval)
+    )  # the first token at once
 
 
 def test_a_fast_stream_sends_its_tokens_a_few_at_a_time() -> None:
@@ -339,13 +341,14 @@ def test_a_fast_stream_sends_its_tokens_a_few_at_a_time() -> None:
     per_token, floor, last, sent = 0.005, 0.008, 0.0, []
     for step in range(9):
         now = step * per_token
-        if delivers(step, 1, 4, now - last, floor):
+        if delivers(step, 1, 4, now - last, floor, text_shown=step > 0):
             sent.append(step)
             last = now
     assert sent == [0, 2, 4, 6, 8]
-    assert all(delivers(step, 1, 4, 0.040, floor) for step in range(9))
-    assert [s for s in range(64) if delivers(s, 16, 4, 0.0, 0.0)] == list(range(0, 64, 4))
-    assert not delivers(4, 16, 4, 0.001, floor)  # the round's turn, but too soon: held for the next turn
+    assert all(delivers(step, 1, 4, 0.040, floor, text_shown=step > 0) for step in range(9))
+    assert [s for s in range(64) if delivers(s, 16, 4, 0.0, 0.0, text_shown=s > 0)] == list(range(0, 64, 4))
+    assert not delivers(4, 16, 4, 0.001, floor, text_shown=True)  # the round's turn, but too soon: held
+    assert delivers(4, 16, 4, 0.001, floor, text_shown=False)  # no text shown yet: at once, whatever the rhythm
 
 
 def test_an_assignment_a_rank_still_prepares_is_agreed_as_not_prepared_on_every_rank() -> None:
