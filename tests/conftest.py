@@ -16,7 +16,9 @@ Every test has a timeout (pyproject: pytest-timeout, 120 s by default).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import signal
 import site
 import subprocess
@@ -90,7 +92,10 @@ def compiled_bytecode() -> Iterator[None]:
     try:
         yield
     finally:
-        compiler.kill()  # a session that ends first leaves the rest to the next one
+        # a session that ends first leaves the rest to the next one; the whole group, since
+        # compileall's worker processes would otherwise wait on their pipe forever, orphaned
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(compiler.pid, signal.SIGKILL)
         compiler.wait()
 
 
